@@ -1,0 +1,167 @@
+//! Small shared types: endpoint side, stream IDs, packet-number spaces, versions.
+
+use std::fmt;
+
+use crate::varint::VarInt;
+
+/// Which end of the connection we are.
+#[derive(Debug, Copy, Clone, Eq, PartialEq, Hash)]
+pub enum Side {
+    Client = 0,
+    Server = 1,
+}
+
+impl Side {
+    pub fn is_client(self) -> bool {
+        self == Side::Client
+    }
+
+    pub fn is_server(self) -> bool {
+        self == Side::Server
+    }
+
+    pub fn peer(self) -> Side {
+        match self {
+            Side::Client => Side::Server,
+            Side::Server => Side::Client,
+        }
+    }
+}
+
+/// Stream directionality.
+#[derive(Debug, Copy, Clone, Eq, PartialEq, Hash)]
+pub enum Dir {
+    Bi = 0,
+    Uni = 1,
+}
+
+/// A stream ID (RFC 9000 §2.1): the low bit is the initiator, the next bit the directionality.
+#[derive(Copy, Clone, Eq, PartialEq, Ord, PartialOrd, Hash)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The `index`-th stream of kind `dir` opened by `initiator`.
+    pub fn new(initiator: Side, dir: Dir, index: u64) -> Self {
+        Self((index << 2) | ((dir as u64) << 1) | initiator as u64)
+    }
+
+    pub fn initiator(self) -> Side {
+        if self.0 & 1 == 0 {
+            Side::Client
+        } else {
+            Side::Server
+        }
+    }
+
+    pub fn dir(self) -> Dir {
+        if self.0 & 2 == 0 { Dir::Bi } else { Dir::Uni }
+    }
+
+    /// Position among streams of the same initiator and directionality.
+    pub fn index(self) -> u64 {
+        self.0 >> 2
+    }
+
+    pub fn into_inner(self) -> u64 {
+        self.0
+    }
+}
+
+impl From<StreamId> for VarInt {
+    fn from(s: StreamId) -> VarInt {
+        VarInt::saturating(s.0)
+    }
+}
+
+impl fmt::Debug for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let who = match self.initiator() {
+            Side::Client => "c",
+            Side::Server => "s",
+        };
+        let dir = match self.dir() {
+            Dir::Bi => "bi",
+            Dir::Uni => "uni",
+        };
+        write!(f, "{}({who}-{dir})", self.0)
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A packet-number space (RFC 9000 §12.3). 0-RTT and 1-RTT packets share `Data`.
+#[derive(Debug, Copy, Clone, Eq, PartialEq, Ord, PartialOrd, Hash)]
+pub enum SpaceId {
+    Initial = 0,
+    Handshake = 1,
+    Data = 2,
+}
+
+impl SpaceId {
+    pub const ALL: [SpaceId; 3] = [SpaceId::Initial, SpaceId::Handshake, SpaceId::Data];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The QUIC versions kuai speaks.
+#[derive(Debug, Copy, Clone, Eq, PartialEq, Hash)]
+pub enum Version {
+    /// RFC 9000.
+    V1,
+    /// RFC 9369.
+    V2,
+}
+
+impl Version {
+    pub const V1_WIRE: u32 = 0x0000_0001;
+    pub const V2_WIRE: u32 = 0x6b33_43cf;
+
+    pub fn wire(self) -> u32 {
+        match self {
+            Version::V1 => Self::V1_WIRE,
+            Version::V2 => Self::V2_WIRE,
+        }
+    }
+
+    pub fn from_wire(v: u32) -> Option<Self> {
+        match v {
+            Self::V1_WIRE => Some(Version::V1),
+            Self::V2_WIRE => Some(Version::V2),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn rustls(self) -> rustls::quic::Version {
+        match self {
+            Version::V1 => rustls::quic::Version::V1,
+            Version::V2 => rustls::quic::Version::V2,
+        }
+    }
+}
+
+/// Whether a version number is reserved for greasing version negotiation (RFC 9000 §15).
+pub fn is_grease_version(v: u32) -> bool {
+    v & 0x0f0f_0f0f == 0x0a0a_0a0a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_ids() {
+        let s = StreamId::new(Side::Server, Dir::Uni, 5);
+        assert_eq!(s.0, 23);
+        assert_eq!(s.initiator(), Side::Server);
+        assert_eq!(s.dir(), Dir::Uni);
+        assert_eq!(s.index(), 5);
+        assert_eq!(StreamId(0).initiator(), Side::Client);
+        assert_eq!(StreamId(0).dir(), Dir::Bi);
+    }
+}
