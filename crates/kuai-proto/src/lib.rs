@@ -5,11 +5,20 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cc;
 pub mod cid;
 pub mod coding;
+pub mod config;
+pub mod crypto;
 pub mod error;
 pub mod frame;
+pub mod packet;
 pub mod range_set;
+pub mod recovery;
+pub mod stream;
+pub mod token;
+pub mod trace;
+pub mod transport_params;
 pub mod types;
 pub mod varint;
 

@@ -1,0 +1,240 @@
+//! Configuration of transports, clients, servers and endpoints.
+
+use std::net::{SocketAddrV4, SocketAddrV6};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cc::CongestionAlgorithm;
+use crate::cid::{ConnectionIdGenerator, RandomCidGenerator};
+use crate::token::TokenKey;
+use crate::types::Version;
+
+/// Transport settings shared by both sides.
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
+    /// Idle timeout we advertise; the effective one is the smaller of both sides' (RFC 9000 §10.1).
+    pub max_idle_timeout: Duration,
+    /// Send a PING when nothing was sent for this long, to keep NAT bindings and the idle timer
+    /// alive; `None` disables keep-alive.
+    pub keep_alive_interval: Option<Duration>,
+    pub max_concurrent_bidi_streams: u64,
+    pub max_concurrent_uni_streams: u64,
+    /// Initial per-stream receive window.
+    pub stream_receive_window: u64,
+    /// Cap for auto-tuning of the per-stream window.
+    pub max_stream_receive_window: u64,
+    /// Initial connection receive window.
+    pub receive_window: u64,
+    /// Cap for auto-tuning of the connection window.
+    pub max_receive_window: u64,
+    /// Unacknowledged bytes buffered per stream before writes are refused (backpressure).
+    pub send_buffer: u64,
+    pub congestion: CongestionAlgorithm,
+    /// RTT assumed before the first sample (RFC 9002 §6.2.2).
+    pub initial_rtt: Duration,
+    /// Our max_ack_delay (RFC 9000 §18.2).
+    pub max_ack_delay: Duration,
+    pub ack_delay_exponent: u8,
+    /// Ack-eliciting packets received before an ACK is sent immediately (RFC 9000 §13.2.2).
+    pub ack_eliciting_threshold: u64,
+    /// Advertise min_ack_delay and ask the peer, with ACK_FREQUENCY, to acknowledge less often
+    /// (draft-ietf-quic-ack-frequency).
+    pub ack_frequency: bool,
+    /// UDP payload size every path starts with; 1200 is always safe.
+    pub initial_mtu: u16,
+    /// Largest UDP payload DPLPMTUD will probe for; equal to `initial_mtu` disables probing.
+    pub max_mtu: u16,
+    /// Mark packets ECT(0) and validate the path's ECN support (RFC 9000 §13.4).
+    pub ecn: bool,
+    /// Largest DATAGRAM frame we accept (RFC 9221); `None` disables datagrams.
+    pub max_datagram_frame_size: Option<u64>,
+    /// Received datagrams buffered before the oldest are dropped.
+    pub datagram_receive_buffer: usize,
+    /// Datagrams queued for sending before the oldest are dropped.
+    pub datagram_send_buffer: usize,
+    /// Number of connection IDs we accept from the peer (active_connection_id_limit).
+    pub active_connection_id_limit: u64,
+    /// Packets protected with one key before kuai updates keys on its own (RFC 9001 §6).
+    pub key_update_interval: u64,
+    /// Send with the QUIC bit greased when the peer allows it (RFC 9287).
+    pub grease_quic_bit: bool,
+    /// Forbid the peer from migrating (disable_active_migration).
+    pub disable_active_migration: bool,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            max_idle_timeout: Duration::from_secs(30),
+            keep_alive_interval: None,
+            max_concurrent_bidi_streams: 100,
+            max_concurrent_uni_streams: 100,
+            stream_receive_window: 1 << 20,
+            max_stream_receive_window: 16 << 20,
+            receive_window: 4 << 20,
+            max_receive_window: 48 << 20,
+            send_buffer: 4 << 20,
+            congestion: CongestionAlgorithm::default(),
+            initial_rtt: Duration::from_millis(333),
+            max_ack_delay: Duration::from_millis(25),
+            ack_delay_exponent: 3,
+            ack_eliciting_threshold: 2,
+            ack_frequency: true,
+            initial_mtu: 1200,
+            max_mtu: 1452,
+            ecn: true,
+            max_datagram_frame_size: Some(65_535),
+            datagram_receive_buffer: 1024,
+            datagram_send_buffer: 1024,
+            active_connection_id_limit: 4,
+            key_update_interval: 1 << 23,
+            grease_quic_bit: true,
+            disable_active_migration: false,
+        }
+    }
+}
+
+/// Client settings.
+#[derive(Clone)]
+pub struct ClientConfig {
+    pub tls: Arc<rustls::ClientConfig>,
+    pub transport: Arc<TransportConfig>,
+    /// Version of the first Initial.
+    pub version: Version,
+    /// Versions we accept through compatible version negotiation, in preference order
+    /// (RFC 9368); the first packet's version must be among them.
+    pub versions: Vec<Version>,
+    /// Length of the CIDs this client issues.
+    pub cid_len: usize,
+}
+
+impl ClientConfig {
+    /// A client with kuai's defaults around a rustls config (which must offer TLS 1.3 and an
+    /// ALPN).
+    pub fn new(tls: Arc<rustls::ClientConfig>) -> Self {
+        Self {
+            tls,
+            transport: Arc::new(TransportConfig::default()),
+            version: Version::V1,
+            versions: vec![Version::V1, Version::V2],
+            cid_len: 8,
+        }
+    }
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("transport", &self.transport)
+            .field("version", &self.version)
+            .field("versions", &self.versions)
+            .finish_non_exhaustive()
+    }
+}
+
+/// When the server answers an Initial with a Retry to validate the client's address first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryPolicy {
+    Never,
+    Always,
+    /// Only while more than this many handshakes are in flight (a flood defence).
+    AboveHandshakes(usize),
+}
+
+/// A server's preferred address (RFC 9000 §9.6).
+#[derive(Debug, Clone, Copy)]
+pub struct PreferredAddressConfig {
+    pub v4: Option<SocketAddrV4>,
+    pub v6: Option<SocketAddrV6>,
+}
+
+/// Server settings.
+#[derive(Clone)]
+pub struct ServerConfig {
+    pub tls: Arc<rustls::ServerConfig>,
+    pub transport: Arc<TransportConfig>,
+    pub retry: RetryPolicy,
+    /// Key for Retry and NEW_TOKEN tokens; share it across a fleet so any server validates
+    /// tokens from any other.
+    pub token_key: Arc<TokenKey>,
+    /// How long a Retry token stays valid.
+    pub retry_token_lifetime: Duration,
+    /// How long a NEW_TOKEN token stays valid.
+    pub new_token_lifetime: Duration,
+    /// Versions in our order of preference; a client's Initial in another version gets
+    /// Version Negotiation, and compatible negotiation picks the first the client also has.
+    pub versions: Vec<Version>,
+    /// Accept 0-RTT when the client resumes with it.
+    pub accept_0rtt: bool,
+    /// Refuse new connections above this many.
+    pub max_connections: usize,
+    /// Refuse (or Retry, per `retry`) new handshakes above this many in flight.
+    pub max_handshakes: usize,
+    pub preferred_address: Option<PreferredAddressConfig>,
+}
+
+impl ServerConfig {
+    pub fn new(tls: Arc<rustls::ServerConfig>) -> Self {
+        Self {
+            tls,
+            transport: Arc::new(TransportConfig::default()),
+            retry: RetryPolicy::Never,
+            token_key: Arc::new(TokenKey::random()),
+            retry_token_lifetime: Duration::from_secs(15),
+            new_token_lifetime: Duration::from_secs(24 * 3600),
+            versions: vec![Version::V1, Version::V2],
+            accept_0rtt: true,
+            max_connections: 100_000,
+            max_handshakes: 10_000,
+            preferred_address: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("transport", &self.transport)
+            .field("retry", &self.retry)
+            .field("versions", &self.versions)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes a connection-ID generator for an endpoint.
+pub type CidGeneratorFactory = Arc<dyn Fn() -> Box<dyn ConnectionIdGenerator> + Send + Sync>;
+
+/// Endpoint-wide settings.
+#[derive(Clone)]
+pub struct EndpointConfig {
+    pub cid_generator: CidGeneratorFactory,
+    /// Secret from which stateless reset tokens are derived (RFC 9000 §10.3.2); share it
+    /// across a fleet so any server can reset any connection.
+    pub reset_key: [u8; 32],
+    /// Largest UDP payload we are willing to receive (max_udp_payload_size).
+    pub max_udp_payload_size: u16,
+    /// Also answer unknown short-header packets with a stateless reset.
+    pub stateless_reset: bool,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        let mut reset_key = [0; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut reset_key);
+        Self {
+            cid_generator: Arc::new(|| Box::new(RandomCidGenerator::default())),
+            reset_key,
+            max_udp_payload_size: 1500,
+            stateless_reset: true,
+        }
+    }
+}
+
+impl std::fmt::Debug for EndpointConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointConfig")
+            .field("max_udp_payload_size", &self.max_udp_payload_size)
+            .field("stateless_reset", &self.stateless_reset)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,349 @@
+//! Per-path state (RFC 9000 §8.2, §9; RFC 9002 §9): RTT, congestion control, pacing, MTU,
+//! ECN and validation, keyed by [`PathId`] so several paths can coexist.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use crate::cc::{Congestion, CongestionAlgorithm, CongestionController};
+use crate::frame::EcnCounts;
+use crate::recovery::{DeliveryRate, Pacer, PathId, RttEstimator};
+
+/// ECN codepoints (RFC 3168).
+#[derive(Debug, Copy, Clone, Eq, PartialEq)]
+pub enum EcnCodepoint {
+    Ect0 = 0b10,
+    Ect1 = 0b01,
+    Ce = 0b11,
+}
+
+impl EcnCodepoint {
+    /// From the two ECN bits of the IP header; `None` for Not-ECT.
+    pub fn from_bits(bits: u8) -> Option<Self> {
+        match bits & 0b11 {
+            0b10 => Some(Self::Ect0),
+            0b01 => Some(Self::Ect1),
+            0b11 => Some(Self::Ce),
+            _ => None,
+        }
+    }
+}
+
+/// ECN validation state of a path (RFC 9000 §13.4.2).
+#[derive(Debug, Copy, Clone, Eq, PartialEq)]
+pub enum EcnState {
+    /// Marking the first packets and waiting for the peer to report them.
+    Testing { marked: u64 },
+    /// The peer's counts prove the path passes ECN.
+    Capable,
+    /// The path or the peer mangles or ignores ECN; no more marking.
+    Failed,
+    /// Disabled by configuration.
+    Off,
+}
+
+/// Packets marked during the ECN testing period (RFC 9000 §13.4.2.1 suggests 10).
+const ECN_TESTING_PACKETS: u64 = 10;
+
+impl EcnState {
+    pub fn should_mark(&self) -> bool {
+        match *self {
+            EcnState::Testing { marked } => marked < ECN_TESTING_PACKETS,
+            EcnState::Capable => true,
+            _ => false,
+        }
+    }
+}
+
+/// DPLPMTUD (RFC 8899, RFC 9000 §14.3) search state.
+#[derive(Debug, Clone)]
+pub struct Mtud {
+    /// Size every packet is built to.
+    pub current: u16,
+    /// Largest size that may still work.
+    upper: u16,
+    /// Probe in flight: its size and packet number.
+    pub in_flight: Option<(u16, u64)>,
+    /// Consecutive losses of probes of `in_flight`'s size.
+    failures: u8,
+    /// Next time a probe may be sent.
+    pub next_probe: Option<Instant>,
+    /// Base size that never needs probing.
+    base: u16,
+    /// Full-size packets lost since the last acknowledgement of a full-size packet; a burst of
+    /// these triggers a confirmation probe, never a direct reduction.
+    full_size_losses: u32,
+    /// Whether the current size must be re-confirmed by a probe (suspected black hole).
+    pub confirm: bool,
+    /// The configured maximum was probed once already.
+    tried_top: bool,
+}
+
+/// Probes lost in a row before a size is taken as too large (RFC 8899 MAX_PROBES).
+const MAX_PROBES: u8 = 3;
+/// Re-search for a larger MTU this often after the search ended (RFC 8899 §5.3.3).
+const RAISE_TIMER: Duration = Duration::from_secs(600);
+
+impl Mtud {
+    pub fn new(base: u16, max: u16, now: Instant) -> Self {
+        Self {
+            current: base,
+            upper: max.max(base),
+            in_flight: None,
+            failures: 0,
+            next_probe: (max > base).then_some(now),
+            base,
+            full_size_losses: 0,
+            confirm: false,
+            tried_top: false,
+        }
+    }
+
+    /// The size to probe next, if a probe is due.
+    pub fn probe_size(&self, now: Instant) -> Option<u16> {
+        if self.in_flight.is_some() || self.next_probe.is_none_or(|t| t > now) {
+            return None;
+        }
+        if self.confirm {
+            return Some(self.current);
+        }
+        if self.upper <= self.current {
+            return None;
+        }
+        // Binary search, rounded to 4 bytes; jump straight to the top first, since the
+        // common case is that the whole range works.
+        let size = if !self.tried_top {
+            self.upper
+        } else {
+            (self.current + (self.upper - self.current).div_ceil(2)).min(self.upper)
+        };
+        Some(size)
+    }
+
+    pub fn on_probe_sent(&mut self, size: u16, pn: u64) {
+        self.in_flight = Some((size, pn));
+        self.tried_top = true;
+    }
+
+    /// A probe was acknowledged: the size works. Returns the new MTU if it grew.
+    pub fn on_probe_acked(&mut self, pn: u64, now: Instant) -> Option<u16> {
+        let (size, probe_pn) = self.in_flight?;
+        if probe_pn != pn {
+            return None;
+        }
+        self.in_flight = None;
+        self.failures = 0;
+        self.confirm = false;
+        self.full_size_losses = 0;
+        let grew = size > self.current;
+        self.current = self.current.max(size);
+        self.next_probe = if self.upper > self.current { Some(now) } else { Some(now + RAISE_TIMER) };
+        grew.then_some(self.current)
+    }
+
+    /// A probe was declared lost. Returns the new (lower) MTU if the path turned out not to
+    /// carry the current size.
+    pub fn on_probe_lost(&mut self, pn: u64, now: Instant, pto: Duration) -> Option<u16> {
+        let (size, probe_pn) = self.in_flight?;
+        if probe_pn != pn {
+            return None;
+        }
+        self.in_flight = None;
+        self.failures += 1;
+        self.next_probe = Some(now + pto.min(Duration::from_secs(1)));
+        if self.failures < MAX_PROBES {
+            return None;
+        }
+        self.failures = 0;
+        if self.confirm && size == self.current {
+            // A black hole: the current size stopped working. Fall back to the base and
+            // search again.
+            self.confirm = false;
+            self.upper = self.current.saturating_sub(1).max(self.base);
+            self.current = self.base;
+            return Some(self.current);
+        }
+        self.upper = size.saturating_sub(1).max(self.current);
+        None
+    }
+
+    /// A full-size (above base) packet was lost. Ordinary loss never lowers the MTU: a burst
+    /// of such losses only schedules a confirmation probe of the current size.
+    pub fn on_full_size_lost(&mut self, now: Instant) {
+        if self.current <= self.base {
+            return;
+        }
+        self.full_size_losses += 1;
+        if self.full_size_losses >= 5 && !self.confirm {
+            self.confirm = true;
+            if self.in_flight.is_none() {
+                self.next_probe = Some(now);
+            }
+        }
+    }
+
+    pub fn on_full_size_acked(&mut self) {
+        self.full_size_losses = 0;
+    }
+}
+
+/// An in-progress path validation (RFC 9000 §8.2).
+#[derive(Debug, Clone)]
+pub struct Challenge {
+    pub data: [u8; 8],
+    /// When to send (or resend) PATH_CHALLENGE.
+    pub resend_at: Instant,
+    /// When to give up.
+    pub deadline: Instant,
+    pub sent: bool,
+}
+
+/// One network path.
+#[derive(Debug)]
+pub struct Path {
+    pub id: PathId,
+    pub remote: SocketAddr,
+    pub local_ip: Option<IpAddr>,
+    pub rtt: RttEstimator,
+    pub cc: Congestion,
+    pub pacer: Pacer,
+    pub delivery: DeliveryRate,
+    pub mtud: Mtud,
+    pub ecn: EcnState,
+    pub bytes_in_flight: u64,
+    /// Address validated (RFC 9000 §8): no anti-amplification limit.
+    pub validated: bool,
+    /// Bytes received from and sent to this address while unvalidated (RFC 9000 §8.1).
+    pub amp_received: u64,
+    pub amp_sent: u64,
+    pub challenge: Option<Challenge>,
+    /// Whether the last send found the congestion window full (for RFC 9002 §7.8).
+    pub cwnd_limited: bool,
+    /// ECN counts peer reported, tracked for CE increase detection.
+    pub ecn_ce_seen: u64,
+    pub ecn_counts: EcnCounts,
+}
+
+impl Path {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: PathId,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        now: Instant,
+        initial_rtt: Duration,
+        cc: &CongestionAlgorithm,
+        mtu: (u16, u16),
+        ecn: bool,
+        validated: bool,
+    ) -> Self {
+        Self {
+            id,
+            remote,
+            local_ip,
+            rtt: RttEstimator::new(initial_rtt),
+            cc: cc.build(now, u64::from(mtu.0)),
+            pacer: Pacer::new(now, u64::from(mtu.0)),
+            delivery: DeliveryRate::new(now),
+            mtud: Mtud::new(mtu.0, mtu.1, now),
+            ecn: if ecn { EcnState::Testing { marked: 0 } } else { EcnState::Off },
+            bytes_in_flight: 0,
+            validated,
+            amp_received: 0,
+            amp_sent: 0,
+            challenge: None,
+            cwnd_limited: false,
+            ecn_ce_seen: 0,
+            ecn_counts: EcnCounts::default(),
+        }
+    }
+
+    pub fn mtu(&self) -> u16 {
+        self.mtud.current
+    }
+
+    /// Bytes we may still send before the 3x limit (RFC 9000 §8.1); `u64::MAX` once validated.
+    pub fn amplification_budget(&self) -> u64 {
+        if self.validated {
+            u64::MAX
+        } else {
+            (self.amp_received * 3).saturating_sub(self.amp_sent)
+        }
+    }
+
+    pub fn window_room(&self) -> u64 {
+        self.cc.window().saturating_sub(self.bytes_in_flight)
+    }
+
+    pub fn pacing_rate(&self) -> u64 {
+        Pacer::rate(self.cc.pacing_rate(), self.cc.window(), self.rtt.smoothed())
+    }
+
+    pub fn set_mtu(&mut self, mtu: u16) {
+        self.cc.on_mtu_update(u64::from(mtu));
+        self.pacer.on_mtu_update(u64::from(mtu));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtud_searches_and_survives_ordinary_loss() {
+        let t = Instant::now();
+        let pto = Duration::from_millis(100);
+        let mut m = Mtud::new(1200, 1452, t);
+        assert_eq!(m.probe_size(t), Some(1452));
+        m.on_probe_sent(1452, 10);
+        assert_eq!(m.on_probe_acked(10, t), Some(1452));
+        assert_eq!(m.probe_size(t), None);
+        // Ordinary losses do not lower the MTU; a burst asks for confirmation.
+        for _ in 0..5 {
+            m.on_full_size_lost(t);
+        }
+        assert_eq!(m.current, 1452);
+        assert_eq!(m.probe_size(t), Some(1452));
+        m.on_probe_sent(1452, 20);
+        assert_eq!(m.on_probe_acked(20, t), None);
+        assert_eq!(m.current, 1452);
+    }
+
+    #[test]
+    fn mtud_black_hole_needs_repeated_probe_loss() {
+        let t = Instant::now();
+        let pto = Duration::from_millis(100);
+        let mut m = Mtud::new(1200, 1452, t);
+        m.on_probe_sent(1452, 1);
+        m.on_probe_acked(1, t);
+        for _ in 0..5 {
+            m.on_full_size_lost(t);
+        }
+        let mut now = t;
+        for i in 0..2 {
+            let s = m.probe_size(now).unwrap();
+            m.on_probe_sent(s, 100 + i);
+            assert_eq!(m.on_probe_lost(100 + i, now, pto), None);
+            now += Duration::from_secs(1);
+        }
+        let s = m.probe_size(now).unwrap();
+        m.on_probe_sent(s, 200);
+        assert_eq!(m.on_probe_lost(200, now, pto), Some(1200));
+    }
+
+    #[test]
+    fn mtud_binary_search_after_failure() {
+        let t = Instant::now();
+        let pto = Duration::from_millis(100);
+        let mut m = Mtud::new(1200, 1500, t);
+        let mut now = t;
+        for i in 0..3 {
+            let s = m.probe_size(now).unwrap();
+            assert_eq!(s, 1500);
+            m.on_probe_sent(s, i);
+            m.on_probe_lost(i, now, pto);
+            now += Duration::from_secs(1);
+        }
+        let s = m.probe_size(now).unwrap();
+        assert!(s > 1200 && s < 1500, "{s}");
+    }
+}

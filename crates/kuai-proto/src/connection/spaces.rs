@@ -1,0 +1,122 @@
+//! Per packet-number-space state (RFC 9000 §12.3): keys, the CRYPTO stream, sent packets and
+//! loss-detection state (RFC 9002 Appendix A.2), and what we owe the peer in ACKs.
+
+use std::time::{Duration, Instant};
+
+use crate::crypto::KeyPair;
+use crate::frame::EcnCounts;
+use crate::range_set::RangeSet;
+use crate::recovery::SentPackets;
+use crate::stream::{Assembler, SendBuffer};
+
+/// Most ACK ranges kept and sent (older ones are dropped; the peer has given up on them).
+pub const MAX_ACK_RANGES: usize = 64;
+/// Largest amount of out-of-order CRYPTO data buffered per space (RFC 9000 §7.5).
+pub const MAX_CRYPTO_BUFFER: u64 = 64 * 1024;
+
+#[derive(Default)]
+pub struct PacketSpace {
+    /// Initial and Handshake keys; the Data space's keys live in the connection.
+    pub keys: Option<KeyPair>,
+    pub crypto_send: SendBuffer,
+    pub crypto_recv: Assembler,
+    pub next_pn: u64,
+    pub sent: SentPackets,
+    pub largest_acked: Option<u64>,
+    /// Earliest time a packet in flight will be declared lost by time threshold.
+    pub loss_time: Option<Instant>,
+    pub time_of_last_ack_eliciting: Option<Instant>,
+    pub ack: AckState,
+    /// Probe packets to send now (after a PTO).
+    pub probes: u8,
+    /// Keys were discarded; nothing is sent or accepted in this space any more.
+    pub discarded: bool,
+    /// Peer's ECN counts as last reported, for validation.
+    pub peer_ecn: EcnCounts,
+    /// ECT(0)-marked packets sent in this space (for ECN validation).
+    pub ecn_marked_sent: u64,
+}
+
+impl PacketSpace {
+    pub fn take_pn(&mut self) -> u64 {
+        let pn = self.next_pn;
+        self.next_pn += 1;
+        pn
+    }
+
+    /// Whether there is anything besides ACKs to send in this space.
+    pub fn has_crypto_to_send(&self) -> bool {
+        self.crypto_send.has_sendable()
+    }
+}
+
+/// What we have received and owe acknowledgements for.
+#[derive(Default)]
+pub struct AckState {
+    /// Packet numbers received and still worth acknowledging.
+    pub ranges: RangeSet,
+    /// Packet numbers below this are treated as duplicates: they were received and their
+    /// acknowledgement was acknowledged, or they fell out of the tracked ranges.
+    pub floor: u64,
+    /// Largest packet number ever received, and when.
+    pub largest: Option<(u64, Instant)>,
+    /// Ack-eliciting packets received since the last ACK we sent.
+    pub eliciting_since_ack: u64,
+    /// An ACK should go out at the next opportunity.
+    pub immediate: bool,
+    /// When a delayed ACK becomes due.
+    pub deadline: Option<Instant>,
+    /// Whether any packet arrived since the last ACK we sent (an ACK can piggyback).
+    pub new_since_ack: bool,
+    /// ECN codepoints seen on received packets (RFC 9000 §13.4.1).
+    pub ecn: EcnCounts,
+    pub ecn_seen: bool,
+}
+
+impl AckState {
+    /// Records a received packet number. Returns false for a duplicate (or a packet so old
+    /// that we stopped tracking its neighbourhood, which we treat the same way).
+    pub fn on_packet(&mut self, pn: u64, now: Instant) -> bool {
+        if pn < self.floor || self.ranges.contains(pn) {
+            return false;
+        }
+        self.ranges.insert_one(pn);
+        if self.ranges.len() > MAX_ACK_RANGES
+            && let Some(r) = self.ranges.pop_first()
+        {
+            self.floor = r.end;
+        }
+        if self.largest.is_none_or(|(l, _)| pn > l) {
+            self.largest = Some((pn, now));
+        }
+        self.new_since_ack = true;
+        true
+    }
+
+    /// Whether an ACK is due at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        self.new_since_ack && (self.immediate || self.deadline.is_some_and(|d| d <= now))
+    }
+
+    /// The ack delay to report: time since the largest packet arrived.
+    pub fn delay(&self, now: Instant) -> Duration {
+        self.largest.map_or(Duration::ZERO, |(_, t)| now.saturating_duration_since(t))
+    }
+
+    /// An ACK was just sent.
+    pub fn on_ack_sent(&mut self) {
+        self.eliciting_since_ack = 0;
+        self.immediate = false;
+        self.deadline = None;
+        self.new_since_ack = false;
+    }
+
+    /// The peer acknowledged our ACK that covered up to `largest`: stop acknowledging those
+    /// (RFC 9000 §13.2.4).
+    pub fn on_ack_acked(&mut self, largest: u64) {
+        if largest >= self.floor {
+            self.ranges.remove(0..largest + 1);
+            self.floor = largest + 1;
+        }
+    }
+}

@@ -1,0 +1,1148 @@
+//! Streams (RFC 9000 §2–4): state machines, stream limits, flow control and the priority
+//! scheduler (RFC 9218 urgency and incremental) that decides whose data goes out next.
+
+mod flow;
+mod recv;
+mod send;
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+pub use flow::RecvWindow;
+pub use recv::Assembler;
+pub use send::SendBuffer;
+
+use crate::coding::BufMutExt;
+use crate::error::TransportError;
+use crate::frame::{FrameType, StreamHeader};
+use crate::recovery::SentFrame;
+use crate::transport_params::TransportParameters;
+use crate::types::{Dir, Side, StreamId};
+use crate::varint::VarInt;
+
+/// Stream priority as in RFC 9218: lower urgency first; incremental streams of the same
+/// urgency share the bandwidth round-robin, non-incremental ones go one after another.
+#[derive(Debug, Copy, Clone, Eq, PartialEq, Hash)]
+pub struct Priority {
+    /// 0 (highest) to 7 (lowest); 3 by default.
+    pub urgency: u8,
+    pub incremental: bool,
+}
+
+impl Default for Priority {
+    fn default() -> Self {
+        Self {
+            urgency: 3,
+            incremental: false,
+        }
+    }
+}
+
+/// Something the application should know about a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// The peer opened a stream of this kind; take it with `accept`.
+    Opened(Dir),
+    /// Data or the end of the stream can be read.
+    Readable(StreamId),
+    /// Flow control or buffer space opened up: more can be written.
+    Writable(StreamId),
+    /// All data sent on the stream, FIN included, was acknowledged.
+    Finished(StreamId),
+    /// The peer asked us to stop sending (STOP_SENDING) with this code.
+    Stopped(StreamId, u64),
+    /// The stream limit was raised: more streams of this kind can be opened.
+    Available(Dir),
+}
+
+/// Why a stream operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamError {
+    /// No such stream, or it is already closed on this side.
+    UnknownStream,
+    /// The stream limit is reached; wait for [`StreamEvent::Available`].
+    Blocked,
+    /// The send side was finished or reset already.
+    ClosedStream,
+    /// The peer sent STOP_SENDING with this code.
+    Stopped(u64),
+    /// The peer reset the stream with this code.
+    Reset(u64),
+    /// Nothing to read right now.
+    WouldBlock,
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamError::UnknownStream => f.write_str("unknown or closed stream"),
+            StreamError::Blocked => f.write_str("stream limit reached"),
+            StreamError::ClosedStream => f.write_str("stream already finished or reset"),
+            StreamError::Stopped(c) => write!(f, "peer stopped the stream with code {c}"),
+            StreamError::Reset(c) => write!(f, "peer reset the stream with code {c}"),
+            StreamError::WouldBlock => f.write_str("no data available yet"),
+        }
+    }
+}
+
+impl std::error::Error for StreamError {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SendState {
+    /// Sending; `fin` tells whether the application finished writing.
+    Open { fin: bool },
+    /// Reset sent with this code; waiting for the RESET_STREAM to be acknowledged.
+    ResetSent { code: u64 },
+}
+
+#[derive(Debug)]
+struct SendStream {
+    buf: SendBuffer,
+    state: SendState,
+    /// Peer's MAX_STREAM_DATA.
+    max_data: u64,
+    /// FIN is in flight or acknowledged, so it need not be sent again unless lost.
+    fin_sent: bool,
+    fin_acked: bool,
+    priority: Priority,
+    /// STREAM_DATA_BLOCKED was sent for this limit.
+    blocked_sent_at: Option<u64>,
+    stopped: Option<u64>,
+    /// Final size announced in our RESET_STREAM.
+    reset_final_size: u64,
+    /// A write was refused or cut short; announce [`StreamEvent::Writable`] when room opens.
+    want_writable: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RecvState {
+    Open,
+    /// Peer reset the stream; the application learns it on its next read.
+    ResetRecvd {
+        code: u64,
+    },
+    /// All data up to the final size has been read, or the reset was delivered.
+    Done,
+}
+
+#[derive(Debug)]
+struct RecvStream {
+    asm: Assembler,
+    final_size: Option<u64>,
+    window: RecvWindow,
+    state: RecvState,
+    /// We asked the peer to stop (STOP_SENDING with this code); data is discarded.
+    stop_code: Option<u64>,
+}
+
+impl RecvStream {
+    fn highest(&self) -> u64 {
+        self.final_size.unwrap_or_else(|| self.asm.received_end())
+    }
+}
+
+/// Control frames waiting for room in a packet.
+#[derive(Debug, Default)]
+struct Pending {
+    max_data: bool,
+    max_stream_data: Vec<StreamId>,
+    max_streams: [bool; 2],
+    reset: Vec<StreamId>,
+    stop: Vec<StreamId>,
+    data_blocked: Option<u64>,
+    stream_data_blocked: Vec<StreamId>,
+    streams_blocked: [Option<u64>; 2],
+}
+
+/// Limits and windows from the local configuration.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    pub max_concurrent_bidi: u64,
+    pub max_concurrent_uni: u64,
+    pub stream_window: u64,
+    pub stream_window_cap: u64,
+    pub conn_window: u64,
+    pub conn_window_cap: u64,
+    /// Largest amount of unacknowledged data buffered per stream before writes are refused.
+    pub send_buffer: u64,
+}
+
+/// All streams of a connection.
+#[derive(Debug)]
+pub struct Streams {
+    side: Side,
+    cfg: StreamConfig,
+    send: HashMap<StreamId, SendStream>,
+    recv: HashMap<StreamId, RecvStream>,
+    /// Streams opened by us: next index and the peer's limit, per direction.
+    next_local: [u64; 2],
+    max_local: [u64; 2],
+    /// Streams opened by the peer: how many exist (implicitly opened included) and the limit
+    /// we advertised.
+    next_remote: [u64; 2],
+    max_remote: [u64; 2],
+    /// Remote streams opened but not yet handed to the application.
+    accept_next: [u64; 2],
+    // Connection flow control.
+    send_max_data: u64,
+    data_sent: u64,
+    conn_window: RecvWindow,
+    data_received: u64,
+    data_consumed: u64,
+    /// Initial stream windows the peer gave us, for streams as they open.
+    peer_stream_window_bidi_local: u64,
+    peer_stream_window_bidi_remote: u64,
+    peer_stream_window_uni: u64,
+    /// Streams with data to send, by urgency.
+    sched: [VecDeque<StreamId>; 8],
+    pending: Pending,
+    events: VecDeque<StreamEvent>,
+}
+
+fn dir_idx(d: Dir) -> usize {
+    d as usize
+}
+
+impl Streams {
+    pub fn new(side: Side, cfg: StreamConfig) -> Self {
+        Self {
+            side,
+            send: HashMap::new(),
+            recv: HashMap::new(),
+            next_local: [0; 2],
+            max_local: [0; 2],
+            next_remote: [0; 2],
+            max_remote: [cfg.max_concurrent_bidi, cfg.max_concurrent_uni],
+            accept_next: [0; 2],
+            send_max_data: 0,
+            data_sent: 0,
+            conn_window: RecvWindow::new(cfg.conn_window, cfg.conn_window_cap),
+            data_received: 0,
+            data_consumed: 0,
+            peer_stream_window_bidi_local: 0,
+            peer_stream_window_bidi_remote: 0,
+            peer_stream_window_uni: 0,
+            sched: Default::default(),
+            pending: Pending::default(),
+            events: VecDeque::new(),
+            cfg,
+        }
+    }
+
+    /// Writes our limits into the transport parameters we send.
+    pub fn local_params(&self, tp: &mut TransportParameters) {
+        tp.initial_max_data = self.cfg.conn_window;
+        tp.initial_max_stream_data_bidi_local = self.cfg.stream_window;
+        tp.initial_max_stream_data_bidi_remote = self.cfg.stream_window;
+        tp.initial_max_stream_data_uni = self.cfg.stream_window;
+        tp.initial_max_streams_bidi = self.cfg.max_concurrent_bidi;
+        tp.initial_max_streams_uni = self.cfg.max_concurrent_uni;
+    }
+
+    /// Applies the peer's transport parameters (also used with remembered ones for 0-RTT).
+    pub fn apply_peer_params(&mut self, tp: &TransportParameters) {
+        for (d, max) in [
+            (Dir::Bi, tp.initial_max_streams_bidi),
+            (Dir::Uni, tp.initial_max_streams_uni),
+        ] {
+            if max > self.max_local[dir_idx(d)] {
+                self.max_local[dir_idx(d)] = max;
+                self.events.push_back(StreamEvent::Available(d));
+            }
+        }
+        self.send_max_data = self.send_max_data.max(tp.initial_max_data);
+        self.peer_stream_window_bidi_local = tp.initial_max_stream_data_bidi_local;
+        self.peer_stream_window_bidi_remote = tp.initial_max_stream_data_bidi_remote;
+        self.peer_stream_window_uni = tp.initial_max_stream_data_uni;
+        // Streams opened in 0-RTT get the new limits (RFC 9000 §7.4.1).
+        let (side, bl, br, u) = (
+            self.side,
+            self.peer_stream_window_bidi_local,
+            self.peer_stream_window_bidi_remote,
+            self.peer_stream_window_uni,
+        );
+        for (&id, s) in self.send.iter_mut() {
+            let w = match (id.dir(), id.initiator() == side) {
+                (Dir::Bi, true) => br,
+                (Dir::Bi, false) => bl,
+                (Dir::Uni, _) => u,
+            };
+            s.max_data = s.max_data.max(w);
+        }
+    }
+
+    /// The peer's initial send window for stream `id`.
+    fn peer_window_for(&self, id: StreamId) -> u64 {
+        match (id.dir(), id.initiator() == self.side) {
+            // Peer's "bidi_remote" applies to streams we opened.
+            (Dir::Bi, true) => self.peer_stream_window_bidi_remote,
+            (Dir::Bi, false) => self.peer_stream_window_bidi_local,
+            (Dir::Uni, _) => self.peer_stream_window_uni,
+        }
+    }
+
+    /// Forgets 0-RTT stream state after the server rejected 0-RTT: the streams are gone.
+    pub fn reset_for_0rtt_rejection(&mut self) {
+        let cfg = self.cfg.clone();
+        *self = Self::new(self.side, cfg);
+    }
+
+    pub fn poll_event(&mut self) -> Option<StreamEvent> {
+        self.events.pop_front()
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Application side
+
+    /// Opens a new stream; `None` when the peer's limit is reached (STREAMS_BLOCKED is queued).
+    pub fn open(&mut self, dir: Dir) -> Option<StreamId> {
+        let i = dir_idx(dir);
+        if self.next_local[i] >= self.max_local[i] {
+            self.pending.streams_blocked[i] = Some(self.max_local[i]);
+            return None;
+        }
+        let id = StreamId::new(self.side, dir, self.next_local[i]);
+        self.next_local[i] += 1;
+        self.insert_send(id);
+        if dir == Dir::Bi {
+            self.insert_recv(id);
+        }
+        Some(id)
+    }
+
+    fn insert_send(&mut self, id: StreamId) {
+        let max_data = self.peer_window_for(id);
+        self.send.insert(
+            id,
+            SendStream {
+                buf: SendBuffer::new(),
+                state: SendState::Open { fin: false },
+                max_data,
+                fin_sent: false,
+                fin_acked: false,
+                priority: Priority::default(),
+                blocked_sent_at: None,
+                stopped: None,
+                reset_final_size: 0,
+                want_writable: false,
+            },
+        );
+    }
+
+    fn insert_recv(&mut self, id: StreamId) {
+        self.recv.insert(
+            id,
+            RecvStream {
+                asm: Assembler::new(),
+                final_size: None,
+                window: RecvWindow::new(self.cfg.stream_window, self.cfg.stream_window_cap),
+                state: RecvState::Open,
+                stop_code: None,
+            },
+        );
+    }
+
+    /// Takes the next stream the peer opened, if any.
+    pub fn accept(&mut self, dir: Dir) -> Option<StreamId> {
+        let i = dir_idx(dir);
+        if self.accept_next[i] >= self.next_remote[i] {
+            return None;
+        }
+        let id = StreamId::new(self.side.peer(), dir, self.accept_next[i]);
+        self.accept_next[i] += 1;
+        Some(id)
+    }
+
+    /// Queues data; returns how much was accepted (0 when the send buffer is full).
+    pub fn write(&mut self, id: StreamId, data: Bytes) -> Result<usize, StreamError> {
+        let s = self.send.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        if let Some(code) = s.stopped {
+            return Err(StreamError::Stopped(code));
+        }
+        match s.state {
+            SendState::Open { fin: false } => {}
+            _ => return Err(StreamError::ClosedStream),
+        }
+        let room = self.cfg.send_buffer.saturating_sub(s.buf.buffered());
+        let n = (data.len() as u64).min(room) as usize;
+        if n < data.len() {
+            s.want_writable = true;
+        }
+        if n == 0 {
+            return Ok(0);
+        }
+        let was_idle = !s.buf.has_sendable();
+        s.buf.write(data.slice(..n));
+        let prio = s.priority;
+        if was_idle {
+            self.schedule(id, prio);
+        }
+        Ok(n)
+    }
+
+    /// Bytes the application can still write before the send buffer is full.
+    pub fn write_capacity(&self, id: StreamId) -> Result<u64, StreamError> {
+        let s = self.send.get(&id).ok_or(StreamError::UnknownStream)?;
+        Ok(self.cfg.send_buffer.saturating_sub(s.buf.buffered()))
+    }
+
+    /// Marks the end of the stream's data.
+    pub fn finish(&mut self, id: StreamId) -> Result<(), StreamError> {
+        let s = self.send.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        if let Some(code) = s.stopped {
+            return Err(StreamError::Stopped(code));
+        }
+        match s.state {
+            SendState::Open { fin: false } => s.state = SendState::Open { fin: true },
+            _ => return Err(StreamError::ClosedStream),
+        }
+        let prio = s.priority;
+        self.schedule(id, prio);
+        Ok(())
+    }
+
+    /// Abandons sending with an application error code (RESET_STREAM).
+    pub fn reset(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+        let s = self.send.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        if matches!(s.state, SendState::ResetSent { .. }) || s.fin_acked {
+            return Err(StreamError::ClosedStream);
+        }
+        s.reset_final_size = s.buf.unsent();
+        s.buf.clear();
+        s.state = SendState::ResetSent { code };
+        self.pending.reset.push(id);
+        Ok(())
+    }
+
+    pub fn set_priority(&mut self, id: StreamId, p: Priority) -> Result<(), StreamError> {
+        let s = self.send.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        let p = Priority {
+            urgency: p.urgency.min(7),
+            ..p
+        };
+        if s.priority != p {
+            let old = s.priority.urgency as usize;
+            s.priority = p;
+            if let Some(pos) = self.sched[old].iter().position(|&x| x == id) {
+                self.sched[old].remove(pos);
+                self.schedule(id, p);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn priority(&self, id: StreamId) -> Option<Priority> {
+        self.send.get(&id).map(|s| s.priority)
+    }
+
+    /// Reads up to `max` contiguous bytes. `Ok(None)` means the stream ended.
+    pub fn read(&mut self, id: StreamId, max: usize) -> Result<Option<Bytes>, StreamError> {
+        let s = self.recv.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        match s.state {
+            RecvState::ResetRecvd { code } => {
+                s.state = RecvState::Done;
+                self.maybe_cleanup(id);
+                return Err(StreamError::Reset(code));
+            }
+            RecvState::Done => return Ok(None),
+            RecvState::Open => {}
+        }
+        if let Some(chunk) = s.asm.read(max) {
+            let n = chunk.len() as u64;
+            self.data_consumed += n;
+            if s.window.wants_update(s.asm.read_offset()) && s.final_size.is_none() {
+                push_unique(&mut self.pending.max_stream_data, id);
+            }
+            if self.conn_window.wants_update(self.data_consumed) {
+                self.pending.max_data = true;
+            }
+            return Ok(Some(chunk));
+        }
+        if s.final_size == Some(s.asm.read_offset()) {
+            s.state = RecvState::Done;
+            self.maybe_cleanup(id);
+            return Ok(None);
+        }
+        Err(StreamError::WouldBlock)
+    }
+
+    /// Asks the peer to stop sending (STOP_SENDING) and discards what arrives.
+    pub fn stop(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+        let s = self.recv.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        if s.stop_code.is_some() || s.state != RecvState::Open {
+            return Ok(());
+        }
+        s.stop_code = Some(code);
+        // Discarded data still counts as consumed for connection flow control.
+        let unread = s.highest() - s.asm.read_offset();
+        s.asm.discard(s.highest());
+        self.data_consumed += unread;
+        if s.final_size.is_none() {
+            self.pending.stop.push(id);
+        } else {
+            s.state = RecvState::Done;
+            self.maybe_cleanup(id);
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Frames from the peer
+
+    /// Validates that the peer may use `id` to send to us and opens it (and every lower
+    /// stream of its kind) if needed. Returns false for a stream already closed.
+    fn remote_recv_stream(&mut self, id: StreamId, ft: FrameType) -> Result<bool, TransportError> {
+        if id.initiator() == self.side {
+            if id.dir() == Dir::Uni {
+                return Err(
+                    TransportError::STREAM_STATE_ERROR("data on a send-only stream").with_frame(ft),
+                );
+            }
+            if id.index() >= self.next_local[dir_idx(id.dir())] {
+                return Err(
+                    TransportError::STREAM_STATE_ERROR("stream not yet opened").with_frame(ft)
+                );
+            }
+            return Ok(self.recv.contains_key(&id));
+        }
+        self.open_remote(id, ft)?;
+        Ok(self.recv.contains_key(&id))
+    }
+
+    fn open_remote(&mut self, id: StreamId, ft: FrameType) -> Result<(), TransportError> {
+        let i = dir_idx(id.dir());
+        if id.index() >= self.max_remote[i] {
+            return Err(
+                TransportError::STREAM_LIMIT_ERROR("stream beyond the advertised limit")
+                    .with_frame(ft),
+            );
+        }
+        while self.next_remote[i] <= id.index() {
+            let new = StreamId::new(self.side.peer(), id.dir(), self.next_remote[i]);
+            self.next_remote[i] += 1;
+            self.insert_recv(new);
+            if id.dir() == Dir::Bi {
+                self.insert_send(new);
+            }
+            self.events.push_back(StreamEvent::Opened(id.dir()));
+        }
+        Ok(())
+    }
+
+    pub fn on_stream_frame(
+        &mut self,
+        id: StreamId,
+        offset: u64,
+        data: Bytes,
+        fin: bool,
+    ) -> Result<(), TransportError> {
+        let ft = FrameType::STREAM;
+        if !self.remote_recv_stream(id, ft)? {
+            return Ok(());
+        }
+        let s = self.recv.get_mut(&id).expect("checked above");
+        let end = offset + data.len() as u64;
+        if let Some(fs) = s.final_size {
+            if end > fs || (fin && end != fs) {
+                return Err(
+                    TransportError::FINAL_SIZE_ERROR("data beyond the final size").with_frame(ft),
+                );
+            }
+        } else if fin && end < s.asm.received_end() {
+            return Err(
+                TransportError::FINAL_SIZE_ERROR("final size below data received").with_frame(ft),
+            );
+        }
+        if end > s.window.max() {
+            return Err(
+                TransportError::FLOW_CONTROL_ERROR("stream flow control limit exceeded")
+                    .with_frame(ft),
+            );
+        }
+        let prev = s.highest();
+        if fin {
+            s.final_size = Some(end);
+        }
+        let new_highest = s.highest().max(prev);
+        let growth = new_highest - prev;
+        if self.data_received + growth > self.conn_window.max() {
+            return Err(TransportError::FLOW_CONTROL_ERROR(
+                "connection flow control limit exceeded",
+            )
+            .with_frame(ft));
+        }
+        self.data_received += growth;
+        if s.state != RecvState::Open {
+            return Ok(());
+        }
+        if s.stop_code.is_some() {
+            // Discarding: count as consumed immediately.
+            self.data_consumed += growth;
+            s.asm.discard(new_highest);
+            if s.final_size.is_some() {
+                s.state = RecvState::Done;
+                self.maybe_cleanup(id);
+            }
+            return Ok(());
+        }
+        // Edge-triggered: announce when the stream becomes readable or complete; the
+        // application reads until `WouldBlock`.
+        let before = s.asm.readable();
+        s.asm.insert(offset, data);
+        let became_readable = before == 0 && s.asm.readable() > 0;
+        let ended = s.final_size == Some(s.asm.read_offset() + s.asm.readable());
+        if became_readable || (ended && (fin || s.asm.readable() > before)) {
+            self.events.push_back(StreamEvent::Readable(id));
+        }
+        Ok(())
+    }
+
+    pub fn on_reset_stream(
+        &mut self,
+        id: StreamId,
+        code: u64,
+        final_size: u64,
+    ) -> Result<(), TransportError> {
+        let ft = FrameType::RESET_STREAM;
+        if !self.remote_recv_stream(id, ft)? {
+            return Ok(());
+        }
+        let s = self.recv.get_mut(&id).expect("checked above");
+        if let Some(fs) = s.final_size
+            && fs != final_size
+        {
+            return Err(
+                TransportError::FINAL_SIZE_ERROR("reset changes the final size").with_frame(ft),
+            );
+        }
+        if final_size < s.asm.received_end() {
+            return Err(
+                TransportError::FINAL_SIZE_ERROR("reset below data received").with_frame(ft),
+            );
+        }
+        if final_size > s.window.max() {
+            return Err(
+                TransportError::FLOW_CONTROL_ERROR("reset final size beyond the limit")
+                    .with_frame(ft),
+            );
+        }
+        let growth = final_size - s.highest();
+        if self.data_received + growth > self.conn_window.max() {
+            return Err(TransportError::FLOW_CONTROL_ERROR(
+                "connection flow control limit exceeded",
+            )
+            .with_frame(ft));
+        }
+        self.data_received += growth;
+        s.final_size = Some(final_size);
+        // Unread data is released for connection flow control.
+        self.data_consumed += final_size - s.asm.read_offset();
+        s.asm.discard(final_size);
+        if s.state == RecvState::Open {
+            if s.stop_code.is_some() {
+                s.state = RecvState::Done;
+                self.maybe_cleanup(id);
+            } else {
+                s.state = RecvState::ResetRecvd { code };
+                self.events.push_back(StreamEvent::Readable(id));
+            }
+        }
+        if self.conn_window.wants_update(self.data_consumed) {
+            self.pending.max_data = true;
+        }
+        Ok(())
+    }
+
+    /// Validates that `id` names a stream we can send on (for STOP_SENDING / MAX_STREAM_DATA).
+    fn remote_send_stream(&mut self, id: StreamId, ft: FrameType) -> Result<bool, TransportError> {
+        if id.initiator() == self.side {
+            if id.index() >= self.next_local[dir_idx(id.dir())] {
+                return Err(
+                    TransportError::STREAM_STATE_ERROR("stream not yet opened").with_frame(ft)
+                );
+            }
+        } else {
+            if id.dir() == Dir::Uni {
+                return Err(
+                    TransportError::STREAM_STATE_ERROR("frame for a receive-only stream")
+                        .with_frame(ft),
+                );
+            }
+            self.open_remote(id, ft)?;
+        }
+        Ok(self.send.contains_key(&id))
+    }
+
+    pub fn on_stop_sending(&mut self, id: StreamId, code: u64) -> Result<(), TransportError> {
+        if !self.remote_send_stream(id, FrameType::STOP_SENDING)? {
+            return Ok(());
+        }
+        let s = self.send.get_mut(&id).expect("checked above");
+        if s.stopped.is_some() {
+            return Ok(());
+        }
+        s.stopped = Some(code);
+        self.events.push_back(StreamEvent::Stopped(id, code));
+        // RFC 9000 §3.5: answer with RESET_STREAM unless everything was already sent.
+        if !(s.fin_acked || matches!(s.state, SendState::ResetSent { .. })) {
+            s.reset_final_size = s.buf.unsent();
+            s.buf.clear();
+            s.state = SendState::ResetSent { code };
+            self.pending.reset.push(id);
+        }
+        Ok(())
+    }
+
+    pub fn on_max_stream_data(&mut self, id: StreamId, max: u64) -> Result<(), TransportError> {
+        if !self.remote_send_stream(id, FrameType::MAX_STREAM_DATA)? {
+            return Ok(());
+        }
+        let s = self.send.get_mut(&id).expect("checked above");
+        if max > s.max_data {
+            let was_blocked = s.buf.unsent() >= s.max_data && s.buf.end() > s.max_data;
+            s.max_data = max;
+            let prio = s.priority;
+            if was_blocked {
+                self.schedule(id, prio);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn on_stream_data_blocked(&mut self, id: StreamId) -> Result<(), TransportError> {
+        let ft = FrameType::STREAM_DATA_BLOCKED;
+        if !self.remote_recv_stream(id, ft)? {
+            return Ok(());
+        }
+        // The peer is blocked: make sure it has our latest limit.
+        push_unique(&mut self.pending.max_stream_data, id);
+        Ok(())
+    }
+
+    pub fn on_max_data(&mut self, max: u64) {
+        if max > self.send_max_data {
+            let was_blocked = self.data_sent >= self.send_max_data;
+            self.send_max_data = max;
+            if was_blocked {
+                // Streams with data wait in the scheduler already; wake writers.
+                for (&id, s) in &self.send {
+                    if s.buf.has_sendable() {
+                        self.events.push_back(StreamEvent::Writable(id));
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn on_max_streams(&mut self, dir: Dir, count: u64) {
+        let i = dir_idx(dir);
+        if count > self.max_local[i] {
+            self.max_local[i] = count;
+            self.events.push_back(StreamEvent::Available(dir));
+        }
+    }
+
+    pub fn on_streams_blocked(&mut self, dir: Dir, limit: u64) -> Result<(), TransportError> {
+        let _ = limit;
+        self.pending.max_streams[dir_idx(dir)] = true;
+        Ok(())
+    }
+
+    pub fn on_data_blocked(&mut self) {
+        self.pending.max_data = true;
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Acknowledgements and losses
+
+    pub fn on_frame_acked(&mut self, f: &SentFrame) {
+        match *f {
+            SentFrame::Stream {
+                id,
+                offset,
+                len,
+                fin,
+            } => {
+                let Some(s) = self.send.get_mut(&id) else {
+                    return;
+                };
+                s.buf.ack(offset..offset + u64::from(len));
+                if fin {
+                    s.fin_acked = true;
+                }
+                if s.fin_acked && s.buf.is_fully_acked() {
+                    self.events.push_back(StreamEvent::Finished(id));
+                    self.send.remove(&id);
+                    self.maybe_cleanup(id);
+                } else if s.want_writable && s.buf.buffered() < self.cfg.send_buffer {
+                    s.want_writable = false;
+                    self.events.push_back(StreamEvent::Writable(id));
+                }
+            }
+            SentFrame::ResetStream(id) => {
+                self.send.remove(&id);
+                self.maybe_cleanup(id);
+            }
+            _ => {}
+        }
+    }
+
+    pub fn on_frame_lost(&mut self, f: &SentFrame) {
+        match *f {
+            SentFrame::Stream {
+                id,
+                offset,
+                len,
+                fin,
+            } => {
+                let Some(s) = self.send.get_mut(&id) else {
+                    return;
+                };
+                if matches!(s.state, SendState::ResetSent { .. }) {
+                    return;
+                }
+                s.buf.lost(offset..offset + u64::from(len));
+                if fin && !s.fin_acked {
+                    s.fin_sent = false;
+                }
+                let prio = s.priority;
+                self.schedule(id, prio);
+            }
+            SentFrame::ResetStream(id) => {
+                if self.send.contains_key(&id) {
+                    push_unique(&mut self.pending.reset, id);
+                }
+            }
+            SentFrame::StopSending(id) => {
+                if self.recv.get(&id).is_some_and(|s| s.final_size.is_none()) {
+                    push_unique(&mut self.pending.stop, id);
+                }
+            }
+            SentFrame::MaxData => self.pending.max_data = true,
+            SentFrame::MaxStreamData(id) => {
+                if self.recv.get(&id).is_some_and(|s| s.final_size.is_none()) {
+                    push_unique(&mut self.pending.max_stream_data, id);
+                }
+            }
+            SentFrame::MaxStreams(d) => self.pending.max_streams[dir_idx(d)] = true,
+            SentFrame::DataBlocked => {
+                if self.data_sent >= self.send_max_data {
+                    self.pending.data_blocked = Some(self.send_max_data);
+                }
+            }
+            SentFrame::StreamDataBlocked(id) => {
+                if let Some(s) = self.send.get(&id)
+                    && s.buf.unsent() >= s.max_data
+                {
+                    push_unique(&mut self.pending.stream_data_blocked, id);
+                }
+            }
+            SentFrame::StreamsBlocked(d) => {
+                let i = dir_idx(d);
+                if self.next_local[i] >= self.max_local[i] {
+                    self.pending.streams_blocked[i] = Some(self.max_local[i]);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Drops a stream's state once both halves are done; remote streams then free a slot for
+    /// the peer (MAX_STREAMS). The receive half goes last, so its removal marks the close.
+    fn maybe_cleanup(&mut self, id: StreamId) {
+        if self.send.contains_key(&id) {
+            return;
+        }
+        match self.recv.get(&id) {
+            Some(s) if s.state == RecvState::Done => {
+                self.recv.remove(&id);
+            }
+            // Still receiving, or a local uni stream (no receive half), or already closed.
+            _ => return,
+        }
+        if id.initiator() != self.side {
+            let i = dir_idx(id.dir());
+            self.max_remote[i] += 1;
+            self.pending.max_streams[i] = true;
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Sending
+
+    fn schedule(&mut self, id: StreamId, p: Priority) {
+        let q = &mut self.sched[p.urgency as usize];
+        if q.contains(&id) {
+            return;
+        }
+        if p.incremental {
+            q.push_back(id);
+        } else {
+            // Non-incremental streams go in stream-ID order, ahead of incremental ones.
+            let incremental =
+                |x: &StreamId| self.send.get(x).is_some_and(|s| s.priority.incremental);
+            let pos = q
+                .iter()
+                .position(|x| incremental(x) || x.0 > id.0)
+                .unwrap_or(q.len());
+            q.insert(pos, id);
+        }
+    }
+
+    /// Whether any stream or control frame is waiting to be sent.
+    pub fn wants_to_send(&self) -> bool {
+        self.has_control() || self.has_stream_data()
+    }
+
+    pub fn has_stream_data(&self) -> bool {
+        self.sched.iter().any(|q| !q.is_empty())
+    }
+
+    fn has_control(&self) -> bool {
+        let p = &self.pending;
+        p.max_data
+            || !p.max_stream_data.is_empty()
+            || p.max_streams.iter().any(|&b| b)
+            || !p.reset.is_empty()
+            || !p.stop.is_empty()
+            || p.data_blocked.is_some()
+            || !p.stream_data_blocked.is_empty()
+            || p.streams_blocked.iter().any(|b| b.is_some())
+    }
+
+    /// Writes pending control frames into `buf` while they fit in `max` total bytes of `buf`.
+    pub fn write_control(
+        &mut self,
+        buf: &mut Vec<u8>,
+        max: usize,
+        sent: &mut Vec<SentFrame>,
+        now: Instant,
+        rtt: Duration,
+    ) {
+        let room = |buf: &Vec<u8>, need: usize| buf.len() + need <= max;
+        if self.pending.max_data || self.conn_window.wants_update(self.data_consumed) {
+            let v = self
+                .conn_window
+                .max()
+                .max(self.data_consumed + self.conn_window.window());
+            if room(buf, 1 + VarInt::size_of(v)) {
+                let v = self.conn_window.update(self.data_consumed, now, rtt);
+                buf.push(0x10);
+                buf.put_var(v);
+                sent.push(SentFrame::MaxData);
+                self.pending.max_data = false;
+            }
+        }
+        while let Some(&id) = self.pending.max_stream_data.last() {
+            let Some(s) = self.recv.get_mut(&id) else {
+                self.pending.max_stream_data.pop();
+                continue;
+            };
+            if s.final_size.is_some() || s.stop_code.is_some() {
+                self.pending.max_stream_data.pop();
+                continue;
+            }
+            if !room(buf, 1 + 8 + 8) {
+                break;
+            }
+            let v = s.window.update(s.asm.read_offset(), now, rtt);
+            buf.push(0x11);
+            buf.put_var(id.0);
+            buf.put_var(v);
+            sent.push(SentFrame::MaxStreamData(id));
+            self.pending.max_stream_data.pop();
+        }
+        for d in [Dir::Bi, Dir::Uni] {
+            let i = dir_idx(d);
+            if self.pending.max_streams[i] && room(buf, 9) {
+                buf.push(if d == Dir::Bi { 0x12 } else { 0x13 });
+                buf.put_var(self.max_remote[i]);
+                sent.push(SentFrame::MaxStreams(d));
+                self.pending.max_streams[i] = false;
+            }
+        }
+        while let Some(&id) = self.pending.reset.last() {
+            let Some(s) = self.send.get(&id) else {
+                self.pending.reset.pop();
+                continue;
+            };
+            let SendState::ResetSent { code } = s.state else {
+                self.pending.reset.pop();
+                continue;
+            };
+            if !room(buf, 1 + 8 + 8 + 8) {
+                break;
+            }
+            buf.push(0x04);
+            buf.put_var(id.0);
+            buf.put_var(code);
+            buf.put_var(s.reset_final_size);
+            sent.push(SentFrame::ResetStream(id));
+            self.pending.reset.pop();
+        }
+        while let Some(&id) = self.pending.stop.last() {
+            let Some(code) = self.recv.get(&id).and_then(|s| s.stop_code) else {
+                self.pending.stop.pop();
+                continue;
+            };
+            if !room(buf, 1 + 8 + 8) {
+                break;
+            }
+            buf.push(0x05);
+            buf.put_var(id.0);
+            buf.put_var(code);
+            sent.push(SentFrame::StopSending(id));
+            self.pending.stop.pop();
+        }
+        if let Some(limit) = self.pending.data_blocked
+            && room(buf, 9)
+        {
+            buf.push(0x14);
+            buf.put_var(limit);
+            sent.push(SentFrame::DataBlocked);
+            self.pending.data_blocked = None;
+        }
+        while let Some(&id) = self.pending.stream_data_blocked.last() {
+            let Some(s) = self.send.get(&id) else {
+                self.pending.stream_data_blocked.pop();
+                continue;
+            };
+            if !room(buf, 17) {
+                break;
+            }
+            buf.push(0x15);
+            buf.put_var(id.0);
+            buf.put_var(s.max_data);
+            sent.push(SentFrame::StreamDataBlocked(id));
+            self.pending.stream_data_blocked.pop();
+        }
+        for d in [Dir::Bi, Dir::Uni] {
+            let i = dir_idx(d);
+            if let Some(limit) = self.pending.streams_blocked[i]
+                && room(buf, 9)
+            {
+                buf.push(if d == Dir::Bi { 0x16 } else { 0x17 });
+                buf.put_var(limit);
+                sent.push(SentFrame::StreamsBlocked(d));
+                self.pending.streams_blocked[i] = None;
+            }
+        }
+    }
+
+    /// Writes STREAM frames into `buf` while they fit in `max` total bytes, in priority order.
+    pub fn write_stream_frames(
+        &mut self,
+        buf: &mut Vec<u8>,
+        max: usize,
+        sent: &mut Vec<SentFrame>,
+    ) {
+        const MIN_USEFUL: usize = 16;
+        'outer: for urgency in 0..8 {
+            while let Some(&id) = self.sched[urgency].front() {
+                if buf.len() + MIN_USEFUL > max {
+                    break 'outer;
+                }
+                let Some(s) = self.send.get_mut(&id) else {
+                    self.sched[urgency].pop_front();
+                    continue;
+                };
+                if matches!(s.state, SendState::ResetSent { .. }) {
+                    self.sched[urgency].pop_front();
+                    continue;
+                }
+                let fin_wanted = matches!(s.state, SendState::Open { fin: true }) && !s.fin_sent;
+                // New data is limited by stream and connection flow control.
+                let conn_room = self.send_max_data.saturating_sub(self.data_sent);
+                let max_new_end = s.max_data.min(s.buf.unsent() + conn_room);
+                let space = max - buf.len();
+                let max_len = StreamHeader::max_data_with_len(id, s.buf.next_offset(), space);
+                let range = s.buf.next_range(max_len, max_new_end);
+                let (range, is_retransmit) = match range {
+                    Some(r) => r,
+                    None => {
+                        let all_sent = s.buf.unsent() == s.buf.end() && !s.buf.has_retransmit();
+                        if fin_wanted && all_sent {
+                            // A lone FIN.
+                            (s.buf.end()..s.buf.end(), false)
+                        } else {
+                            // Blocked by flow control, or nothing left.
+                            if s.buf.unsent() < s.buf.end() {
+                                if s.buf.unsent() >= s.max_data {
+                                    if s.blocked_sent_at != Some(s.max_data) {
+                                        s.blocked_sent_at = Some(s.max_data);
+                                        push_unique(&mut self.pending.stream_data_blocked, id);
+                                    }
+                                } else if conn_room == 0 {
+                                    self.pending.data_blocked = Some(self.send_max_data);
+                                }
+                            }
+                            self.sched[urgency].pop_front();
+                            continue;
+                        }
+                    }
+                };
+                let len = (range.end - range.start) as usize;
+                let fin = fin_wanted && range.end == s.buf.end();
+                let hdr = StreamHeader {
+                    id,
+                    offset: range.start,
+                    len: Some(len),
+                    fin,
+                };
+                if buf.len() + hdr.encoded_len() + len > max {
+                    // Only possible for a lone FIN when out of room.
+                    if len > 0 {
+                        s.buf.unsend(range, is_retransmit);
+                    }
+                    break 'outer;
+                }
+                hdr.encode(buf);
+                s.buf.copy_range(range.clone(), buf);
+                if !is_retransmit {
+                    self.data_sent += len as u64;
+                }
+                if fin {
+                    s.fin_sent = true;
+                }
+                sent.push(SentFrame::Stream {
+                    id,
+                    offset: range.start,
+                    len: len as u32,
+                    fin,
+                });
+                let more = s.buf.has_sendable()
+                    && (s.buf.has_retransmit() || s.buf.unsent() < max_new_end)
+                    || (matches!(s.state, SendState::Open { fin: true }) && !s.fin_sent);
+                let incremental = s.priority.incremental;
+                if !more {
+                    self.sched[urgency].pop_front();
+                } else if incremental {
+                    self.sched[urgency].rotate_left(1);
+                }
+            }
+        }
+    }
+
+    /// Statistics: (open send streams, open receive streams).
+    pub fn counts(&self) -> (usize, usize) {
+        (self.send.len(), self.recv.len())
+    }
+
+    /// Connection-level flow-control state (sent, peer limit, received, our limit).
+    pub fn flow_state(&self) -> (u64, u64, u64, u64) {
+        (
+            self.data_sent,
+            self.send_max_data,
+            self.data_received,
+            self.conn_window.max(),
+        )
+    }
+}
+
+fn push_unique(v: &mut Vec<StreamId>, id: StreamId) {
+    if !v.contains(&id) {
+        v.push(id);
+    }
+}

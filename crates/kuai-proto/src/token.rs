@@ -1,0 +1,258 @@
+//! Address-validation tokens (RFC 9000 §8.1.3–8.1.4) and stateless reset tokens (§10.3.2).
+//!
+//! Tokens are sealed with AES-256-GCM under a server key, so only servers holding the key can
+//! read or forge them; a fleet shares the key to accept each other's tokens. A token carries
+//! its kind, its issue time and the client address it was issued to.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use bytes::{Buf, BufMut};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::hmac;
+
+use crate::cid::ConnectionId;
+use crate::coding::BufExt;
+
+/// A symmetric key for sealing tokens.
+pub struct TokenKey {
+    key: LessSafeKey,
+}
+
+impl TokenKey {
+    pub fn new(secret: &[u8; 32]) -> Self {
+        Self {
+            key: LessSafeKey::new(UnboundKey::new(&AES_256_GCM, secret).expect("32-byte key")),
+        }
+    }
+
+    pub fn random() -> Self {
+        let mut k = [0; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut k);
+        Self::new(&k)
+    }
+
+    fn seal(&self, mut plain: Vec<u8>) -> Vec<u8> {
+        let mut nonce = [0u8; NONCE_LEN];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
+        self.key
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::empty(),
+                &mut plain,
+            )
+            .expect("token fits AES-GCM limits");
+        let mut out = Vec::with_capacity(NONCE_LEN + plain.len());
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&plain);
+        out
+    }
+
+    fn open(&self, token: &[u8]) -> Option<Vec<u8>> {
+        if token.len() < NONCE_LEN + AES_256_GCM.tag_len() || token.len() > 512 {
+            return None;
+        }
+        let nonce = Nonce::try_assume_unique_for_key(&token[..NONCE_LEN]).ok()?;
+        let mut buf = token[NONCE_LEN..].to_vec();
+        let plain = self.key.open_in_place(nonce, Aad::empty(), &mut buf).ok()?;
+        let n = plain.len();
+        buf.truncate(n);
+        Some(buf)
+    }
+}
+
+impl std::fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenKey(..)")
+    }
+}
+
+const KIND_RETRY: u8 = 0;
+const KIND_NEW_TOKEN: u8 = 1;
+
+/// What a valid token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValidToken {
+    /// From a Retry: the original destination CID of the client's first Initial.
+    Retry { odcid: ConnectionId },
+    /// From NEW_TOKEN.
+    NewToken,
+}
+
+/// Seals a Retry token for `client` (address and port must match on return).
+pub fn retry_token(
+    key: &TokenKey,
+    client: SocketAddr,
+    odcid: &ConnectionId,
+    unix_ms: u64,
+) -> Vec<u8> {
+    let mut p = Vec::with_capacity(64);
+    p.put_u8(KIND_RETRY);
+    p.put_u64(unix_ms);
+    put_addr(&mut p, client.ip());
+    p.put_u16(client.port());
+    p.put_u8(odcid.len() as u8);
+    p.put_slice(odcid);
+    key.seal(p)
+}
+
+/// Seals a NEW_TOKEN token for `client` (only the IP must match later: ports change with NAT).
+pub fn new_token(key: &TokenKey, client: IpAddr, unix_ms: u64) -> Vec<u8> {
+    let mut p = Vec::with_capacity(32);
+    p.put_u8(KIND_NEW_TOKEN);
+    p.put_u64(unix_ms);
+    put_addr(&mut p, client);
+    key.seal(p)
+}
+
+/// Why a token was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenError {
+    /// Not sealed by our key, or malformed.
+    Invalid,
+    /// Sealed by us but for another address, or too old.
+    Stale,
+}
+
+/// Opens and checks a token presented by `client`.
+pub fn validate(
+    key: &TokenKey,
+    token: &[u8],
+    client: SocketAddr,
+    unix_ms: u64,
+    retry_lifetime: Duration,
+    new_token_lifetime: Duration,
+) -> Result<ValidToken, TokenError> {
+    let plain = key.open(token).ok_or(TokenError::Invalid)?;
+    let mut b = &plain[..];
+    let kind = b.get_u8_checked().map_err(|_| TokenError::Invalid)?;
+    let issued = b.get_u64_checked().map_err(|_| TokenError::Invalid)?;
+    let ip = get_addr(&mut b).ok_or(TokenError::Invalid)?;
+    if ip != client.ip() {
+        return Err(TokenError::Stale);
+    }
+    let age = Duration::from_millis(unix_ms.saturating_sub(issued));
+    match kind {
+        KIND_RETRY => {
+            let port = b.get_u16_checked().map_err(|_| TokenError::Invalid)?;
+            let len = b.get_u8_checked().map_err(|_| TokenError::Invalid)? as usize;
+            if b.remaining() != len {
+                return Err(TokenError::Invalid);
+            }
+            let odcid = ConnectionId::try_from_slice(b).ok_or(TokenError::Invalid)?;
+            if port != client.port() || age > retry_lifetime {
+                return Err(TokenError::Stale);
+            }
+            Ok(ValidToken::Retry { odcid })
+        }
+        KIND_NEW_TOKEN => {
+            if age > new_token_lifetime {
+                return Err(TokenError::Stale);
+            }
+            Ok(ValidToken::NewToken)
+        }
+        _ => Err(TokenError::Invalid),
+    }
+}
+
+fn put_addr(p: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(a) => {
+            p.put_u8(4);
+            p.put_slice(&a.octets());
+        }
+        IpAddr::V6(a) => {
+            p.put_u8(6);
+            p.put_slice(&a.octets());
+        }
+    }
+}
+
+fn get_addr(b: &mut &[u8]) -> Option<IpAddr> {
+    match b.get_u8_checked().ok()? {
+        4 => {
+            let mut o = [0; 4];
+            b.copy_to_checked(&mut o).ok()?;
+            Some(IpAddr::from(o))
+        }
+        6 => {
+            let mut o = [0; 16];
+            b.copy_to_checked(&mut o).ok()?;
+            Some(IpAddr::from(o))
+        }
+        _ => None,
+    }
+}
+
+/// Derives the stateless reset token of a connection ID (RFC 9000 §10.3.2): an HMAC of the
+/// CID under the endpoint's reset key, so it can be recomputed without per-connection state.
+pub fn reset_token(reset_key: &[u8; 32], cid: &ConnectionId) -> [u8; 16] {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, reset_key);
+    let tag = hmac::sign(&key, cid);
+    let mut out = [0; 16];
+    out.copy_from_slice(&tag.as_ref()[..16]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_token_roundtrip_and_checks() {
+        let key = TokenKey::random();
+        let addr: SocketAddr = "192.0.2.1:4433".parse().unwrap();
+        let odcid = ConnectionId::new(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let t = retry_token(&key, addr, &odcid, 1000);
+        let life = Duration::from_secs(10);
+        assert_eq!(
+            validate(&key, &t, addr, 2000, life, life),
+            Ok(ValidToken::Retry { odcid })
+        );
+        let other_port: SocketAddr = "192.0.2.1:4434".parse().unwrap();
+        assert_eq!(
+            validate(&key, &t, other_port, 2000, life, life),
+            Err(TokenError::Stale)
+        );
+        assert_eq!(
+            validate(&key, &t, addr, 20_000, life, life),
+            Err(TokenError::Stale)
+        );
+        let mut bad = t.clone();
+        bad[20] ^= 1;
+        assert_eq!(
+            validate(&key, &bad, addr, 2000, life, life),
+            Err(TokenError::Invalid)
+        );
+        assert_eq!(
+            validate(&TokenKey::random(), &t, addr, 2000, life, life),
+            Err(TokenError::Invalid)
+        );
+        assert_eq!(
+            validate(&key, &[1, 2, 3], addr, 2000, life, life),
+            Err(TokenError::Invalid)
+        );
+    }
+
+    #[test]
+    fn new_token_ignores_port() {
+        let key = TokenKey::random();
+        let ip: IpAddr = "2001:db8::1".parse().unwrap();
+        let t = new_token(&key, ip, 0);
+        let life = Duration::from_secs(10);
+        let a = SocketAddr::new(ip, 999);
+        assert_eq!(
+            validate(&key, &t, a, 5, life, life),
+            Ok(ValidToken::NewToken)
+        );
+    }
+
+    #[test]
+    fn reset_tokens_differ_per_cid() {
+        let k = [7; 32];
+        let a = reset_token(&k, &ConnectionId::new(&[1]));
+        let b = reset_token(&k, &ConnectionId::new(&[2]));
+        assert_ne!(a, b);
+        assert_eq!(a, reset_token(&k, &ConnectionId::new(&[1])));
+    }
+}
