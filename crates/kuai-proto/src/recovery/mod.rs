@@ -65,6 +65,8 @@ pub struct SentPacket {
     pub path: PathId,
     /// Whether this packet was a DPLPMTUD probe.
     pub mtu_probe: bool,
+    /// Sent with the ECT(0) codepoint.
+    pub ecn_marked: bool,
     pub frames: Vec<SentFrame>,
     // Delivery-rate estimation state at send time.
     pub delivered: u64,
@@ -294,6 +296,7 @@ mod tests {
             in_flight: true,
             path: PathId(0),
             mtu_probe: false,
+            ecn_marked: false,
             frames: Vec::new(),
             delivered: 0,
             delivered_time: t,

@@ -1,0 +1,1434 @@
+//! The QUIC connection state machine (RFC 9000, 9001, 9002).
+//!
+//! A [`Connection`] is fed datagrams ([`handle_datagram`](Connection::handle_datagram)) and
+//! timeouts ([`handle_timeout`](Connection::handle_timeout)), and produces datagrams
+//! ([`poll_transmit`](Connection::poll_transmit)), a timer deadline
+//! ([`poll_timeout`](Connection::poll_timeout)) and application events
+//! ([`poll_event`](Connection::poll_event)). It never reads a clock or touches a socket.
+
+mod cids;
+mod paths;
+mod recv;
+mod recovery;
+mod send;
+mod spaces;
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+pub use paths::{EcnCodepoint, EcnState};
+pub use spaces::MAX_ACK_RANGES;
+
+use self::cids::{LocalCids, RemoteCids};
+use self::paths::Path;
+use self::spaces::PacketSpace;
+use crate::cid::ConnectionId;
+use crate::config::{ClientConfig, ServerConfig, TransportConfig};
+use crate::crypto::{self, HandshakeOutput, Keys, OneRttKeys, Tls};
+use crate::error::{TransportError, TransportErrorCode};
+use crate::frame::{AckFrequency, Close};
+use crate::recovery::{PathId, backoff};
+use crate::stream::{Priority, StreamConfig, StreamError, StreamEvent, Streams};
+use crate::trace::{ConnectionStats, TraceEvent, Tracer};
+use crate::transport_params::{PreferredAddress, TransportParameters, VersionInformation};
+use crate::types::{Dir, Side, SpaceId, StreamId, Version};
+
+/// One outgoing batch of datagrams: `size` bytes in the caller's buffer, cut into datagrams of
+/// `segment_size` bytes (the last may be shorter) when it is `Some` (UDP GSO).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    pub destination: SocketAddr,
+    pub ecn: Option<EcnCodepoint>,
+    pub size: usize,
+    pub segment_size: Option<usize>,
+    /// Source IP to send from, when the connection is bound to one (multi-homed hosts).
+    pub src_ip: Option<IpAddr>,
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionError {
+    /// We detected a protocol violation and closed with this error.
+    TransportError(TransportError),
+    /// The peer closed with a transport error.
+    PeerTransportError(TransportError),
+    /// The peer's application closed the connection.
+    ApplicationClosed { code: u64, reason: Bytes },
+    /// Our application closed the connection.
+    LocallyClosed,
+    /// The idle timeout expired.
+    TimedOut,
+    /// The peer sent a stateless reset.
+    Reset,
+    /// No version both sides support (Version Negotiation).
+    VersionMismatch,
+}
+
+impl std::fmt::Display for ConnectionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectionError::TransportError(e) => write!(f, "closed locally: {e}"),
+            ConnectionError::PeerTransportError(e) => write!(f, "closed by peer: {e}"),
+            ConnectionError::ApplicationClosed { code, reason } => write!(
+                f,
+                "closed by peer application: code {code:#x} {:?}",
+                String::from_utf8_lossy(reason)
+            ),
+            ConnectionError::LocallyClosed => f.write_str("closed by the application"),
+            ConnectionError::TimedOut => f.write_str("idle timeout"),
+            ConnectionError::Reset => f.write_str("stateless reset by peer"),
+            ConnectionError::VersionMismatch => f.write_str("no QUIC version in common"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectionError {}
+
+/// What the application learns from a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The handshake completed: 1-RTT data can flow.
+    Connected,
+    /// The handshake is confirmed (RFC 9001 §4.1.2).
+    HandshakeConfirmed,
+    /// Client: the server refused 0-RTT. Streams opened and data written before the handshake
+    /// were discarded; send the requests again.
+    ZeroRttRejected,
+    Stream(StreamEvent),
+    /// A DATAGRAM frame arrived; take it with [`Connection::recv_datagram`].
+    DatagramReceived,
+    /// Client: the server issued a token for future connections (NEW_TOKEN).
+    NewToken(Bytes),
+    /// The connection moved to a new path (peer migration or NAT rebinding).
+    PathMigrated { from: SocketAddr, to: SocketAddr },
+    PathValidated(SocketAddr),
+    PathValidationFailed(SocketAddr),
+    KeyUpdated { generation: u64 },
+    /// The connection is closed; it finishes draining on its own.
+    ConnectionLost(ConnectionError),
+}
+
+/// What the endpoint must do for a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndpointEvent {
+    /// Issue this many more connection IDs (see [`Connection::issue_cids`]).
+    NeedCids(usize),
+    /// Stop routing this ID to the connection.
+    RetireCid(ConnectionId),
+    /// The connection is gone; forget it.
+    Drained,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Handshake,
+    Established,
+    /// We sent CONNECTION_CLOSE; answering further packets with it until the deadline.
+    Closing,
+    /// The peer closed; silent until the deadline.
+    Draining,
+    Drained,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ZeroRtt {
+    None,
+    /// Client: 0-RTT keys available, early data may be (or was) sent.
+    Attempting,
+    Accepted,
+    Rejected,
+}
+
+/// Timers of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+enum Timer {
+    Idle = 0,
+    Loss,
+    Ack,
+    Close,
+    KeyDiscard,
+    Pacing,
+    PathChallenge,
+    KeepAlive,
+    Mtu,
+}
+
+const TIMER_COUNT: usize = 9;
+
+/// Peer's request about how we acknowledge (ACK_FREQUENCY), or the defaults.
+#[derive(Debug, Clone, Copy)]
+struct AckPolicy {
+    threshold: u64,
+    max_delay: Duration,
+    reorder_threshold: u64,
+    last_seq: Option<u64>,
+}
+
+/// 1-RTT key-update bookkeeping (RFC 9001 §6).
+#[derive(Debug, Default)]
+struct KeyUpdateState {
+    /// First packet number we sent in the current phase.
+    local_phase_start: u64,
+    /// A packet of the current phase was acknowledged: we may update again.
+    phase_acked: bool,
+    /// First packet number received in the current phase.
+    remote_phase_start: Option<u64>,
+    /// Packets protected under the current key.
+    packets_in_phase: u64,
+    /// Key generation (number of updates so far).
+    generation: u64,
+    /// Decryption failures (RFC 9001 §6.6 integrity limit).
+    auth_failures: u64,
+}
+
+/// A connection.
+pub struct Connection {
+    side: Side,
+    version: Version,
+    /// Version of the client's first Initial (for compatible version negotiation).
+    original_version: Version,
+    /// Versions we may switch to (client: the config's list; server: its preference list).
+    versions: Vec<Version>,
+    config: Arc<TransportConfig>,
+    client_config: Option<ClientConfig>,
+    server_config: Option<Arc<ServerConfig>>,
+    server_name: Option<String>,
+    state: State,
+    tls: Option<Tls>,
+    /// Server: ClientHello bytes gathered before TLS starts (to pick the version first).
+    client_hello: Vec<u8>,
+    spaces: [PacketSpace; 3],
+    /// Server: keys of the client's original version, while it may still send Initials in it.
+    original_initial_keys: Option<crypto::KeyPair>,
+    zero_rtt_keys: Option<Keys>,
+    zero_rtt: ZeroRtt,
+    one_rtt: Option<OneRttKeys>,
+    key_update: KeyUpdateState,
+    handshake_complete: bool,
+    handshake_confirmed: bool,
+    /// Client: the server proved it has our Handshake keys (RFC 9002 §6.2.1 anti-deadlock).
+    peer_validated_address: bool,
+    local_cids: LocalCids,
+    remote_cids: RemoteCids,
+    /// Our source CID during the handshake (the first local ID).
+    handshake_cid: ConnectionId,
+    /// Client: DCID of its first Initial. Server: the same, as learned.
+    original_dcid: ConnectionId,
+    /// Client: SCID of the Retry it accepted.
+    retry_scid: Option<ConnectionId>,
+    /// Client: the token to put in Initials (from Retry or NEW_TOKEN).
+    token: Bytes,
+    local_params: TransportParameters,
+    peer_params: Option<TransportParameters>,
+    path: Path,
+    /// The path before the latest migration, kept in case the new one fails validation.
+    prev_path: Option<Path>,
+    next_path_id: u32,
+    /// PATH_RESPONSE frames owed, with the address each challenge came from.
+    path_responses: VecDeque<(SocketAddr, [u8; 8])>,
+    streams: Streams,
+    datagrams_in: VecDeque<Bytes>,
+    datagrams_in_bytes: usize,
+    datagrams_out: VecDeque<Bytes>,
+    events: VecDeque<Event>,
+    endpoint_events: VecDeque<EndpointEvent>,
+    idle_timeout: Option<Duration>,
+    /// An ack-eliciting packet was sent since the last packet received (idle timer rule).
+    sent_eliciting_since_rx: bool,
+    pto_count: u32,
+    timers: [Option<Instant>; TIMER_COUNT],
+    /// Close frame to send while closing.
+    close_frame: Option<Close>,
+    close_pending: bool,
+    error: Option<ConnectionError>,
+    handshake_done_pending: bool,
+    new_token_pending: bool,
+    ping_pending: bool,
+    immediate_ack_pending: bool,
+    ack_policy: AckPolicy,
+    /// Our ACK_FREQUENCY request to the peer: sequence and whether it must be (re)sent.
+    ack_frequency_seq: u64,
+    ack_frequency_pending: Option<AckFrequency>,
+    /// Received packets we cannot decrypt yet (keys not available), bounded.
+    undecryptable: Vec<(Instant, SocketAddr, Option<EcnCodepoint>, bytes::BytesMut)>,
+    stats: ConnectionStats,
+    tracer: Option<Box<dyn Tracer>>,
+    rng: StdRng,
+    started: Instant,
+    now: Instant,
+    spin: bool,
+    /// Peer accepts a greased QUIC bit (RFC 9287).
+    grease_quic_bit: bool,
+    /// Server: unix time in ms at `started`, for tokens.
+    unix_ms_at_start: u64,
+    /// Server: reset key to derive reset tokens for new CIDs.
+    reset_key: [u8; 32],
+    /// Preferred address to migrate to (client), from the server's transport parameters.
+    preferred_address: Option<PreferredAddress>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("side", &self.side)
+            .field("state", &self.state)
+            .field("version", &self.version)
+            .field("remote", &self.path.remote)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parameters for creating a server connection (filled in by the endpoint).
+pub(crate) struct ServerConnectionParams {
+    pub config: Arc<ServerConfig>,
+    pub version: Version,
+    /// DCID of the client's first Initial (from the Retry token if there was one).
+    pub original_dcid: ConnectionId,
+    /// DCID of the Initial that created this connection (keys are derived from it).
+    pub initial_dcid: ConnectionId,
+    pub client_cid: ConnectionId,
+    pub local_cid: ConnectionId,
+    pub reset_token: [u8; 16],
+    pub retry_scid: Option<ConnectionId>,
+    pub remote: SocketAddr,
+    pub local_ip: Option<IpAddr>,
+    pub address_validated: bool,
+    pub reset_key: [u8; 32],
+    pub unix_ms: u64,
+    pub seed: u64,
+}
+
+/// Why a client connection could not be started.
+#[derive(Debug)]
+pub enum ConnectError {
+    InvalidServerName(String),
+    Tls(rustls::Error),
+    /// The configuration is unusable (e.g. no QUIC-capable cipher suite).
+    Config(String),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::InvalidServerName(n) => write!(f, "invalid server name {n:?}"),
+            ConnectError::Tls(e) => write!(f, "TLS: {e}"),
+            ConnectError::Config(e) => write!(f, "configuration: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+fn stream_config(c: &TransportConfig) -> StreamConfig {
+    StreamConfig {
+        max_concurrent_bidi: c.max_concurrent_bidi_streams,
+        max_concurrent_uni: c.max_concurrent_uni_streams,
+        stream_window: c.stream_receive_window,
+        stream_window_cap: c.max_stream_receive_window,
+        conn_window: c.receive_window,
+        conn_window_cap: c.max_receive_window,
+        send_buffer: c.send_buffer,
+    }
+}
+
+fn local_transport_params(c: &TransportConfig, streams: &Streams) -> TransportParameters {
+    let mut tp = TransportParameters {
+        max_idle_timeout: c.max_idle_timeout.as_millis() as u64,
+        max_udp_payload_size: 65_527,
+        ack_delay_exponent: u64::from(c.ack_delay_exponent),
+        max_ack_delay: c.max_ack_delay.as_millis() as u64,
+        disable_active_migration: c.disable_active_migration,
+        active_connection_id_limit: c.active_connection_id_limit.max(2),
+        max_datagram_frame_size: c.max_datagram_frame_size,
+        grease_quic_bit: c.grease_quic_bit,
+        min_ack_delay: c.ack_frequency.then_some(1000),
+        ..TransportParameters::default()
+    };
+    streams.local_params(&mut tp);
+    tp
+}
+
+impl Connection {
+    /// Starts a client connection; the first flight is ready in
+    /// [`poll_transmit`](Self::poll_transmit).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new_client(
+        cfg: &ClientConfig,
+        server_name: &str,
+        remote: SocketAddr,
+        local_cid: ConnectionId,
+        token: Bytes,
+        now: Instant,
+        seed: u64,
+    ) -> Result<Self, ConnectError> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+            .map_err(|_| ConnectError::InvalidServerName(server_name.to_owned()))?;
+        let dcid = ConnectionId::random(&mut rng, 8);
+        let config = cfg.transport.clone();
+        let streams = Streams::new(Side::Client, stream_config(&config));
+        let mut tp = local_transport_params(&config, &streams);
+        tp.initial_source_connection_id = Some(local_cid);
+        tp.version_information = Some(VersionInformation {
+            chosen: cfg.version.wire(),
+            available: cfg.versions.iter().map(|v| v.wire()).collect(),
+        });
+        let mut tp_bytes = Vec::new();
+        tp.encode_with_rng(&mut tp_bytes, &mut rng);
+        let tls = Tls::client(cfg.tls.clone(), cfg.version, name, tp_bytes)
+            .map_err(ConnectError::Tls)?;
+        let path = Path::new(
+            PathId(0),
+            remote,
+            None,
+            now,
+            config.initial_rtt,
+            &config.congestion,
+            (config.initial_mtu, config.max_mtu),
+            config.ecn,
+            true,
+        );
+        let mut conn = Self::base(
+            Side::Client,
+            cfg.version,
+            config,
+            streams,
+            tp,
+            path,
+            local_cid,
+            dcid,
+            dcid,
+            now,
+            rng,
+        );
+        conn.versions = cfg.versions.clone();
+        conn.client_config = Some(cfg.clone());
+        conn.server_name = Some(server_name.to_owned());
+        conn.token = token;
+        conn.tls = Some(tls);
+        conn.spaces[SpaceId::Initial.index()].keys =
+            Some(crypto::initial_keys(cfg.version, &dcid, Side::Client));
+        conn.drive_tls(now)?;
+        conn.start_0rtt();
+        conn.trace(TraceEvent::ConnectionStateUpdated { new: "handshake_started" });
+        Ok(conn)
+    }
+
+    pub(crate) fn new_server(p: ServerConnectionParams, now: Instant) -> Self {
+        let rng = StdRng::seed_from_u64(p.seed);
+        let config = p.config.transport.clone();
+        let streams = Streams::new(Side::Server, stream_config(&config));
+        let mut tp = local_transport_params(&config, &streams);
+        tp.original_destination_connection_id = Some(p.original_dcid);
+        tp.initial_source_connection_id = Some(p.local_cid);
+        tp.retry_source_connection_id = p.retry_scid;
+        tp.stateless_reset_token = Some(p.reset_token);
+        let mut path = Path::new(
+            PathId(0),
+            p.remote,
+            p.local_ip,
+            now,
+            config.initial_rtt,
+            &config.congestion,
+            (config.initial_mtu, config.max_mtu),
+            config.ecn,
+            p.address_validated,
+        );
+        path.validated = p.address_validated;
+        let mut conn = Self::base(
+            Side::Server,
+            p.version,
+            config,
+            streams,
+            tp,
+            path,
+            p.local_cid,
+            p.client_cid,
+            p.original_dcid,
+            now,
+            rng,
+        );
+        conn.local_cids.issued.get_mut(&0).expect("first CID").reset_token = p.reset_token;
+        conn.versions = p.config.versions.clone();
+        conn.unix_ms_at_start = p.unix_ms;
+        conn.reset_key = p.reset_key;
+        if let Some(pa) = p.config.preferred_address {
+            // The preferred address gets its own CID (sequence 1) and reset token.
+            let cid = ConnectionId::random(&mut conn.rng, p.local_cid.len().max(8));
+            let token = crate::token::reset_token(&p.reset_key, &cid);
+            conn.local_cids.add(cid, token, false);
+            conn.local_params.preferred_address =
+                Some(PreferredAddress { v4: pa.v4, v6: pa.v6, cid, reset_token: token });
+        }
+        conn.server_config = Some(p.config);
+        conn.spaces[SpaceId::Initial.index()].keys =
+            Some(crypto::initial_keys(p.version, &p.initial_dcid, Side::Server));
+        conn.trace(TraceEvent::ConnectionStateUpdated { new: "handshake_started" });
+        conn
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn base(
+        side: Side,
+        version: Version,
+        config: Arc<TransportConfig>,
+        streams: Streams,
+        local_params: TransportParameters,
+        path: Path,
+        local_cid: ConnectionId,
+        remote_cid: ConnectionId,
+        original_dcid: ConnectionId,
+        now: Instant,
+        rng: StdRng,
+    ) -> Self {
+        let mut local_cids = LocalCids::default();
+        local_cids.add(local_cid, [0; 16], false);
+        let remote_cids = RemoteCids::new(remote_cid, config.active_connection_id_limit.max(2));
+        let ack_policy = AckPolicy {
+            threshold: config.ack_eliciting_threshold.max(1),
+            max_delay: config.max_ack_delay,
+            reorder_threshold: 1,
+            last_seq: None,
+        };
+        Self {
+            side,
+            version,
+            original_version: version,
+            versions: vec![version],
+            client_config: None,
+            server_config: None,
+            server_name: None,
+            state: State::Handshake,
+            tls: None,
+            client_hello: Vec::new(),
+            spaces: Default::default(),
+            original_initial_keys: None,
+            zero_rtt_keys: None,
+            zero_rtt: ZeroRtt::None,
+            one_rtt: None,
+            key_update: KeyUpdateState::default(),
+            handshake_complete: false,
+            handshake_confirmed: false,
+            peer_validated_address: side.is_server(),
+            local_cids,
+            remote_cids,
+            handshake_cid: local_cid,
+            original_dcid,
+            retry_scid: None,
+            token: Bytes::new(),
+            local_params,
+            peer_params: None,
+            path,
+            prev_path: None,
+            next_path_id: 1,
+            path_responses: VecDeque::new(),
+            streams,
+            datagrams_in: VecDeque::new(),
+            datagrams_in_bytes: 0,
+            datagrams_out: VecDeque::new(),
+            events: VecDeque::new(),
+            endpoint_events: VecDeque::new(),
+            idle_timeout: (!config.max_idle_timeout.is_zero()).then_some(config.max_idle_timeout),
+            sent_eliciting_since_rx: false,
+            pto_count: 0,
+            timers: [None; TIMER_COUNT],
+            close_frame: None,
+            close_pending: false,
+            error: None,
+            handshake_done_pending: false,
+            new_token_pending: false,
+            ping_pending: false,
+            immediate_ack_pending: false,
+            ack_policy,
+            ack_frequency_seq: 0,
+            ack_frequency_pending: None,
+            undecryptable: Vec::new(),
+            stats: ConnectionStats { version: Some(version), ..Default::default() },
+            tracer: None,
+            rng,
+            started: now,
+            now,
+            spin: false,
+            grease_quic_bit: false,
+            unix_ms_at_start: 0,
+            reset_key: [0; 32],
+            preferred_address: None,
+            config,
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Accessors
+
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    pub fn remote_address(&self) -> SocketAddr {
+        self.path.remote
+    }
+
+    /// Whether the handshake completed (1-RTT keys in use).
+    pub fn is_established(&self) -> bool {
+        self.handshake_complete
+    }
+
+    pub fn is_handshake_confirmed(&self) -> bool {
+        self.handshake_confirmed
+    }
+
+    /// Whether the connection is closing, draining or gone.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closing | State::Draining | State::Drained)
+    }
+
+    pub fn is_drained(&self) -> bool {
+        self.state == State::Drained
+    }
+
+    /// Why the connection closed, once it has.
+    pub fn close_reason(&self) -> Option<&ConnectionError> {
+        self.error.as_ref()
+    }
+
+    /// Negotiated ALPN protocol.
+    pub fn alpn(&self) -> Option<&[u8]> {
+        self.tls.as_ref()?.alpn()
+    }
+
+    /// Server: the SNI the client sent.
+    pub fn server_name(&self) -> Option<&str> {
+        match self.side {
+            Side::Server => self.tls.as_ref()?.server_name(),
+            Side::Client => self.server_name.as_deref(),
+        }
+    }
+
+    /// Certificates the peer presented.
+    pub fn peer_certificates(&self) -> Option<&[rustls::pki_types::CertificateDer<'static>]> {
+        self.tls.as_ref()?.peer_certificates()
+    }
+
+    /// Client: whether 0-RTT may be used now (keys from a resumed session).
+    pub fn is_0rtt_available(&self) -> bool {
+        self.zero_rtt == ZeroRtt::Attempting && !self.handshake_complete
+    }
+
+    /// Client: whether the server accepted our 0-RTT data (`None` while unknown or not tried).
+    pub fn zero_rtt_accepted(&self) -> Option<bool> {
+        match self.zero_rtt {
+            ZeroRtt::Accepted => Some(true),
+            ZeroRtt::Rejected => Some(false),
+            _ => None,
+        }
+    }
+
+    /// The peer's transport parameters, once known.
+    pub fn peer_params(&self) -> Option<&TransportParameters> {
+        self.peer_params.as_ref()
+    }
+
+    /// Local connection IDs currently issued (for the endpoint's routing table).
+    pub fn local_cids(&self) -> impl Iterator<Item = ConnectionId> + '_ {
+        self.local_cids.issued.values().map(|c| c.cid)
+    }
+
+    pub fn set_tracer(&mut self, tracer: Box<dyn Tracer>) {
+        self.tracer = Some(tracer);
+    }
+
+    fn trace(&mut self, ev: TraceEvent<'_>) {
+        if let Some(t) = self.tracer.as_mut() {
+            t.event(self.now, &ev);
+        }
+    }
+
+    pub fn stats(&self) -> ConnectionStats {
+        let mut s = self.stats.clone();
+        let p = &self.path;
+        s.path.rtt = p.rtt.smoothed();
+        s.path.min_rtt = p.rtt.min();
+        s.path.rtt_var = p.rtt.var();
+        s.path.cwnd = crate::cc::CongestionController::window(&p.cc);
+        s.path.ssthresh = crate::cc::CongestionController::ssthresh(&p.cc);
+        s.path.bytes_in_flight = p.bytes_in_flight;
+        s.path.mtu = p.mtu();
+        s.path.ecn_capable = p.ecn == EcnState::Capable;
+        s.path.pacing_rate = p.pacing_rate();
+        s.path.congestion_algorithm = crate::cc::CongestionController::name(&p.cc);
+        s
+    }
+
+    /// Events for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        if let Some(e) = self.events.pop_front() {
+            return Some(e);
+        }
+        self.streams.poll_event().map(Event::Stream)
+    }
+
+    /// Events for the endpoint.
+    pub fn poll_endpoint_event(&mut self) -> Option<EndpointEvent> {
+        self.endpoint_events.pop_front()
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Streams and datagrams (application API)
+
+    /// Opens a stream; `Err(Blocked)` when the peer's stream limit is reached.
+    pub fn open_stream(&mut self, dir: Dir) -> Result<StreamId, StreamError> {
+        if self.is_closed() {
+            return Err(StreamError::ClosedStream);
+        }
+        if !self.handshake_complete && self.zero_rtt != ZeroRtt::Attempting {
+            // Before the handshake only 0-RTT streams exist; the limits are not known yet.
+            return Err(StreamError::Blocked);
+        }
+        self.streams.open(dir).ok_or(StreamError::Blocked)
+    }
+
+    /// Takes the next stream the peer opened.
+    pub fn accept_stream(&mut self, dir: Dir) -> Option<StreamId> {
+        self.streams.accept(dir)
+    }
+
+    /// Queues data on a stream; returns how much was taken (0 when the send buffer is full —
+    /// wait for [`StreamEvent::Writable`]).
+    pub fn write(&mut self, id: StreamId, data: Bytes) -> Result<usize, StreamError> {
+        if self.is_closed() {
+            return Err(StreamError::ClosedStream);
+        }
+        self.streams.write(id, data)
+    }
+
+    pub fn write_capacity(&self, id: StreamId) -> Result<u64, StreamError> {
+        self.streams.write_capacity(id)
+    }
+
+    pub fn finish(&mut self, id: StreamId) -> Result<(), StreamError> {
+        self.streams.finish(id)
+    }
+
+    pub fn reset_stream(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+        self.streams.reset(id, code)
+    }
+
+    pub fn set_priority(&mut self, id: StreamId, priority: Priority) -> Result<(), StreamError> {
+        self.streams.set_priority(id, priority)
+    }
+
+    /// Reads up to `max` bytes. `Ok(None)` at the end of the stream; `Err(WouldBlock)` when
+    /// nothing is available yet (wait for [`StreamEvent::Readable`]).
+    pub fn read(&mut self, id: StreamId, max: usize) -> Result<Option<Bytes>, StreamError> {
+        self.streams.read(id, max)
+    }
+
+    /// Asks the peer to stop sending on a stream (STOP_SENDING).
+    pub fn stop_stream(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+        self.streams.stop(id, code)
+    }
+
+    /// Largest datagram payload the peer accepts and the path can carry now; `None` if the
+    /// peer does not support datagrams.
+    pub fn max_datagram_size(&self) -> Option<usize> {
+        let peer = self.peer_params.as_ref()?.max_datagram_frame_size?;
+        // Short header (1 + CID + 4) + tag (16) + frame type and length (1 + 2).
+        let path_max = usize::from(self.path.mtu()).saturating_sub(
+            1 + self.remote_cids.active().cid.len() + 4 + 16 + 3,
+        );
+        Some(path_max.min(peer as usize))
+    }
+
+    /// Queues an unreliable datagram (RFC 9221). The oldest queued datagram is dropped when the
+    /// queue is full.
+    pub fn send_datagram(&mut self, data: Bytes) -> Result<(), DatagramError> {
+        let max = self.max_datagram_size().ok_or(DatagramError::Unsupported)?;
+        if data.len() > max {
+            return Err(DatagramError::TooLarge(max));
+        }
+        if self.datagrams_out.len() >= self.config.datagram_send_buffer {
+            self.datagrams_out.pop_front();
+        }
+        self.datagrams_out.push_back(data);
+        Ok(())
+    }
+
+    pub fn recv_datagram(&mut self) -> Option<Bytes> {
+        let d = self.datagrams_in.pop_front()?;
+        self.datagrams_in_bytes -= d.len();
+        Some(d)
+    }
+
+    /// Closes the connection with an application error code.
+    pub fn close(&mut self, now: Instant, code: u64, reason: &[u8]) {
+        self.now = now;
+        if self.is_closed() {
+            return;
+        }
+        self.error = Some(ConnectionError::LocallyClosed);
+        self.events.push_back(Event::ConnectionLost(ConnectionError::LocallyClosed));
+        self.enter_closing(
+            now,
+            Close { error_code: code, frame_type: None, reason: Bytes::copy_from_slice(reason) },
+        );
+    }
+
+    /// Starts a 1-RTT key update (RFC 9001 §6). Fails while the previous update is not yet
+    /// acknowledged or the handshake is not confirmed.
+    pub fn initiate_key_update(&mut self) -> bool {
+        if !self.handshake_confirmed || !self.key_update.phase_acked || self.one_rtt.is_none() {
+            return false;
+        }
+        self.update_keys(false);
+        true
+    }
+
+    /// Client: migrate to a new local address (the application rebound its socket). Switches to
+    /// a fresh connection ID, resets congestion state and validates the new path.
+    pub fn migrate(&mut self, now: Instant, local_ip: Option<IpAddr>) -> Result<(), MigrateError> {
+        self.now = now;
+        if self.side.is_server() {
+            return Err(MigrateError::ServerCannotMigrate);
+        }
+        if !self.handshake_confirmed {
+            return Err(MigrateError::HandshakeNotConfirmed);
+        }
+        if self.peer_params.as_ref().is_some_and(|p| p.disable_active_migration) {
+            return Err(MigrateError::PeerDisallows);
+        }
+        // RFC 9000 §9.5: a new path uses a new connection ID.
+        if !self.remote_cids.rotate() {
+            return Err(MigrateError::NoSpareCid);
+        }
+        let remote = self.path.remote;
+        let new = self.new_path(remote, local_ip, now, true);
+        let old = std::mem::replace(&mut self.path, new);
+        self.retire_path_packets(&old);
+        self.prev_path = Some(old);
+        self.start_challenge(now);
+        self.stats.migrations += 1;
+        self.trace(TraceEvent::PathUpdated {
+            path: self.path.id,
+            remote,
+            event: "client_migration",
+        });
+        Ok(())
+    }
+
+    fn new_path(
+        &mut self,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        now: Instant,
+        validated: bool,
+    ) -> Path {
+        let id = PathId(self.next_path_id);
+        self.next_path_id += 1;
+        Path::new(
+            id,
+            remote,
+            local_ip,
+            now,
+            self.config.initial_rtt,
+            &self.config.congestion,
+            (self.config.initial_mtu, self.config.max_mtu),
+            self.config.ecn,
+            validated,
+        )
+    }
+
+    fn start_challenge(&mut self, now: Instant) {
+        let mut data = [0u8; 8];
+        self.rng.fill(&mut data);
+        let pto = self.path.rtt.pto_base();
+        // RFC 9000 §8.2.4: give up after max(3 PTO, 6 kInitialRtt-based PTOs).
+        let timeout = (pto * 3).max(self.config.initial_rtt * 6);
+        self.path.challenge = Some(paths::Challenge {
+            data,
+            resend_at: now,
+            deadline: now + timeout,
+            sent: false,
+        });
+        self.stats.path_validations += 1;
+    }
+
+    /// Connection IDs the endpoint issued for this connection on request.
+    pub fn issue_cids(&mut self, cids: Vec<(ConnectionId, [u8; 16])>) {
+        for (cid, token) in cids {
+            self.local_cids.add(cid, token, true);
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Handshake driving
+
+    /// Feeds TLS output into the spaces, installs keys and reacts to handshake progress.
+    fn drive_tls(&mut self, now: Instant) -> Result<(), ConnectError> {
+        self.process_tls(now).map_err(|e| ConnectError::Config(e.to_string()))
+    }
+
+    fn process_tls(&mut self, now: Instant) -> Result<(), TransportError> {
+        let Some(tls) = self.tls.as_mut() else { return Ok(()) };
+        let mut out = Vec::new();
+        tls.poll_output(&mut out);
+        for o in out {
+            match o {
+                HandshakeOutput::Data(space, data) => {
+                    self.spaces[space.index()].crypto_send.write(Bytes::from(data));
+                }
+                HandshakeOutput::HandshakeKeys(keys) => {
+                    self.spaces[SpaceId::Handshake.index()].keys = Some(keys);
+                    self.retry_undecryptable(now);
+                }
+                HandshakeOutput::OneRttKeys(keys) => {
+                    self.one_rtt = Some(keys);
+                    if self.side.is_server() {
+                        // 0-RTT keys of the server stay until the client shows 1-RTT.
+                    }
+                    self.retry_undecryptable(now);
+                }
+            }
+        }
+        // Peer transport parameters, as soon as TLS has them.
+        if self.peer_params.is_none()
+            && let Some(raw) = self.tls.as_ref().and_then(|t| t.peer_params())
+            && (self.side.is_server() || self.handshake_keys_ready())
+        {
+            let raw = raw.to_vec();
+            let tp = TransportParameters::decode(self.side.peer(), &raw)?;
+            self.apply_peer_params(tp)?;
+        }
+        if !self.handshake_complete && self.tls.as_ref().is_some_and(|t| !t.is_handshaking()) {
+            self.on_handshake_complete(now)?;
+        }
+        if self.side.is_server()
+            && self.zero_rtt == ZeroRtt::None
+            && self.zero_rtt_keys.is_none()
+            && let Some(k) = self.tls.as_ref().and_then(|t| t.zero_rtt_keys())
+        {
+            self.zero_rtt_keys = Some(k);
+            self.zero_rtt = ZeroRtt::Attempting;
+            self.retry_undecryptable(now);
+        }
+        Ok(())
+    }
+
+    fn handshake_keys_ready(&self) -> bool {
+        self.spaces[SpaceId::Handshake.index()].keys.is_some()
+    }
+
+    /// Client: start 0-RTT if TLS resumed a session that allows early data.
+    fn start_0rtt(&mut self) {
+        let Some(tls) = self.tls.as_ref() else { return };
+        let Some(keys) = tls.zero_rtt_keys() else { return };
+        let Some(raw) = tls.peer_params() else { return };
+        let Ok(remembered) = TransportParameters::decode(Side::Server, raw) else { return };
+        self.zero_rtt_keys = Some(keys);
+        self.zero_rtt = ZeroRtt::Attempting;
+        self.stats.zero_rtt_attempted = true;
+        // RFC 9000 §7.4.1: 0-RTT uses the remembered limits.
+        self.streams.apply_peer_params(&remembered);
+    }
+
+    fn apply_peer_params(&mut self, tp: TransportParameters) -> Result<(), TransportError> {
+        match self.side {
+            Side::Client => {
+                tp.validate_server_cids(
+                    &self.remote_cids.cids.get(&0).map_or(ConnectionId::EMPTY, |c| c.cid),
+                    &self.original_dcid,
+                    self.retry_scid.as_ref(),
+                )?;
+                if let Some(token) = tp.stateless_reset_token {
+                    self.remote_cids.set_initial_reset_token(token);
+                }
+                // RFC 9368 §4: the server's chosen version must be the one in use, and a
+                // version change must be allowed by our list.
+                if let Some(vi) = &tp.version_information {
+                    if vi.chosen != self.version.wire() {
+                        return Err(TransportError::VERSION_NEGOTIATION_ERROR(
+                            "server's chosen version differs from the packets' version",
+                        ));
+                    }
+                } else if self.version != self.original_version {
+                    return Err(TransportError::VERSION_NEGOTIATION_ERROR(
+                        "version changed without version_information",
+                    ));
+                }
+                if self.zero_rtt == ZeroRtt::Attempting
+                    && let Some(raw) = self.tls.as_ref().and_then(|t| t.peer_params())
+                    && let Ok(remembered) = TransportParameters::decode(Side::Server, raw)
+                    && !tp.validate_for_0rtt(&remembered)
+                    && self.tls.as_ref().and_then(|t| t.early_data_accepted()) == Some(true)
+                {
+                    return Err(TransportError::PROTOCOL_VIOLATION(
+                        "server accepted 0-RTT but lowered a remembered limit",
+                    ));
+                }
+                self.preferred_address = tp.preferred_address;
+            }
+            Side::Server => {
+                tp.validate_client_cids(&self.remote_cids.cids[&0].cid)?;
+            }
+        }
+        if tp.max_udp_payload_size < 1200 {
+            return Err(TransportError::TRANSPORT_PARAMETER_ERROR(
+                "max_udp_payload_size below 1200",
+            ));
+        }
+        // Effective idle timeout: the minimum of both, ignoring zeros (RFC 9000 §10.1).
+        let peer_idle = tp.max_idle_timeout_duration();
+        self.idle_timeout = match (self.idle_timeout, peer_idle) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.streams.apply_peer_params(&tp);
+        self.grease_quic_bit = tp.grease_quic_bit && self.config.grease_quic_bit;
+        if self.config.ack_frequency
+            && let Some(min) = tp.min_ack_delay_duration()
+        {
+            // Ask the peer to acknowledge every 10 packets or after a quarter RTT, whichever
+            // comes first (draft-ietf-quic-ack-frequency §4); refreshed as the RTT evolves.
+            let _ = min;
+            self.schedule_ack_frequency();
+        }
+        let summary = format!("{tp:?}");
+        self.trace(TraceEvent::ParametersSet { owner_local: false, summary });
+        self.peer_params = Some(tp);
+        // Issue more CIDs up to the peer's limit.
+        let want = self.cid_target().saturating_sub(self.local_cids.active_count());
+        if want > 0 {
+            self.endpoint_events.push_back(EndpointEvent::NeedCids(want));
+        }
+        Ok(())
+    }
+
+    /// How many CIDs we keep issued: the peer's limit, capped at 8.
+    fn cid_target(&self) -> usize {
+        self.peer_params.as_ref().map_or(2, |p| p.active_connection_id_limit.min(8) as usize)
+    }
+
+    fn schedule_ack_frequency(&mut self) {
+        let Some(min) = self.peer_params.as_ref().and_then(|p| p.min_ack_delay_duration()) else {
+            return;
+        };
+        if !self.config.ack_frequency {
+            return;
+        }
+        let srtt = self.path.rtt.smoothed();
+        let delay = (srtt / 4).clamp(min.max(Duration::from_millis(1)), self.config.max_ack_delay);
+        self.ack_frequency_seq += 1;
+        self.ack_frequency_pending = Some(AckFrequency {
+            seq: self.ack_frequency_seq,
+            ack_eliciting_threshold: 9,
+            request_max_ack_delay: delay.as_micros() as u64,
+            reordering_threshold: 3,
+        });
+    }
+
+    fn on_handshake_complete(&mut self, now: Instant) -> Result<(), TransportError> {
+        if self.peer_params.is_none() {
+            return Err(TransportError::TRANSPORT_PARAMETER_ERROR(
+                "peer sent no transport parameters",
+            ));
+        }
+        self.handshake_complete = true;
+        self.state = State::Established;
+        self.stats.handshake_duration = Some(now.saturating_duration_since(self.started));
+        let tls = self.tls.as_ref().expect("handshake complete implies TLS");
+        self.stats.cipher_suite = tls.cipher_suite().map(|s| format!("{s:?}"));
+        self.stats.alpn = tls.alpn().map(<[u8]>::to_vec);
+        self.stats.resumed = tls.resumed();
+        self.stats.version = Some(self.version);
+        match self.side {
+            Side::Client => {
+                if self.zero_rtt == ZeroRtt::Attempting {
+                    if tls.early_data_accepted() == Some(true) {
+                        self.zero_rtt = ZeroRtt::Accepted;
+                        self.stats.zero_rtt_accepted = true;
+                    } else {
+                        self.zero_rtt = ZeroRtt::Rejected;
+                        self.on_0rtt_rejected();
+                    }
+                }
+                self.zero_rtt_keys = None;
+            }
+            Side::Server => {
+                if self.zero_rtt == ZeroRtt::Attempting {
+                    self.zero_rtt = ZeroRtt::Accepted;
+                    self.stats.zero_rtt_accepted = true;
+                }
+                // RFC 9001 §4.1.2: the server's handshake is confirmed on completion.
+                self.handshake_done_pending = true;
+                self.new_token_pending = self.server_config.is_some();
+                self.on_handshake_confirmed(now);
+            }
+        }
+        self.events.push_back(Event::Connected);
+        self.trace(TraceEvent::ConnectionStateUpdated { new: "handshake_complete" });
+        Ok(())
+    }
+
+    fn on_0rtt_rejected(&mut self) {
+        // Everything sent in 0-RTT is gone: forget those packets without congestion signals
+        // and start the streams over (RFC 9000 §4.6.2 / §7.4.1).
+        let space = &mut self.spaces[SpaceId::Data.index()];
+        let drained: Vec<_> = space.sent.drain().collect();
+        for (_, p) in drained {
+            if p.in_flight {
+                self.path.bytes_in_flight = self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
+            }
+        }
+        self.spaces[SpaceId::Data.index()].time_of_last_ack_eliciting = None;
+        self.spaces[SpaceId::Data.index()].loss_time = None;
+        self.streams.reset_for_0rtt_rejection();
+        if let Some(tp) = self.peer_params.clone() {
+            self.streams.apply_peer_params(&tp);
+        }
+        self.events.push_back(Event::ZeroRttRejected);
+    }
+
+    fn on_handshake_confirmed(&mut self, now: Instant) {
+        if self.handshake_confirmed {
+            return;
+        }
+        self.handshake_confirmed = true;
+        self.peer_validated_address = true;
+        self.discard_space(SpaceId::Handshake, now);
+        self.events.push_back(Event::HandshakeConfirmed);
+        self.key_update.phase_acked = false;
+    }
+
+    /// Drops a space's keys and in-flight packets (RFC 9001 §4.9, RFC 9002 §6.4).
+    fn discard_space(&mut self, space: SpaceId, now: Instant) {
+        let s = &mut self.spaces[space.index()];
+        if s.discarded {
+            return;
+        }
+        s.discarded = true;
+        s.keys = None;
+        let drained: Vec<_> = s.sent.drain().collect();
+        s.loss_time = None;
+        s.time_of_last_ack_eliciting = None;
+        s.ack = Default::default();
+        s.probes = 0;
+        for (_, p) in drained {
+            if p.in_flight && p.path == self.path.id {
+                self.path.bytes_in_flight = self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
+            }
+        }
+        if space == SpaceId::Initial {
+            self.original_initial_keys = None;
+        }
+        self.pto_count = 0;
+        self.trace(TraceEvent::KeyDiscarded { space });
+        self.set_loss_timer(now);
+    }
+
+    fn update_keys(&mut self, remote_initiated: bool) {
+        let Some(keys) = self.one_rtt.as_mut() else { return };
+        keys.update();
+        let next_pn = self.spaces[SpaceId::Data.index()].next_pn;
+        self.key_update.local_phase_start = next_pn;
+        self.key_update.phase_acked = false;
+        self.key_update.packets_in_phase = 0;
+        self.key_update.generation += 1;
+        if !remote_initiated {
+            self.key_update.remote_phase_start = None;
+        }
+        self.stats.key_updates += 1;
+        // Keep the previous remote key for reordered packets for 3 PTO (RFC 9001 §6.5).
+        let pto = self.pto_duration(SpaceId::Data);
+        self.timers[Timer::KeyDiscard as usize] = Some(self.now + pto * 3);
+        let generation = self.key_update.generation;
+        self.events.push_back(Event::KeyUpdated { generation });
+        self.trace(TraceEvent::KeyUpdated {
+            trigger: if remote_initiated { "remote_update" } else { "local_update" },
+            generation,
+        });
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Closing
+
+    fn enter_closing(&mut self, now: Instant, frame: Close) {
+        if self.is_closed() {
+            return;
+        }
+        let pto = self.pto_duration(SpaceId::Data);
+        self.state = State::Closing;
+        self.close_frame = Some(frame);
+        self.close_pending = true;
+        self.timers = [None; TIMER_COUNT];
+        self.timers[Timer::Close as usize] = Some(now + pto * 3);
+        self.trace(TraceEvent::ConnectionStateUpdated { new: "closing" });
+    }
+
+    /// Closes because of a protocol violation.
+    fn close_with_error(&mut self, now: Instant, e: TransportError) {
+        if self.is_closed() {
+            return;
+        }
+        tracing::debug!(side = ?self.side, error = %e, "closing connection");
+        let frame = Close {
+            error_code: e.code.0,
+            frame_type: Some(e.frame.map_or(0, |f| f.0)),
+            reason: Bytes::copy_from_slice(&e.reason.as_bytes()[..e.reason.len().min(256)]),
+        };
+        let err = ConnectionError::TransportError(e);
+        self.error = Some(err.clone());
+        self.events.push_back(Event::ConnectionLost(err));
+        self.enter_closing(now, frame);
+    }
+
+    fn enter_draining(&mut self, now: Instant, err: ConnectionError) {
+        if matches!(self.state, State::Draining | State::Drained) {
+            return;
+        }
+        let was_closing = self.state == State::Closing;
+        let pto = self.pto_duration(SpaceId::Data);
+        self.state = State::Draining;
+        self.timers = [None; TIMER_COUNT];
+        self.timers[Timer::Close as usize] = Some(now + pto * 3);
+        if !was_closing {
+            self.error = Some(err.clone());
+            self.events.push_back(Event::ConnectionLost(err));
+        }
+        self.trace(TraceEvent::ConnectionStateUpdated { new: "draining" });
+    }
+
+    fn set_drained(&mut self) {
+        if self.state != State::Drained {
+            self.state = State::Drained;
+            self.timers = [None; TIMER_COUNT];
+            self.endpoint_events.push_back(EndpointEvent::Drained);
+            self.trace(TraceEvent::ConnectionStateUpdated { new: "closed" });
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Timers
+
+    /// The earliest time [`handle_timeout`](Self::handle_timeout) should be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.iter().flatten().min().copied()
+    }
+
+    /// Processes expired timers.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
+        for i in 0..TIMER_COUNT {
+            let Some(t) = self.timers[i] else { continue };
+            if t > now {
+                continue;
+            }
+            self.timers[i] = None;
+            match i {
+                x if x == Timer::Idle as usize => {
+                    if !self.is_closed() {
+                        self.error = Some(ConnectionError::TimedOut);
+                        self.events.push_back(Event::ConnectionLost(ConnectionError::TimedOut));
+                    }
+                    self.set_drained();
+                    return;
+                }
+                x if x == Timer::Close as usize => {
+                    self.set_drained();
+                    return;
+                }
+                x if x == Timer::Loss as usize => self.on_loss_timeout(now),
+                x if x == Timer::Ack as usize => {
+                    self.spaces[SpaceId::Data.index()].ack.immediate = true;
+                }
+                x if x == Timer::KeyDiscard as usize => {
+                    if let Some(k) = self.one_rtt.as_mut() {
+                        k.prev_remote = None;
+                    }
+                }
+                x if x == Timer::Pacing as usize => {}
+                x if x == Timer::PathChallenge as usize => self.on_challenge_timeout(now),
+                x if x == Timer::KeepAlive as usize => {
+                    if self.handshake_complete && !self.is_closed() {
+                        self.ping_pending = true;
+                    }
+                }
+                x if x == Timer::Mtu as usize => {}
+                _ => {}
+            }
+        }
+        self.update_timers(now);
+    }
+
+    fn on_challenge_timeout(&mut self, now: Instant) {
+        let Some(ch) = self.path.challenge.as_mut() else { return };
+        if now >= ch.deadline {
+            self.path.challenge = None;
+            let failed = self.path.remote;
+            self.stats.path_validation_failures += 1;
+            self.events.push_back(Event::PathValidationFailed(failed));
+            if let Some(prev) = self.prev_path.take() {
+                // RFC 9000 §9.3.2: go back to the last validated path.
+                let bad = std::mem::replace(&mut self.path, prev);
+                self.retire_path_packets(&bad);
+                self.trace(TraceEvent::PathUpdated {
+                    path: self.path.id,
+                    remote: self.path.remote,
+                    event: "validation_failed_reverted",
+                });
+            } else if !self.path.validated {
+                self.close_with_error(
+                    now,
+                    TransportError::NO_VIABLE_PATH("path validation failed"),
+                );
+            }
+            return;
+        }
+        if now >= ch.resend_at {
+            // Resend the challenge at the next transmit.
+            ch.sent = false;
+        }
+    }
+
+    /// Recomputes the deadlines that depend on state.
+    fn update_timers(&mut self, now: Instant) {
+        if matches!(self.state, State::Closing | State::Draining | State::Drained) {
+            return;
+        }
+        // Delayed ACK deadline (Data space only; the handshake spaces acknowledge at once).
+        // An expired deadline turns into "acknowledge at the next transmit".
+        let ack = &mut self.spaces[SpaceId::Data.index()].ack;
+        self.timers[Timer::Ack as usize] = match ack.deadline {
+            Some(d) if ack.new_since_ack && d > now => Some(d),
+            Some(_) if ack.new_since_ack => {
+                ack.immediate = true;
+                None
+            }
+            _ => None,
+        };
+        // Path validation: an unsent challenge goes out at the next transmit.
+        self.timers[Timer::PathChallenge as usize] = self
+            .path
+            .challenge
+            .as_ref()
+            .filter(|c| c.sent)
+            .map(|c| c.resend_at.min(c.deadline));
+        // Keep-alive: PING when nothing ack-eliciting went out for the interval.
+        self.timers[Timer::KeepAlive as usize] = None;
+        if let Some(i) = self.config.keep_alive_interval
+            && self.handshake_complete
+        {
+            let last = self.spaces[SpaceId::Data.index()]
+                .time_of_last_ack_eliciting
+                .unwrap_or(self.started);
+            let due = last + i;
+            if due <= now {
+                self.ping_pending = true;
+            } else {
+                self.timers[Timer::KeepAlive as usize] = Some(due);
+            }
+        }
+        // MTU probe timer.
+        self.timers[Timer::Mtu as usize] = if self.handshake_confirmed {
+            self.path.mtud.next_probe.filter(|&t| t > now)
+        } else {
+            None
+        };
+    }
+
+    fn reset_idle_timer(&mut self, now: Instant) {
+        if let Some(t) = self.idle_timeout {
+            // RFC 9000 §10.1: at least 3 PTO so probes can do their work.
+            let pto = self.pto_duration(SpaceId::Data);
+            self.timers[Timer::Idle as usize] = Some(now + t.max(pto * 3));
+        }
+    }
+
+    /// The PTO duration of a space on the active path, without backoff (RFC 9002 §6.2.1).
+    fn pto_duration(&self, space: SpaceId) -> Duration {
+        let mut d = self.path.rtt.pto_base();
+        if space == SpaceId::Data {
+            d += self.peer_max_ack_delay();
+        }
+        d
+    }
+
+    fn peer_max_ack_delay(&self) -> Duration {
+        if !self.handshake_confirmed {
+            return Duration::ZERO;
+        }
+        self.peer_params.as_ref().map_or(Duration::from_millis(25), |p| p.max_ack_delay_duration())
+    }
+
+    fn backed_off_pto(&self, space: SpaceId) -> Duration {
+        backoff(self.pto_duration(space), self.pto_count)
+    }
+
+    /// Moves packets in flight on a path we are leaving out of its congestion accounting.
+    fn retire_path_packets(&mut self, _old: &Path) {
+        // Packets sent on the old path stay in the sent list; their acknowledgement or loss is
+        // attributed by path id and no longer touches the new path's controller.
+    }
+
+    /// Unix time in milliseconds corresponding to `now`, for tokens.
+    fn unix_ms(&self, now: Instant) -> u64 {
+        self.unix_ms_at_start + now.saturating_duration_since(self.started).as_millis() as u64
+    }
+
+    fn error_code_is_crypto(code: TransportErrorCode) -> bool {
+        (0x100..=0x1ff).contains(&code.0)
+    }
+}
+
+/// Why a datagram could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatagramError {
+    /// The peer did not enable DATAGRAM frames.
+    Unsupported,
+    /// Larger than this maximum.
+    TooLarge(usize),
+}
+
+impl std::fmt::Display for DatagramError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DatagramError::Unsupported => f.write_str("peer does not accept datagrams"),
+            DatagramError::TooLarge(m) => write!(f, "datagram larger than {m} bytes"),
+        }
+    }
+}
+
+impl std::error::Error for DatagramError {}
+
+/// Why a migration could not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrateError {
+    ServerCannotMigrate,
+    HandshakeNotConfirmed,
+    PeerDisallows,
+    /// The peer has not given us a spare connection ID to use on the new path.
+    NoSpareCid,
+}
+
+impl std::fmt::Display for MigrateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            MigrateError::ServerCannotMigrate => "servers do not initiate migration",
+            MigrateError::HandshakeNotConfirmed => "handshake not yet confirmed",
+            MigrateError::PeerDisallows => "peer set disable_active_migration",
+            MigrateError::NoSpareCid => "no spare connection ID from the peer",
+        };
+        f.write_str(s)
+    }
+}
+
+impl std::error::Error for MigrateError {}

@@ -1,0 +1,495 @@
+//! Acknowledgement processing, loss detection and probe timeouts (RFC 9002 §5–7, Appendix A).
+
+use std::time::{Duration, Instant};
+
+use super::paths::EcnState;
+use super::{Connection, Event, State, Timer};
+use crate::cc::{AckEvent, CongestionController, LossEvent};
+use crate::error::TransportError;
+use crate::frame::{Ack, FrameType};
+use crate::recovery::{
+    GRANULARITY, PACKET_THRESHOLD, PERSISTENT_CONGESTION_THRESHOLD, RateSampler, SentFrame,
+    SentPacket,
+};
+use crate::trace::TraceEvent;
+use crate::types::SpaceId;
+
+impl Connection {
+    /// Processes an ACK frame received in `space`.
+    pub(super) fn on_ack_frame(
+        &mut self,
+        now: Instant,
+        space: SpaceId,
+        ack: &Ack,
+    ) -> Result<(), TransportError> {
+        let si = space.index();
+        if ack.largest >= self.spaces[si].next_pn {
+            return Err(TransportError::PROTOCOL_VIOLATION("ACK for a packet never sent")
+                .with_frame(FrameType::ACK));
+        }
+        let prior_in_flight = self.path.bytes_in_flight;
+        let mut newly: Vec<(u64, SentPacket)> = Vec::new();
+        {
+            let sent = &mut self.spaces[si].sent;
+            for r in ack.iter() {
+                let Some(first) = sent.first_pn() else { break };
+                let lo = (*r.start()).max(first);
+                for pn in lo..=*r.end() {
+                    if let Some(p) = sent.remove(pn) {
+                        newly.push((pn, p));
+                    }
+                }
+            }
+        }
+        let sp = &mut self.spaces[si];
+        sp.largest_acked = Some(sp.largest_acked.map_or(ack.largest, |l| l.max(ack.largest)));
+        if newly.is_empty() {
+            return Ok(());
+        }
+        // Newest first, as the ACK ranges were walked from the top.
+        let (largest_pn, largest_sent_time) = (newly[0].0, newly[0].1.time_sent);
+        let any_eliciting = newly.iter().any(|(_, p)| p.ack_eliciting);
+        if largest_pn == ack.largest && any_eliciting {
+            let sample = now.saturating_duration_since(largest_sent_time);
+            let mut delay = if space == SpaceId::Data {
+                let exp = self.peer_params.as_ref().map_or(3, |p| p.ack_delay_exponent);
+                Duration::from_micros(ack.delay.saturating_mul(1 << exp.min(20)))
+            } else {
+                Duration::ZERO
+            };
+            if self.handshake_confirmed {
+                delay = delay.min(self.peer_max_ack_delay());
+            }
+            if newly[0].1.path == self.path.id {
+                self.path.rtt.update(delay, sample);
+            }
+        }
+        if space == SpaceId::Handshake && self.side.is_client() {
+            // RFC 9002 §6.2.1: the server has our Handshake packets, so it validated us.
+            self.peer_validated_address = true;
+        }
+
+        // Per-packet effects.
+        let mut sampler = RateSampler::default();
+        let mut acked_bytes = 0u64;
+        let mut ecn_marked_acked = 0u64;
+        for (pn, p) in newly.iter() {
+            if p.in_flight {
+                if p.path == self.path.id {
+                    self.path.bytes_in_flight =
+                        self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
+                    acked_bytes += u64::from(p.size);
+                    sampler.on_acked(&mut self.path.delivery, now, p);
+                } else if let Some(prev) = self.prev_path.as_mut().filter(|x| x.id == p.path) {
+                    prev.bytes_in_flight = prev.bytes_in_flight.saturating_sub(u64::from(p.size));
+                }
+            }
+            if p.ecn_marked {
+                ecn_marked_acked += 1;
+            }
+            if p.path == self.path.id {
+                if p.mtu_probe {
+                    if let Some(mtu) = self.path.mtud.on_probe_acked(*pn, now) {
+                        self.path.set_mtu(mtu);
+                        self.trace(TraceEvent::MtuUpdated { path: self.path.id, mtu, done: false });
+                    }
+                } else if p.size > self.config.initial_mtu {
+                    self.path.mtud.on_full_size_acked();
+                }
+            }
+            if space == SpaceId::Data && *pn >= self.key_update.local_phase_start {
+                self.key_update.phase_acked = true;
+            }
+        }
+        for (_, p) in newly.iter() {
+            for f in &p.frames {
+                self.on_frame_acked(space, f);
+            }
+        }
+
+        // ECN (RFC 9000 §13.4.2).
+        self.process_ecn(now, space, ack, ecn_marked_acked, largest_sent_time);
+
+        // Loss detection, then the controller sees the ACK.
+        self.detect_lost_packets(now, space);
+        if acked_bytes > 0 {
+            let app_limited = !self.path.cwnd_limited;
+            let rate = sampler.finish(&self.path.delivery, now);
+            let ev = AckEvent {
+                acked_bytes,
+                largest_acked_sent_time: largest_sent_time,
+                rtt: &self.path.rtt,
+                rate,
+                prior_in_flight,
+                bytes_in_flight: self.path.bytes_in_flight,
+                app_limited,
+            };
+            self.path.cc.on_ack(now, &ev);
+            self.trace_metrics();
+        }
+        for (_, p) in newly {
+            self.spaces[si].sent.recycle(p.frames);
+        }
+        // RFC 9002 §6.2.1: reset the backoff, except a client not yet sure the server
+        // validated its address.
+        if self.peer_validated_address {
+            self.pto_count = 0;
+        }
+        self.set_loss_timer(now);
+        Ok(())
+    }
+
+    fn on_frame_acked(&mut self, space: SpaceId, f: &SentFrame) {
+        match *f {
+            SentFrame::Crypto { offset, len } => {
+                self.spaces[space.index()].crypto_send.ack(offset..offset + u64::from(len));
+            }
+            SentFrame::Ack(largest) => self.spaces[space.index()].ack.on_ack_acked(largest),
+            SentFrame::Stream { .. } | SentFrame::ResetStream(_) => {
+                self.streams.on_frame_acked(f);
+            }
+            _ => {}
+        }
+    }
+
+    fn on_frame_lost(&mut self, space: SpaceId, f: &SentFrame) {
+        match *f {
+            SentFrame::Crypto { offset, len } => {
+                self.spaces[space.index()].crypto_send.lost(offset..offset + u64::from(len));
+            }
+            SentFrame::NewConnectionId(seq) => {
+                if let Some(c) = self.local_cids.issued.get_mut(&seq) {
+                    c.announce = true;
+                }
+            }
+            SentFrame::RetireConnectionId(seq) => {
+                if !self.remote_cids.to_retire.contains(&seq) {
+                    self.remote_cids.to_retire.push(seq);
+                }
+            }
+            SentFrame::HandshakeDone => self.handshake_done_pending = true,
+            SentFrame::NewToken => self.new_token_pending = true,
+            SentFrame::AckFrequency(seq) => {
+                if seq == self.ack_frequency_seq && self.ack_frequency_pending.is_none() {
+                    self.schedule_ack_frequency();
+                }
+            }
+            SentFrame::Ack(_)
+            | SentFrame::Datagram
+            | SentFrame::PathChallenge
+            | SentFrame::PathResponse => {}
+            _ => self.streams.on_frame_lost(f),
+        }
+    }
+
+    fn process_ecn(
+        &mut self,
+        now: Instant,
+        space: SpaceId,
+        ack: &Ack,
+        marked_acked: u64,
+        largest_sent_time: Instant,
+    ) {
+        if matches!(self.path.ecn, EcnState::Failed | EcnState::Off) {
+            return;
+        }
+        let sp = &mut self.spaces[space.index()];
+        let Some(counts) = ack.ecn else {
+            if marked_acked > 0 {
+                // The peer or the path drops ECN information (RFC 9000 §13.4.2.1).
+                self.path.ecn = EcnState::Failed;
+            }
+            return;
+        };
+        let prev = sp.peer_ecn;
+        if counts.ect0 < prev.ect0 || counts.ect1 < prev.ect1 || counts.ce < prev.ce {
+            self.path.ecn = EcnState::Failed;
+            return;
+        }
+        let increase = (counts.ect0 - prev.ect0) + (counts.ce - prev.ce);
+        // Every newly acknowledged ECT(0) packet must show up as ECT(0) or CE; we never send
+        // ECT(1), so reports of it mean mangling.
+        if increase < marked_acked || counts.ect1 > 0 {
+            self.path.ecn = EcnState::Failed;
+            sp.peer_ecn = counts;
+            return;
+        }
+        sp.peer_ecn = counts;
+        if marked_acked > 0 && matches!(self.path.ecn, EcnState::Testing { .. }) {
+            self.path.ecn = EcnState::Capable;
+        }
+        if counts.ce > prev.ce {
+            // RFC 9002 §7.1: CE is a congestion signal.
+            let ev = LossEvent {
+                largest_sent_time,
+                lost_bytes: 0,
+                ecn_ce: true,
+                bytes_in_flight: self.path.bytes_in_flight,
+            };
+            self.path.cc.on_congestion_event(now, &ev);
+        }
+    }
+
+    /// Declares lost what the ACKs say must be lost (RFC 9002 §6.1) and reacts.
+    pub(super) fn detect_lost_packets(&mut self, now: Instant, space: SpaceId) {
+        let si = space.index();
+        let Some(largest_acked) = self.spaces[si].largest_acked else { return };
+        let rtt = &self.path.rtt;
+        let loss_delay = rtt.loss_delay();
+        let lost_send_time = now.checked_sub(loss_delay);
+        let mut lost_pns = Vec::new();
+        let mut loss_time: Option<Instant> = None;
+        for (pn, p) in self.spaces[si].sent.iter() {
+            if pn > largest_acked {
+                break;
+            }
+            let by_time = lost_send_time.is_some_and(|t| p.time_sent <= t);
+            if by_time || largest_acked >= pn + PACKET_THRESHOLD {
+                lost_pns.push(pn);
+            } else {
+                let t = p.time_sent + loss_delay;
+                loss_time = Some(loss_time.map_or(t, |l: Instant| l.min(t)));
+            }
+        }
+        self.spaces[si].loss_time = loss_time;
+        if lost_pns.is_empty() {
+            return;
+        }
+        self.on_packets_lost(now, space, &lost_pns, "reordering_or_time_threshold");
+    }
+
+    /// Removes `pns` from flight as lost.
+    fn on_packets_lost(&mut self, now: Instant, space: SpaceId, pns: &[u64], trigger: &'static str) {
+        let si = space.index();
+        let mut lost_bytes = 0u64;
+        let mut largest_sent: Option<Instant> = None;
+        // For persistent congestion: ack-eliciting lost packets (time) in pn order.
+        let mut eliciting_times: Vec<Instant> = Vec::new();
+        let pto = self.pto_duration(space);
+        let mut lost_frames = Vec::new();
+        for &pn in pns {
+            let Some(p) = self.spaces[si].sent.remove(pn) else { continue };
+            self.stats.packets_lost += 1;
+            self.stats.bytes_lost += u64::from(p.size);
+            self.trace(TraceEvent::PacketLost { space, pn, size: usize::from(p.size), trigger });
+            let on_active = p.path == self.path.id;
+            if p.in_flight {
+                if on_active {
+                    self.path.bytes_in_flight =
+                        self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
+                } else if let Some(prev) = self.prev_path.as_mut().filter(|x| x.id == p.path) {
+                    prev.bytes_in_flight = prev.bytes_in_flight.saturating_sub(u64::from(p.size));
+                }
+            }
+            if on_active && p.mtu_probe {
+                // A lost probe says nothing about congestion (RFC 9000 §14.4).
+                if let Some(mtu) = self.path.mtud.on_probe_lost(pn, now, pto) {
+                    self.path.set_mtu(mtu);
+                    self.trace(TraceEvent::MtuUpdated { path: self.path.id, mtu, done: false });
+                }
+            } else if on_active && p.in_flight {
+                if p.size > self.config.initial_mtu {
+                    self.path.mtud.on_full_size_lost(now);
+                }
+                lost_bytes += u64::from(p.size);
+                largest_sent = Some(largest_sent.map_or(p.time_sent, |t| t.max(p.time_sent)));
+                if p.ack_eliciting {
+                    eliciting_times.push(p.time_sent);
+                }
+            }
+            lost_frames.push(p.frames);
+        }
+        for frames in lost_frames {
+            for f in &frames {
+                self.on_frame_lost(space, f);
+            }
+            self.spaces[si].sent.recycle(frames);
+        }
+        let Some(largest_sent_time) = largest_sent else { return };
+        let ev = LossEvent {
+            largest_sent_time,
+            lost_bytes,
+            ecn_ce: false,
+            bytes_in_flight: self.path.bytes_in_flight,
+        };
+        self.path.cc.on_congestion_event(now, &ev);
+        // RFC 9002 §7.6: persistent congestion when the lost ack-eliciting packets span more
+        // than the threshold duration with nothing acknowledged in between (the lost set here
+        // comes from one contiguous scan) and an RTT sample exists.
+        if self.path.rtt.has_sample() && eliciting_times.len() >= 2 {
+            let first = eliciting_times.iter().min().copied().expect("non-empty");
+            let last = eliciting_times.iter().max().copied().expect("non-empty");
+            let duration = (self.path.rtt.smoothed()
+                + (self.path.rtt.var() * 4).max(GRANULARITY)
+                + self.peer_max_ack_delay())
+                * PERSISTENT_CONGESTION_THRESHOLD;
+            let contiguous = self.spaces[si]
+                .sent
+                .pns_below(*pns.last().expect("non-empty"))
+                .all(|pn| pn < pns[0]);
+            if last.saturating_duration_since(first) >= duration && contiguous {
+                self.path.cc.on_persistent_congestion(now);
+                self.path.rtt.reset();
+                self.trace(TraceEvent::CongestionStateUpdated {
+                    path: self.path.id,
+                    state: "persistent_congestion",
+                });
+            }
+        }
+        self.trace_metrics();
+    }
+
+    fn trace_metrics(&mut self) {
+        if self.tracer.is_none() {
+            return;
+        }
+        let p = &self.path;
+        let ev = TraceEvent::MetricsUpdated {
+            path: p.id,
+            min_rtt: p.rtt.min(),
+            smoothed_rtt: p.rtt.smoothed(),
+            latest_rtt: p.rtt.latest(),
+            rtt_variance: p.rtt.var(),
+            cwnd: p.cc.window(),
+            bytes_in_flight: p.bytes_in_flight,
+            ssthresh: p.cc.ssthresh(),
+            pacing_rate: p.pacing_rate(),
+        };
+        self.trace(ev);
+    }
+
+    fn earliest_loss_time(&self) -> Option<(Instant, SpaceId)> {
+        SpaceId::ALL
+            .iter()
+            .filter_map(|&s| self.spaces[s.index()].loss_time.map(|t| (t, s)))
+            .min_by_key(|(t, _)| *t)
+    }
+
+    fn any_eliciting_in_flight(&self) -> bool {
+        self.spaces.iter().any(|s| s.sent.has_ack_eliciting_in_flight())
+    }
+
+    /// RFC 9002 Appendix A.8 GetPtoTimeAndSpace.
+    fn pto_time_and_space(&self, now: Instant) -> Option<(Instant, SpaceId)> {
+        let dur = backoff(self.path.rtt.pto_base(), self.pto_count);
+        if !self.any_eliciting_in_flight() {
+            // Anti-deadlock probe from a client whose address the server may not have
+            // validated yet.
+            let space = if self.spaces[SpaceId::Handshake.index()].keys.is_some() {
+                SpaceId::Handshake
+            } else {
+                SpaceId::Initial
+            };
+            return Some((now + dur, space));
+        }
+        let mut best: Option<(Instant, SpaceId)> = None;
+        for s in SpaceId::ALL {
+            let sp = &self.spaces[s.index()];
+            if !sp.sent.has_ack_eliciting_in_flight() {
+                continue;
+            }
+            let mut d = dur;
+            if s == SpaceId::Data {
+                // RFC 9002 A.8: skip the Data space until the handshake is confirmed.
+                if !self.handshake_confirmed && best.is_some() {
+                    continue;
+                }
+                d += backoff(self.peer_max_ack_delay(), self.pto_count);
+            }
+            let Some(t) = sp.time_of_last_ack_eliciting else { continue };
+            let t = t + d;
+            if best.is_none_or(|(b, _)| t < b) {
+                best = Some((t, s));
+            }
+        }
+        best
+    }
+
+    /// RFC 9002 Appendix A.8 SetLossDetectionTimer.
+    pub(super) fn set_loss_timer(&mut self, now: Instant) {
+        if matches!(self.state, State::Closing | State::Draining | State::Drained) {
+            return;
+        }
+        if let Some((t, _)) = self.earliest_loss_time() {
+            self.timers[Timer::Loss as usize] = Some(t);
+            return;
+        }
+        if self.side.is_server() && self.path.amplification_budget() == 0 {
+            // Blocked by the amplification limit: a probe could not be sent anyway.
+            self.timers[Timer::Loss as usize] = None;
+            return;
+        }
+        if !self.any_eliciting_in_flight() && self.peer_validated_address {
+            self.timers[Timer::Loss as usize] = None;
+            return;
+        }
+        self.timers[Timer::Loss as usize] = self.pto_time_and_space(now).map(|(t, _)| t);
+    }
+
+    /// RFC 9002 Appendix A.9 OnLossDetectionTimeout.
+    pub(super) fn on_loss_timeout(&mut self, now: Instant) {
+        if let Some((_, space)) = self.earliest_loss_time() {
+            self.detect_lost_packets(now, space);
+            self.set_loss_timer(now);
+            return;
+        }
+        let Some((_, space)) = self.pto_time_and_space(now) else {
+            return;
+        };
+        self.stats.pto_count += 1;
+        if !self.any_eliciting_in_flight() {
+            // Anti-deadlock: one probe in the highest handshake space we have.
+            self.spaces[space.index()].probes = 1;
+        } else {
+            self.spaces[space.index()].probes = 2;
+            self.queue_probe_data(space);
+        }
+        self.pto_count += 1;
+        self.set_loss_timer(now);
+    }
+
+    /// Makes sure a PTO probe carries something useful: the oldest unacknowledged data of the
+    /// space is queued again (RFC 9002 §6.2.4), without declaring it lost.
+    fn queue_probe_data(&mut self, space: SpaceId) {
+        let si = space.index();
+        if space != SpaceId::Data {
+            // Handshake data is small: resend all of it that is unacknowledged.
+            let frames: Vec<SentFrame> = self.spaces[si]
+                .sent
+                .iter()
+                .flat_map(|(_, p)| p.frames.iter().cloned())
+                .filter(|f| matches!(f, SentFrame::Crypto { .. }))
+                .collect();
+            for f in &frames {
+                self.on_frame_lost(space, f);
+            }
+            return;
+        }
+        if self.streams.has_stream_data() {
+            return;
+        }
+        let frames: Vec<SentFrame> = self.spaces[si]
+            .sent
+            .iter()
+            .filter(|(_, p)| p.ack_eliciting && p.in_flight)
+            .take(2)
+            .flat_map(|(_, p)| p.frames.iter().cloned())
+            .collect();
+        for f in &frames {
+            self.on_frame_lost(space, f);
+        }
+    }
+
+    /// Declares lost every packet in flight on the old path after a migration; used when the
+    /// path is abandoned.
+    #[allow(dead_code)]
+    pub(super) fn abandon_flight(&mut self, now: Instant) {
+        let pns: Vec<u64> = self.spaces[SpaceId::Data.index()].sent.iter().map(|(pn, _)| pn).collect();
+        if !pns.is_empty() {
+            self.on_packets_lost(now, SpaceId::Data, &pns, "path_abandoned");
+        }
+        let _ = Event::Connected;
+    }
+}
+
+use crate::recovery::backoff;

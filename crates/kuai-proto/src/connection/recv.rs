@@ -1,0 +1,851 @@
+//! Receiving: datagrams into packets (RFC 9000 §12.2), packet protection (RFC 9001 §5),
+//! key phases (§6), duplicates, address changes (RFC 9000 §9), and frame processing.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+
+use super::paths::EcnCodepoint;
+use super::{Connection, ConnectionError, Event, State, Timer, ZeroRtt};
+use crate::error::TransportError;
+use crate::frame::{Frame, FrameIter, FrameType};
+use crate::packet::{self, DecryptedPacket, LongType, PacketDecodeError, PacketType, PartialDecode};
+use crate::trace::{DropReason, PacketKind, TraceEvent};
+use crate::types::{Side, SpaceId, Version};
+
+/// Most undecryptable packets buffered while waiting for keys (RFC 9001 §5.7).
+const MAX_UNDECRYPTABLE: usize = 16;
+
+/// Outcome of processing one packet, for the datagram-level logic.
+#[derive(Default)]
+struct PacketResult {
+    /// The packet was authenticated and processed.
+    processed: bool,
+    /// It carried a frame other than PATH_CHALLENGE, PATH_RESPONSE, NEW_CONNECTION_ID and
+    /// PADDING (RFC 9000 §9.1).
+    non_probing: bool,
+    /// Its packet number was the largest seen in its space.
+    largest: bool,
+    space: Option<SpaceId>,
+}
+
+impl Connection {
+    /// Processes a UDP datagram from `remote`.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        ecn: Option<EcnCodepoint>,
+        data: BytesMut,
+    ) {
+        self.now = now;
+        if matches!(self.state, State::Draining | State::Drained) {
+            return;
+        }
+        self.stats.udp_rx_datagrams += 1;
+        self.stats.udp_rx_bytes += data.len() as u64;
+        let len = data.len() as u64;
+        let known_path = remote == self.path.remote;
+        if known_path && !self.path.validated {
+            self.path.amp_received += len;
+        }
+        if self.state == State::Closing {
+            // RFC 9000 §10.2.1: answer with CONNECTION_CLOSE, at a reduced rate.
+            self.close_pending = true;
+            return;
+        }
+        let reset_token = packet::reset_token_of(&data).copied();
+        let mut rest = Some(data);
+        let mut any_processed = false;
+        let mut migrate_hint = false;
+        let cid_len = self.local_cids.issued.values().next().map_or(0, |c| c.cid.len());
+        while let Some(d) = rest.take() {
+            let (pd, r) = match PartialDecode::new(d, cid_len) {
+                Ok(x) => x,
+                Err(_) => {
+                    self.stats.packets_dropped += 1;
+                    break;
+                }
+            };
+            rest = r;
+            let res = self.handle_packet(now, remote, local_ip, ecn, pd);
+            if res.processed {
+                any_processed = true;
+                if res.non_probing && res.largest && res.space == Some(SpaceId::Data) {
+                    migrate_hint = true;
+                }
+            }
+            if self.is_closed() {
+                break;
+            }
+        }
+        if !any_processed {
+            // RFC 9000 §10.3.1: a datagram we could not process may be a stateless reset.
+            if let Some(token) = reset_token
+                && self.remote_cids.is_reset_token(&token)
+            {
+                self.trace(TraceEvent::PacketDropped {
+                    kind: Some(PacketKind::StatelessReset),
+                    size: len as usize,
+                    reason: DropReason::DecryptionFailure,
+                });
+                self.enter_draining(now, ConnectionError::Reset);
+                self.set_drained();
+            }
+            return;
+        }
+        self.sent_eliciting_since_rx = false;
+        self.reset_idle_timer(now);
+        if remote != self.path.remote && migrate_hint {
+            self.on_peer_address_change(now, remote, local_ip, len);
+        }
+        self.update_timers(now);
+    }
+
+    fn handle_packet(
+        &mut self,
+        now: Instant,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        ecn: Option<EcnCodepoint>,
+        pd: PartialDecode,
+    ) -> PacketResult {
+        let size = pd.len();
+        match pd.ty() {
+            PacketType::VersionNegotiation => {
+                self.on_version_negotiation(now, &pd);
+                return PacketResult::default();
+            }
+            PacketType::Long(LongType::Retry) => {
+                self.on_retry(now, &pd);
+                return PacketResult::default();
+            }
+            PacketType::UnsupportedVersion => {
+                self.drop_packet(None, size, DropReason::UnexpectedVersion);
+                return PacketResult::default();
+            }
+            _ => {}
+        }
+        // Version checks for long headers.
+        let mut original_version_initial = false;
+        if let Some(v) = pd.version() {
+            if v != self.version.wire() {
+                let Some(pv) = Version::from_wire(v) else {
+                    self.drop_packet(None, size, DropReason::UnexpectedVersion);
+                    return PacketResult::default();
+                };
+                match self.side {
+                    // Compatible version negotiation (RFC 9368 §2.3): the server's first
+                    // Initial may use another version from our list.
+                    Side::Client
+                        if pd.ty() == PacketType::Long(LongType::Initial)
+                            && self.spaces[SpaceId::Initial.index()].ack.largest.is_none()
+                            && self.versions.contains(&pv) =>
+                    {
+                        self.switch_version(pv);
+                    }
+                    // The client keeps using its original version until it sees ours.
+                    Side::Server if pv == self.original_version => {
+                        original_version_initial = true;
+                    }
+                    _ => {
+                        self.drop_packet(None, size, DropReason::UnexpectedVersion);
+                        return PacketResult::default();
+                    }
+                }
+            }
+        }
+        let Some(space) = pd.space() else {
+            return PacketResult::default();
+        };
+        let kind = packet_kind(pd.ty());
+        let is_0rtt = pd.ty() == PacketType::Long(LongType::ZeroRtt);
+        if is_0rtt && self.side.is_client() {
+            self.drop_packet(Some(kind), size, DropReason::UnexpectedVersion);
+            return PacketResult::default();
+        }
+        // Header protection key.
+        let si = space.index();
+        let hp = match (space, is_0rtt) {
+            (SpaceId::Data, true) => self.zero_rtt_keys.as_ref().map(|k| k.header.as_ref()),
+            (SpaceId::Data, false) => self.one_rtt.as_ref().map(|k| k.header.remote.as_ref()),
+            (SpaceId::Initial, _) if original_version_initial => {
+                self.original_initial_keys.as_ref().map(|k| k.remote.header.as_ref())
+            }
+            _ => self.spaces[si].keys.as_ref().map(|k| k.remote.header.as_ref()),
+        };
+        let Some(hp) = hp else {
+            if self.spaces[si].discarded {
+                self.drop_packet(Some(kind), size, DropReason::KeyUnavailable);
+            } else {
+                self.buffer_undecryptable(now, remote, ecn, pd);
+            }
+            return PacketResult::default();
+        };
+        let largest = self.spaces[si].ack.largest.map(|(pn, _)| pn);
+        let up = match pd.unprotect(hp, largest) {
+            Ok(up) => up,
+            Err(_) => {
+                self.drop_packet(Some(kind), size, DropReason::HeaderParseError);
+                return PacketResult::default();
+            }
+        };
+        let pn = up.pn();
+        // Payload key (key phase for 1-RTT, RFC 9001 §6.3).
+        let mut key_update = false;
+        let decrypted = match (space, is_0rtt) {
+            (SpaceId::Data, true) => {
+                let k = self.zero_rtt_keys.as_ref().expect("hp key implies packet key");
+                up.decrypt(k.packet.as_ref())
+            }
+            (SpaceId::Data, false) => {
+                let keys = self.one_rtt.as_ref().expect("hp key implies packet keys");
+                if up.key_phase() == keys.phase {
+                    up.decrypt(keys.current.remote.as_ref())
+                } else if keys.prev_remote.is_some()
+                    && self.key_update.remote_phase_start.is_some_and(|s| pn < s)
+                {
+                    up.decrypt(keys.prev_remote.as_ref().expect("checked").as_ref())
+                } else {
+                    key_update = true;
+                    up.decrypt(keys.next.remote.as_ref())
+                }
+            }
+            (SpaceId::Initial, _) if original_version_initial => {
+                let k = self.original_initial_keys.as_ref().expect("checked");
+                up.decrypt(k.remote.packet.as_ref())
+            }
+            _ => {
+                let k = self.spaces[si].keys.as_ref().expect("checked");
+                up.decrypt(k.remote.packet.as_ref())
+            }
+        };
+        let pkt = match decrypted {
+            Ok(p) => p,
+            Err(_) => {
+                self.key_update.auth_failures += 1;
+                self.drop_packet(Some(kind), size, DropReason::DecryptionFailure);
+                return PacketResult::default();
+            }
+        };
+        if pkt.reserved_bits_nonzero() {
+            self.close_with_error(
+                now,
+                TransportError::PROTOCOL_VIOLATION("reserved header bits set"),
+            );
+            return PacketResult::default();
+        }
+        if !self.spaces[si].ack.on_packet(pn, now) {
+            self.drop_packet(Some(kind), size, DropReason::Duplicate);
+            return PacketResult::default();
+        }
+        let is_largest = self.spaces[si].ack.largest.is_some_and(|(l, _)| l == pn);
+        if key_update {
+            if !self.handshake_confirmed && self.side.is_client() {
+                // RFC 9001 §6.1: no key update before the handshake is confirmed.
+                self.close_with_error(
+                    now,
+                    TransportError::KEY_UPDATE_ERROR("key update before handshake confirmed"),
+                );
+                return PacketResult::default();
+            }
+            self.update_keys(true);
+            self.key_update.remote_phase_start = Some(pn);
+        } else if space == SpaceId::Data
+            && !is_0rtt
+            && self.key_update.remote_phase_start.is_none()
+        {
+            self.key_update.remote_phase_start = Some(pn);
+        }
+        self.stats.packets_received += 1;
+        if let Some(e) = ecn {
+            let c = &mut self.spaces[si].ack;
+            c.ecn_seen = true;
+            match e {
+                EcnCodepoint::Ect0 => c.ecn.ect0 += 1,
+                EcnCodepoint::Ect1 => c.ecn.ect1 += 1,
+                EcnCodepoint::Ce => {
+                    c.ecn.ce += 1;
+                    // RFC 9000 §13.2.1: report CE promptly.
+                    c.immediate = true;
+                }
+            }
+        }
+        // Handshake-level bookkeeping.
+        match space {
+            SpaceId::Initial if self.side.is_client() => {
+                // The server's chosen CID replaces our random initial DCID (RFC 9000 §7.2).
+                if let Some(scid) = pkt.src_cid()
+                    && self.stats.packets_received == 1
+                {
+                    self.remote_cids.set_initial(scid);
+                }
+            }
+            SpaceId::Handshake if self.side.is_server() => {
+                // RFC 9000 §8.1: a Handshake packet proves the client's address, and the
+                // server discards Initial keys (RFC 9001 §4.9.1).
+                self.path.validated = true;
+                self.discard_space(SpaceId::Initial, now);
+            }
+            SpaceId::Data if !is_0rtt && self.side.is_server() && self.zero_rtt_keys.is_some() => {
+                // 1-RTT from the client: 0-RTT keys can go (RFC 9001 §4.9.3, simplified).
+                self.zero_rtt_keys = None;
+            }
+            _ => {}
+        }
+        if space == SpaceId::Data && !is_0rtt && is_largest {
+            // Spin bit (RFC 9000 §17.4): the server echoes, the client inverts.
+            self.spin = if self.side.is_server() { pkt.spin() } else { !pkt.spin() };
+        }
+        let mut res = PacketResult { processed: true, space: Some(space), largest: is_largest, ..Default::default() };
+        match self.process_frames(now, remote, space, is_0rtt, &pkt) {
+            Ok((non_probing, eliciting)) => {
+                res.non_probing = non_probing;
+                if eliciting {
+                    self.on_eliciting_received(now, space, pn);
+                }
+            }
+            Err(e) => {
+                self.close_with_error(now, e);
+                return res;
+            }
+        }
+        if self.tracer.is_some() {
+            self.trace(TraceEvent::PacketReceived { kind, pn, size, frames: &[] });
+        }
+        let _ = local_ip;
+        res
+    }
+
+    fn drop_packet(&mut self, kind: Option<PacketKind>, size: usize, reason: DropReason) {
+        self.stats.packets_dropped += 1;
+        self.trace(TraceEvent::PacketDropped { kind, size, reason });
+    }
+
+    fn buffer_undecryptable(
+        &mut self,
+        now: Instant,
+        remote: SocketAddr,
+        ecn: Option<EcnCodepoint>,
+        pd: PartialDecode,
+    ) {
+        if self.undecryptable.len() >= MAX_UNDECRYPTABLE {
+            self.drop_packet(None, pd.len(), DropReason::KeyUnavailable);
+            return;
+        }
+        self.undecryptable.push((now, remote, ecn, BytesMut::from(pd.data())));
+    }
+
+    /// Keys arrived: try the buffered packets again.
+    pub(super) fn retry_undecryptable(&mut self, now: Instant) {
+        if self.undecryptable.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.undecryptable);
+        for (_, remote, ecn, data) in pending {
+            self.handle_datagram(now, remote, None, ecn, data);
+        }
+    }
+
+    /// An ack-eliciting packet arrived: decide when to acknowledge (RFC 9000 §13.2.1).
+    fn on_eliciting_received(&mut self, now: Instant, space: SpaceId, pn: u64) {
+        let policy = self.ack_policy;
+        let a = &mut self.spaces[space.index()].ack;
+        a.eliciting_since_ack += 1;
+        if space != SpaceId::Data {
+            a.immediate = true;
+            return;
+        }
+        // Out of order: a gap below this packet, or it fills one (reordering signal).
+        let missing_below = a.ranges.iter().rev().nth(1).is_some_and(|r| {
+            policy.reorder_threshold > 0 && pn >= r.end + policy.reorder_threshold
+        });
+        if a.eliciting_since_ack >= policy.threshold
+            || self.immediate_ack_pending
+            || missing_below
+            || !self.handshake_complete
+        {
+            a.immediate = true;
+        } else if a.deadline.is_none() {
+            a.deadline = Some(now + policy.max_delay);
+        }
+        self.immediate_ack_pending = false;
+    }
+
+    /// Processes the frames of a packet. Returns (non-probing, ack-eliciting).
+    fn process_frames(
+        &mut self,
+        now: Instant,
+        remote: SocketAddr,
+        space: SpaceId,
+        is_0rtt: bool,
+        pkt: &DecryptedPacket,
+    ) -> Result<(bool, bool), TransportError> {
+        let mut non_probing = false;
+        let mut eliciting = false;
+        let mut any = false;
+        for frame in FrameIter::new(pkt.payload.clone()) {
+            let frame = frame?;
+            any = true;
+            let ty = frame.ty();
+            if space != SpaceId::Data && !ty.allowed_in_handshake_spaces() {
+                return Err(TransportError::PROTOCOL_VIOLATION(
+                    "frame not allowed in Initial or Handshake packets",
+                )
+                .with_frame(ty));
+            }
+            if is_0rtt && !ty.allowed_in_0rtt() {
+                return Err(TransportError::PROTOCOL_VIOLATION("frame not allowed in 0-RTT")
+                    .with_frame(ty));
+            }
+            eliciting |= ty.is_ack_eliciting();
+            if !matches!(
+                frame,
+                Frame::Padding(_)
+                    | Frame::PathChallenge(_)
+                    | Frame::PathResponse(_)
+                    | Frame::NewConnectionId(_)
+            ) {
+                non_probing = true;
+            }
+            self.process_frame(now, remote, space, pkt, frame)?;
+            if self.is_closed() {
+                break;
+            }
+        }
+        if !any {
+            // RFC 9000 §12.4: a packet without frames is a protocol violation.
+            return Err(TransportError::PROTOCOL_VIOLATION("packet with no frames"));
+        }
+        Ok((non_probing, eliciting))
+    }
+
+    fn process_frame(
+        &mut self,
+        now: Instant,
+        remote: SocketAddr,
+        space: SpaceId,
+        pkt: &DecryptedPacket,
+        frame: Frame,
+    ) -> Result<(), TransportError> {
+        let ty = frame.ty();
+        let server_only = |side: Side, what: &'static str| {
+            if side.is_server() {
+                Err(TransportError::PROTOCOL_VIOLATION(what).with_frame(ty))
+            } else {
+                Ok(())
+            }
+        };
+        match frame {
+            Frame::Padding(_) | Frame::Ping => {}
+            Frame::Ack(ack) => self.on_ack_frame(now, space, &ack)?,
+            Frame::Crypto { offset, data } => self.on_crypto(now, space, offset, data)?,
+            Frame::NewToken { token } => {
+                server_only(self.side, "client sent NEW_TOKEN")?;
+                self.events.push_back(Event::NewToken(token));
+            }
+            Frame::Stream(s) => self.streams.on_stream_frame(s.id, s.offset, s.data, s.fin)?,
+            Frame::ResetStream { id, error_code, final_size } => {
+                self.streams.on_reset_stream(id, error_code, final_size)?
+            }
+            Frame::StopSending { id, error_code } => self.streams.on_stop_sending(id, error_code)?,
+            Frame::MaxData(v) => self.streams.on_max_data(v),
+            Frame::MaxStreamData { id, max } => self.streams.on_max_stream_data(id, max)?,
+            Frame::MaxStreams { dir, count } => self.streams.on_max_streams(dir, count),
+            Frame::DataBlocked(_) => self.streams.on_data_blocked(),
+            Frame::StreamDataBlocked { id, .. } => self.streams.on_stream_data_blocked(id)?,
+            Frame::StreamsBlocked { dir, limit } => self.streams.on_streams_blocked(dir, limit)?,
+            Frame::NewConnectionId(n) => {
+                if self.remote_cids.active().cid.is_empty() {
+                    return Err(TransportError::PROTOCOL_VIOLATION(
+                        "NEW_CONNECTION_ID while using a zero-length CID",
+                    )
+                    .with_frame(ty));
+                }
+                self.remote_cids.on_new(&n)?;
+            }
+            Frame::RetireConnectionId { seq } => {
+                if let Some(cid) = self.local_cids.on_retire(seq, &pkt.dst_cid())? {
+                    self.endpoint_events.push_back(super::EndpointEvent::RetireCid(cid));
+                    let want = self.cid_target().saturating_sub(self.local_cids.active_count());
+                    if want > 0 {
+                        self.endpoint_events.push_back(super::EndpointEvent::NeedCids(want));
+                    }
+                }
+            }
+            Frame::PathChallenge(data) => {
+                if self.path_responses.len() < 8 {
+                    self.path_responses.push_back((remote, data));
+                }
+            }
+            Frame::PathResponse(data) => self.on_path_response(now, remote, data),
+            Frame::Close(c) => {
+                let err = if c.is_application() {
+                    ConnectionError::ApplicationClosed { code: c.error_code, reason: c.reason }
+                } else {
+                    let mut e = TransportError::new(
+                        crate::error::TransportErrorCode(c.error_code),
+                        String::from_utf8_lossy(&c.reason).into_owned(),
+                    );
+                    if let Some(ft) = c.frame_type.filter(|&f| f != 0) {
+                        e = e.with_frame(FrameType(ft));
+                    }
+                    ConnectionError::PeerTransportError(e)
+                };
+                self.enter_draining(now, err);
+            }
+            Frame::HandshakeDone => {
+                server_only(self.side, "client sent HANDSHAKE_DONE")?;
+                self.on_handshake_confirmed(now);
+            }
+            Frame::Datagram(d) => {
+                let Some(max) = self.config.max_datagram_frame_size else {
+                    return Err(TransportError::PROTOCOL_VIOLATION("DATAGRAM not negotiated")
+                        .with_frame(ty));
+                };
+                // The limit covers the whole frame (RFC 9221 §3).
+                if (d.len() as u64) + 1 + 8 > max + 8 && d.len() as u64 > max {
+                    return Err(TransportError::PROTOCOL_VIOLATION("DATAGRAM larger than allowed")
+                        .with_frame(ty));
+                }
+                while self.datagrams_in.len() >= self.config.datagram_receive_buffer {
+                    if let Some(old) = self.datagrams_in.pop_front() {
+                        self.datagrams_in_bytes -= old.len();
+                    }
+                }
+                self.datagrams_in_bytes += d.len();
+                self.datagrams_in.push_back(d);
+                self.events.push_back(Event::DatagramReceived);
+            }
+            Frame::AckFrequency(af) => {
+                if !self.config.ack_frequency {
+                    return Err(TransportError::PROTOCOL_VIOLATION(
+                        "ACK_FREQUENCY without min_ack_delay",
+                    )
+                    .with_frame(ty));
+                }
+                let min = self.local_params.min_ack_delay.unwrap_or(0);
+                if af.request_max_ack_delay < min {
+                    return Err(TransportError::PROTOCOL_VIOLATION(
+                        "requested max ack delay below min_ack_delay",
+                    )
+                    .with_frame(ty));
+                }
+                if self.ack_policy.last_seq.is_none_or(|s| af.seq > s) {
+                    self.ack_policy.last_seq = Some(af.seq);
+                    self.ack_policy.threshold = af.ack_eliciting_threshold.saturating_add(1).max(1);
+                    self.ack_policy.max_delay =
+                        std::time::Duration::from_micros(af.request_max_ack_delay);
+                    self.ack_policy.reorder_threshold = af.reordering_threshold;
+                }
+            }
+            Frame::ImmediateAck => {
+                self.spaces[space.index()].ack.immediate = true;
+                self.immediate_ack_pending = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn on_crypto(
+        &mut self,
+        now: Instant,
+        space: SpaceId,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), TransportError> {
+        let si = space.index();
+        let recv = &mut self.spaces[si].crypto_recv;
+        let end = offset + data.len() as u64;
+        if end > recv.read_offset() + super::spaces::MAX_CRYPTO_BUFFER {
+            return Err(TransportError::CRYPTO_BUFFER_EXCEEDED("too much CRYPTO data buffered")
+                .with_frame(FrameType::CRYPTO));
+        }
+        recv.insert(offset, data);
+        if self.tls.is_none() {
+            // Server: gather the ClientHello first to choose the version (RFC 9368).
+            while let Some(chunk) = self.spaces[si].crypto_recv.read(usize::MAX) {
+                self.client_hello.extend_from_slice(&chunk);
+            }
+            if let Some(len) = client_hello_len(&self.client_hello) {
+                if self.client_hello.len() >= len {
+                    self.start_server_tls(now)?;
+                }
+            }
+            return Ok(());
+        }
+        while let Some(chunk) = self.spaces[si].crypto_recv.read(usize::MAX) {
+            let tls = self.tls.as_mut().expect("checked");
+            tls.read(&chunk)?;
+        }
+        self.process_tls(now)
+    }
+
+    /// Server: the ClientHello is complete; choose the version and start TLS.
+    fn start_server_tls(&mut self, now: Instant) -> Result<(), TransportError> {
+        let cfg = self.server_config.clone().expect("server has config");
+        let ch = std::mem::take(&mut self.client_hello);
+        let client_tp = parse_client_hello_tp(&ch);
+        // Compatible version negotiation (RFC 9368 §4): the first of our versions that the
+        // client lists and that is compatible with the one it used.
+        if let Some(vi) = client_tp
+            .as_ref()
+            .and_then(|raw| crate::transport_params::TransportParameters::decode(Side::Client, raw).ok())
+            .and_then(|tp| tp.version_information)
+        {
+            if vi.chosen != self.version.wire() {
+                return Err(TransportError::VERSION_NEGOTIATION_ERROR(
+                    "client's chosen version differs from its Initial's version",
+                ));
+            }
+            if let Some(v) = cfg.versions.iter().copied().find(|v| vi.available.contains(&v.wire()))
+                && v != self.version
+            {
+                self.switch_version(v);
+            }
+        }
+        self.local_params.version_information = Some(crate::transport_params::VersionInformation {
+            chosen: self.version.wire(),
+            available: cfg.versions.iter().map(|v| v.wire()).collect(),
+        });
+        let mut tp = Vec::new();
+        self.local_params.encode_with_rng(&mut tp, &mut self.rng);
+        let mut tls = super::Tls::server(cfg.tls.clone(), self.version, tp).map_err(|e| {
+            TransportError::INTERNAL_ERROR(format!("TLS setup: {e}"))
+        })?;
+        if !cfg.accept_0rtt {
+            tls.reject_early_data();
+        }
+        tls.read(&ch)?;
+        self.tls = Some(tls);
+        // Anything after the ClientHello in the Initial CRYPTO stream.
+        while let Some(chunk) = self.spaces[SpaceId::Initial.index()].crypto_recv.read(usize::MAX) {
+            self.tls.as_mut().expect("set").read(&chunk)?;
+        }
+        self.process_tls(now)
+    }
+
+    /// Switches to another version (compatible version negotiation, RFC 9368).
+    fn switch_version(&mut self, v: Version) {
+        let old = self.version;
+        self.version = v;
+        self.stats.version = Some(v);
+        let initial_dcid = match self.side {
+            Side::Client => self.original_dcid,
+            Side::Server => self.local_params.retry_source_connection_id.unwrap_or(self.original_dcid),
+        };
+        let keys = super::crypto::initial_keys(v, &initial_dcid, self.side);
+        let old_keys = self.spaces[SpaceId::Initial.index()].keys.replace(keys);
+        if self.side.is_server() && old == self.original_version {
+            self.original_initial_keys = old_keys;
+        }
+        self.trace(TraceEvent::VersionChosen { version: v });
+    }
+
+    fn on_path_response(&mut self, now: Instant, remote: SocketAddr, data: [u8; 8]) {
+        let Some(ch) = self.path.challenge.as_ref() else { return };
+        if ch.data != data {
+            return;
+        }
+        // RFC 9000 §8.2.3: the response validates the path it was sent on, wherever it came
+        // from.
+        let _ = remote;
+        self.path.challenge = None;
+        self.path.validated = true;
+        self.events.push_back(Event::PathValidated(self.path.remote));
+        self.trace(TraceEvent::PathUpdated {
+            path: self.path.id,
+            remote: self.path.remote,
+            event: "validated",
+        });
+        // The old path is no longer needed once the new one is validated.
+        self.prev_path = None;
+        self.set_loss_timer(now);
+    }
+
+    /// A non-probing packet with the largest packet number came from a new address: the peer
+    /// migrated or its NAT rebound (RFC 9000 §9.3).
+    fn on_peer_address_change(
+        &mut self,
+        now: Instant,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        datagram_len: u64,
+    ) {
+        if self.side.is_client() || !self.handshake_confirmed {
+            // Clients only accept the server's address; servers ignore changes before the
+            // handshake is confirmed (RFC 9000 §9).
+            return;
+        }
+        let from = self.path.remote;
+        let same_host = from.ip() == remote.ip();
+        let mut new = if let Some(prev) = self.prev_path.take().filter(|p| p.remote == remote) {
+            // Back to the previous path (e.g. a spurious rebinding).
+            prev
+        } else {
+            let mut p = self.new_path(remote, local_ip, now, false);
+            if same_host {
+                // Only the port changed: most likely a NAT rebinding, same host and
+                // network path, so keep the RTT estimate (RFC 9000 §9.4 allows it).
+                p.rtt = self.path.rtt.clone();
+            }
+            p.amp_received = datagram_len;
+            p
+        };
+        if !new.validated {
+            new.amp_received = new.amp_received.max(datagram_len);
+        }
+        let old = std::mem::replace(&mut self.path, new);
+        self.retire_path_packets(&old);
+        if old.validated {
+            self.prev_path = Some(old);
+        }
+        self.stats.migrations += 1;
+        self.events.push_back(Event::PathMigrated { from, to: remote });
+        self.trace(TraceEvent::PathUpdated { path: self.path.id, remote, event: "peer_migration" });
+        if !self.path.validated {
+            self.start_challenge(now);
+        }
+        self.timers[Timer::PathChallenge as usize] = Some(now);
+    }
+
+    fn on_version_negotiation(&mut self, now: Instant, pd: &PartialDecode) {
+        // RFC 9000 §6.2: only before anything else arrived, and only if it does not list
+        // the version we used.
+        if self.side.is_server()
+            || self.stats.packets_received > 0
+            || pd.dst_cid() != self.handshake_cid
+            || pd.src_cid() != Some(self.original_dcid)
+        {
+            return;
+        }
+        let offered: Vec<u32> = pd.supported_versions().collect();
+        if offered.contains(&self.version.wire()) {
+            return;
+        }
+        // Downgrade protection lives in version_information; we do not restart here but
+        // report the mismatch (RFC 9368 leaves restarting to the application).
+        let _ = now;
+        let common = self.versions.iter().any(|v| offered.contains(&v.wire()));
+        let err = if common {
+            ConnectionError::VersionMismatch
+        } else {
+            ConnectionError::VersionMismatch
+        };
+        self.error = Some(err.clone());
+        self.events.push_back(Event::ConnectionLost(err));
+        self.set_drained();
+    }
+
+    fn on_retry(&mut self, now: Instant, pd: &PartialDecode) {
+        // RFC 9000 §17.2.5.2: one Retry, before any other server packet, with a valid tag and
+        // a non-empty token, whose SCID differs from our DCID.
+        if self.side.is_server()
+            || self.retry_scid.is_some()
+            || self.stats.packets_received > 0
+            || pd.token().is_empty()
+            || pd.version() != Some(self.version.wire())
+        {
+            return;
+        }
+        let Some(scid) = pd.src_cid() else { return };
+        if scid == self.original_dcid || !packet::retry_integrity_ok(self.version, &self.original_dcid, pd.data()) {
+            return;
+        }
+        self.stats.retry_received = true;
+        self.retry_scid = Some(scid);
+        self.token = Bytes::copy_from_slice(pd.token());
+        self.remote_cids.set_initial(scid);
+        self.spaces[SpaceId::Initial.index()].keys =
+            Some(super::crypto::initial_keys(self.version, &scid, Side::Client));
+        // Everything sent in Initial packets goes again; those packets are no longer in
+        // flight (RFC 9002 §6.3: not counted as lost).
+        let sp = &mut self.spaces[SpaceId::Initial.index()];
+        let drained: Vec<_> = sp.sent.drain().collect();
+        sp.time_of_last_ack_eliciting = None;
+        sp.loss_time = None;
+        for (_, p) in drained {
+            if p.in_flight {
+                self.path.bytes_in_flight = self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
+            }
+            for f in &p.frames {
+                if let crate::recovery::SentFrame::Crypto { offset, len } = *f {
+                    self.spaces[SpaceId::Initial.index()]
+                        .crypto_send
+                        .lost(offset..offset + u64::from(len));
+                }
+            }
+        }
+        // The Retry gives an RTT sample of sorts; keep it simple and restart the PTO.
+        self.pto_count = 0;
+        self.set_loss_timer(now);
+    }
+
+    /// Whether the 0-RTT state lets a server read early data.
+    #[allow(dead_code)]
+    fn zero_rtt_open(&self) -> bool {
+        self.zero_rtt == ZeroRtt::Attempting
+    }
+}
+
+fn packet_kind(ty: PacketType) -> PacketKind {
+    match ty {
+        PacketType::Long(LongType::Initial) => PacketKind::Initial,
+        PacketType::Long(LongType::Handshake) => PacketKind::Handshake,
+        PacketType::Long(LongType::ZeroRtt) => PacketKind::ZeroRtt,
+        PacketType::Long(LongType::Retry) => PacketKind::Retry,
+        PacketType::Short => PacketKind::OneRtt,
+        PacketType::VersionNegotiation | PacketType::UnsupportedVersion => {
+            PacketKind::VersionNegotiation
+        }
+    }
+}
+
+/// Length of the TLS handshake message at the start of `data` (4-byte header included).
+fn client_hello_len(data: &[u8]) -> Option<usize> {
+    if data.len() < 4 {
+        return None;
+    }
+    let len = (usize::from(data[1]) << 16) | (usize::from(data[2]) << 8) | usize::from(data[3]);
+    Some(4 + len)
+}
+
+/// Extracts the quic_transport_parameters extension (0x39) from a ClientHello, without
+/// trusting any length (RFC 8446 §4.1.2).
+fn parse_client_hello_tp(ch: &[u8]) -> Option<&[u8]> {
+    use crate::coding::BufExt;
+    let mut b = ch;
+    if b.get_u8_checked().ok()? != 1 {
+        return None;
+    }
+    let _len = [b.get_u8_checked().ok()?, b.get_u8_checked().ok()?, b.get_u8_checked().ok()?];
+    b.skip(2 + 32).ok()?; // legacy_version, random
+    let sid = b.get_u8_checked().ok()? as usize;
+    b.skip(sid).ok()?;
+    let cs = b.get_u16_checked().ok()? as usize;
+    b.skip(cs).ok()?;
+    let comp = b.get_u8_checked().ok()? as usize;
+    b.skip(comp).ok()?;
+    let ext_len = b.get_u16_checked().ok()? as usize;
+    if b.len() < ext_len {
+        return None;
+    }
+    let mut ext = &b[..ext_len];
+    while !ext.is_empty() {
+        let ty = ext.get_u16_checked().ok()?;
+        let len = ext.get_u16_checked().ok()? as usize;
+        if ext.len() < len {
+            return None;
+        }
+        if ty == 0x39 {
+            return Some(&ext[..len]);
+        }
+        ext = &ext[len..];
+    }
+    None
+}
+
+#[allow(dead_code)]
+fn _unused(_: PacketDecodeError) {}

@@ -1,0 +1,830 @@
+//! Building datagrams: which space sends what, coalescing (RFC 9000 §12.2), padding
+//! (§14.1), congestion and pacing gates (RFC 9002 §7), GSO batches, and closing packets.
+
+use std::time::Instant;
+
+use bytes::BufMut;
+
+use super::paths::EcnState;
+use super::{Connection, State, Timer, Transmit, ZeroRtt};
+use crate::cc::CongestionController;
+use crate::coding::BufMutExt;
+use crate::frame::{Ack, Close, Frame, FrameType};
+use crate::packet::{self, HeaderPos, LongType};
+use crate::recovery::{SentFrame, SentPacket};
+use crate::trace::{PacketKind, TraceEvent};
+use crate::types::SpaceId;
+
+use super::EcnCodepoint;
+
+/// Smallest datagram a client sends with an Initial, and the size PATH_CHALLENGE and
+/// PATH_RESPONSE datagrams are expanded to (RFC 9000 §14.1, §8.2).
+const MIN_DATAGRAM: usize = 1200;
+/// AEAD tag length of every QUIC cipher suite.
+const TAG_LEN: usize = 16;
+
+/// What went into one packet.
+struct PacketOut {
+    ack_eliciting: bool,
+    padded: bool,
+}
+
+/// What went into one datagram.
+#[derive(Default)]
+struct DatagramOut {
+    size: usize,
+    ack_eliciting: bool,
+    /// Only Data-space packets: may be batched with GSO.
+    data_only: bool,
+}
+
+impl Connection {
+    /// Writes the next datagram(s) into `buf` (cleared first). With `max_datagrams > 1`,
+    /// full-size datagrams are batched for GSO: see [`Transmit::segment_size`].
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        max_datagrams: usize,
+        buf: &mut Vec<u8>,
+    ) -> Option<Transmit> {
+        self.now = now;
+        buf.clear();
+        match self.state {
+            State::Drained | State::Draining => return None,
+            State::Closing => return self.send_close(now, buf),
+            _ => {}
+        }
+        if let Some(t) = self.send_off_path_response(now, buf) {
+            return Some(t);
+        }
+        if let Some(t) = self.send_mtu_probe(now, buf) {
+            return Some(t);
+        }
+        let mtu = usize::from(self.path.mtu());
+        let ecn = if self.path.ecn.should_mark() { Some(EcnCodepoint::Ect0) } else { None };
+        let mut segment: Option<usize> = None;
+        let mut count = 0;
+        loop {
+            let start = buf.len();
+            let max = segment.unwrap_or(mtu);
+            let d = self.write_datagram(now, buf, start, max, ecn.is_some());
+            if d.size == 0 {
+                buf.truncate(start);
+                break;
+            }
+            count += 1;
+            self.on_datagram_sent(d.size, ecn.is_some());
+            if !d.data_only || max_datagrams <= 1 || count >= max_datagrams {
+                if count == 1 {
+                    segment = None;
+                }
+                break;
+            }
+            if count == 1 {
+                if d.size != mtu {
+                    break;
+                }
+                segment = Some(d.size);
+            } else if d.size < max {
+                // A short datagram ends the batch.
+                break;
+            }
+        }
+        if count == 0 {
+            self.update_timers(now);
+            return None;
+        }
+        if count == 1 {
+            segment = None;
+        }
+        self.update_timers(now);
+        Some(Transmit {
+            destination: self.path.remote,
+            ecn,
+            size: buf.len(),
+            segment_size: segment,
+            src_ip: self.path.local_ip,
+        })
+    }
+
+    fn on_datagram_sent(&mut self, size: usize, marked: bool) {
+        self.stats.udp_tx_datagrams += 1;
+        self.stats.udp_tx_bytes += size as u64;
+        if !self.path.validated {
+            self.path.amp_sent += size as u64;
+        }
+        if marked && let EcnState::Testing { marked } = &mut self.path.ecn {
+            *marked += 1;
+        }
+    }
+
+    /// Whether a space has anything it must send now (ACK due, handshake data, probe).
+    fn space_wants_to_send(&self, space: SpaceId, now: Instant) -> bool {
+        let sp = &self.spaces[space.index()];
+        if sp.discarded {
+            return false;
+        }
+        let has_keys = match space {
+            SpaceId::Data => self.one_rtt.is_some() || self.can_send_0rtt(),
+            _ => sp.keys.is_some(),
+        };
+        if !has_keys {
+            return false;
+        }
+        let ack_due = if space == SpaceId::Data {
+            sp.ack.due(now) && self.one_rtt.is_some()
+        } else {
+            sp.ack.new_since_ack
+        };
+        if ack_due || sp.probes > 0 || sp.crypto_send.has_sendable() {
+            return true;
+        }
+        if space != SpaceId::Data {
+            return false;
+        }
+        self.data_space_has_frames()
+    }
+
+    fn can_send_0rtt(&self) -> bool {
+        self.side.is_client()
+            && self.zero_rtt == ZeroRtt::Attempting
+            && self.zero_rtt_keys.is_some()
+            && self.one_rtt.is_none()
+    }
+
+    /// Whether the Data space has ack-eliciting frames waiting.
+    fn data_space_has_frames(&self) -> bool {
+        let one_rtt = self.one_rtt.is_some();
+        (one_rtt
+            && (self.handshake_done_pending
+                || self.new_token_pending
+                || self.path.challenge.as_ref().is_some_and(|c| !c.sent)
+                || self.path_responses.iter().any(|(a, _)| *a == self.path.remote)
+                || self.local_cids.issued.values().any(|c| c.announce)
+                || !self.remote_cids.to_retire.is_empty()
+                || self.ack_frequency_pending.is_some()))
+            || self.ping_pending
+            || self.streams.wants_to_send()
+            || !self.datagrams_out.is_empty()
+    }
+
+    fn write_datagram(
+        &mut self,
+        now: Instant,
+        buf: &mut Vec<u8>,
+        start: usize,
+        max_size: usize,
+        ecn_marked: bool,
+    ) -> DatagramOut {
+        let budget = self.path.amplification_budget();
+        let max_size = (max_size as u64).min(budget) as usize;
+        let mut out = DatagramOut { data_only: true, ..Default::default() };
+        if max_size < 64 {
+            return out;
+        }
+        let wants: [bool; 3] = [
+            self.space_wants_to_send(SpaceId::Initial, now),
+            self.space_wants_to_send(SpaceId::Handshake, now),
+            self.space_wants_to_send(SpaceId::Data, now),
+        ];
+        // RFC 9000 §14.1: datagrams with a client Initial, or an ack-eliciting server Initial,
+        // are padded to 1200 bytes. We pad whenever an Initial is in the datagram.
+        let pad_datagram = wants[0];
+        if pad_datagram && max_size < MIN_DATAGRAM {
+            return out;
+        }
+        let last = wants.iter().rposition(|&w| w);
+        let Some(last) = last else { return out };
+        for space in SpaceId::ALL {
+            if !wants[space.index()] {
+                continue;
+            }
+            let max_end = start + max_size;
+            if buf.len() + 40 > max_end {
+                break;
+            }
+            let pad_to = (pad_datagram && space.index() == last).then_some(start + MIN_DATAGRAM);
+            if let Some(p) = self.write_packet(now, space, buf, max_end, pad_to, ecn_marked) {
+                out.ack_eliciting |= p.ack_eliciting;
+                if space != SpaceId::Data {
+                    out.data_only = false;
+                }
+                let _ = p.padded;
+            }
+        }
+        out.size = buf.len() - start;
+        // A packet that had to be padded for the sample can exceed nothing: sizes are bounded.
+        out
+    }
+
+    /// Writes one packet of `space`; `None` if there was nothing worth sending.
+    fn write_packet(
+        &mut self,
+        now: Instant,
+        space: SpaceId,
+        buf: &mut Vec<u8>,
+        max_end: usize,
+        pad_to: Option<usize>,
+        ecn_marked: bool,
+    ) -> Option<PacketOut> {
+        let si = space.index();
+        let zero_rtt = space == SpaceId::Data && self.one_rtt.is_none();
+        // Automatic key update before the key wears out (RFC 9001 §6.6).
+        if space == SpaceId::Data
+            && !zero_rtt
+            && self.key_update.packets_in_phase >= self.config.key_update_interval
+            && self.key_update.phase_acked
+            && self.handshake_confirmed
+        {
+            self.update_keys(false);
+        }
+        let packet_start = buf.len();
+        let pn = self.spaces[si].next_pn;
+        let pn_len = packet::pn_len_for(pn, self.spaces[si].largest_acked);
+        let dcid = self.remote_cids.active().cid;
+        let pos: HeaderPos = match space {
+            SpaceId::Initial => packet::write_long_header(
+                buf,
+                self.version,
+                LongType::Initial,
+                &dcid,
+                &self.handshake_cid,
+                if self.side.is_client() { &self.token } else { &[] },
+                pn,
+                pn_len,
+            ),
+            SpaceId::Handshake => packet::write_long_header(
+                buf,
+                self.version,
+                LongType::Handshake,
+                &dcid,
+                &self.handshake_cid,
+                &[],
+                pn,
+                pn_len,
+            ),
+            SpaceId::Data if zero_rtt => packet::write_long_header(
+                buf,
+                self.version,
+                LongType::ZeroRtt,
+                &dcid,
+                &self.handshake_cid,
+                &[],
+                pn,
+                pn_len,
+            ),
+            SpaceId::Data => {
+                let phase = self.one_rtt.as_ref().is_some_and(|k| k.phase);
+                packet::write_short_header(buf, &dcid, self.spin, phase, pn, pn_len)
+            }
+        };
+        if buf.len() + TAG_LEN + 8 > max_end {
+            buf.truncate(packet_start);
+            return None;
+        }
+        let payload_max = max_end - TAG_LEN;
+        let mut frames = self.spaces[si].sent.take_frame_vec();
+        let mut names: [&'static str; 16] = [""; 16];
+        let mut n_names = 0usize;
+        let note = |names: &mut [&'static str; 16], n: &mut usize, s: &'static str| {
+            if *n < names.len() && !names[..*n].contains(&s) {
+                names[*n] = s;
+                *n += 1;
+            }
+        };
+        let mut ack_eliciting = false;
+        let probing = self.spaces[si].probes > 0;
+        let (cwnd_ok, pacing_ok) = if space == SpaceId::Data {
+            let mtu = u64::from(self.path.mtu());
+            let cwnd_ok = probing || self.path.window_room() >= mtu.min(self.path.cc.window());
+            let mut pacing_ok = true;
+            if cwnd_ok && !probing && self.handshake_complete {
+                let rate = self.path.pacing_rate();
+                if let Some(t) = self.path.pacer.delay(now, mtu, rate) {
+                    self.timers[Timer::Pacing as usize] = Some(t);
+                    pacing_ok = false;
+                }
+            }
+            (cwnd_ok, pacing_ok)
+        } else {
+            (true, true)
+        };
+        if !cwnd_ok {
+            self.path.cwnd_limited = true;
+        }
+
+        // ACK first: it is never blocked by congestion control.
+        let ack = &self.spaces[si].ack;
+        if !zero_rtt && ack.new_since_ack && !ack.ranges.is_empty() {
+            let delay_us = ack.delay(now).as_micros() as u64;
+            let delay = delay_us >> self.config.ack_delay_exponent;
+            let ecn = ack.ecn_seen.then_some(&ack.ecn);
+            let len = Ack::encoded_len(delay, &ack.ranges, ecn, super::MAX_ACK_RANGES);
+            if buf.len() + len <= payload_max {
+                let largest = ack.ranges.max().expect("non-empty");
+                Ack::encode(delay, &ack.ranges, ecn, super::MAX_ACK_RANGES, buf);
+                frames.push(SentFrame::Ack(largest));
+                self.spaces[si].ack.on_ack_sent();
+                note(&mut names, &mut n_names, "ack");
+            }
+        }
+
+        let can_eliciting = cwnd_ok && pacing_ok;
+        if space != SpaceId::Data {
+            if can_eliciting {
+                let before = frames.len();
+                self.write_crypto(space, buf, payload_max, &mut frames);
+                if frames.len() > before {
+                    ack_eliciting = true;
+                    note(&mut names, &mut n_names, "crypto");
+                }
+            }
+        } else if can_eliciting {
+            ack_eliciting |= self.write_data_frames(now, buf, payload_max, &mut frames, zero_rtt);
+            if ack_eliciting {
+                note(&mut names, &mut n_names, "stream/control");
+            }
+        }
+        // A probe must be ack-eliciting.
+        if (probing || (space == SpaceId::Data && self.ping_pending)) && !ack_eliciting {
+            if buf.len() < payload_max {
+                buf.put_u8(0x01);
+                ack_eliciting = true;
+                note(&mut names, &mut n_names, "ping");
+            }
+        }
+        if space == SpaceId::Data && ack_eliciting {
+            self.ping_pending = false;
+        }
+        if probing && ack_eliciting {
+            self.spaces[si].probes -= 1;
+        }
+        let payload_len = buf.len() - pos.payload_offset();
+        if payload_len == 0 {
+            buf.truncate(packet_start);
+            self.spaces[si].sent.recycle(frames);
+            return None;
+        }
+        // Padding: to the datagram minimum, and enough for the header-protection sample.
+        let mut padded = false;
+        let mut min_end = pos.pn_offset + 4;
+        if let Some(p) = pad_to {
+            min_end = min_end.max(p.saturating_sub(TAG_LEN));
+        }
+        if buf.len() < min_end {
+            let n = min_end - buf.len();
+            buf.put_bytes(0, n);
+            padded = true;
+            note(&mut names, &mut n_names, "padding");
+        }
+        if self.grease_quic_bit && space == SpaceId::Data && !zero_rtt && pn % 4 == 3 {
+            packet::grease_fixed_bit(buf, &pos);
+        }
+        // Seal.
+        let sealed = match space {
+            SpaceId::Data if zero_rtt => {
+                let k = self.zero_rtt_keys.as_ref().expect("0-RTT keys checked");
+                packet::seal_packet(buf, &pos, pn, k.header.as_ref(), k.packet.as_ref())
+            }
+            SpaceId::Data => {
+                let k = self.one_rtt.as_ref().expect("1-RTT keys checked");
+                packet::seal_packet(buf, &pos, pn, k.header.local.as_ref(), k.current.local.as_ref())
+            }
+            _ => {
+                let k = &self.spaces[si].keys.as_ref().expect("keys checked").local;
+                packet::seal_packet(buf, &pos, pn, k.header.as_ref(), k.packet.as_ref())
+            }
+        };
+        if let Err(e) = sealed {
+            tracing::error!(error = %e, "failed to seal packet");
+            buf.truncate(packet_start);
+            self.spaces[si].sent.recycle(frames);
+            return None;
+        }
+        let size = buf.len() - packet_start;
+        self.spaces[si].next_pn += 1;
+        if space == SpaceId::Data && !zero_rtt {
+            self.key_update.packets_in_phase += 1;
+        }
+        self.stats.packets_sent += 1;
+        let in_flight = ack_eliciting || padded;
+        self.record_sent(now, space, pn, size, ack_eliciting, in_flight, false, ecn_marked, frames);
+        if self.tracer.is_some() {
+            let kind = match space {
+                SpaceId::Initial => PacketKind::Initial,
+                SpaceId::Handshake => PacketKind::Handshake,
+                SpaceId::Data if zero_rtt => PacketKind::ZeroRtt,
+                SpaceId::Data => PacketKind::OneRtt,
+            };
+            let path = self.path.id;
+            self.trace(TraceEvent::PacketSent { kind, pn, size, path, frames: &names[..n_names] });
+        }
+        // RFC 9001 §4.9.1: a client discards Initial keys when it first sends a Handshake packet.
+        if space == SpaceId::Handshake && self.side.is_client() {
+            self.discard_space(SpaceId::Initial, now);
+        }
+        Some(PacketOut { ack_eliciting, padded })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_sent(
+        &mut self,
+        now: Instant,
+        space: SpaceId,
+        pn: u64,
+        size: usize,
+        ack_eliciting: bool,
+        in_flight: bool,
+        mtu_probe: bool,
+        ecn_marked: bool,
+        frames: Vec<crate::recovery::SentFrame>,
+    ) {
+        let (delivered, delivered_time, first_sent_time, is_app_limited) =
+            self.path.delivery.on_sent(now, self.path.bytes_in_flight);
+        if in_flight {
+            self.path.bytes_in_flight += size as u64;
+            self.path.cc.on_packet_sent(now, size as u64, self.path.bytes_in_flight);
+            self.path.pacer.on_sent(size as u64);
+            if self.path.bytes_in_flight >= self.path.cc.window() {
+                self.path.cwnd_limited = true;
+            }
+        }
+        let si = space.index();
+        if ack_eliciting {
+            self.spaces[si].time_of_last_ack_eliciting = Some(now);
+            if !self.sent_eliciting_since_rx {
+                self.sent_eliciting_since_rx = true;
+                self.reset_idle_timer(now);
+            }
+        }
+        if ecn_marked {
+            self.spaces[si].ecn_marked_sent += 1;
+        }
+        let packet = SentPacket {
+            time_sent: now,
+            size: size.min(usize::from(u16::MAX)) as u16,
+            ack_eliciting,
+            in_flight,
+            path: self.path.id,
+            mtu_probe,
+            ecn_marked,
+            frames,
+            delivered,
+            delivered_time,
+            first_sent_time,
+            is_app_limited,
+        };
+        self.spaces[si].sent.insert(pn, packet);
+        if ack_eliciting || in_flight {
+            self.set_loss_timer(now);
+        }
+    }
+
+    /// CRYPTO frames of a handshake space (or the Data space, for post-handshake messages).
+    fn write_crypto(
+        &mut self,
+        space: SpaceId,
+        buf: &mut Vec<u8>,
+        payload_max: usize,
+        frames: &mut Vec<SentFrame>,
+    ) {
+        let cs = &mut self.spaces[space.index()].crypto_send;
+        while buf.len() + 16 < payload_max {
+            let off = cs.next_offset();
+            // Type + offset + a 2-byte length.
+            let overhead = 1 + crate::VarInt::size_of(off) + 2;
+            let room = payload_max - buf.len() - overhead;
+            let Some((range, _)) = cs.next_range(room, u64::MAX) else { break };
+            let len = (range.end - range.start) as usize;
+            buf.put_u8(0x06);
+            buf.put_var(range.start);
+            buf.put_u16(0x4000 | len as u16);
+            cs.copy_range(range.clone(), buf);
+            frames.push(SentFrame::Crypto { offset: range.start, len: len as u32 });
+        }
+    }
+
+    /// Everything ack-eliciting the Data space sends. Returns whether anything was written.
+    fn write_data_frames(
+        &mut self,
+        now: Instant,
+        buf: &mut Vec<u8>,
+        payload_max: usize,
+        frames: &mut Vec<SentFrame>,
+        zero_rtt: bool,
+    ) -> bool {
+        let before = frames.len();
+        let before_len = buf.len();
+        if !zero_rtt {
+            // PATH_RESPONSE to the active path's peer.
+            let remote = self.path.remote;
+            while buf.len() + 9 <= payload_max {
+                let Some(i) = self.path_responses.iter().position(|(a, _)| *a == remote) else {
+                    break;
+                };
+                let (_, data) = self.path_responses.remove(i).expect("index valid");
+                Frame::PathResponse(data).encode(buf);
+                frames.push(SentFrame::PathResponse);
+            }
+            if let Some(ch) = self.path.challenge.as_mut()
+                && !ch.sent
+                && buf.len() + 9 <= payload_max
+            {
+                Frame::PathChallenge(ch.data).encode(buf);
+                ch.sent = true;
+                ch.resend_at = now + self.path.rtt.pto_base();
+                frames.push(SentFrame::PathChallenge);
+            }
+            if self.handshake_done_pending && buf.len() < payload_max {
+                buf.put_u8(0x1e);
+                frames.push(SentFrame::HandshakeDone);
+                self.handshake_done_pending = false;
+            }
+            // Post-handshake TLS messages (session tickets).
+            self.write_crypto(SpaceId::Data, buf, payload_max, frames);
+            // Connection IDs.
+            for (&seq, c) in self.local_cids.issued.iter_mut() {
+                if !c.announce {
+                    continue;
+                }
+                let f = Frame::NewConnectionId(crate::frame::NewConnectionId {
+                    seq,
+                    retire_prior_to: self.local_cids.retire_prior_to,
+                    cid: c.cid,
+                    reset_token: c.reset_token,
+                });
+                if buf.len() + f.encoded_len() > payload_max {
+                    break;
+                }
+                f.encode(buf);
+                c.announce = false;
+                frames.push(SentFrame::NewConnectionId(seq));
+            }
+            while let Some(&seq) = self.remote_cids.to_retire.last() {
+                if buf.len() + 9 > payload_max {
+                    break;
+                }
+                buf.put_u8(0x19);
+                buf.put_var(seq);
+                frames.push(SentFrame::RetireConnectionId(seq));
+                self.remote_cids.to_retire.pop();
+            }
+            if self.new_token_pending && self.side.is_server() {
+                self.write_new_token(now, buf, payload_max, frames);
+            }
+            if let Some(af) = self.ack_frequency_pending {
+                let f = Frame::AckFrequency(af);
+                if buf.len() + f.encoded_len() <= payload_max {
+                    f.encode(buf);
+                    frames.push(SentFrame::AckFrequency(af.seq));
+                    self.ack_frequency_pending = None;
+                }
+            }
+        }
+        let rtt = self.path.rtt.smoothed();
+        self.streams.write_control(buf, payload_max, frames, now, rtt);
+        // Datagrams go before stream data: they are latency-sensitive by nature.
+        while let Some(d) = self.datagrams_out.front() {
+            let need = 1 + crate::VarInt::size_of(d.len() as u64) + d.len();
+            if buf.len() + need > payload_max {
+                break;
+            }
+            let d = self.datagrams_out.pop_front().expect("front exists");
+            Frame::Datagram(d).encode(buf);
+            frames.push(SentFrame::Datagram);
+        }
+        let stream_start = frames.len();
+        let sent_before = self.streams.flow_state().0;
+        self.streams.write_stream_frames(buf, payload_max, frames);
+        for f in &frames[stream_start..] {
+            if let SentFrame::Stream { len, .. } = f {
+                self.stats.stream_bytes_sent += u64::from(*len);
+            }
+        }
+        let new_bytes = self.streams.flow_state().0 - sent_before;
+        let stream_bytes: u64 = frames[stream_start..]
+            .iter()
+            .map(|f| if let SentFrame::Stream { len, .. } = f { u64::from(*len) } else { 0 })
+            .sum();
+        self.stats.stream_bytes_retransmitted += stream_bytes.saturating_sub(new_bytes);
+        // Application-limited: nothing more to send and the window is not full.
+        if !self.streams.has_stream_data() && self.path.bytes_in_flight < self.path.cc.window() {
+            self.path.cwnd_limited = false;
+            self.path.delivery.on_app_limited(self.path.bytes_in_flight);
+        }
+        frames.len() > before || buf.len() > before_len
+    }
+
+    fn write_new_token(
+        &mut self,
+        now: Instant,
+        buf: &mut Vec<u8>,
+        payload_max: usize,
+        frames: &mut Vec<SentFrame>,
+    ) {
+        let Some(cfg) = self.server_config.as_ref() else {
+            self.new_token_pending = false;
+            return;
+        };
+        let token =
+            crate::token::new_token(&cfg.token_key, self.path.remote.ip(), self.unix_ms(now));
+        let need = 1 + crate::VarInt::size_of(token.len() as u64) + token.len();
+        if buf.len() + need > payload_max {
+            return;
+        }
+        buf.put_u8(0x07);
+        buf.put_var(token.len() as u64);
+        buf.put_slice(&token);
+        frames.push(SentFrame::NewToken);
+        self.new_token_pending = false;
+    }
+
+    /// A DPLPMTUD probe: PING padded to the probe size, in its own datagram.
+    fn send_mtu_probe(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        if !self.handshake_confirmed || self.one_rtt.is_none() || !self.path.validated {
+            return None;
+        }
+        let size = self.path.mtud.probe_size(now)?;
+        let max_udp = self.peer_params.as_ref().map_or(1200, |p| p.max_udp_payload_size);
+        if u64::from(size) > max_udp {
+            return None;
+        }
+        if self.path.window_room() < u64::from(size) {
+            return None;
+        }
+        let pn = self.spaces[SpaceId::Data.index()].next_pn;
+        let pn_len = packet::pn_len_for(pn, self.spaces[SpaceId::Data.index()].largest_acked);
+        let dcid = self.remote_cids.active().cid;
+        let phase = self.one_rtt.as_ref().is_some_and(|k| k.phase);
+        let pos = packet::write_short_header(buf, &dcid, self.spin, phase, pn, pn_len);
+        buf.put_u8(0x01);
+        let end = usize::from(size) - TAG_LEN;
+        if buf.len() < end {
+            buf.put_bytes(0, end - buf.len());
+        }
+        let k = self.one_rtt.as_ref().expect("checked");
+        if packet::seal_packet(buf, &pos, pn, k.header.local.as_ref(), k.current.local.as_ref())
+            .is_err()
+        {
+            buf.clear();
+            return None;
+        }
+        self.spaces[SpaceId::Data.index()].next_pn += 1;
+        self.key_update.packets_in_phase += 1;
+        self.stats.packets_sent += 1;
+        let frames = self.spaces[SpaceId::Data.index()].sent.take_frame_vec();
+        self.record_sent(now, SpaceId::Data, pn, buf.len(), true, true, true, false, frames);
+        self.path.mtud.on_probe_sent(size, pn);
+        self.on_datagram_sent(buf.len(), false);
+        self.update_timers(now);
+        Some(Transmit {
+            destination: self.path.remote,
+            ecn: None,
+            size: buf.len(),
+            segment_size: None,
+            src_ip: self.path.local_ip,
+        })
+    }
+
+    /// PATH_RESPONSE to an address other than the active path's (a peer probing a new path),
+    /// padded to 1200 bytes (RFC 9000 §8.2.2).
+    fn send_off_path_response(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        let one_rtt = self.one_rtt.as_ref()?;
+        let i = self.path_responses.iter().position(|(a, _)| *a != self.path.remote)?;
+        let (addr, data) = self.path_responses.remove(i).expect("index valid");
+        let pn = self.spaces[SpaceId::Data.index()].next_pn;
+        let pn_len = packet::pn_len_for(pn, self.spaces[SpaceId::Data.index()].largest_acked);
+        let dcid = self.remote_cids.active().cid;
+        let pos = packet::write_short_header(buf, &dcid, self.spin, one_rtt.phase, pn, pn_len);
+        Frame::PathResponse(data).encode(buf);
+        buf.put_bytes(0, MIN_DATAGRAM - TAG_LEN - buf.len());
+        if packet::seal_packet(
+            buf,
+            &pos,
+            pn,
+            one_rtt.header.local.as_ref(),
+            one_rtt.current.local.as_ref(),
+        )
+        .is_err()
+        {
+            buf.clear();
+            return None;
+        }
+        self.spaces[SpaceId::Data.index()].next_pn += 1;
+        self.stats.packets_sent += 1;
+        self.stats.udp_tx_datagrams += 1;
+        self.stats.udp_tx_bytes += buf.len() as u64;
+        // Not in flight on the active path; not tracked for loss (PATH_RESPONSE is not
+        // retransmitted).
+        let _ = now;
+        Some(Transmit {
+            destination: addr,
+            ecn: None,
+            size: buf.len(),
+            segment_size: None,
+            src_ip: self.path.local_ip,
+        })
+    }
+
+    /// CONNECTION_CLOSE in every space the peer may be able to read.
+    fn send_close(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        if !self.close_pending {
+            return None;
+        }
+        self.close_pending = false;
+        let frame = self.close_frame.clone()?;
+        let max_end = (usize::from(self.path.mtu()) as u64).min(self.path.amplification_budget())
+            as usize;
+        for space in SpaceId::ALL {
+            let sp = &self.spaces[space.index()];
+            let has_keys = match space {
+                SpaceId::Data => self.one_rtt.is_some(),
+                _ => sp.keys.is_some() && !sp.discarded,
+            };
+            if !has_keys {
+                continue;
+            }
+            // RFC 9000 §10.2.3: before 1-RTT, an application close is sent as a transport
+            // close with APPLICATION_ERROR and no details.
+            let f = if space != SpaceId::Data && frame.is_application() {
+                Close {
+                    error_code: crate::error::TransportErrorCode::APPLICATION_ERROR.0,
+                    frame_type: Some(0),
+                    reason: bytes::Bytes::new(),
+                }
+            } else {
+                frame.clone()
+            };
+            let pn = self.spaces[space.index()].next_pn;
+            let pn_len = packet::pn_len_for(pn, self.spaces[space.index()].largest_acked);
+            let dcid = self.remote_cids.active().cid;
+            let start = buf.len();
+            let pos = match space {
+                SpaceId::Data => {
+                    let phase = self.one_rtt.as_ref().is_some_and(|k| k.phase);
+                    packet::write_short_header(buf, &dcid, self.spin, phase, pn, pn_len)
+                }
+                _ => packet::write_long_header(
+                    buf,
+                    self.version,
+                    if space == SpaceId::Initial { LongType::Initial } else { LongType::Handshake },
+                    &dcid,
+                    &self.handshake_cid,
+                    if self.side.is_client() && space == SpaceId::Initial {
+                        &self.token
+                    } else {
+                        &[]
+                    },
+                    pn,
+                    pn_len,
+                ),
+            };
+            Frame::Close(f).encode(buf);
+            let mut min_end = pos.pn_offset + 4;
+            if space == SpaceId::Initial && self.side.is_client() {
+                min_end = min_end.max(start + MIN_DATAGRAM - TAG_LEN);
+            }
+            if buf.len() < min_end {
+                buf.put_bytes(0, min_end - buf.len());
+            }
+            if buf.len() + TAG_LEN > max_end {
+                buf.truncate(start);
+                break;
+            }
+            let sealed = match space {
+                SpaceId::Data => {
+                    let k = self.one_rtt.as_ref().expect("checked");
+                    packet::seal_packet(
+                        buf,
+                        &pos,
+                        pn,
+                        k.header.local.as_ref(),
+                        k.current.local.as_ref(),
+                    )
+                }
+                _ => {
+                    let k = &self.spaces[space.index()].keys.as_ref().expect("checked").local;
+                    packet::seal_packet(buf, &pos, pn, k.header.as_ref(), k.packet.as_ref())
+                }
+            };
+            if sealed.is_err() {
+                buf.truncate(start);
+                continue;
+            }
+            self.spaces[space.index()].next_pn += 1;
+            let _ = FrameType::CONNECTION_CLOSE;
+        }
+        if buf.is_empty() {
+            return None;
+        }
+        self.on_datagram_sent(buf.len(), false);
+        let _ = now;
+        Some(Transmit {
+            destination: self.path.remote,
+            ecn: None,
+            size: buf.len(),
+            segment_size: None,
+            src_ip: self.path.local_ip,
+        })
+    }
+}

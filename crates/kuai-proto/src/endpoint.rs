@@ -1,0 +1,681 @@
+//! The endpoint: routes datagrams to connections by destination CID, accepts new server
+//! connections from valid Initials, and answers what no connection owns with Version
+//! Negotiation, Retry, CONNECTION_CLOSE or a stateless reset. Sans-IO like the rest.
+
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::cid::{ConnectionId, ConnectionIdGenerator, MAX_CID_SIZE};
+use crate::config::{ClientConfig, EndpointConfig, RetryPolicy, ServerConfig};
+use crate::connection::{
+    ConnectError, Connection, EcnCodepoint, EndpointEvent, Event, ServerConnectionParams, Transmit,
+};
+use crate::error::TransportErrorCode;
+use crate::frame::{Close, Frame};
+use crate::packet::{self, LongType};
+use crate::token::{self, TokenError, ValidToken};
+use crate::types::{Side, Version, is_grease_version};
+
+/// Identifies a connection within its endpoint.
+#[derive(Debug, Copy, Clone, Eq, PartialEq, Hash, Ord, PartialOrd)]
+pub struct ConnectionHandle(pub usize);
+
+struct Entry {
+    conn: Connection,
+    /// Server connection still in its handshake (counts toward `max_handshakes`).
+    handshaking: bool,
+    /// Client's initial DCID registered for routing (server side), with its address.
+    initial_key: Option<(SocketAddr, ConnectionId)>,
+}
+
+/// Statistics of an endpoint.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointStats {
+    pub accepted: u64,
+    pub refused: u64,
+    pub retries_sent: u64,
+    pub version_negotiations_sent: u64,
+    pub stateless_resets_sent: u64,
+    pub invalid_tokens: u64,
+    pub dropped: u64,
+}
+
+/// A QUIC endpoint (client, server, or both).
+pub struct Endpoint {
+    config: Arc<EndpointConfig>,
+    server: Option<Arc<ServerConfig>>,
+    cid_gen: Box<dyn ConnectionIdGenerator>,
+    conns: Vec<Option<Entry>>,
+    free: Vec<usize>,
+    by_cid: HashMap<ConnectionId, ConnectionHandle>,
+    by_initial: HashMap<(SocketAddr, ConnectionId), ConnectionHandle>,
+    ready: VecDeque<ConnectionHandle>,
+    in_ready: Vec<bool>,
+    timers: BinaryHeap<Reverse<(Instant, ConnectionHandle)>>,
+    responses: VecDeque<(SocketAddr, Option<IpAddr>, Vec<u8>)>,
+    events: VecDeque<(ConnectionHandle, Event)>,
+    incoming: VecDeque<ConnectionHandle>,
+    handshakes: usize,
+    rng: StdRng,
+    anchor: (Instant, u64),
+    stats: EndpointStats,
+}
+
+impl Endpoint {
+    /// Creates an endpoint. `unix_ms` is the wall-clock time at `now` (used only inside
+    /// address-validation tokens); `seed` makes all randomness reproducible when given.
+    pub fn new(
+        config: Arc<EndpointConfig>,
+        server: Option<Arc<ServerConfig>>,
+        now: Instant,
+        unix_ms: u64,
+        seed: Option<u64>,
+    ) -> Self {
+        let rng = match seed {
+            Some(s) => StdRng::seed_from_u64(s),
+            None => StdRng::from_rng(&mut rand::rng()),
+        };
+        Self {
+            cid_gen: (config.cid_generator)(),
+            config,
+            server,
+            conns: Vec::new(),
+            free: Vec::new(),
+            by_cid: HashMap::new(),
+            by_initial: HashMap::new(),
+            ready: VecDeque::new(),
+            in_ready: Vec::new(),
+            timers: BinaryHeap::new(),
+            responses: VecDeque::new(),
+            events: VecDeque::new(),
+            incoming: VecDeque::new(),
+            handshakes: 0,
+            rng,
+            anchor: (now, unix_ms),
+            stats: EndpointStats::default(),
+        }
+    }
+
+    /// Lets this endpoint accept connections (or stop, with `None`).
+    pub fn set_server_config(&mut self, server: Option<Arc<ServerConfig>>) {
+        self.server = server;
+    }
+
+    pub fn stats(&self) -> &EndpointStats {
+        &self.stats
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.conns.len() - self.free.len()
+    }
+
+    pub fn connection(&self, h: ConnectionHandle) -> Option<&Connection> {
+        self.conns.get(h.0)?.as_ref().map(|e| &e.conn)
+    }
+
+    /// Mutable access for the application; the endpoint re-polls the connection afterwards.
+    pub fn connection_mut(&mut self, h: ConnectionHandle) -> Option<&mut Connection> {
+        if self.conns.get(h.0).is_some_and(|e| e.is_some()) {
+            self.mark_ready(h);
+        }
+        self.conns.get_mut(h.0)?.as_mut().map(|e| &mut e.conn)
+    }
+
+    /// Handles of all live connections.
+    pub fn handles(&self) -> impl Iterator<Item = ConnectionHandle> + '_ {
+        self.conns.iter().enumerate().filter(|(_, e)| e.is_some()).map(|(i, _)| ConnectionHandle(i))
+    }
+
+    fn unix_ms(&self, now: Instant) -> u64 {
+        self.anchor.1 + now.saturating_duration_since(self.anchor.0).as_millis() as u64
+    }
+
+    fn new_cid(&mut self) -> ConnectionId {
+        loop {
+            let cid = self.cid_gen.generate();
+            if cid.is_empty() || !self.by_cid.contains_key(&cid) {
+                return cid;
+            }
+        }
+    }
+
+    fn insert(&mut self, entry: Entry) -> ConnectionHandle {
+        let h = match self.free.pop() {
+            Some(i) => {
+                self.conns[i] = Some(entry);
+                ConnectionHandle(i)
+            }
+            None => {
+                self.conns.push(Some(entry));
+                self.in_ready.push(false);
+                ConnectionHandle(self.conns.len() - 1)
+            }
+        };
+        h
+    }
+
+    fn mark_ready(&mut self, h: ConnectionHandle) {
+        if !self.in_ready[h.0] {
+            self.in_ready[h.0] = true;
+            self.ready.push_back(h);
+        }
+    }
+
+    /// Starts a client connection.
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        config: &ClientConfig,
+        remote: SocketAddr,
+        server_name: &str,
+    ) -> Result<ConnectionHandle, ConnectError> {
+        self.connect_with_token(now, config, remote, server_name, Bytes::new())
+    }
+
+    /// Starts a client connection presenting a NEW_TOKEN token from an earlier connection.
+    pub fn connect_with_token(
+        &mut self,
+        now: Instant,
+        config: &ClientConfig,
+        remote: SocketAddr,
+        server_name: &str,
+        token: Bytes,
+    ) -> Result<ConnectionHandle, ConnectError> {
+        let cid = self.new_cid();
+        let seed = self.rng.random();
+        let conn = Connection::new_client(config, server_name, remote, cid, token, now, seed)?;
+        let h = self.insert(Entry { conn, handshaking: false, initial_key: None });
+        if !cid.is_empty() {
+            self.by_cid.insert(cid, h);
+        }
+        self.after_conn_op(h, now);
+        Ok(h)
+    }
+
+    /// Takes the next connection a client opened to us.
+    pub fn accept(&mut self) -> Option<ConnectionHandle> {
+        self.incoming.pop_front()
+    }
+
+    /// Takes the next connection event.
+    pub fn poll_event(&mut self) -> Option<(ConnectionHandle, Event)> {
+        self.events.pop_front()
+    }
+
+    /// Processes a received UDP datagram.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        ecn: Option<EcnCodepoint>,
+        data: BytesMut,
+    ) {
+        let Some(first) = data.first().copied() else { return };
+        let cid_len = self.cid_gen.cid_len();
+        if first & 0x80 == 0 {
+            // Short header: the DCID has our fixed length.
+            let Some(dcid) = data.get(1..1 + cid_len).and_then(ConnectionId::try_from_slice)
+            else {
+                self.stats.dropped += 1;
+                return;
+            };
+            if let Some(&h) = self.by_cid.get(&dcid) {
+                self.deliver(h, now, remote, local_ip, ecn, data);
+            } else {
+                self.maybe_stateless_reset(remote, local_ip, &dcid, data.len());
+            }
+            return;
+        }
+        // Long header invariants (RFC 8999 §5.1).
+        let Some(info) = long_header_ids(&data) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        let version = info.version;
+        if version != 0 && Version::from_wire(version).is_none() {
+            self.send_version_negotiation(remote, local_ip, &info, data.len());
+            return;
+        }
+        if let Some(dcid) = ConnectionId::try_from_slice(info.dcid(&data))
+            && let Some(&h) = self.by_cid.get(&dcid).or_else(|| self.by_initial.get(&(remote, dcid)))
+        {
+            self.deliver(h, now, remote, local_ip, ecn, data);
+            return;
+        }
+        if version == 0 {
+            self.stats.dropped += 1;
+            return;
+        }
+        let v = Version::from_wire(version).expect("checked above");
+        let ty = LongType::from_bits((first >> 4) & 0x03, v);
+        if ty != LongType::Initial || self.server.is_none() {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.accept_initial(now, remote, local_ip, ecn, data, v);
+    }
+
+    fn deliver(
+        &mut self,
+        h: ConnectionHandle,
+        now: Instant,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        ecn: Option<EcnCodepoint>,
+        data: BytesMut,
+    ) {
+        if let Some(e) = self.conns[h.0].as_mut() {
+            e.conn.handle_datagram(now, remote, local_ip, ecn, data);
+        }
+        self.after_conn_op(h, now);
+    }
+
+    fn accept_initial(
+        &mut self,
+        now: Instant,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        ecn: Option<EcnCodepoint>,
+        data: BytesMut,
+        version: Version,
+    ) {
+        let server = self.server.clone().expect("checked by caller");
+        // RFC 9000 §14.1: Initial datagrams are at least 1200 bytes.
+        if data.len() < 1200 {
+            self.stats.dropped += 1;
+            return;
+        }
+        let Ok((pd, _)) = packet::PartialDecode::new(data.clone(), self.cid_gen.cid_len()) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        let dcid = pd.dst_cid();
+        let Some(scid) = pd.src_cid() else { return };
+        // RFC 9000 §7.2: the client's first DCID is at least 8 bytes.
+        if dcid.len() < 8 {
+            self.stats.dropped += 1;
+            return;
+        }
+        if !server.versions.contains(&version) {
+            let info = long_header_ids(&data).expect("parsed above");
+            self.send_version_negotiation(remote, local_ip, &info, data.len());
+            return;
+        }
+        let unix_ms = self.unix_ms(now);
+        let mut original_dcid = dcid;
+        let mut retry_scid = None;
+        let mut validated = false;
+        if !pd.token().is_empty() {
+            match token::validate(
+                &server.token_key,
+                pd.token(),
+                remote,
+                unix_ms,
+                server.retry_token_lifetime,
+                server.new_token_lifetime,
+            ) {
+                Ok(ValidToken::Retry { odcid }) => {
+                    original_dcid = odcid;
+                    retry_scid = Some(dcid);
+                    validated = true;
+                }
+                Ok(ValidToken::NewToken) => validated = true,
+                Err(TokenError::Stale) => {
+                    // RFC 9000 §8.1.3: a Retry token that does not check out. NEW_TOKEN tokens
+                    // that are stale are simply ignored, but we cannot tell them apart here
+                    // without decrypting; stale ones of either kind lead to a Retry below.
+                    self.stats.invalid_tokens += 1;
+                }
+                Err(TokenError::Invalid) => {
+                    self.stats.invalid_tokens += 1;
+                }
+            }
+        }
+        let busy = self.connection_count() >= server.max_connections;
+        if busy {
+            self.refuse(remote, local_ip, version, &dcid, &scid, TransportErrorCode::CONNECTION_REFUSED);
+            return;
+        }
+        let want_retry = match server.retry {
+            RetryPolicy::Never => false,
+            RetryPolicy::Always => true,
+            RetryPolicy::AboveHandshakes(n) => self.handshakes >= n,
+        };
+        if !validated && (want_retry || self.handshakes >= server.max_handshakes) {
+            if want_retry || matches!(server.retry, RetryPolicy::AboveHandshakes(_)) {
+                self.send_retry(remote, local_ip, version, &dcid, &scid, unix_ms);
+            } else {
+                self.refuse(remote, local_ip, version, &dcid, &scid, TransportErrorCode::CONNECTION_REFUSED);
+            }
+            return;
+        }
+        if validated && self.handshakes >= server.max_handshakes.saturating_mul(2) {
+            self.refuse(remote, local_ip, version, &dcid, &scid, TransportErrorCode::CONNECTION_REFUSED);
+            return;
+        }
+        let local_cid = self.new_cid();
+        let reset_token = token::reset_token(&self.config.reset_key, &local_cid);
+        let seed = self.rng.random();
+        let conn = Connection::new_server(
+            ServerConnectionParams {
+                config: server,
+                version,
+                original_dcid,
+                initial_dcid: dcid,
+                client_cid: scid,
+                local_cid,
+                reset_token,
+                retry_scid,
+                remote,
+                local_ip,
+                address_validated: validated,
+                reset_key: self.config.reset_key,
+                unix_ms,
+                seed,
+            },
+            now,
+        );
+        let h = self.insert(Entry {
+            conn,
+            handshaking: true,
+            initial_key: Some((remote, dcid)),
+        });
+        self.handshakes += 1;
+        self.stats.accepted += 1;
+        self.by_cid.insert(local_cid, h);
+        self.by_initial.insert((remote, dcid), h);
+        // The preferred-address CID routes here too.
+        let extra: Vec<ConnectionId> = self.conns[h.0]
+            .as_ref()
+            .map(|e| e.conn.local_cids().filter(|c| *c != local_cid).collect())
+            .unwrap_or_default();
+        for c in extra {
+            self.by_cid.insert(c, h);
+        }
+        self.incoming.push_back(h);
+        self.deliver(h, now, remote, local_ip, ecn, data);
+    }
+
+    fn send_retry(
+        &mut self,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        version: Version,
+        dcid: &ConnectionId,
+        scid: &ConnectionId,
+        unix_ms: u64,
+    ) {
+        let server = self.server.as_ref().expect("server");
+        let new_scid = self.cid_gen.generate();
+        let tok = token::retry_token(&server.token_key, remote, dcid, unix_ms);
+        let pkt = packet::build_retry(version, scid, &new_scid, dcid, &tok);
+        self.stats.retries_sent += 1;
+        self.responses.push_back((remote, local_ip, pkt));
+    }
+
+    /// Closes a connection attempt statelessly with CONNECTION_CLOSE in an Initial packet.
+    fn refuse(
+        &mut self,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        version: Version,
+        dcid: &ConnectionId,
+        scid: &ConnectionId,
+        code: TransportErrorCode,
+    ) {
+        self.stats.refused += 1;
+        let keys = crate::crypto::initial_keys(version, dcid, Side::Server);
+        let local = self.cid_gen.generate();
+        let mut buf = Vec::with_capacity(128);
+        let pos = packet::write_long_header(&mut buf, version, LongType::Initial, scid, &local, &[], 0, 1);
+        Frame::Close(Close { error_code: code.0, frame_type: Some(0), reason: Bytes::from_static(b"server busy") })
+            .encode(&mut buf);
+        if packet::seal_packet(&mut buf, &pos, 0, keys.local.header.as_ref(), keys.local.packet.as_ref())
+            .is_ok()
+        {
+            self.responses.push_back((remote, local_ip, buf));
+        }
+    }
+
+    fn send_version_negotiation(
+        &mut self,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        info: &LongIds,
+        datagram_len: usize,
+    ) {
+        // RFC 9000 §6.1 / §14.1: only for datagrams big enough to be a client's Initial, and
+        // never in answer to a Version Negotiation packet.
+        if self.server.is_none() || datagram_len < 1200 || info.version == 0 {
+            self.stats.dropped += 1;
+            return;
+        }
+        let versions: Vec<u32> = self
+            .server
+            .as_ref()
+            .map(|s| s.versions.iter().map(|v| v.wire()).collect())
+            .unwrap_or_default();
+        let pkt = packet::build_version_negotiation(&info.scid, &info.dcid_bytes, &versions);
+        self.stats.version_negotiations_sent += 1;
+        self.responses.push_back((remote, local_ip, pkt));
+    }
+
+    fn maybe_stateless_reset(
+        &mut self,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        dcid: &ConnectionId,
+        received: usize,
+    ) {
+        // RFC 9000 §10.3: smaller than the packet that triggered it (so two endpoints cannot
+        // loop), yet indistinguishable from a short-header packet (at least 21 bytes... we use
+        // a few more).
+        if !self.config.stateless_reset || received <= 42 || dcid.is_empty() {
+            self.stats.dropped += 1;
+            return;
+        }
+        let token = token::reset_token(&self.config.reset_key, dcid);
+        let len = (received - 1).min(43 + self.rng.random_range(0..16));
+        let pkt = packet::build_stateless_reset(&token, len);
+        self.stats.stateless_resets_sent += 1;
+        self.responses.push_back((remote, local_ip, pkt));
+    }
+
+    /// After any operation on a connection: route its endpoint events, collect its events,
+    /// reschedule its timer and queue it for sending.
+    fn after_conn_op(&mut self, h: ConnectionHandle, now: Instant) {
+        let Some(entry) = self.conns[h.0].as_mut() else { return };
+        let mut drained = false;
+        let mut need = 0;
+        let mut retire = Vec::new();
+        while let Some(ev) = entry.conn.poll_endpoint_event() {
+            match ev {
+                EndpointEvent::NeedCids(n) => need += n,
+                EndpointEvent::RetireCid(cid) => retire.push(cid),
+                EndpointEvent::Drained => drained = true,
+            }
+        }
+        while let Some(ev) = entry.conn.poll_event() {
+            self.events.push_back((h, ev));
+        }
+        if entry.handshaking && (entry.conn.is_established() || entry.conn.is_closed()) {
+            entry.handshaking = false;
+            self.handshakes -= 1;
+            // The client's initial DCID is no longer needed for routing once it has ours.
+            if let Some(k) = entry.initial_key.take() {
+                self.by_initial.remove(&k);
+            }
+        }
+        for cid in retire {
+            self.by_cid.remove(&cid);
+        }
+        if need > 0 && self.cid_gen.cid_len() > 0 {
+            let mut new = Vec::with_capacity(need);
+            for _ in 0..need.min(8) {
+                let cid = self.new_cid();
+                let token = token::reset_token(&self.config.reset_key, &cid);
+                self.by_cid.insert(cid, h);
+                new.push((cid, token));
+            }
+            if let Some(e) = self.conns[h.0].as_mut() {
+                e.conn.issue_cids(new);
+            }
+        }
+        if drained {
+            self.remove(h);
+            return;
+        }
+        if let Some(t) = self.conns[h.0].as_ref().and_then(|e| e.conn.poll_timeout()) {
+            self.timers.push(Reverse((t, h)));
+        }
+        self.mark_ready(h);
+        let _ = now;
+    }
+
+    fn remove(&mut self, h: ConnectionHandle) {
+        let Some(entry) = self.conns[h.0].take() else { return };
+        if entry.handshaking {
+            self.handshakes -= 1;
+        }
+        if let Some(k) = entry.initial_key {
+            self.by_initial.remove(&k);
+        }
+        self.by_cid.retain(|_, v| *v != h);
+        self.free.push(h.0);
+    }
+
+    /// Writes the next datagram(s) to send into `buf`.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        max_datagrams: usize,
+        buf: &mut Vec<u8>,
+    ) -> Option<Transmit> {
+        if let Some((dst, src_ip, pkt)) = self.responses.pop_front() {
+            buf.clear();
+            buf.extend_from_slice(&pkt);
+            return Some(Transmit {
+                destination: dst,
+                ecn: None,
+                size: pkt.len(),
+                segment_size: None,
+                src_ip,
+            });
+        }
+        while let Some(h) = self.ready.pop_front() {
+            self.in_ready[h.0] = false;
+            let Some(e) = self.conns[h.0].as_mut() else { continue };
+            if let Some(t) = e.conn.poll_transmit(now, max_datagrams, buf) {
+                // It may have more: keep it in the rotation.
+                self.after_conn_op(h, now);
+                return Some(t);
+            }
+            // Nothing to send: its timer (pacing, ACK delay, ...) will bring it back.
+            let deadline = e.conn.poll_timeout();
+            if let Some(t) = deadline {
+                self.timers.push(Reverse((t, h)));
+            }
+            self.flush_events(h);
+        }
+        None
+    }
+
+    fn flush_events(&mut self, h: ConnectionHandle) {
+        let Some(e) = self.conns[h.0].as_mut() else { return };
+        let mut drained = false;
+        while let Some(ev) = e.conn.poll_endpoint_event() {
+            if ev == EndpointEvent::Drained {
+                drained = true;
+            }
+        }
+        while let Some(ev) = e.conn.poll_event() {
+            self.events.push_back((h, ev));
+        }
+        if drained {
+            self.remove(h);
+        }
+    }
+
+    /// The earliest time [`handle_timeout`](Self::handle_timeout) should run.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(Reverse((t, h))) = self.timers.peek().copied() {
+            let current = self.conns[h.0].as_ref().and_then(|e| e.conn.poll_timeout());
+            if current == Some(t) {
+                return Some(t);
+            }
+            // Stale entry: the connection's deadline moved (a fresh entry exists) or it left.
+            self.timers.pop();
+            if let Some(c) = current
+                && c < t
+            {
+                self.timers.push(Reverse((c, h)));
+            }
+        }
+        None
+    }
+
+    /// Runs the timers that expired.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        // Each connection runs its timers at most once per call, so a deadline a connection
+        // leaves in the past cannot spin this loop.
+        let mut done: Vec<ConnectionHandle> = Vec::new();
+        while let Some(Reverse((t, h))) = self.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if done.contains(&h) {
+                continue;
+            }
+            let Some(e) = self.conns[h.0].as_mut() else { continue };
+            match e.conn.poll_timeout() {
+                Some(d) if d <= now => {
+                    e.conn.handle_timeout(now);
+                    done.push(h);
+                    self.after_conn_op(h, now);
+                }
+                Some(d) => self.timers.push(Reverse((d, h))),
+                None => {}
+            }
+        }
+    }
+}
+
+/// The invariant fields of a long header (RFC 8999 §5.1).
+struct LongIds {
+    version: u32,
+    dcid_range: std::ops::Range<usize>,
+    dcid_bytes: Vec<u8>,
+    scid: Vec<u8>,
+}
+
+impl LongIds {
+    fn dcid<'a>(&self, data: &'a [u8]) -> &'a [u8] {
+        &data[self.dcid_range.clone()]
+    }
+}
+
+fn long_header_ids(data: &[u8]) -> Option<LongIds> {
+    let version = u32::from_be_bytes(data.get(1..5)?.try_into().ok()?);
+    let dlen = usize::from(*data.get(5)?);
+    let dcid_range = 6..6 + dlen;
+    let dcid_bytes = data.get(dcid_range.clone())?.to_vec();
+    let slen = usize::from(*data.get(6 + dlen)?);
+    let scid = data.get(7 + dlen..7 + dlen + slen)?.to_vec();
+    // CIDs above 20 bytes are only legal in versions we do not know.
+    if Version::from_wire(version).is_some() && (dlen > MAX_CID_SIZE || slen > MAX_CID_SIZE) {
+        return None;
+    }
+    if is_grease_version(version) {
+        // Greased versions get Version Negotiation like any unknown version.
+    }
+    Some(LongIds { version, dcid_range, dcid_bytes, scid })
+}

@@ -1,0 +1,224 @@
+//! Packet header parsing and packet protection removal (`kuai_proto::packet`).
+//!
+//! Input layout: byte 0 chooses the local connection ID length (`byte % 21`, the DCID length of
+//! short header packets) and the largest packet number already received (`byte / 21`, fed to
+//! the packet number recovery); the rest is one UDP datagram.
+//!
+//! Every coalesced packet is split off with [`PartialDecode::new`] and all its accessors are
+//! called. Protected packets of QUIC v1/v2 then go through `unprotect` + `decrypt` with the Initial
+//! keys derived from the packet's own DCID, once with each side's receive keys; Retry packets get
+//! their integrity tag checked; a successfully decrypted payload is walked with [`FrameIter`].
+//! Nothing may panic, and the split must account for every byte of the datagram.
+
+#![no_main]
+
+use bytes::BytesMut;
+use kuai_proto::frame::FrameIter;
+use kuai_proto::packet::{
+    LongType, PacketDecodeError, PacketType, PartialDecode, initial_keys, reset_token_of,
+    retry_integrity_ok,
+};
+use kuai_proto::{ConnectionId, Side, Version};
+use libfuzzer_sys::fuzz_target;
+
+/// Values for the largest packet number received so far, picked by `input[0] / 21` (0..=12).
+const LARGEST_PN: [Option<u64>; 13] = [
+    None,
+    Some(0),
+    Some(1),
+    Some(0x7f),
+    Some(0xff),
+    Some(0x1_0000),
+    Some(0xa82f_30ea),
+    Some(0xffff_fffe),
+    Some(1 << 32),
+    Some(1 << 40),
+    Some((1 << 62) - 0x1_0000),
+    Some((1 << 62) - 2),
+    Some((1 << 62) - 1),
+];
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&sel, datagram)) = data.split_first() else {
+        return;
+    };
+    let local_cid_len = usize::from(sel % 21);
+    let largest_pn = LARGEST_PN[usize::from(sel / 21)];
+
+    let _ = reset_token_of(datagram);
+
+    let mut rest = Some(BytesMut::from(datagram));
+    let mut accounted = 0usize;
+    // Every packet consumes at least one byte, so this terminates.
+    while let Some(buf) = rest.take() {
+        let before = buf.len();
+        let (pd, next) = match PartialDecode::new(buf, local_cid_len) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = format!("{e:?} {e}");
+                break;
+            }
+        };
+        // The packet and the remainder partition what went in.
+        let next_len = next.as_ref().map_or(0, |b| b.len());
+        assert_eq!(pd.len() + next_len, before, "bytes lost splitting {pd:?}");
+        assert!(!pd.is_empty());
+        if let Some(n) = &next {
+            assert!(!n.is_empty(), "empty remainder returned");
+        }
+        accounted += pd.len();
+        check_packet(pd, local_cid_len, largest_pn);
+        rest = next;
+    }
+    assert!(accounted <= datagram.len());
+});
+
+fn check_packet(pd: PartialDecode, local_cid_len: usize, largest_pn: Option<u64>) {
+    let ty = pd.ty();
+    let version = pd.version();
+    let dst_cid = pd.dst_cid();
+    let dst_cid_bytes = pd.dst_cid_bytes().to_vec();
+    let src_cid = pd.src_cid();
+    let src_cid_bytes = pd.src_cid_bytes().map(<[u8]>::to_vec);
+    let token = pd.token().to_vec();
+    let versions: Vec<u32> = pd.supported_versions().collect();
+    let space = pd.space();
+    let _ = (pd.is_long(), pd.is_initial(), pd.fixed_bit(), pd.len());
+    let _ = format!("{pd:?}");
+    let raw = pd.data().to_vec();
+
+    // Accessor consistency.
+    assert_eq!(pd.is_long(), ty.is_long());
+    assert_eq!(space, ty.space());
+    assert_eq!(pd.is_long(), raw[0] & 0x80 != 0);
+    match ty {
+        PacketType::Short => {
+            assert_eq!(version, None);
+            assert_eq!(src_cid, None);
+            assert_eq!(dst_cid_bytes.len(), local_cid_len);
+        }
+        PacketType::VersionNegotiation => assert_eq!(version, Some(0)),
+        _ => assert!(version.is_some_and(|v| v != 0)),
+    }
+    if dst_cid_bytes.len() <= 20 {
+        assert_eq!(&dst_cid[..], &dst_cid_bytes[..]);
+    } else {
+        assert!(dst_cid.is_empty());
+    }
+    assert_eq!(src_cid.is_some(), src_cid_bytes.is_some());
+    if ty != PacketType::VersionNegotiation {
+        assert!(versions.is_empty());
+    }
+    if !matches!(ty, PacketType::Long(LongType::Initial | LongType::Retry)) {
+        assert!(token.is_empty(), "{ty:?} with a token");
+    }
+
+    // Re-parsing the packet's own bytes finds the same packet and nothing after it.
+    let (again, tail) = PartialDecode::new(BytesMut::from(&raw[..]), local_cid_len)
+        .unwrap_or_else(|e| panic!("packet bytes of {pd:?} no longer parse: {e:?}"));
+    assert!(tail.is_none(), "re-parsed packet has a remainder");
+    assert_eq!(again.ty(), ty);
+    assert_eq!(again.dst_cid_bytes(), &dst_cid_bytes[..]);
+    assert_eq!(again.len(), raw.len());
+
+    let wire_version = version.and_then(Version::from_wire);
+
+    if let (PacketType::Long(LongType::Retry), Some(v)) = (ty, wire_version) {
+        // Check the tag against the packet's own DCID and against an empty one.
+        let _ = retry_integrity_ok(v, &dst_cid, &raw);
+        let _ = retry_integrity_ok(v, &ConnectionId::EMPTY, &raw);
+    }
+
+    // Header protection and decryption with Initial keys from the packet's DCID, both sides.
+    // Short header packets use v1 keys so that their unprotect path is exercised too.
+    let keys_version = match ty {
+        PacketType::Long(LongType::Initial | LongType::ZeroRtt | LongType::Handshake) => {
+            wire_version
+        }
+        PacketType::Short => Some(Version::V1),
+        _ => None,
+    };
+    let Some(keys_version) = keys_version else {
+        // Unsupported versions, Version Negotiation and Retry carry no protection.
+        match pd.unprotect(
+            &*initial_keys(Version::V1, &dst_cid, Side::Server)
+                .remote
+                .header,
+            None,
+        ) {
+            Err(PacketDecodeError::UnsupportedVersion {
+                version: v,
+                dst_cid: d,
+                src_cid: s,
+            }) => {
+                assert_eq!(ty, PacketType::UnsupportedVersion);
+                assert_eq!(Some(v), version);
+                assert_eq!(&d[..], &dst_cid_bytes[..]);
+                assert_eq!(Some(&s[..]), src_cid_bytes.as_deref());
+            }
+            Err(PacketDecodeError::NotProtected(t)) => assert_eq!(t, ty),
+            Err(e) => panic!("unexpected error for {ty:?}: {e:?}"),
+            Ok(up) => panic!("{ty:?} packet was unprotected: {up:?}"),
+        }
+        return;
+    };
+
+    for side in [Side::Server, Side::Client] {
+        let keys = initial_keys(keys_version, &dst_cid, side);
+        let (pd, _) =
+            PartialDecode::new(BytesMut::from(&raw[..]), local_cid_len).expect("parsed above");
+        let up = match pd.unprotect(&*keys.remote.header, largest_pn) {
+            Ok(up) => up,
+            Err(e) => {
+                let _ = format!("{e}");
+                continue;
+            }
+        };
+        let _ = format!("{up:?}");
+        let header = *up.header();
+        assert_eq!(up.ty(), ty);
+        assert_eq!(up.version(), version);
+        assert_eq!(up.dst_cid(), dst_cid);
+        assert_eq!(up.src_cid(), src_cid);
+        assert_eq!(up.token(), &token[..]);
+        assert_eq!(up.len(), raw.len());
+        assert!((1..=4).contains(&header.pn_len));
+        assert!(up.header_len() <= up.len());
+        assert_eq!(up.header_bytes().len(), up.header_len());
+        assert_eq!(up.space(), space);
+        assert_eq!(up.is_long(), ty.is_long());
+        if !ty.is_long() {
+            assert_eq!(up.reset_token().as_ref(), reset_token_of(&raw));
+        } else {
+            assert!(up.reset_token().is_none());
+            assert!(!up.key_phase() && !up.spin());
+        }
+        // The recovered packet number ends in the truncated bits.
+        let truncated = up.header_bytes()[up.header_len() - header.pn_len..]
+            .iter()
+            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
+        let mask = (1u64 << (8 * header.pn_len)) - 1;
+        assert_eq!(
+            up.pn() & mask,
+            truncated,
+            "pn {} from {truncated:#x}",
+            up.pn()
+        );
+        let _ = (up.reserved_bits_nonzero(), up.pn());
+
+        match up.decrypt(&*keys.remote.packet) {
+            Ok(dp) => {
+                assert_eq!(dp.header, header);
+                assert_eq!(&dp.token[..], &token[..]);
+                assert!(dp.payload.len() + header.header_len <= raw.len());
+                let _ = format!("{dp:?}");
+                for frame in FrameIter::new(dp.payload.clone()) {
+                    if frame.is_err() {
+                        break;
+                    }
+                }
+            }
+            Err(e) => assert_eq!(e, PacketDecodeError::DecryptionFailed),
+        }
+    }
+}
