@@ -2,8 +2,8 @@
 //! connections from valid Initials, and answers what no connection owns with Version
 //! Negotiation, Retry, CONNECTION_CLOSE or a stateless reset. Sans-IO like the rest.
 
-use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
@@ -130,7 +130,11 @@ impl Endpoint {
 
     /// Handles of all live connections.
     pub fn handles(&self) -> impl Iterator<Item = ConnectionHandle> + '_ {
-        self.conns.iter().enumerate().filter(|(_, e)| e.is_some()).map(|(i, _)| ConnectionHandle(i))
+        self.conns
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.is_some())
+            .map(|(i, _)| ConnectionHandle(i))
     }
 
     fn unix_ms(&self, now: Instant) -> u64 {
@@ -191,7 +195,11 @@ impl Endpoint {
         let cid = self.new_cid();
         let seed = self.rng.random();
         let conn = Connection::new_client(config, server_name, remote, cid, token, now, seed)?;
-        let h = self.insert(Entry { conn, handshaking: false, initial_key: None });
+        let h = self.insert(Entry {
+            conn,
+            handshaking: false,
+            initial_key: None,
+        });
         if !cid.is_empty() {
             self.by_cid.insert(cid, h);
         }
@@ -218,11 +226,15 @@ impl Endpoint {
         ecn: Option<EcnCodepoint>,
         data: BytesMut,
     ) {
-        let Some(first) = data.first().copied() else { return };
+        let Some(first) = data.first().copied() else {
+            return;
+        };
         let cid_len = self.cid_gen.cid_len();
         if first & 0x80 == 0 {
             // Short header: the DCID has our fixed length.
-            let Some(dcid) = data.get(1..1 + cid_len).and_then(ConnectionId::try_from_slice)
+            let Some(dcid) = data
+                .get(1..1 + cid_len)
+                .and_then(ConnectionId::try_from_slice)
             else {
                 self.stats.dropped += 1;
                 return;
@@ -245,7 +257,10 @@ impl Endpoint {
             return;
         }
         if let Some(dcid) = ConnectionId::try_from_slice(info.dcid(&data))
-            && let Some(&h) = self.by_cid.get(&dcid).or_else(|| self.by_initial.get(&(remote, dcid)))
+            && let Some(&h) = self
+                .by_cid
+                .get(&dcid)
+                .or_else(|| self.by_initial.get(&(remote, dcid)))
         {
             self.deliver(h, now, remote, local_ip, ecn, data);
             return;
@@ -341,7 +356,14 @@ impl Endpoint {
         }
         let busy = self.connection_count() >= server.max_connections;
         if busy {
-            self.refuse(remote, local_ip, version, &dcid, &scid, TransportErrorCode::CONNECTION_REFUSED);
+            self.refuse(
+                remote,
+                local_ip,
+                version,
+                &dcid,
+                &scid,
+                TransportErrorCode::CONNECTION_REFUSED,
+            );
             return;
         }
         let want_retry = match server.retry {
@@ -353,12 +375,26 @@ impl Endpoint {
             if want_retry || matches!(server.retry, RetryPolicy::AboveHandshakes(_)) {
                 self.send_retry(remote, local_ip, version, &dcid, &scid, unix_ms);
             } else {
-                self.refuse(remote, local_ip, version, &dcid, &scid, TransportErrorCode::CONNECTION_REFUSED);
+                self.refuse(
+                    remote,
+                    local_ip,
+                    version,
+                    &dcid,
+                    &scid,
+                    TransportErrorCode::CONNECTION_REFUSED,
+                );
             }
             return;
         }
         if validated && self.handshakes >= server.max_handshakes.saturating_mul(2) {
-            self.refuse(remote, local_ip, version, &dcid, &scid, TransportErrorCode::CONNECTION_REFUSED);
+            self.refuse(
+                remote,
+                local_ip,
+                version,
+                &dcid,
+                &scid,
+                TransportErrorCode::CONNECTION_REFUSED,
+            );
             return;
         }
         let local_cid = self.new_cid();
@@ -435,11 +471,30 @@ impl Endpoint {
         let keys = crate::crypto::initial_keys(version, dcid, Side::Server);
         let local = self.cid_gen.generate();
         let mut buf = Vec::with_capacity(128);
-        let pos = packet::write_long_header(&mut buf, version, LongType::Initial, scid, &local, &[], 0, 1);
-        Frame::Close(Close { error_code: code.0, frame_type: Some(0), reason: Bytes::from_static(b"server busy") })
-            .encode(&mut buf);
-        if packet::seal_packet(&mut buf, &pos, 0, keys.local.header.as_ref(), keys.local.packet.as_ref())
-            .is_ok()
+        let pos = packet::write_long_header(
+            &mut buf,
+            version,
+            LongType::Initial,
+            scid,
+            &local,
+            &[],
+            0,
+            1,
+        );
+        Frame::Close(Close {
+            error_code: code.0,
+            frame_type: Some(0),
+            reason: Bytes::from_static(b"server busy"),
+        })
+        .encode(&mut buf);
+        if packet::seal_packet(
+            &mut buf,
+            &pos,
+            0,
+            keys.local.header.as_ref(),
+            keys.local.packet.as_ref(),
+        )
+        .is_ok()
         {
             self.responses.push_back((remote, local_ip, buf));
         }
@@ -492,7 +547,9 @@ impl Endpoint {
     /// After any operation on a connection: route its endpoint events, collect its events,
     /// reschedule its timer and queue it for sending.
     fn after_conn_op(&mut self, h: ConnectionHandle, now: Instant) {
-        let Some(entry) = self.conns[h.0].as_mut() else { return };
+        let Some(entry) = self.conns[h.0].as_mut() else {
+            return;
+        };
         let mut drained = false;
         let mut need = 0;
         let mut retire = Vec::new();
@@ -541,7 +598,9 @@ impl Endpoint {
     }
 
     fn remove(&mut self, h: ConnectionHandle) {
-        let Some(entry) = self.conns[h.0].take() else { return };
+        let Some(entry) = self.conns[h.0].take() else {
+            return;
+        };
         if entry.handshaking {
             self.handshakes -= 1;
         }
@@ -572,7 +631,9 @@ impl Endpoint {
         }
         while let Some(h) = self.ready.pop_front() {
             self.in_ready[h.0] = false;
-            let Some(e) = self.conns[h.0].as_mut() else { continue };
+            let Some(e) = self.conns[h.0].as_mut() else {
+                continue;
+            };
             if let Some(t) = e.conn.poll_transmit(now, max_datagrams, buf) {
                 // It may have more: keep it in the rotation.
                 self.after_conn_op(h, now);
@@ -589,7 +650,9 @@ impl Endpoint {
     }
 
     fn flush_events(&mut self, h: ConnectionHandle) {
-        let Some(e) = self.conns[h.0].as_mut() else { return };
+        let Some(e) = self.conns[h.0].as_mut() else {
+            return;
+        };
         let mut drained = false;
         while let Some(ev) = e.conn.poll_endpoint_event() {
             if ev == EndpointEvent::Drained {
@@ -635,7 +698,9 @@ impl Endpoint {
             if done.contains(&h) {
                 continue;
             }
-            let Some(e) = self.conns[h.0].as_mut() else { continue };
+            let Some(e) = self.conns[h.0].as_mut() else {
+                continue;
+            };
             match e.conn.poll_timeout() {
                 Some(d) if d <= now => {
                     e.conn.handle_timeout(now);
@@ -677,5 +742,10 @@ fn long_header_ids(data: &[u8]) -> Option<LongIds> {
     if is_grease_version(version) {
         // Greased versions get Version Negotiation like any unknown version.
     }
-    Some(LongIds { version, dcid_range, dcid_bytes, scid })
+    Some(LongIds {
+        version,
+        dcid_range,
+        dcid_bytes,
+        scid,
+    })
 }

@@ -25,10 +25,10 @@ pub mod types;
 pub mod varint;
 
 pub use cid::{ConnectionId, ConnectionIdGenerator, RandomCidGenerator};
-pub use error::{TransportError, TransportErrorCode};
-pub use types::{Dir, Side, SpaceId, StreamId, Version};
-pub use varint::VarInt;
 pub use config::{ClientConfig, EndpointConfig, ServerConfig, TransportConfig};
 pub use connection::{Connection, ConnectionError, Event, Transmit};
 pub use endpoint::{ConnectionHandle, Endpoint};
+pub use error::{TransportError, TransportErrorCode};
 pub use stream::{Priority, StreamEvent};
+pub use types::{Dir, Side, SpaceId, StreamId, Version};
+pub use varint::VarInt;

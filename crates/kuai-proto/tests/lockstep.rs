@@ -15,7 +15,9 @@ fn pump(now: Instant, from: &mut Endpoint, from_addr: SocketAddr, to: &mut Endpo
     let mut n = 0;
     while let Some(t) = from.poll_transmit(now, 1, &mut buf) {
         assert!(n < 1000, "endless transmit");
-        if n < 20 { eprintln!("tx {} bytes first={:02x}", t.size, buf[0]); }
+        if n < 20 {
+            eprintln!("tx {} bytes first={:02x}", t.size, buf[0]);
+        }
         to.handle_datagram(now, from_addr, None, t.ecn, BytesMut::from(&buf[..t.size]));
         n += 1;
     }

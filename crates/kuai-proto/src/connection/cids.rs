@@ -30,7 +30,14 @@ impl LocalCids {
     pub fn add(&mut self, cid: ConnectionId, reset_token: [u8; 16], announce: bool) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.issued.insert(seq, LocalCid { cid, reset_token, announce });
+        self.issued.insert(
+            seq,
+            LocalCid {
+                cid,
+                reset_token,
+                announce,
+            },
+        );
         seq
     }
 
@@ -42,8 +49,9 @@ impl LocalCids {
     ) -> Result<Option<ConnectionId>, TransportError> {
         let ft = FrameType::RETIRE_CONNECTION_ID;
         if seq >= self.next_seq {
-            return Err(TransportError::PROTOCOL_VIOLATION("retiring a CID never issued")
-                .with_frame(ft));
+            return Err(
+                TransportError::PROTOCOL_VIOLATION("retiring a CID never issued").with_frame(ft),
+            );
         }
         match self.issued.get(&seq) {
             Some(c) if c.cid == *packet_dcid => Err(TransportError::PROTOCOL_VIOLATION(
@@ -88,7 +96,13 @@ pub struct RemoteCids {
 impl RemoteCids {
     pub fn new(initial: ConnectionId, limit: u64) -> Self {
         let mut cids = BTreeMap::new();
-        cids.insert(0, RemoteCid { cid: initial, reset_token: None });
+        cids.insert(
+            0,
+            RemoteCid {
+                cid: initial,
+                reset_token: None,
+            },
+        );
         Self {
             cids,
             active_seq: 0,
@@ -134,10 +148,20 @@ impl RemoteCids {
             return Ok(());
         }
         self.highest_seen = Some(self.highest_seen.map_or(f.seq, |h| h.max(f.seq)));
-        self.cids.insert(f.seq, RemoteCid { cid: f.cid, reset_token: Some(f.reset_token) });
+        self.cids.insert(
+            f.seq,
+            RemoteCid {
+                cid: f.cid,
+                reset_token: Some(f.reset_token),
+            },
+        );
         if f.retire_prior_to > self.retire_prior_to {
             self.retire_prior_to = f.retire_prior_to;
-            let old: Vec<u64> = self.cids.range(..f.retire_prior_to).map(|(&s, _)| s).collect();
+            let old: Vec<u64> = self
+                .cids
+                .range(..f.retire_prior_to)
+                .map(|(&s, _)| s)
+                .collect();
             for s in old {
                 self.cids.remove(&s);
                 self.to_retire.push(s);
@@ -171,7 +195,9 @@ impl RemoteCids {
 
     /// Whether `token` is the stateless reset token of one of the peer's IDs.
     pub fn is_reset_token(&self, token: &[u8; 16]) -> bool {
-        self.cids.values().any(|c| c.reset_token.is_some_and(|t| constant_time_eq(&t, token)))
+        self.cids
+            .values()
+            .any(|c| c.reset_token.is_some_and(|t| constant_time_eq(&t, token)))
     }
 
     pub fn spare(&self) -> usize {

@@ -8,8 +8,8 @@
 
 mod cids;
 mod paths;
-mod recv;
 mod recovery;
+mod recv;
 mod send;
 mod spaces;
 
@@ -106,10 +106,15 @@ pub enum Event {
     /// Client: the server issued a token for future connections (NEW_TOKEN).
     NewToken(Bytes),
     /// The connection moved to a new path (peer migration or NAT rebinding).
-    PathMigrated { from: SocketAddr, to: SocketAddr },
+    PathMigrated {
+        from: SocketAddr,
+        to: SocketAddr,
+    },
     PathValidated(SocketAddr),
     PathValidationFailed(SocketAddr),
-    KeyUpdated { generation: u64 },
+    KeyUpdated {
+        generation: u64,
+    },
     /// The connection is closed; it finishes draining on its own.
     ConnectionLost(ConnectionError),
 }
@@ -382,8 +387,8 @@ impl Connection {
         });
         let mut tp_bytes = Vec::new();
         tp.encode_with_rng(&mut tp_bytes, &mut rng);
-        let tls = Tls::client(cfg.tls.clone(), cfg.version, name, tp_bytes)
-            .map_err(ConnectError::Tls)?;
+        let tls =
+            Tls::client(cfg.tls.clone(), cfg.version, name, tp_bytes).map_err(ConnectError::Tls)?;
         let path = Path::new(
             PathId(0),
             remote,
@@ -417,7 +422,9 @@ impl Connection {
             Some(crypto::initial_keys(cfg.version, &dcid, Side::Client));
         conn.drive_tls(now)?;
         conn.start_0rtt();
-        conn.trace(TraceEvent::ConnectionStateUpdated { new: "handshake_started" });
+        conn.trace(TraceEvent::ConnectionStateUpdated {
+            new: "handshake_started",
+        });
         Ok(conn)
     }
 
@@ -455,7 +462,11 @@ impl Connection {
             now,
             rng,
         );
-        conn.local_cids.issued.get_mut(&0).expect("first CID").reset_token = p.reset_token;
+        conn.local_cids
+            .issued
+            .get_mut(&0)
+            .expect("first CID")
+            .reset_token = p.reset_token;
         conn.versions = p.config.versions.clone();
         conn.unix_ms_at_start = p.unix_ms;
         conn.reset_key = p.reset_key;
@@ -464,13 +475,22 @@ impl Connection {
             let cid = ConnectionId::random(&mut conn.rng, p.local_cid.len().max(8));
             let token = crate::token::reset_token(&p.reset_key, &cid);
             conn.local_cids.add(cid, token, false);
-            conn.local_params.preferred_address =
-                Some(PreferredAddress { v4: pa.v4, v6: pa.v6, cid, reset_token: token });
+            conn.local_params.preferred_address = Some(PreferredAddress {
+                v4: pa.v4,
+                v6: pa.v6,
+                cid,
+                reset_token: token,
+            });
         }
         conn.server_config = Some(p.config);
-        conn.spaces[SpaceId::Initial.index()].keys =
-            Some(crypto::initial_keys(p.version, &p.initial_dcid, Side::Server));
-        conn.trace(TraceEvent::ConnectionStateUpdated { new: "handshake_started" });
+        conn.spaces[SpaceId::Initial.index()].keys = Some(crypto::initial_keys(
+            p.version,
+            &p.initial_dcid,
+            Side::Server,
+        ));
+        conn.trace(TraceEvent::ConnectionStateUpdated {
+            new: "handshake_started",
+        });
         conn
     }
 
@@ -550,7 +570,10 @@ impl Connection {
             ack_frequency_seq: 0,
             ack_frequency_pending: None,
             undecryptable: Vec::new(),
-            stats: ConnectionStats { version: Some(version), ..Default::default() },
+            stats: ConnectionStats {
+                version: Some(version),
+                ..Default::default()
+            },
             tracer: None,
             rng,
             started: now,
@@ -590,7 +613,10 @@ impl Connection {
 
     /// Whether the connection is closing, draining or gone.
     pub fn is_closed(&self) -> bool {
-        matches!(self.state, State::Closing | State::Draining | State::Drained)
+        matches!(
+            self.state,
+            State::Closing | State::Draining | State::Drained
+        )
     }
 
     pub fn is_drained(&self) -> bool {
@@ -744,9 +770,8 @@ impl Connection {
     pub fn max_datagram_size(&self) -> Option<usize> {
         let peer = self.peer_params.as_ref()?.max_datagram_frame_size?;
         // Short header (1 + CID + 4) + tag (16) + frame type and length (1 + 2).
-        let path_max = usize::from(self.path.mtu()).saturating_sub(
-            1 + self.remote_cids.active().cid.len() + 4 + 16 + 3,
-        );
+        let path_max = usize::from(self.path.mtu())
+            .saturating_sub(1 + self.remote_cids.active().cid.len() + 4 + 16 + 3);
         Some(path_max.min(peer as usize))
     }
 
@@ -777,10 +802,15 @@ impl Connection {
             return;
         }
         self.error = Some(ConnectionError::LocallyClosed);
-        self.events.push_back(Event::ConnectionLost(ConnectionError::LocallyClosed));
+        self.events
+            .push_back(Event::ConnectionLost(ConnectionError::LocallyClosed));
         self.enter_closing(
             now,
-            Close { error_code: code, frame_type: None, reason: Bytes::copy_from_slice(reason) },
+            Close {
+                error_code: code,
+                frame_type: None,
+                reason: Bytes::copy_from_slice(reason),
+            },
         );
     }
 
@@ -804,7 +834,11 @@ impl Connection {
         if !self.handshake_confirmed {
             return Err(MigrateError::HandshakeNotConfirmed);
         }
-        if self.peer_params.as_ref().is_some_and(|p| p.disable_active_migration) {
+        if self
+            .peer_params
+            .as_ref()
+            .is_some_and(|p| p.disable_active_migration)
+        {
             return Err(MigrateError::PeerDisallows);
         }
         // RFC 9000 §9.5: a new path uses a new connection ID.
@@ -875,17 +909,22 @@ impl Connection {
 
     /// Feeds TLS output into the spaces, installs keys and reacts to handshake progress.
     fn drive_tls(&mut self, now: Instant) -> Result<(), ConnectError> {
-        self.process_tls(now).map_err(|e| ConnectError::Config(e.to_string()))
+        self.process_tls(now)
+            .map_err(|e| ConnectError::Config(e.to_string()))
     }
 
     fn process_tls(&mut self, now: Instant) -> Result<(), TransportError> {
-        let Some(tls) = self.tls.as_mut() else { return Ok(()) };
+        let Some(tls) = self.tls.as_mut() else {
+            return Ok(());
+        };
         let mut out = Vec::new();
         tls.poll_output(&mut out);
         for o in out {
             match o {
                 HandshakeOutput::Data(space, data) => {
-                    self.spaces[space.index()].crypto_send.write(Bytes::from(data));
+                    self.spaces[space.index()]
+                        .crypto_send
+                        .write(Bytes::from(data));
                 }
                 HandshakeOutput::HandshakeKeys(keys) => {
                     self.spaces[SpaceId::Handshake.index()].keys = Some(keys);
@@ -931,9 +970,13 @@ impl Connection {
     /// Client: start 0-RTT if TLS resumed a session that allows early data.
     fn start_0rtt(&mut self) {
         let Some(tls) = self.tls.as_ref() else { return };
-        let Some(keys) = tls.zero_rtt_keys() else { return };
+        let Some(keys) = tls.zero_rtt_keys() else {
+            return;
+        };
         let Some(raw) = tls.peer_params() else { return };
-        let Ok(remembered) = TransportParameters::decode(Side::Server, raw) else { return };
+        let Ok(remembered) = TransportParameters::decode(Side::Server, raw) else {
+            return;
+        };
         self.zero_rtt_keys = Some(keys);
         self.zero_rtt = ZeroRtt::Attempting;
         self.stats.zero_rtt_attempted = true;
@@ -945,7 +988,11 @@ impl Connection {
         match self.side {
             Side::Client => {
                 tp.validate_server_cids(
-                    &self.remote_cids.cids.get(&0).map_or(ConnectionId::EMPTY, |c| c.cid),
+                    &self
+                        .remote_cids
+                        .cids
+                        .get(&0)
+                        .map_or(ConnectionId::EMPTY, |c| c.cid),
                     &self.original_dcid,
                     self.retry_scid.as_ref(),
                 )?;
@@ -1003,23 +1050,35 @@ impl Connection {
             self.schedule_ack_frequency();
         }
         let summary = format!("{tp:?}");
-        self.trace(TraceEvent::ParametersSet { owner_local: false, summary });
+        self.trace(TraceEvent::ParametersSet {
+            owner_local: false,
+            summary,
+        });
         self.peer_params = Some(tp);
         // Issue more CIDs up to the peer's limit.
-        let want = self.cid_target().saturating_sub(self.local_cids.active_count());
+        let want = self
+            .cid_target()
+            .saturating_sub(self.local_cids.active_count());
         if want > 0 {
-            self.endpoint_events.push_back(EndpointEvent::NeedCids(want));
+            self.endpoint_events
+                .push_back(EndpointEvent::NeedCids(want));
         }
         Ok(())
     }
 
     /// How many CIDs we keep issued: the peer's limit, capped at 8.
     fn cid_target(&self) -> usize {
-        self.peer_params.as_ref().map_or(2, |p| p.active_connection_id_limit.min(8) as usize)
+        self.peer_params
+            .as_ref()
+            .map_or(2, |p| p.active_connection_id_limit.min(8) as usize)
     }
 
     fn schedule_ack_frequency(&mut self) {
-        let Some(min) = self.peer_params.as_ref().and_then(|p| p.min_ack_delay_duration()) else {
+        let Some(min) = self
+            .peer_params
+            .as_ref()
+            .and_then(|p| p.min_ack_delay_duration())
+        else {
             return;
         };
         if !self.config.ack_frequency {
@@ -1075,7 +1134,9 @@ impl Connection {
             }
         }
         self.events.push_back(Event::Connected);
-        self.trace(TraceEvent::ConnectionStateUpdated { new: "handshake_complete" });
+        self.trace(TraceEvent::ConnectionStateUpdated {
+            new: "handshake_complete",
+        });
         Ok(())
     }
 
@@ -1086,7 +1147,8 @@ impl Connection {
         let drained: Vec<_> = space.sent.drain().collect();
         for (_, p) in drained {
             if p.in_flight {
-                self.path.bytes_in_flight = self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
+                self.path.bytes_in_flight =
+                    self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
             }
         }
         self.spaces[SpaceId::Data.index()].time_of_last_ack_eliciting = None;
@@ -1124,7 +1186,8 @@ impl Connection {
         s.probes = 0;
         for (_, p) in drained {
             if p.in_flight && p.path == self.path.id {
-                self.path.bytes_in_flight = self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
+                self.path.bytes_in_flight =
+                    self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
             }
         }
         if space == SpaceId::Initial {
@@ -1136,7 +1199,9 @@ impl Connection {
     }
 
     fn update_keys(&mut self, remote_initiated: bool) {
-        let Some(keys) = self.one_rtt.as_mut() else { return };
+        let Some(keys) = self.one_rtt.as_mut() else {
+            return;
+        };
         keys.update();
         let next_pn = self.spaces[SpaceId::Data.index()].next_pn;
         self.key_update.local_phase_start = next_pn;
@@ -1153,7 +1218,11 @@ impl Connection {
         let generation = self.key_update.generation;
         self.events.push_back(Event::KeyUpdated { generation });
         self.trace(TraceEvent::KeyUpdated {
-            trigger: if remote_initiated { "remote_update" } else { "local_update" },
+            trigger: if remote_initiated {
+                "remote_update"
+            } else {
+                "local_update"
+            },
             generation,
         });
     }
@@ -1237,7 +1306,8 @@ impl Connection {
                 x if x == Timer::Idle as usize => {
                     if !self.is_closed() {
                         self.error = Some(ConnectionError::TimedOut);
-                        self.events.push_back(Event::ConnectionLost(ConnectionError::TimedOut));
+                        self.events
+                            .push_back(Event::ConnectionLost(ConnectionError::TimedOut));
                     }
                     self.set_drained();
                     return;
@@ -1270,7 +1340,9 @@ impl Connection {
     }
 
     fn on_challenge_timeout(&mut self, now: Instant) {
-        let Some(ch) = self.path.challenge.as_mut() else { return };
+        let Some(ch) = self.path.challenge.as_mut() else {
+            return;
+        };
         if now >= ch.deadline {
             self.path.challenge = None;
             let failed = self.path.remote;
@@ -1301,7 +1373,10 @@ impl Connection {
 
     /// Recomputes the deadlines that depend on state.
     fn update_timers(&mut self, now: Instant) {
-        if matches!(self.state, State::Closing | State::Draining | State::Drained) {
+        if matches!(
+            self.state,
+            State::Closing | State::Draining | State::Drained
+        ) {
             return;
         }
         // Delayed ACK deadline (Data space only; the handshake spaces acknowledge at once).
@@ -1366,7 +1441,9 @@ impl Connection {
         if !self.handshake_confirmed {
             return Duration::ZERO;
         }
-        self.peer_params.as_ref().map_or(Duration::from_millis(25), |p| p.max_ack_delay_duration())
+        self.peer_params
+            .as_ref()
+            .map_or(Duration::from_millis(25), |p| p.max_ack_delay_duration())
     }
 
     fn backed_off_pto(&self, space: SpaceId) -> Duration {

@@ -136,7 +136,11 @@ impl Mtud {
         self.full_size_losses = 0;
         let grew = size > self.current;
         self.current = self.current.max(size);
-        self.next_probe = if self.upper > self.current { Some(now) } else { Some(now + RAISE_TIMER) };
+        self.next_probe = if self.upper > self.current {
+            Some(now)
+        } else {
+            Some(now + RAISE_TIMER)
+        };
         grew.then_some(self.current)
     }
 
@@ -245,7 +249,11 @@ impl Path {
             pacer: Pacer::new(now, u64::from(mtu.0)),
             delivery: DeliveryRate::new(now),
             mtud: Mtud::new(mtu.0, mtu.1, now),
-            ecn: if ecn { EcnState::Testing { marked: 0 } } else { EcnState::Off },
+            ecn: if ecn {
+                EcnState::Testing { marked: 0 }
+            } else {
+                EcnState::Off
+            },
             bytes_in_flight: 0,
             validated,
             amp_received: 0,

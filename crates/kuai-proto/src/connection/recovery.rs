@@ -24,8 +24,10 @@ impl Connection {
     ) -> Result<(), TransportError> {
         let si = space.index();
         if ack.largest >= self.spaces[si].next_pn {
-            return Err(TransportError::PROTOCOL_VIOLATION("ACK for a packet never sent")
-                .with_frame(FrameType::ACK));
+            return Err(
+                TransportError::PROTOCOL_VIOLATION("ACK for a packet never sent")
+                    .with_frame(FrameType::ACK),
+            );
         }
         let prior_in_flight = self.path.bytes_in_flight;
         let mut newly: Vec<(u64, SentPacket)> = Vec::new();
@@ -52,7 +54,10 @@ impl Connection {
         if largest_pn == ack.largest && any_eliciting {
             let sample = now.saturating_duration_since(largest_sent_time);
             let mut delay = if space == SpaceId::Data {
-                let exp = self.peer_params.as_ref().map_or(3, |p| p.ack_delay_exponent);
+                let exp = self
+                    .peer_params
+                    .as_ref()
+                    .map_or(3, |p| p.ack_delay_exponent);
                 Duration::from_micros(ack.delay.saturating_mul(1 << exp.min(20)))
             } else {
                 Duration::ZERO
@@ -91,7 +96,11 @@ impl Connection {
                 if p.mtu_probe {
                     if let Some(mtu) = self.path.mtud.on_probe_acked(*pn, now) {
                         self.path.set_mtu(mtu);
-                        self.trace(TraceEvent::MtuUpdated { path: self.path.id, mtu, done: false });
+                        self.trace(TraceEvent::MtuUpdated {
+                            path: self.path.id,
+                            mtu,
+                            done: false,
+                        });
                     }
                 } else if p.size > self.config.initial_mtu {
                     self.path.mtud.on_full_size_acked();
@@ -142,7 +151,9 @@ impl Connection {
     fn on_frame_acked(&mut self, space: SpaceId, f: &SentFrame) {
         match *f {
             SentFrame::Crypto { offset, len } => {
-                self.spaces[space.index()].crypto_send.ack(offset..offset + u64::from(len));
+                self.spaces[space.index()]
+                    .crypto_send
+                    .ack(offset..offset + u64::from(len));
             }
             SentFrame::Ack(largest) => self.spaces[space.index()].ack.on_ack_acked(largest),
             SentFrame::Stream { .. } | SentFrame::ResetStream(_) => {
@@ -155,7 +166,9 @@ impl Connection {
     fn on_frame_lost(&mut self, space: SpaceId, f: &SentFrame) {
         match *f {
             SentFrame::Crypto { offset, len } => {
-                self.spaces[space.index()].crypto_send.lost(offset..offset + u64::from(len));
+                self.spaces[space.index()]
+                    .crypto_send
+                    .lost(offset..offset + u64::from(len));
             }
             SentFrame::NewConnectionId(seq) => {
                 if let Some(c) = self.local_cids.issued.get_mut(&seq) {
@@ -233,7 +246,9 @@ impl Connection {
     /// Declares lost what the ACKs say must be lost (RFC 9002 §6.1) and reacts.
     pub(super) fn detect_lost_packets(&mut self, now: Instant, space: SpaceId) {
         let si = space.index();
-        let Some(largest_acked) = self.spaces[si].largest_acked else { return };
+        let Some(largest_acked) = self.spaces[si].largest_acked else {
+            return;
+        };
         let rtt = &self.path.rtt;
         let loss_delay = rtt.loss_delay();
         let lost_send_time = now.checked_sub(loss_delay);
@@ -259,7 +274,13 @@ impl Connection {
     }
 
     /// Removes `pns` from flight as lost.
-    fn on_packets_lost(&mut self, now: Instant, space: SpaceId, pns: &[u64], trigger: &'static str) {
+    fn on_packets_lost(
+        &mut self,
+        now: Instant,
+        space: SpaceId,
+        pns: &[u64],
+        trigger: &'static str,
+    ) {
         let si = space.index();
         let mut lost_bytes = 0u64;
         let mut largest_sent: Option<Instant> = None;
@@ -268,10 +289,17 @@ impl Connection {
         let pto = self.pto_duration(space);
         let mut lost_frames = Vec::new();
         for &pn in pns {
-            let Some(p) = self.spaces[si].sent.remove(pn) else { continue };
+            let Some(p) = self.spaces[si].sent.remove(pn) else {
+                continue;
+            };
             self.stats.packets_lost += 1;
             self.stats.bytes_lost += u64::from(p.size);
-            self.trace(TraceEvent::PacketLost { space, pn, size: usize::from(p.size), trigger });
+            self.trace(TraceEvent::PacketLost {
+                space,
+                pn,
+                size: usize::from(p.size),
+                trigger,
+            });
             let on_active = p.path == self.path.id;
             if p.in_flight {
                 if on_active {
@@ -285,7 +313,11 @@ impl Connection {
                 // A lost probe says nothing about congestion (RFC 9000 §14.4).
                 if let Some(mtu) = self.path.mtud.on_probe_lost(pn, now, pto) {
                     self.path.set_mtu(mtu);
-                    self.trace(TraceEvent::MtuUpdated { path: self.path.id, mtu, done: false });
+                    self.trace(TraceEvent::MtuUpdated {
+                        path: self.path.id,
+                        mtu,
+                        done: false,
+                    });
                 }
             } else if on_active && p.in_flight {
                 if p.size > self.config.initial_mtu {
@@ -305,7 +337,9 @@ impl Connection {
             }
             self.spaces[si].sent.recycle(frames);
         }
-        let Some(largest_sent_time) = largest_sent else { return };
+        let Some(largest_sent_time) = largest_sent else {
+            return;
+        };
         let ev = LossEvent {
             largest_sent_time,
             lost_bytes,
@@ -323,13 +357,12 @@ impl Connection {
                 + (self.path.rtt.var() * 4).max(GRANULARITY)
                 + self.peer_max_ack_delay())
                 * PERSISTENT_CONGESTION_THRESHOLD;
-            let contiguous = self.spaces[si]
-                .sent
-                .pns_below(*pns.last().expect("non-empty"))
-                .all(|pn| pn < pns[0]);
+            // Conservative: the whole batch must be consecutive packet numbers, so no packet
+            // between the first and the last was acknowledged.
+            let contiguous = pns.windows(2).all(|w| w[1] == w[0] + 1);
             if last.saturating_duration_since(first) >= duration && contiguous {
                 self.path.cc.on_persistent_congestion(now);
-                self.path.rtt.reset();
+                self.path.rtt.on_persistent_congestion();
                 self.trace(TraceEvent::CongestionStateUpdated {
                     path: self.path.id,
                     state: "persistent_congestion",
@@ -366,7 +399,9 @@ impl Connection {
     }
 
     fn any_eliciting_in_flight(&self) -> bool {
-        self.spaces.iter().any(|s| s.sent.has_ack_eliciting_in_flight())
+        self.spaces
+            .iter()
+            .any(|s| s.sent.has_ack_eliciting_in_flight())
     }
 
     /// RFC 9002 Appendix A.8 GetPtoTimeAndSpace.
@@ -396,7 +431,9 @@ impl Connection {
                 }
                 d += backoff(self.peer_max_ack_delay(), self.pto_count);
             }
-            let Some(t) = sp.time_of_last_ack_eliciting else { continue };
+            let Some(t) = sp.time_of_last_ack_eliciting else {
+                continue;
+            };
             let t = t + d;
             if best.is_none_or(|(b, _)| t < b) {
                 best = Some((t, s));
@@ -407,7 +444,10 @@ impl Connection {
 
     /// RFC 9002 Appendix A.8 SetLossDetectionTimer.
     pub(super) fn set_loss_timer(&mut self, now: Instant) {
-        if matches!(self.state, State::Closing | State::Draining | State::Drained) {
+        if matches!(
+            self.state,
+            State::Closing | State::Draining | State::Drained
+        ) {
             return;
         }
         if let Some((t, _)) = self.earliest_loss_time() {
@@ -484,7 +524,11 @@ impl Connection {
     /// path is abandoned.
     #[allow(dead_code)]
     pub(super) fn abandon_flight(&mut self, now: Instant) {
-        let pns: Vec<u64> = self.spaces[SpaceId::Data.index()].sent.iter().map(|(pn, _)| pn).collect();
+        let pns: Vec<u64> = self.spaces[SpaceId::Data.index()]
+            .sent
+            .iter()
+            .map(|(pn, _)| pn)
+            .collect();
         if !pns.is_empty() {
             self.on_packets_lost(now, SpaceId::Data, &pns, "path_abandoned");
         }

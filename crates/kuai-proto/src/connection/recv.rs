@@ -10,7 +10,9 @@ use super::paths::EcnCodepoint;
 use super::{Connection, ConnectionError, Event, State, Timer, ZeroRtt};
 use crate::error::TransportError;
 use crate::frame::{Frame, FrameIter, FrameType};
-use crate::packet::{self, DecryptedPacket, LongType, PacketDecodeError, PacketType, PartialDecode};
+use crate::packet::{
+    self, DecryptedPacket, LongType, PacketDecodeError, PacketType, PartialDecode,
+};
 use crate::trace::{DropReason, PacketKind, TraceEvent};
 use crate::types::{Side, SpaceId, Version};
 
@@ -60,7 +62,12 @@ impl Connection {
         let mut rest = Some(data);
         let mut any_processed = false;
         let mut migrate_hint = false;
-        let cid_len = self.local_cids.issued.values().next().map_or(0, |c| c.cid.len());
+        let cid_len = self
+            .local_cids
+            .issued
+            .values()
+            .next()
+            .map_or(0, |c| c.cid.len());
         while let Some(d) = rest.take() {
             let (pd, r) = match PartialDecode::new(d, cid_len) {
                 Ok(x) => x,
@@ -171,10 +178,14 @@ impl Connection {
         let hp = match (space, is_0rtt) {
             (SpaceId::Data, true) => self.zero_rtt_keys.as_ref().map(|k| k.header.as_ref()),
             (SpaceId::Data, false) => self.one_rtt.as_ref().map(|k| k.header.remote.as_ref()),
-            (SpaceId::Initial, _) if original_version_initial => {
-                self.original_initial_keys.as_ref().map(|k| k.remote.header.as_ref())
-            }
-            _ => self.spaces[si].keys.as_ref().map(|k| k.remote.header.as_ref()),
+            (SpaceId::Initial, _) if original_version_initial => self
+                .original_initial_keys
+                .as_ref()
+                .map(|k| k.remote.header.as_ref()),
+            _ => self.spaces[si]
+                .keys
+                .as_ref()
+                .map(|k| k.remote.header.as_ref()),
         };
         let Some(hp) = hp else {
             if self.spaces[si].discarded {
@@ -197,7 +208,10 @@ impl Connection {
         let mut key_update = false;
         let decrypted = match (space, is_0rtt) {
             (SpaceId::Data, true) => {
-                let k = self.zero_rtt_keys.as_ref().expect("hp key implies packet key");
+                let k = self
+                    .zero_rtt_keys
+                    .as_ref()
+                    .expect("hp key implies packet key");
                 up.decrypt(k.packet.as_ref())
             }
             (SpaceId::Data, false) => {
@@ -253,9 +267,7 @@ impl Connection {
             }
             self.update_keys(true);
             self.key_update.remote_phase_start = Some(pn);
-        } else if space == SpaceId::Data
-            && !is_0rtt
-            && self.key_update.remote_phase_start.is_none()
+        } else if space == SpaceId::Data && !is_0rtt && self.key_update.remote_phase_start.is_none()
         {
             self.key_update.remote_phase_start = Some(pn);
         }
@@ -297,9 +309,18 @@ impl Connection {
         }
         if space == SpaceId::Data && !is_0rtt && is_largest {
             // Spin bit (RFC 9000 §17.4): the server echoes, the client inverts.
-            self.spin = if self.side.is_server() { pkt.spin() } else { !pkt.spin() };
+            self.spin = if self.side.is_server() {
+                pkt.spin()
+            } else {
+                !pkt.spin()
+            };
         }
-        let mut res = PacketResult { processed: true, space: Some(space), largest: is_largest, ..Default::default() };
+        let mut res = PacketResult {
+            processed: true,
+            space: Some(space),
+            largest: is_largest,
+            ..Default::default()
+        };
         match self.process_frames(now, remote, space, is_0rtt, &pkt) {
             Ok((non_probing, eliciting)) => {
                 res.non_probing = non_probing;
@@ -313,7 +334,12 @@ impl Connection {
             }
         }
         if self.tracer.is_some() {
-            self.trace(TraceEvent::PacketReceived { kind, pn, size, frames: &[] });
+            self.trace(TraceEvent::PacketReceived {
+                kind,
+                pn,
+                size,
+                frames: &[],
+            });
         }
         let _ = local_ip;
         res
@@ -335,7 +361,8 @@ impl Connection {
             self.drop_packet(None, pd.len(), DropReason::KeyUnavailable);
             return;
         }
-        self.undecryptable.push((now, remote, ecn, BytesMut::from(pd.data())));
+        self.undecryptable
+            .push((now, remote, ecn, BytesMut::from(pd.data())));
     }
 
     /// Keys arrived: try the buffered packets again.
@@ -397,8 +424,9 @@ impl Connection {
                 .with_frame(ty));
             }
             if is_0rtt && !ty.allowed_in_0rtt() {
-                return Err(TransportError::PROTOCOL_VIOLATION("frame not allowed in 0-RTT")
-                    .with_frame(ty));
+                return Err(
+                    TransportError::PROTOCOL_VIOLATION("frame not allowed in 0-RTT").with_frame(ty),
+                );
             }
             eliciting |= ty.is_ack_eliciting();
             if !matches!(
@@ -446,11 +474,17 @@ impl Connection {
                 server_only(self.side, "client sent NEW_TOKEN")?;
                 self.events.push_back(Event::NewToken(token));
             }
-            Frame::Stream(s) => self.streams.on_stream_frame(s.id, s.offset, s.data, s.fin)?,
-            Frame::ResetStream { id, error_code, final_size } => {
-                self.streams.on_reset_stream(id, error_code, final_size)?
+            Frame::Stream(s) => self
+                .streams
+                .on_stream_frame(s.id, s.offset, s.data, s.fin)?,
+            Frame::ResetStream {
+                id,
+                error_code,
+                final_size,
+            } => self.streams.on_reset_stream(id, error_code, final_size)?,
+            Frame::StopSending { id, error_code } => {
+                self.streams.on_stop_sending(id, error_code)?
             }
-            Frame::StopSending { id, error_code } => self.streams.on_stop_sending(id, error_code)?,
             Frame::MaxData(v) => self.streams.on_max_data(v),
             Frame::MaxStreamData { id, max } => self.streams.on_max_stream_data(id, max)?,
             Frame::MaxStreams { dir, count } => self.streams.on_max_streams(dir, count),
@@ -468,10 +502,14 @@ impl Connection {
             }
             Frame::RetireConnectionId { seq } => {
                 if let Some(cid) = self.local_cids.on_retire(seq, &pkt.dst_cid())? {
-                    self.endpoint_events.push_back(super::EndpointEvent::RetireCid(cid));
-                    let want = self.cid_target().saturating_sub(self.local_cids.active_count());
+                    self.endpoint_events
+                        .push_back(super::EndpointEvent::RetireCid(cid));
+                    let want = self
+                        .cid_target()
+                        .saturating_sub(self.local_cids.active_count());
                     if want > 0 {
-                        self.endpoint_events.push_back(super::EndpointEvent::NeedCids(want));
+                        self.endpoint_events
+                            .push_back(super::EndpointEvent::NeedCids(want));
                     }
                 }
             }
@@ -483,7 +521,10 @@ impl Connection {
             Frame::PathResponse(data) => self.on_path_response(now, remote, data),
             Frame::Close(c) => {
                 let err = if c.is_application() {
-                    ConnectionError::ApplicationClosed { code: c.error_code, reason: c.reason }
+                    ConnectionError::ApplicationClosed {
+                        code: c.error_code,
+                        reason: c.reason,
+                    }
                 } else {
                     let mut e = TransportError::new(
                         crate::error::TransportErrorCode(c.error_code),
@@ -502,13 +543,17 @@ impl Connection {
             }
             Frame::Datagram(d) => {
                 let Some(max) = self.config.max_datagram_frame_size else {
-                    return Err(TransportError::PROTOCOL_VIOLATION("DATAGRAM not negotiated")
-                        .with_frame(ty));
+                    return Err(
+                        TransportError::PROTOCOL_VIOLATION("DATAGRAM not negotiated")
+                            .with_frame(ty),
+                    );
                 };
                 // The limit covers the whole frame (RFC 9221 §3).
                 if (d.len() as u64) + 1 + 8 > max + 8 && d.len() as u64 > max {
-                    return Err(TransportError::PROTOCOL_VIOLATION("DATAGRAM larger than allowed")
-                        .with_frame(ty));
+                    return Err(
+                        TransportError::PROTOCOL_VIOLATION("DATAGRAM larger than allowed")
+                            .with_frame(ty),
+                    );
                 }
                 while self.datagrams_in.len() >= self.config.datagram_receive_buffer {
                     if let Some(old) = self.datagrams_in.pop_front() {
@@ -560,8 +605,10 @@ impl Connection {
         let recv = &mut self.spaces[si].crypto_recv;
         let end = offset + data.len() as u64;
         if end > recv.read_offset() + super::spaces::MAX_CRYPTO_BUFFER {
-            return Err(TransportError::CRYPTO_BUFFER_EXCEEDED("too much CRYPTO data buffered")
-                .with_frame(FrameType::CRYPTO));
+            return Err(
+                TransportError::CRYPTO_BUFFER_EXCEEDED("too much CRYPTO data buffered")
+                    .with_frame(FrameType::CRYPTO),
+            );
         }
         recv.insert(offset, data);
         if self.tls.is_none() {
@@ -592,7 +639,9 @@ impl Connection {
         // client lists and that is compatible with the one it used.
         if let Some(vi) = client_tp
             .as_ref()
-            .and_then(|raw| crate::transport_params::TransportParameters::decode(Side::Client, raw).ok())
+            .and_then(|raw| {
+                crate::transport_params::TransportParameters::decode(Side::Client, raw).ok()
+            })
             .and_then(|tp| tp.version_information)
         {
             if vi.chosen != self.version.wire() {
@@ -600,7 +649,11 @@ impl Connection {
                     "client's chosen version differs from its Initial's version",
                 ));
             }
-            if let Some(v) = cfg.versions.iter().copied().find(|v| vi.available.contains(&v.wire()))
+            if let Some(v) = cfg
+                .versions
+                .iter()
+                .copied()
+                .find(|v| vi.available.contains(&v.wire()))
                 && v != self.version
             {
                 self.switch_version(v);
@@ -612,16 +665,18 @@ impl Connection {
         });
         let mut tp = Vec::new();
         self.local_params.encode_with_rng(&mut tp, &mut self.rng);
-        let mut tls = super::Tls::server(cfg.tls.clone(), self.version, tp).map_err(|e| {
-            TransportError::INTERNAL_ERROR(format!("TLS setup: {e}"))
-        })?;
+        let mut tls = super::Tls::server(cfg.tls.clone(), self.version, tp)
+            .map_err(|e| TransportError::INTERNAL_ERROR(format!("TLS setup: {e}")))?;
         if !cfg.accept_0rtt {
             tls.reject_early_data();
         }
         tls.read(&ch)?;
         self.tls = Some(tls);
         // Anything after the ClientHello in the Initial CRYPTO stream.
-        while let Some(chunk) = self.spaces[SpaceId::Initial.index()].crypto_recv.read(usize::MAX) {
+        while let Some(chunk) = self.spaces[SpaceId::Initial.index()]
+            .crypto_recv
+            .read(usize::MAX)
+        {
             self.tls.as_mut().expect("set").read(&chunk)?;
         }
         self.process_tls(now)
@@ -634,7 +689,10 @@ impl Connection {
         self.stats.version = Some(v);
         let initial_dcid = match self.side {
             Side::Client => self.original_dcid,
-            Side::Server => self.local_params.retry_source_connection_id.unwrap_or(self.original_dcid),
+            Side::Server => self
+                .local_params
+                .retry_source_connection_id
+                .unwrap_or(self.original_dcid),
         };
         let keys = super::crypto::initial_keys(v, &initial_dcid, self.side);
         let old_keys = self.spaces[SpaceId::Initial.index()].keys.replace(keys);
@@ -645,7 +703,9 @@ impl Connection {
     }
 
     fn on_path_response(&mut self, now: Instant, remote: SocketAddr, data: [u8; 8]) {
-        let Some(ch) = self.path.challenge.as_ref() else { return };
+        let Some(ch) = self.path.challenge.as_ref() else {
+            return;
+        };
         if ch.data != data {
             return;
         }
@@ -654,7 +714,8 @@ impl Connection {
         let _ = remote;
         self.path.challenge = None;
         self.path.validated = true;
-        self.events.push_back(Event::PathValidated(self.path.remote));
+        self.events
+            .push_back(Event::PathValidated(self.path.remote));
         self.trace(TraceEvent::PathUpdated {
             path: self.path.id,
             remote: self.path.remote,
@@ -703,8 +764,13 @@ impl Connection {
             self.prev_path = Some(old);
         }
         self.stats.migrations += 1;
-        self.events.push_back(Event::PathMigrated { from, to: remote });
-        self.trace(TraceEvent::PathUpdated { path: self.path.id, remote, event: "peer_migration" });
+        self.events
+            .push_back(Event::PathMigrated { from, to: remote });
+        self.trace(TraceEvent::PathUpdated {
+            path: self.path.id,
+            remote,
+            event: "peer_migration",
+        });
         if !self.path.validated {
             self.start_challenge(now);
         }
@@ -751,15 +817,20 @@ impl Connection {
             return;
         }
         let Some(scid) = pd.src_cid() else { return };
-        if scid == self.original_dcid || !packet::retry_integrity_ok(self.version, &self.original_dcid, pd.data()) {
+        if scid == self.original_dcid
+            || !packet::retry_integrity_ok(self.version, &self.original_dcid, pd.data())
+        {
             return;
         }
         self.stats.retry_received = true;
         self.retry_scid = Some(scid);
         self.token = Bytes::copy_from_slice(pd.token());
         self.remote_cids.set_initial(scid);
-        self.spaces[SpaceId::Initial.index()].keys =
-            Some(super::crypto::initial_keys(self.version, &scid, Side::Client));
+        self.spaces[SpaceId::Initial.index()].keys = Some(super::crypto::initial_keys(
+            self.version,
+            &scid,
+            Side::Client,
+        ));
         // Everything sent in Initial packets goes again; those packets are no longer in
         // flight (RFC 9002 §6.3: not counted as lost).
         let sp = &mut self.spaces[SpaceId::Initial.index()];
@@ -768,7 +839,8 @@ impl Connection {
         sp.loss_time = None;
         for (_, p) in drained {
             if p.in_flight {
-                self.path.bytes_in_flight = self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
+                self.path.bytes_in_flight =
+                    self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
             }
             for f in &p.frames {
                 if let crate::recovery::SentFrame::Crypto { offset, len } = *f {
@@ -820,7 +892,11 @@ fn parse_client_hello_tp(ch: &[u8]) -> Option<&[u8]> {
     if b.get_u8_checked().ok()? != 1 {
         return None;
     }
-    let _len = [b.get_u8_checked().ok()?, b.get_u8_checked().ok()?, b.get_u8_checked().ok()?];
+    let _len = [
+        b.get_u8_checked().ok()?,
+        b.get_u8_checked().ok()?,
+        b.get_u8_checked().ok()?,
+    ];
     b.skip(2 + 32).ok()?; // legacy_version, random
     let sid = b.get_u8_checked().ok()? as usize;
     b.skip(sid).ok()?;

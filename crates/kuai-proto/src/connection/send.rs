@@ -61,7 +61,11 @@ impl Connection {
             return Some(t);
         }
         let mtu = usize::from(self.path.mtu());
-        let ecn = if self.path.ecn.should_mark() { Some(EcnCodepoint::Ect0) } else { None };
+        let ecn = if self.path.ecn.should_mark() {
+            Some(EcnCodepoint::Ect0)
+        } else {
+            None
+        };
         let mut segment: Option<usize> = None;
         let mut count = 0;
         loop {
@@ -159,7 +163,10 @@ impl Connection {
             && (self.handshake_done_pending
                 || self.new_token_pending
                 || self.path.challenge.as_ref().is_some_and(|c| !c.sent)
-                || self.path_responses.iter().any(|(a, _)| *a == self.path.remote)
+                || self
+                    .path_responses
+                    .iter()
+                    .any(|(a, _)| *a == self.path.remote)
                 || self.local_cids.issued.values().any(|c| c.announce)
                 || !self.remote_cids.to_retire.is_empty()
                 || self.ack_frequency_pending.is_some()))
@@ -178,7 +185,10 @@ impl Connection {
     ) -> DatagramOut {
         let budget = self.path.amplification_budget();
         let max_size = (max_size as u64).min(budget) as usize;
-        let mut out = DatagramOut { data_only: true, ..Default::default() };
+        let mut out = DatagramOut {
+            data_only: true,
+            ..Default::default()
+        };
         if max_size < 64 {
             return out;
         }
@@ -249,7 +259,11 @@ impl Connection {
                 LongType::Initial,
                 &dcid,
                 &self.handshake_cid,
-                if self.side.is_client() { &self.token } else { &[] },
+                if self.side.is_client() {
+                    &self.token
+                } else {
+                    &[]
+                },
                 pn,
                 pn_len,
             ),
@@ -388,7 +402,13 @@ impl Connection {
             }
             SpaceId::Data => {
                 let k = self.one_rtt.as_ref().expect("1-RTT keys checked");
-                packet::seal_packet(buf, &pos, pn, k.header.local.as_ref(), k.current.local.as_ref())
+                packet::seal_packet(
+                    buf,
+                    &pos,
+                    pn,
+                    k.header.local.as_ref(),
+                    k.current.local.as_ref(),
+                )
             }
             _ => {
                 let k = &self.spaces[si].keys.as_ref().expect("keys checked").local;
@@ -408,7 +428,17 @@ impl Connection {
         }
         self.stats.packets_sent += 1;
         let in_flight = ack_eliciting || padded;
-        self.record_sent(now, space, pn, size, ack_eliciting, in_flight, false, ecn_marked, frames);
+        self.record_sent(
+            now,
+            space,
+            pn,
+            size,
+            ack_eliciting,
+            in_flight,
+            false,
+            ecn_marked,
+            frames,
+        );
         if self.tracer.is_some() {
             let kind = match space {
                 SpaceId::Initial => PacketKind::Initial,
@@ -417,13 +447,22 @@ impl Connection {
                 SpaceId::Data => PacketKind::OneRtt,
             };
             let path = self.path.id;
-            self.trace(TraceEvent::PacketSent { kind, pn, size, path, frames: &names[..n_names] });
+            self.trace(TraceEvent::PacketSent {
+                kind,
+                pn,
+                size,
+                path,
+                frames: &names[..n_names],
+            });
         }
         // RFC 9001 §4.9.1: a client discards Initial keys when it first sends a Handshake packet.
         if space == SpaceId::Handshake && self.side.is_client() {
             self.discard_space(SpaceId::Initial, now);
         }
-        Some(PacketOut { ack_eliciting, padded })
+        Some(PacketOut {
+            ack_eliciting,
+            padded,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -443,7 +482,9 @@ impl Connection {
             self.path.delivery.on_sent(now, self.path.bytes_in_flight);
         if in_flight {
             self.path.bytes_in_flight += size as u64;
-            self.path.cc.on_packet_sent(now, size as u64, self.path.bytes_in_flight);
+            self.path
+                .cc
+                .on_packet_sent(now, size as u64, self.path.bytes_in_flight);
             self.path.pacer.on_sent(size as u64);
             if self.path.bytes_in_flight >= self.path.cc.window() {
                 self.path.cwnd_limited = true;
@@ -494,13 +535,18 @@ impl Connection {
             // Type + offset + a 2-byte length.
             let overhead = 1 + crate::VarInt::size_of(off) + 2;
             let room = payload_max - buf.len() - overhead;
-            let Some((range, _)) = cs.next_range(room, u64::MAX) else { break };
+            let Some((range, _)) = cs.next_range(room, u64::MAX) else {
+                break;
+            };
             let len = (range.end - range.start) as usize;
             buf.put_u8(0x06);
             buf.put_var(range.start);
             buf.put_u16(0x4000 | len as u16);
             cs.copy_range(range.clone(), buf);
-            frames.push(SentFrame::Crypto { offset: range.start, len: len as u32 });
+            frames.push(SentFrame::Crypto {
+                offset: range.start,
+                len: len as u32,
+            });
         }
     }
 
@@ -582,7 +628,8 @@ impl Connection {
             }
         }
         let rtt = self.path.rtt.smoothed();
-        self.streams.write_control(buf, payload_max, frames, now, rtt);
+        self.streams
+            .write_control(buf, payload_max, frames, now, rtt);
         // Datagrams go before stream data: they are latency-sensitive by nature.
         while let Some(d) = self.datagrams_out.front() {
             let need = 1 + crate::VarInt::size_of(d.len() as u64) + d.len();
@@ -604,7 +651,13 @@ impl Connection {
         let new_bytes = self.streams.flow_state().0 - sent_before;
         let stream_bytes: u64 = frames[stream_start..]
             .iter()
-            .map(|f| if let SentFrame::Stream { len, .. } = f { u64::from(*len) } else { 0 })
+            .map(|f| {
+                if let SentFrame::Stream { len, .. } = f {
+                    u64::from(*len)
+                } else {
+                    0
+                }
+            })
             .sum();
         self.stats.stream_bytes_retransmitted += stream_bytes.saturating_sub(new_bytes);
         // Application-limited: nothing more to send and the window is not full.
@@ -645,7 +698,10 @@ impl Connection {
             return None;
         }
         let size = self.path.mtud.probe_size(now)?;
-        let max_udp = self.peer_params.as_ref().map_or(1200, |p| p.max_udp_payload_size);
+        let max_udp = self
+            .peer_params
+            .as_ref()
+            .map_or(1200, |p| p.max_udp_payload_size);
         if u64::from(size) > max_udp {
             return None;
         }
@@ -663,8 +719,14 @@ impl Connection {
             buf.put_bytes(0, end - buf.len());
         }
         let k = self.one_rtt.as_ref().expect("checked");
-        if packet::seal_packet(buf, &pos, pn, k.header.local.as_ref(), k.current.local.as_ref())
-            .is_err()
+        if packet::seal_packet(
+            buf,
+            &pos,
+            pn,
+            k.header.local.as_ref(),
+            k.current.local.as_ref(),
+        )
+        .is_err()
         {
             buf.clear();
             return None;
@@ -673,7 +735,17 @@ impl Connection {
         self.key_update.packets_in_phase += 1;
         self.stats.packets_sent += 1;
         let frames = self.spaces[SpaceId::Data.index()].sent.take_frame_vec();
-        self.record_sent(now, SpaceId::Data, pn, buf.len(), true, true, true, false, frames);
+        self.record_sent(
+            now,
+            SpaceId::Data,
+            pn,
+            buf.len(),
+            true,
+            true,
+            true,
+            false,
+            frames,
+        );
         self.path.mtud.on_probe_sent(size, pn);
         self.on_datagram_sent(buf.len(), false);
         self.update_timers(now);
@@ -690,7 +762,10 @@ impl Connection {
     /// padded to 1200 bytes (RFC 9000 §8.2.2).
     fn send_off_path_response(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
         let one_rtt = self.one_rtt.as_ref()?;
-        let i = self.path_responses.iter().position(|(a, _)| *a != self.path.remote)?;
+        let i = self
+            .path_responses
+            .iter()
+            .position(|(a, _)| *a != self.path.remote)?;
         let (addr, data) = self.path_responses.remove(i).expect("index valid");
         let pn = self.spaces[SpaceId::Data.index()].next_pn;
         let pn_len = packet::pn_len_for(pn, self.spaces[SpaceId::Data.index()].largest_acked);
@@ -733,8 +808,8 @@ impl Connection {
         }
         self.close_pending = false;
         let frame = self.close_frame.clone()?;
-        let max_end = (usize::from(self.path.mtu()) as u64).min(self.path.amplification_budget())
-            as usize;
+        let max_end =
+            (usize::from(self.path.mtu()) as u64).min(self.path.amplification_budget()) as usize;
         for space in SpaceId::ALL {
             let sp = &self.spaces[space.index()];
             let has_keys = match space {
@@ -767,7 +842,11 @@ impl Connection {
                 _ => packet::write_long_header(
                     buf,
                     self.version,
-                    if space == SpaceId::Initial { LongType::Initial } else { LongType::Handshake },
+                    if space == SpaceId::Initial {
+                        LongType::Initial
+                    } else {
+                        LongType::Handshake
+                    },
                     &dcid,
                     &self.handshake_cid,
                     if self.side.is_client() && space == SpaceId::Initial {
@@ -803,7 +882,11 @@ impl Connection {
                     )
                 }
                 _ => {
-                    let k = &self.spaces[space.index()].keys.as_ref().expect("checked").local;
+                    let k = &self.spaces[space.index()]
+                        .keys
+                        .as_ref()
+                        .expect("checked")
+                        .local;
                     packet::seal_packet(buf, &pos, pn, k.header.as_ref(), k.packet.as_ref())
                 }
             };

@@ -100,7 +100,8 @@ impl AckState {
 
     /// The ack delay to report: time since the largest packet arrived.
     pub fn delay(&self, now: Instant) -> Duration {
-        self.largest.map_or(Duration::ZERO, |(_, t)| now.saturating_duration_since(t))
+        self.largest
+            .map_or(Duration::ZERO, |(_, t)| now.saturating_duration_since(t))
     }
 
     /// An ACK was just sent.

@@ -83,6 +83,11 @@ impl RttEstimator {
         (self.smoothed.max(self.latest) * 9 / 8).max(GRANULARITY)
     }
 
+    /// RFC 9002 §5.2: after persistent congestion, min_rtt restarts from the latest sample.
+    pub fn on_persistent_congestion(&mut self) {
+        self.min = self.latest;
+    }
+
     /// Forgets samples, e.g. after migrating to a new path (RFC 9000 §9.4).
     pub fn reset(&mut self) {
         *self = Self::new(self.initial);

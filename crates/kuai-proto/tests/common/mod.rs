@@ -1,1 +1,2 @@
+pub mod quic;
 pub mod sim;
