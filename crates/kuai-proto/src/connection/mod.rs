@@ -940,9 +940,11 @@ impl Connection {
             }
         }
         // Peer transport parameters, as soon as TLS has them.
+        // A resuming client's TLS reports the remembered parameters until the server's
+        // EncryptedExtensions arrive, so the client reads them once the handshake is done.
         if self.peer_params.is_none()
             && let Some(raw) = self.tls.as_ref().and_then(|t| t.peer_params())
-            && (self.side.is_server() || self.handshake_keys_ready())
+            && (self.side.is_server() || self.tls.as_ref().is_some_and(|t| !t.is_handshaking()))
         {
             let raw = raw.to_vec();
             let tp = TransportParameters::decode(self.side.peer(), &raw)?;
@@ -961,10 +963,6 @@ impl Connection {
             self.retry_undecryptable(now);
         }
         Ok(())
-    }
-
-    fn handshake_keys_ready(&self) -> bool {
-        self.spaces[SpaceId::Handshake.index()].keys.is_some()
     }
 
     /// Client: start 0-RTT if TLS resumed a session that allows early data.

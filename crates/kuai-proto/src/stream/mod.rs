@@ -185,6 +185,8 @@ pub struct Streams {
     max_remote: [u64; 2],
     /// Remote streams opened but not yet handed to the application.
     accept_next: [u64; 2],
+    /// The local limit for which STREAMS_BLOCKED was last queued.
+    blocked_sent: [Option<u64>; 2],
     // Connection flow control.
     send_max_data: u64,
     data_sent: u64,
@@ -216,6 +218,7 @@ impl Streams {
             next_remote: [0; 2],
             max_remote: [cfg.max_concurrent_bidi, cfg.max_concurrent_uni],
             accept_next: [0; 2],
+            blocked_sent: [None; 2],
             send_max_data: 0,
             data_sent: 0,
             conn_window: RecvWindow::new(cfg.conn_window, cfg.conn_window_cap),
@@ -300,7 +303,11 @@ impl Streams {
     pub fn open(&mut self, dir: Dir) -> Option<StreamId> {
         let i = dir_idx(dir);
         if self.next_local[i] >= self.max_local[i] {
-            self.pending.streams_blocked[i] = Some(self.max_local[i]);
+            // STREAMS_BLOCKED once per limit (RFC 9000 §4.6).
+            if self.blocked_sent[i] != Some(self.max_local[i]) {
+                self.blocked_sent[i] = Some(self.max_local[i]);
+                self.pending.streams_blocked[i] = Some(self.max_local[i]);
+            }
             return None;
         }
         let id = StreamId::new(self.side, dir, self.next_local[i]);

@@ -456,7 +456,7 @@ pub struct Request {
 pub struct Client {
     pub handle: Option<ConnectionHandle>,
     pub requests: Vec<Request>,
-    next: usize,
+    pub next: usize,
     /// Start requests in 0-RTT when the connection allows it.
     pub use_0rtt: bool,
     /// Requests in flight at most (0: unlimited).
