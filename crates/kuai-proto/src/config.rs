@@ -106,14 +106,19 @@ pub struct ClientConfig {
     pub versions: Vec<Version>,
     /// Length of the CIDs this client issues.
     pub cid_len: usize,
+    /// Captures traffic secrets so a compatible version negotiation can re-derive keys;
+    /// installed by [`ClientConfig::new`].
+    pub(crate) secret_capture: Option<Arc<crate::crypto::SecretCapture>>,
 }
 
 impl ClientConfig {
     /// A client with kuai's defaults around a rustls config (which must offer TLS 1.3 and an
     /// ALPN).
     pub fn new(tls: Arc<rustls::ClientConfig>) -> Self {
+        let (tls, capture) = crate::crypto::with_secret_capture((*tls).clone());
         Self {
-            tls,
+            tls: Arc::new(tls),
+            secret_capture: Some(capture),
             transport: Arc::new(TransportConfig::default()),
             version: Version::V1,
             versions: vec![Version::V1, Version::V2],

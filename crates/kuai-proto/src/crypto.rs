@@ -64,7 +64,7 @@ pub struct OneRttKeys {
     pub next: PacketKeySet,
     /// The peer's keys of the previous phase, kept for reordered packets until discarded.
     pub prev_remote: Option<Box<dyn PacketKey>>,
-    secrets: Secrets,
+    schedule: KeySchedule,
     /// Current key phase bit.
     pub phase: bool,
 }
@@ -90,14 +90,14 @@ impl OneRttKeys {
             current,
             next,
             prev_remote: None,
-            secrets,
+            schedule: KeySchedule::Rustls(secrets),
             phase: false,
         }
     }
 
     /// Switches to the next key phase (either side initiating).
     pub fn update(&mut self) {
-        let next = std::mem::replace(&mut self.next, self.secrets.next_packet_keys());
+        let next = std::mem::replace(&mut self.next, self.schedule.next_packet_keys());
         let old = std::mem::replace(&mut self.current, next);
         self.prev_remote = Some(old.remote);
         self.phase = !self.phase;
@@ -234,5 +234,480 @@ impl Tls {
 
     pub fn peer_certificates(&self) -> Option<&[rustls::pki_types::CertificateDer<'static>]> {
         self.conn.peer_certificates()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys derived by kuai itself from TLS secrets.
+//
+// rustls fixes a connection's QUIC version when the connection is created, but compatible
+// version negotiation (RFC 9368) can move a client from v1 to v2 in the middle of its
+// handshake, after which the handshake and 1-RTT keys must use the v2 labels (RFC 9369 §3.3).
+// For that case the client captures its traffic secrets through rustls's key-log hook and
+// derives the packet keys here, with ring's AEAD and header-protection primitives.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use ring::aead::{self, quic as ring_quic};
+use ring::hkdf;
+
+/// Labels of the secrets kuai needs from the key log.
+const SECRET_LABELS: [&str; 4] = [
+    "CLIENT_HANDSHAKE_TRAFFIC_SECRET",
+    "SERVER_HANDSHAKE_TRAFFIC_SECRET",
+    "CLIENT_TRAFFIC_SECRET_0",
+    "SERVER_TRAFFIC_SECRET_0",
+];
+
+/// Most handshakes whose secrets are held at once; older ones are dropped.
+const MAX_CAPTURED: usize = 4096;
+
+/// A [`rustls::KeyLog`] that keeps the traffic secrets of client handshakes (by client random)
+/// for the connection to pick up, and forwards everything to the user's key log.
+#[derive(Debug)]
+pub struct SecretCapture {
+    inner: Arc<dyn rustls::KeyLog>,
+    secrets: Mutex<HashMap<[u8; 32], CapturedSecrets>>,
+}
+
+/// Traffic secrets of one handshake.
+#[derive(Debug, Default, Clone)]
+pub struct CapturedSecrets {
+    pub client_handshake: Vec<u8>,
+    pub server_handshake: Vec<u8>,
+    pub client_traffic: Vec<u8>,
+    pub server_traffic: Vec<u8>,
+}
+
+impl SecretCapture {
+    pub fn new(inner: Arc<dyn rustls::KeyLog>) -> Self {
+        Self {
+            inner,
+            secrets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes what was captured for `client_random` (removing it once 1-RTT secrets are in).
+    pub fn get(&self, client_random: &[u8; 32]) -> Option<CapturedSecrets> {
+        let mut map = self.secrets.lock().unwrap_or_else(|e| e.into_inner());
+        let s = map.get(client_random)?.clone();
+        if !s.client_traffic.is_empty() && !s.server_traffic.is_empty() {
+            map.remove(client_random);
+        }
+        Some(s)
+    }
+
+    /// Forgets a handshake's secrets.
+    pub fn forget(&self, client_random: &[u8; 32]) {
+        self.secrets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(client_random);
+    }
+}
+
+impl rustls::KeyLog for SecretCapture {
+    fn log(&self, label: &str, client_random: &[u8], secret: &[u8]) {
+        if self.inner.will_log(label) {
+            self.inner.log(label, client_random, secret);
+        }
+        let Ok(random) = <[u8; 32]>::try_from(client_random) else {
+            return;
+        };
+        let Some(i) = SECRET_LABELS.iter().position(|l| *l == label) else {
+            return;
+        };
+        let mut map = self.secrets.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MAX_CAPTURED && !map.contains_key(&random) {
+            // Handshakes that never finished; forget an arbitrary one.
+            if let Some(k) = map.keys().next().copied() {
+                map.remove(&k);
+            }
+        }
+        let e = map.entry(random).or_default();
+        let slot = match i {
+            0 => &mut e.client_handshake,
+            1 => &mut e.server_handshake,
+            2 => &mut e.client_traffic,
+            _ => &mut e.server_traffic,
+        };
+        *slot = secret.to_vec();
+    }
+
+    fn will_log(&self, label: &str) -> bool {
+        SECRET_LABELS.contains(&label) || self.inner.will_log(label)
+    }
+}
+
+/// Installs a [`SecretCapture`] in a client config (keeping its key log behind it).
+pub fn with_secret_capture(
+    mut cfg: rustls::ClientConfig,
+) -> (rustls::ClientConfig, Arc<SecretCapture>) {
+    let capture = Arc::new(SecretCapture::new(cfg.key_log.clone()));
+    cfg.key_log = capture.clone();
+    (cfg, capture)
+}
+
+/// The algorithms of a TLS 1.3 cipher suite as QUIC uses them.
+#[derive(Clone, Copy)]
+pub struct SuiteAlgs {
+    aead: &'static aead::Algorithm,
+    hp: &'static ring_quic::Algorithm,
+    hkdf: hkdf::Algorithm,
+    key_len: usize,
+}
+
+impl SuiteAlgs {
+    pub fn of(suite: rustls::CipherSuite) -> Option<Self> {
+        use rustls::CipherSuite as C;
+        Some(match suite {
+            C::TLS13_AES_128_GCM_SHA256 => Self {
+                aead: &aead::AES_128_GCM,
+                hp: &ring_quic::AES_128,
+                hkdf: hkdf::HKDF_SHA256,
+                key_len: 16,
+            },
+            C::TLS13_AES_256_GCM_SHA384 => Self {
+                aead: &aead::AES_256_GCM,
+                hp: &ring_quic::AES_256,
+                hkdf: hkdf::HKDF_SHA384,
+                key_len: 32,
+            },
+            C::TLS13_CHACHA20_POLY1305_SHA256 => Self {
+                aead: &aead::CHACHA20_POLY1305,
+                hp: &ring_quic::CHACHA20,
+                hkdf: hkdf::HKDF_SHA256,
+                key_len: 32,
+            },
+            _ => return None,
+        })
+    }
+
+    fn hash_len(&self) -> usize {
+        if self.hkdf == hkdf::HKDF_SHA384 {
+            48
+        } else {
+            32
+        }
+    }
+}
+
+struct Len(usize);
+
+impl hkdf::KeyType for Len {
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
+/// HKDF-Expand-Label (RFC 8446 §7.1) with an empty context.
+fn expand_label(alg: hkdf::Algorithm, secret: &[u8], label: &[u8], len: usize) -> Vec<u8> {
+    let prk = hkdf::Prk::new_less_safe(alg, secret);
+    let full_len = 6 + label.len();
+    let info = [
+        &(len as u16).to_be_bytes()[..],
+        &[full_len as u8][..],
+        b"tls13 ",
+        label,
+        &[0u8][..],
+    ];
+    let mut out = vec![0; len];
+    prk.expand(&info, Len(len))
+        .and_then(|okm| okm.fill(&mut out))
+        .expect("HKDF output length within limits");
+    out
+}
+
+fn labels(version: Version) -> (&'static [u8], &'static [u8], &'static [u8], &'static [u8]) {
+    match version {
+        Version::V1 => (b"quic key", b"quic iv", b"quic hp", b"quic ku"),
+        Version::V2 => (b"quicv2 key", b"quicv2 iv", b"quicv2 hp", b"quicv2 ku"),
+    }
+}
+
+/// A packet key on ring's AEAD.
+struct DerivedPacketKey {
+    key: aead::LessSafeKey,
+    iv: [u8; aead::NONCE_LEN],
+    confidentiality_limit: u64,
+    integrity_limit: u64,
+}
+
+impl DerivedPacketKey {
+    fn nonce(&self, pn: u64) -> aead::Nonce {
+        let mut n = self.iv;
+        for (a, b) in n[4..].iter_mut().zip(pn.to_be_bytes()) {
+            *a ^= b;
+        }
+        aead::Nonce::assume_unique_for_key(n)
+    }
+}
+
+impl PacketKey for DerivedPacketKey {
+    fn encrypt_in_place(
+        &self,
+        packet_number: u64,
+        header: &[u8],
+        payload: &mut [u8],
+    ) -> Result<quic::Tag, rustls::Error> {
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(self.nonce(packet_number), aead::Aad::from(header), payload)
+            .map_err(|_| rustls::Error::EncryptError)?;
+        Ok(quic::Tag::from(tag.as_ref()))
+    }
+
+    fn decrypt_in_place<'a>(
+        &self,
+        packet_number: u64,
+        header: &[u8],
+        payload: &'a mut [u8],
+    ) -> Result<&'a [u8], rustls::Error> {
+        let plain = self
+            .key
+            .open_in_place(self.nonce(packet_number), aead::Aad::from(header), payload)
+            .map_err(|_| rustls::Error::DecryptError)?;
+        Ok(plain)
+    }
+
+    fn tag_len(&self) -> usize {
+        self.key.algorithm().tag_len()
+    }
+
+    fn confidentiality_limit(&self) -> u64 {
+        self.confidentiality_limit
+    }
+
+    fn integrity_limit(&self) -> u64 {
+        self.integrity_limit
+    }
+}
+
+/// A header-protection key on ring (RFC 9001 §5.4).
+struct DerivedHeaderKey(ring_quic::HeaderProtectionKey);
+
+impl DerivedHeaderKey {
+    fn apply(
+        &self,
+        sample: &[u8],
+        first: &mut u8,
+        pn: &mut [u8],
+        remove: bool,
+    ) -> Result<(), rustls::Error> {
+        let mask = self
+            .0
+            .new_mask(sample)
+            .map_err(|_| rustls::Error::General("sample".into()))?;
+        if pn.len() > 4 {
+            return Err(rustls::Error::General("packet number too long".into()));
+        }
+        let bits = if *first & 0x80 != 0 { 0x0f } else { 0x1f };
+        // When removing, the packet-number length comes from the unmasked first byte.
+        let first_plain = if remove {
+            *first ^ (mask[0] & bits)
+        } else {
+            *first
+        };
+        let pn_len = usize::from(first_plain & 0x03) + 1;
+        *first ^= mask[0] & bits;
+        for (b, m) in pn.iter_mut().zip(&mask[1..]).take(pn_len) {
+            *b ^= m;
+        }
+        Ok(())
+    }
+}
+
+impl HeaderProtectionKey for DerivedHeaderKey {
+    fn encrypt_in_place(
+        &self,
+        sample: &[u8],
+        first: &mut u8,
+        pn: &mut [u8],
+    ) -> Result<(), rustls::Error> {
+        self.apply(sample, first, pn, false)
+    }
+
+    fn decrypt_in_place(
+        &self,
+        sample: &[u8],
+        first: &mut u8,
+        pn: &mut [u8],
+    ) -> Result<(), rustls::Error> {
+        self.apply(sample, first, pn, true)
+    }
+
+    fn sample_len(&self) -> usize {
+        self.0.algorithm().sample_len()
+    }
+}
+
+fn derive_packet_key(algs: SuiteAlgs, version: Version, secret: &[u8]) -> Box<dyn PacketKey> {
+    let (k, iv, _, _) = labels(version);
+    let key = expand_label(algs.hkdf, secret, k, algs.key_len);
+    let ivb = expand_label(algs.hkdf, secret, iv, aead::NONCE_LEN);
+    let mut iv_arr = [0; aead::NONCE_LEN];
+    iv_arr.copy_from_slice(&ivb);
+    let chacha = std::ptr::eq(algs.aead, &aead::CHACHA20_POLY1305);
+    Box::new(DerivedPacketKey {
+        key: aead::LessSafeKey::new(aead::UnboundKey::new(algs.aead, &key).expect("key length")),
+        iv: iv_arr,
+        // RFC 9001 §6.6.
+        confidentiality_limit: if chacha { u64::MAX } else { 1 << 23 },
+        integrity_limit: if chacha { 1 << 36 } else { 1 << 52 },
+    })
+}
+
+fn derive_header_key(
+    algs: SuiteAlgs,
+    version: Version,
+    secret: &[u8],
+) -> Box<dyn HeaderProtectionKey> {
+    let (_, _, hp, _) = labels(version);
+    let key = expand_label(algs.hkdf, secret, hp, algs.key_len);
+    Box::new(DerivedHeaderKey(
+        ring_quic::HeaderProtectionKey::new(algs.hp, &key).expect("key length"),
+    ))
+}
+
+fn derive_keys(algs: SuiteAlgs, version: Version, secret: &[u8]) -> Keys {
+    Keys {
+        header: derive_header_key(algs, version, secret),
+        packet: derive_packet_key(algs, version, secret),
+    }
+}
+
+/// Handshake keys of `version` for a client, from captured secrets.
+pub fn derived_handshake_keys(
+    algs: SuiteAlgs,
+    version: Version,
+    s: &CapturedSecrets,
+) -> Option<KeyPair> {
+    if s.client_handshake.is_empty() || s.server_handshake.is_empty() {
+        return None;
+    }
+    Some(KeyPair {
+        local: derive_keys(algs, version, &s.client_handshake),
+        remote: derive_keys(algs, version, &s.server_handshake),
+    })
+}
+
+/// The next 1-RTT secret (RFC 9001 §6.1).
+fn next_secret(algs: SuiteAlgs, version: Version, secret: &[u8]) -> Vec<u8> {
+    let (_, _, _, ku) = labels(version);
+    expand_label(algs.hkdf, secret, ku, algs.hash_len())
+}
+
+/// Key schedule for 1-RTT keys derived by kuai (see [`OneRttKeys`]).
+pub struct DerivedSchedule {
+    algs: SuiteAlgs,
+    version: Version,
+    local: Vec<u8>,
+    remote: Vec<u8>,
+}
+
+impl DerivedSchedule {
+    fn next_set(&mut self) -> PacketKeySet {
+        self.local = next_secret(self.algs, self.version, &self.local);
+        self.remote = next_secret(self.algs, self.version, &self.remote);
+        PacketKeySet {
+            local: derive_packet_key(self.algs, self.version, &self.local),
+            remote: derive_packet_key(self.algs, self.version, &self.remote),
+        }
+    }
+}
+
+/// Where the next generation of 1-RTT keys comes from.
+enum KeySchedule {
+    Rustls(Secrets),
+    Derived(DerivedSchedule),
+}
+
+impl KeySchedule {
+    fn next_packet_keys(&mut self) -> PacketKeySet {
+        match self {
+            KeySchedule::Rustls(s) => s.next_packet_keys(),
+            KeySchedule::Derived(d) => d.next_set(),
+        }
+    }
+}
+
+impl OneRttKeys {
+    /// Client 1-RTT keys of `version` from captured secrets.
+    pub fn derived(algs: SuiteAlgs, version: Version, s: &CapturedSecrets) -> Option<Self> {
+        if s.client_traffic.is_empty() || s.server_traffic.is_empty() {
+            return None;
+        }
+        let mut schedule = DerivedSchedule {
+            algs,
+            version,
+            local: s.client_traffic.clone(),
+            remote: s.server_traffic.clone(),
+        };
+        let current = PacketKeySet {
+            local: derive_packet_key(algs, version, &schedule.local),
+            remote: derive_packet_key(algs, version, &schedule.remote),
+        };
+        let next = schedule.next_set();
+        Some(Self {
+            header: KeyPair0 {
+                local: derive_header_key(algs, version, &s.client_traffic),
+                remote: derive_header_key(algs, version, &s.server_traffic),
+            },
+            current,
+            next,
+            prev_remote: None,
+            schedule: KeySchedule::Derived(schedule),
+            phase: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod derived_tests {
+    use super::*;
+
+    /// The derived v1 keys must agree with rustls's for the same secret: protect with one,
+    /// open with the other.
+    #[test]
+    fn derived_initial_keys_match_rustls() {
+        // RFC 9001 A.1 client initial secret.
+        let secret = [
+            0xc0, 0x0c, 0xf1, 0x51, 0xca, 0x5b, 0xe0, 0x75, 0xed, 0x0e, 0xbf, 0xb5, 0xc8, 0x03,
+            0x23, 0xc4, 0x2d, 0x6b, 0x7d, 0xb6, 0x78, 0x81, 0x28, 0x9a, 0xf4, 0x00, 0x8f, 0x1f,
+            0x6c, 0x35, 0x7a, 0xea,
+        ];
+        let algs = SuiteAlgs::of(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256).unwrap();
+        let ours = derive_keys(algs, Version::V1, &secret);
+        let theirs = initial_keys(
+            Version::V1,
+            &ConnectionId::new(&[0x83, 0x94, 0xc8, 0xf0, 0x3e, 0x51, 0x57, 0x08]),
+            Side::Client,
+        );
+        let header = [0xc3u8, 0, 0, 0, 1];
+        let mut payload = b"hello quic".to_vec();
+        let tag = ours
+            .packet
+            .encrypt_in_place(7, &header, &mut payload)
+            .unwrap();
+        payload.extend_from_slice(tag.as_ref());
+        let plain = theirs
+            .local
+            .packet
+            .decrypt_in_place(7, &header, &mut payload)
+            .unwrap();
+        assert_eq!(plain, b"hello quic");
+        // Header protection: apply with ours, remove with rustls.
+        let sample = [0x5au8; 16];
+        let (mut first, mut pn) = (0xc3u8, [1u8, 2, 3, 4]);
+        ours.header
+            .encrypt_in_place(&sample, &mut first, &mut pn)
+            .unwrap();
+        theirs
+            .local
+            .header
+            .decrypt_in_place(&sample, &mut first, &mut pn)
+            .unwrap();
+        assert_eq!((first, pn), (0xc3, [1, 2, 3, 4]));
     }
 }

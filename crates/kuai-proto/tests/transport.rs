@@ -404,3 +404,39 @@ fn application_close_reaches_the_peer() {
     assert_eq!(p.server().ep.connection_count(), 0);
     assert_eq!(p.client().ep.connection_count(), 0);
 }
+
+#[test]
+fn compatible_version_negotiation_v1_to_v2() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    assert_eq!(ccfg.version, kuai_proto::Version::V1);
+    let mut scfg = quic::server_config(TransportConfig::default());
+    scfg.versions = vec![kuai_proto::Version::V2, kuai_proto::Version::V1];
+    let mut p = pair(70, scfg, &ccfg, Client::with_requests([100_000]));
+    p.net.record(true);
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    p.client_app().assert_all_intact();
+    assert_eq!(p.client_conn().version(), kuai_proto::Version::V2);
+    assert_eq!(p.server_conn().unwrap().version(), kuai_proto::Version::V2);
+    // The client's first Initial was v1; the server answered in v2.
+    let log = p.net.log();
+    let first = log
+        .iter()
+        .find(|e| e.from_addr == quic::client_addr())
+        .unwrap();
+    assert_eq!(first.len, 1200);
+}
+
+#[test]
+fn v2_only_server_sends_version_negotiation_to_v1_only_client() {
+    let mut ccfg = quic::client_config(TransportConfig::default());
+    ccfg.versions = vec![kuai_proto::Version::V1];
+    let mut scfg = quic::server_config(TransportConfig::default());
+    scfg.versions = vec![kuai_proto::Version::V2];
+    let mut p = pair(71, scfg, &ccfg, Client::with_requests([100]));
+    p.run_until(Duration::from_secs(3), |p| p.client_app().lost.is_some());
+    assert_eq!(
+        p.client_app().lost,
+        Some(kuai_proto::ConnectionError::VersionMismatch)
+    );
+    assert_eq!(p.server().ep.stats().version_negotiations_sent, 1);
+}

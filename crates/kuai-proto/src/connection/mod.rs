@@ -209,6 +209,12 @@ pub struct Connection {
     tls: Option<Tls>,
     /// Server: ClientHello bytes gathered before TLS starts (to pick the version first).
     client_hello: Vec<u8>,
+    /// The version rustls derives keys for; differs from `version` after a client switched
+    /// versions mid-handshake, and then kuai derives the keys itself.
+    tls_version: Version,
+    secret_capture: Option<Arc<crypto::SecretCapture>>,
+    /// Client random of our ClientHello (to find captured secrets).
+    client_random: Option<[u8; 32]>,
     spaces: [PacketSpace; 3],
     /// Server: keys of the client's original version, while it may still send Initials in it.
     original_initial_keys: Option<crypto::KeyPair>,
@@ -414,6 +420,7 @@ impl Connection {
             rng,
         );
         conn.versions = cfg.versions.clone();
+        conn.secret_capture = cfg.secret_capture.clone();
         conn.client_config = Some(cfg.clone());
         conn.server_name = Some(server_name.to_owned());
         conn.token = token;
@@ -528,6 +535,9 @@ impl Connection {
             state: State::Handshake,
             tls: None,
             client_hello: Vec::new(),
+            tls_version: version,
+            secret_capture: None,
+            client_random: None,
             spaces: Default::default(),
             original_initial_keys: None,
             zero_rtt_keys: None,
@@ -922,19 +932,34 @@ impl Connection {
         for o in out {
             match o {
                 HandshakeOutput::Data(space, data) => {
+                    if self.client_random.is_none()
+                        && self.side.is_client()
+                        && data.first() == Some(&1)
+                        && let Some(r) = data.get(6..38)
+                    {
+                        self.client_random = r.try_into().ok();
+                    }
                     self.spaces[space.index()]
                         .crypto_send
                         .write(Bytes::from(data));
                 }
                 HandshakeOutput::HandshakeKeys(keys) => {
+                    let keys = if self.version != self.tls_version {
+                        self.derived_keys(crypto::derived_handshake_keys)?
+                    } else {
+                        keys
+                    };
                     self.spaces[SpaceId::Handshake.index()].keys = Some(keys);
                     self.retry_undecryptable(now);
                 }
                 HandshakeOutput::OneRttKeys(keys) => {
+                    let keys = if self.version != self.tls_version {
+                        self.derived_keys(OneRttKeys::derived)?
+                    } else {
+                        keys
+                    };
                     self.one_rtt = Some(keys);
-                    if self.side.is_server() {
-                        // 0-RTT keys of the server stay until the client shows 1-RTT.
-                    }
+                    self.forget_secrets();
                     self.retry_undecryptable(now);
                 }
             }
@@ -963,6 +988,32 @@ impl Connection {
             self.retry_undecryptable(now);
         }
         Ok(())
+    }
+
+    /// Keys for our current version derived from the captured TLS secrets (client after a
+    /// compatible version negotiation).
+    fn derived_keys<T>(
+        &self,
+        f: impl FnOnce(crypto::SuiteAlgs, Version, &crypto::CapturedSecrets) -> Option<T>,
+    ) -> Result<T, TransportError> {
+        let fail =
+            || TransportError::INTERNAL_ERROR("cannot derive keys for the negotiated version");
+        let capture = self.secret_capture.as_ref().ok_or_else(fail)?;
+        let random = self.client_random.ok_or_else(fail)?;
+        let suite = self
+            .tls
+            .as_ref()
+            .and_then(|t| t.cipher_suite())
+            .ok_or_else(fail)?;
+        let algs = crypto::SuiteAlgs::of(suite).ok_or_else(fail)?;
+        let secrets = capture.get(&random).ok_or_else(fail)?;
+        f(algs, self.version, &secrets).ok_or_else(fail)
+    }
+
+    fn forget_secrets(&mut self) {
+        if let (Some(c), Some(r)) = (self.secret_capture.as_ref(), self.client_random.as_ref()) {
+            c.forget(r);
+        }
     }
 
     /// Client: start 0-RTT if TLS resumed a session that allows early data.
@@ -1275,6 +1326,7 @@ impl Connection {
     }
 
     fn set_drained(&mut self) {
+        self.forget_secrets();
         if self.state != State::Drained {
             self.state = State::Drained;
             self.timers = [None; TIMER_COUNT];

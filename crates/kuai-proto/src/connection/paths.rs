@@ -299,7 +299,6 @@ mod tests {
     #[test]
     fn mtud_searches_and_survives_ordinary_loss() {
         let t = Instant::now();
-        let pto = Duration::from_millis(100);
         let mut m = Mtud::new(1200, 1452, t);
         assert_eq!(m.probe_size(t), Some(1452));
         m.on_probe_sent(1452, 10);

@@ -149,7 +149,8 @@ impl Connection {
                     Side::Client
                         if pd.ty() == PacketType::Long(LongType::Initial)
                             && self.spaces[SpaceId::Initial.index()].ack.largest.is_none()
-                            && self.versions.contains(&pv) =>
+                            && self.versions.contains(&pv)
+                            && self.secret_capture.is_some() =>
                     {
                         self.switch_version(pv);
                     }
@@ -667,6 +668,7 @@ impl Connection {
         self.local_params.encode_with_rng(&mut tp, &mut self.rng);
         let mut tls = super::Tls::server(cfg.tls.clone(), self.version, tp)
             .map_err(|e| TransportError::INTERNAL_ERROR(format!("TLS setup: {e}")))?;
+        self.tls_version = self.version;
         if !cfg.accept_0rtt {
             tls.reject_early_data();
         }
