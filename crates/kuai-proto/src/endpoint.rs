@@ -33,6 +33,10 @@ struct Entry {
     handshaking: bool,
     /// Client's initial DCID registered for routing (server side), with its address.
     initial_key: Option<(SocketAddr, ConnectionId)>,
+    /// Our CIDs routed to this connection.
+    cids: Vec<ConnectionId>,
+    /// The peer's reset token registered for this connection.
+    reset_token: Option<[u8; 16]>,
 }
 
 /// Statistics of an endpoint.
@@ -56,6 +60,8 @@ pub struct Endpoint {
     free: Vec<usize>,
     by_cid: HashMap<ConnectionId, ConnectionHandle>,
     by_initial: HashMap<(SocketAddr, ConnectionId), ConnectionHandle>,
+    /// Peers' stateless reset tokens, to find the connection a reset is meant for.
+    by_reset_token: HashMap<[u8; 16], ConnectionHandle>,
     ready: VecDeque<ConnectionHandle>,
     in_ready: Vec<bool>,
     timers: BinaryHeap<Reverse<(Instant, ConnectionHandle)>>,
@@ -90,6 +96,7 @@ impl Endpoint {
             free: Vec::new(),
             by_cid: HashMap::new(),
             by_initial: HashMap::new(),
+            by_reset_token: HashMap::new(),
             ready: VecDeque::new(),
             in_ready: Vec::new(),
             timers: BinaryHeap::new(),
@@ -165,6 +172,13 @@ impl Endpoint {
         h
     }
 
+    fn route_cid(&mut self, cid: ConnectionId, h: ConnectionHandle) {
+        self.by_cid.insert(cid, h);
+        if let Some(e) = self.conns[h.0].as_mut() {
+            e.cids.push(cid);
+        }
+    }
+
     fn mark_ready(&mut self, h: ConnectionHandle) {
         if !self.in_ready[h.0] {
             self.in_ready[h.0] = true;
@@ -199,9 +213,11 @@ impl Endpoint {
             conn,
             handshaking: false,
             initial_key: None,
+            cids: Vec::new(),
+            reset_token: None,
         });
         if !cid.is_empty() {
-            self.by_cid.insert(cid, h);
+            self.route_cid(cid, h);
         }
         self.after_conn_op(h, now);
         Ok(h)
@@ -240,6 +256,11 @@ impl Endpoint {
                 return;
             };
             if let Some(&h) = self.by_cid.get(&dcid) {
+                self.deliver(h, now, remote, local_ip, ecn, data);
+            } else if let Some(&h) =
+                packet::reset_token_of(&data).and_then(|t| self.by_reset_token.get(t))
+            {
+                // Unroutable but ending in a peer's reset token: let the connection check it.
                 self.deliver(h, now, remote, local_ip, ecn, data);
             } else {
                 self.maybe_stateless_reset(remote, local_ip, &dcid, data.len());
@@ -423,10 +444,12 @@ impl Endpoint {
             conn,
             handshaking: true,
             initial_key: Some((remote, dcid)),
+            cids: Vec::new(),
+            reset_token: None,
         });
         self.handshakes += 1;
         self.stats.accepted += 1;
-        self.by_cid.insert(local_cid, h);
+        self.route_cid(local_cid, h);
         self.by_initial.insert((remote, dcid), h);
         // The preferred-address CID routes here too.
         let extra: Vec<ConnectionId> = self.conns[h.0]
@@ -434,7 +457,7 @@ impl Endpoint {
             .map(|e| e.conn.local_cids().filter(|c| *c != local_cid).collect())
             .unwrap_or_default();
         for c in extra {
-            self.by_cid.insert(c, h);
+            self.route_cid(c, h);
         }
         self.incoming.push_back(h);
         self.deliver(h, now, remote, local_ip, ecn, data);
@@ -531,9 +554,11 @@ impl Endpoint {
         received: usize,
     ) {
         // RFC 9000 §10.3: smaller than the packet that triggered it (so two endpoints cannot
-        // loop), yet indistinguishable from a short-header packet (at least 21 bytes... we use
-        // a few more).
-        if !self.config.stateless_reset || received <= 42 || dcid.is_empty() {
+        // loop), and at least 21 bytes so it looks like a short-header packet.
+        if !self.config.stateless_reset
+            || received <= packet::MIN_STATELESS_RESET_SIZE
+            || dcid.is_empty()
+        {
             self.stats.dropped += 1;
             return;
         }
@@ -557,6 +582,12 @@ impl Endpoint {
             match ev {
                 EndpointEvent::NeedCids(n) => need += n,
                 EndpointEvent::RetireCid(cid) => retire.push(cid),
+                EndpointEvent::ResetToken(t) => {
+                    if let Some(old) = entry.reset_token.replace(t) {
+                        self.by_reset_token.remove(&old);
+                    }
+                    self.by_reset_token.insert(t, h);
+                }
                 EndpointEvent::Drained => drained = true,
             }
         }
@@ -571,15 +602,18 @@ impl Endpoint {
                 self.by_initial.remove(&k);
             }
         }
-        for cid in retire {
-            self.by_cid.remove(&cid);
+        for cid in &retire {
+            self.by_cid.remove(cid);
+        }
+        if let Some(e) = self.conns[h.0].as_mut() {
+            e.cids.retain(|c| !retire.contains(c));
         }
         if need > 0 && self.cid_gen.cid_len() > 0 {
             let mut new = Vec::with_capacity(need);
             for _ in 0..need.min(8) {
                 let cid = self.new_cid();
                 let token = token::reset_token(&self.config.reset_key, &cid);
-                self.by_cid.insert(cid, h);
+                self.route_cid(cid, h);
                 new.push((cid, token));
             }
             if let Some(e) = self.conns[h.0].as_mut() {
@@ -607,8 +641,23 @@ impl Endpoint {
         if let Some(k) = entry.initial_key {
             self.by_initial.remove(&k);
         }
-        self.by_cid.retain(|_, v| *v != h);
+        for c in &entry.cids {
+            self.by_cid.remove(c);
+        }
+        if let Some(t) = entry.reset_token {
+            self.by_reset_token.remove(&t);
+        }
         self.free.push(h.0);
+    }
+
+    /// Drops every connection without a trace, as if the process had restarted (the
+    /// endpoint configuration, and so the stateless reset key, stays). For tests and for
+    /// operators who need to shed state at once.
+    pub fn forget_all_connections(&mut self) {
+        let all: Vec<ConnectionHandle> = self.handles().collect();
+        for h in all {
+            self.remove(h);
+        }
     }
 
     /// Writes the next datagram(s) to send into `buf`.

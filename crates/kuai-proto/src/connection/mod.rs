@@ -126,6 +126,9 @@ pub enum EndpointEvent {
     NeedCids(usize),
     /// Stop routing this ID to the connection.
     RetireCid(ConnectionId),
+    /// Datagrams ending in this stateless reset token belong to the connection (RFC 9000
+    /// §10.3.1); it replaces any token reported before.
+    ResetToken([u8; 16]),
     /// The connection is gone; forget it.
     Drained,
 }
@@ -215,6 +218,8 @@ pub struct Connection {
     secret_capture: Option<Arc<crypto::SecretCapture>>,
     /// Client random of our ClientHello (to find captured secrets).
     client_random: Option<[u8; 32]>,
+    /// The peer's reset token last reported to the endpoint.
+    reported_reset_token: Option<[u8; 16]>,
     spaces: [PacketSpace; 3],
     /// Server: keys of the client's original version, while it may still send Initials in it.
     original_initial_keys: Option<crypto::KeyPair>,
@@ -538,6 +543,7 @@ impl Connection {
             tls_version: version,
             secret_capture: None,
             client_random: None,
+            reported_reset_token: None,
             spaces: Default::default(),
             original_initial_keys: None,
             zero_rtt_keys: None,
@@ -706,6 +712,12 @@ impl Connection {
         s
     }
 
+    /// Connection-level flow control: (bytes sent, the peer's limit, bytes received, our
+    /// limit).
+    pub fn flow_control(&self) -> (u64, u64, u64, u64) {
+        self.streams.flow_state()
+    }
+
     /// Events for the application.
     pub fn poll_event(&mut self) -> Option<Event> {
         if let Some(e) = self.events.pop_front() {
@@ -716,6 +728,12 @@ impl Connection {
 
     /// Events for the endpoint.
     pub fn poll_endpoint_event(&mut self) -> Option<EndpointEvent> {
+        let token = self.remote_cids.active().reset_token;
+        if token.is_some() && token != self.reported_reset_token {
+            self.reported_reset_token = token;
+            self.endpoint_events
+                .push_back(EndpointEvent::ResetToken(token.expect("checked")));
+        }
         self.endpoint_events.pop_front()
     }
 

@@ -187,6 +187,10 @@ pub struct Streams {
     accept_next: [u64; 2],
     /// The local limit for which STREAMS_BLOCKED was last queued.
     blocked_sent: [Option<u64>; 2],
+    /// The connection limit for which DATA_BLOCKED was last queued.
+    data_blocked_sent: Option<u64>,
+    /// Streams with data waiting for the connection-level limit to rise.
+    conn_blocked: Vec<StreamId>,
     // Connection flow control.
     send_max_data: u64,
     data_sent: u64,
@@ -219,6 +223,8 @@ impl Streams {
             max_remote: [cfg.max_concurrent_bidi, cfg.max_concurrent_uni],
             accept_next: [0; 2],
             blocked_sent: [None; 2],
+            data_blocked_sent: None,
+            conn_blocked: Vec::new(),
             send_max_data: 0,
             data_sent: 0,
             conn_window: RecvWindow::new(cfg.conn_window, cfg.conn_window_cap),
@@ -572,7 +578,7 @@ impl Streams {
         if fin {
             s.final_size = Some(end);
         }
-        let new_highest = s.highest().max(prev);
+        let new_highest = end.max(prev);
         let growth = new_highest - prev;
         if self.data_received + growth > self.conn_window.max() {
             return Err(TransportError::FLOW_CONTROL_ERROR(
@@ -730,14 +736,12 @@ impl Streams {
 
     pub fn on_max_data(&mut self, max: u64) {
         if max > self.send_max_data {
-            let was_blocked = self.data_sent >= self.send_max_data;
             self.send_max_data = max;
-            if was_blocked {
-                // Streams with data wait in the scheduler already; wake writers.
-                for (&id, s) in &self.send {
-                    if s.buf.has_sendable() {
-                        self.events.push_back(StreamEvent::Writable(id));
-                    }
+            // Streams that stopped on the connection limit go back to the scheduler.
+            for id in std::mem::take(&mut self.conn_blocked) {
+                if let Some(s) = self.send.get(&id) {
+                    let prio = s.priority;
+                    self.schedule(id, prio);
                 }
             }
         }
@@ -1082,7 +1086,11 @@ impl Streams {
                                         push_unique(&mut self.pending.stream_data_blocked, id);
                                     }
                                 } else if conn_room == 0 {
-                                    self.pending.data_blocked = Some(self.send_max_data);
+                                    if self.data_blocked_sent != Some(self.send_max_data) {
+                                        self.data_blocked_sent = Some(self.send_max_data);
+                                        self.pending.data_blocked = Some(self.send_max_data);
+                                    }
+                                    push_unique(&mut self.conn_blocked, id);
                                 }
                             }
                             self.sched[urgency].pop_front();

@@ -142,8 +142,26 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// A certificate with enough names to make the server's first flight larger than three
+/// times the client's Initial (exercises the anti-amplification limit).
+pub fn big_certs() -> &'static Certs {
+    static C: OnceLock<Certs> = OnceLock::new();
+    C.get_or_init(|| {
+        let mut names: Vec<String> = (0..300).map(|i| format!("host-{i}.example.com")).collect();
+        names.push("localhost".into());
+        let ck = rcgen::generate_simple_self_signed(names).unwrap();
+        Certs {
+            cert: ck.cert.der().clone(),
+            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.key_pair.serialize_der())),
+        }
+    })
+}
+
 pub fn server_tls() -> rustls::ServerConfig {
-    let c = certs();
+    server_tls_with(certs())
+}
+
+pub fn server_tls_with(c: &Certs) -> rustls::ServerConfig {
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
@@ -157,7 +175,10 @@ pub fn server_tls() -> rustls::ServerConfig {
 }
 
 pub fn client_tls() -> rustls::ClientConfig {
-    let c = certs();
+    client_tls_with(certs())
+}
+
+pub fn client_tls_with(c: &Certs) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(c.cert.clone()).unwrap();
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
