@@ -111,7 +111,7 @@ pub enum HandshakeOutput {
     /// Handshake keys became available.
     HandshakeKeys(KeyPair),
     /// 1-RTT keys became available.
-    OneRttKeys(OneRttKeys),
+    OneRttKeys(Box<OneRttKeys>),
 }
 
 /// The TLS session of a connection.
@@ -173,7 +173,9 @@ impl Tls {
                 }
                 Some(KeyChange::OneRtt { keys, next }) => {
                     self.write_space = SpaceId::Data;
-                    out.push(HandshakeOutput::OneRttKeys(OneRttKeys::new(keys, next)));
+                    out.push(HandshakeOutput::OneRttKeys(Box::new(OneRttKeys::new(
+                        keys, next,
+                    ))));
                 }
                 None => break,
             }

@@ -158,7 +158,7 @@ impl Endpoint {
     }
 
     fn insert(&mut self, entry: Entry) -> ConnectionHandle {
-        let h = match self.free.pop() {
+        match self.free.pop() {
             Some(i) => {
                 self.conns[i] = Some(entry);
                 ConnectionHandle(i)
@@ -168,8 +168,7 @@ impl Endpoint {
                 self.in_ready.push(false);
                 ConnectionHandle(self.conns.len() - 1)
             }
-        };
-        h
+        }
     }
 
     fn route_cid(&mut self, cid: ConnectionId, h: ConnectionHandle) {

@@ -598,7 +598,7 @@ impl PreferredAddress {
 impl VersionInformation {
     fn decode(sender: Side, value: &[u8]) -> Result<Self, TransportError> {
         let err = |msg: String| param_error(VERSION_INFORMATION, msg);
-        if value.len() < 4 || value.len() % 4 != 0 {
+        if value.len() < 4 || !value.len().is_multiple_of(4) {
             return Err(err(format!(
                 "length {} is not a positive multiple of 4",
                 value.len()

@@ -26,7 +26,6 @@ fn pump(now: Instant, from: &mut Endpoint, from_addr: SocketAddr, to: &mut Endpo
 
 #[test]
 fn handshake_and_echo_in_lock_step() {
-    let _ = tracing_subscriber_init();
     let certs = support::certs();
     let mut now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
@@ -82,5 +81,3 @@ fn handshake_and_echo_in_lock_step() {
     assert!(sh.is_some());
     assert_eq!(got, b"hello kuai");
 }
-
-fn tracing_subscriber_init() {}

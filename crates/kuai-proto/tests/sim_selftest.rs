@@ -206,10 +206,10 @@ impl Node for TimerNode {
         self.fired.push(now);
         self.deadlines.retain(|d| *d > now);
         // Once all deadlines are done, schedule one follow-up.
-        if self.deadlines.is_empty() {
-            if let Some(f) = self.follow_up.take() {
-                self.deadlines.push(now + f);
-            }
+        if self.deadlines.is_empty()
+            && let Some(f) = self.follow_up.take()
+        {
+            self.deadlines.push(now + f);
         }
     }
 }

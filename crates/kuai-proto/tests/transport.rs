@@ -1,6 +1,8 @@
 //! Protocol behaviour over the in-memory network: handshakes, transfers under loss, streams,
 //! 0-RTT, Retry, key updates, version negotiation, migration, resets, timeouts and limits.
 
+#![allow(clippy::field_reassign_with_default)]
+
 mod common;
 
 use std::time::Duration;

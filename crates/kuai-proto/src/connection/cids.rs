@@ -66,10 +66,6 @@ impl LocalCids {
     pub fn active_count(&self) -> usize {
         self.issued.len()
     }
-
-    pub fn contains(&self, cid: &ConnectionId) -> bool {
-        self.issued.values().any(|c| c.cid == *cid)
-    }
 }
 
 /// An ID the peer issued to us.
@@ -198,10 +194,6 @@ impl RemoteCids {
         self.cids
             .values()
             .any(|c| c.reset_token.is_some_and(|t| constant_time_eq(&t, token)))
-    }
-
-    pub fn spare(&self) -> usize {
-        self.cids.len().saturating_sub(1)
     }
 }
 

@@ -31,9 +31,9 @@ use self::spaces::PacketSpace;
 use crate::cid::ConnectionId;
 use crate::config::{ClientConfig, ServerConfig, TransportConfig};
 use crate::crypto::{self, HandshakeOutput, Keys, OneRttKeys, Tls};
-use crate::error::{TransportError, TransportErrorCode};
+use crate::error::TransportError;
 use crate::frame::{AckFrequency, Close};
-use crate::recovery::{PathId, backoff};
+use crate::recovery::PathId;
 use crate::stream::{Priority, StreamConfig, StreamError, StreamEvent, Streams};
 use crate::trace::{ConnectionStats, TraceEvent, Tracer};
 use crate::transport_params::{PreferredAddress, TransportParameters, VersionInformation};
@@ -225,7 +225,7 @@ pub struct Connection {
     original_initial_keys: Option<crypto::KeyPair>,
     zero_rtt_keys: Option<Keys>,
     zero_rtt: ZeroRtt,
-    one_rtt: Option<OneRttKeys>,
+    one_rtt: Option<Box<OneRttKeys>>,
     key_update: KeyUpdateState,
     handshake_complete: bool,
     handshake_confirmed: bool,
@@ -728,11 +728,12 @@ impl Connection {
 
     /// Events for the endpoint.
     pub fn poll_endpoint_event(&mut self) -> Option<EndpointEvent> {
-        let token = self.remote_cids.active().reset_token;
-        if token.is_some() && token != self.reported_reset_token {
-            self.reported_reset_token = token;
+        if let Some(token) = self.remote_cids.active().reset_token
+            && self.reported_reset_token != Some(token)
+        {
+            self.reported_reset_token = Some(token);
             self.endpoint_events
-                .push_back(EndpointEvent::ResetToken(token.expect("checked")));
+                .push_back(EndpointEvent::ResetToken(token));
         }
         self.endpoint_events.pop_front()
     }
@@ -972,7 +973,7 @@ impl Connection {
                 }
                 HandshakeOutput::OneRttKeys(keys) => {
                     let keys = if self.version != self.tls_version {
-                        self.derived_keys(OneRttKeys::derived)?
+                        Box::new(self.derived_keys(OneRttKeys::derived)?)
                     } else {
                         keys
                     };
@@ -1395,10 +1396,11 @@ impl Connection {
                 }
                 x if x == Timer::Pacing as usize => {}
                 x if x == Timer::PathChallenge as usize => self.on_challenge_timeout(now),
-                x if x == Timer::KeepAlive as usize => {
-                    if self.handshake_complete && !self.is_closed() {
-                        self.ping_pending = true;
-                    }
+                x if x == Timer::KeepAlive as usize
+                    && self.handshake_complete
+                    && !self.is_closed() =>
+                {
+                    self.ping_pending = true;
                 }
                 x if x == Timer::Mtu as usize => {}
                 _ => {}
@@ -1514,10 +1516,6 @@ impl Connection {
             .map_or(Duration::from_millis(25), |p| p.max_ack_delay_duration())
     }
 
-    fn backed_off_pto(&self, space: SpaceId) -> Duration {
-        backoff(self.pto_duration(space), self.pto_count)
-    }
-
     /// Moves packets in flight on a path we are leaving out of its congestion accounting.
     fn retire_path_packets(&mut self, _old: &Path) {
         // Packets sent on the old path stay in the sent list; their acknowledgement or loss is
@@ -1527,10 +1525,6 @@ impl Connection {
     /// Unix time in milliseconds corresponding to `now`, for tokens.
     fn unix_ms(&self, now: Instant) -> u64 {
         self.unix_ms_at_start + now.saturating_duration_since(self.started).as_millis() as u64
-    }
-
-    fn error_code_is_crypto(code: TransportErrorCode) -> bool {
-        (0x100..=0x1ff).contains(&code.0)
     }
 }
 

@@ -5,7 +5,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::cc::{Congestion, CongestionAlgorithm, CongestionController};
-use crate::frame::EcnCounts;
 use crate::recovery::{DeliveryRate, Pacer, PathId, RttEstimator};
 
 /// ECN codepoints (RFC 3168).
@@ -222,9 +221,6 @@ pub struct Path {
     pub challenge: Option<Challenge>,
     /// Whether the last send found the congestion window full (for RFC 9002 §7.8).
     pub cwnd_limited: bool,
-    /// ECN counts peer reported, tracked for CE increase detection.
-    pub ecn_ce_seen: u64,
-    pub ecn_counts: EcnCounts,
 }
 
 impl Path {
@@ -260,8 +256,6 @@ impl Path {
             amp_sent: 0,
             challenge: None,
             cwnd_limited: false,
-            ecn_ce_seen: 0,
-            ecn_counts: EcnCounts::default(),
         }
     }
 

@@ -137,31 +137,31 @@ impl Connection {
         }
         // Version checks for long headers.
         let mut original_version_initial = false;
-        if let Some(v) = pd.version() {
-            if v != self.version.wire() {
-                let Some(pv) = Version::from_wire(v) else {
+        if let Some(v) = pd.version()
+            && v != self.version.wire()
+        {
+            let Some(pv) = Version::from_wire(v) else {
+                self.drop_packet(None, size, DropReason::UnexpectedVersion);
+                return PacketResult::default();
+            };
+            match self.side {
+                // Compatible version negotiation (RFC 9368 §2.3): the server's first
+                // Initial may use another version from our list.
+                Side::Client
+                    if pd.ty() == PacketType::Long(LongType::Initial)
+                        && self.spaces[SpaceId::Initial.index()].ack.largest.is_none()
+                        && self.versions.contains(&pv)
+                        && self.secret_capture.is_some() =>
+                {
+                    self.switch_version(pv);
+                }
+                // The client keeps using its original version until it sees ours.
+                Side::Server if pv == self.original_version => {
+                    original_version_initial = true;
+                }
+                _ => {
                     self.drop_packet(None, size, DropReason::UnexpectedVersion);
                     return PacketResult::default();
-                };
-                match self.side {
-                    // Compatible version negotiation (RFC 9368 §2.3): the server's first
-                    // Initial may use another version from our list.
-                    Side::Client
-                        if pd.ty() == PacketType::Long(LongType::Initial)
-                            && self.spaces[SpaceId::Initial.index()].ack.largest.is_none()
-                            && self.versions.contains(&pv)
-                            && self.secret_capture.is_some() =>
-                    {
-                        self.switch_version(pv);
-                    }
-                    // The client keeps using its original version until it sees ours.
-                    Side::Server if pv == self.original_version => {
-                        original_version_initial = true;
-                    }
-                    _ => {
-                        self.drop_packet(None, size, DropReason::UnexpectedVersion);
-                        return PacketResult::default();
-                    }
                 }
             }
         }
@@ -617,10 +617,10 @@ impl Connection {
             while let Some(chunk) = self.spaces[si].crypto_recv.read(usize::MAX) {
                 self.client_hello.extend_from_slice(&chunk);
             }
-            if let Some(len) = client_hello_len(&self.client_hello) {
-                if self.client_hello.len() >= len {
-                    self.start_server_tls(now)?;
-                }
+            if let Some(len) = client_hello_len(&self.client_hello)
+                && self.client_hello.len() >= len
+            {
+                self.start_server_tls(now)?;
             }
             return Ok(());
         }
@@ -796,12 +796,7 @@ impl Connection {
         // Downgrade protection lives in version_information; we do not restart here but
         // report the mismatch (RFC 9368 leaves restarting to the application).
         let _ = now;
-        let common = self.versions.iter().any(|v| offered.contains(&v.wire()));
-        let err = if common {
-            ConnectionError::VersionMismatch
-        } else {
-            ConnectionError::VersionMismatch
-        };
+        let err = ConnectionError::VersionMismatch;
         self.error = Some(err.clone());
         self.events.push_back(Event::ConnectionLost(err));
         self.set_drained();

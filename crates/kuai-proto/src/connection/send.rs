@@ -360,12 +360,13 @@ impl Connection {
             }
         }
         // A probe must be ack-eliciting.
-        if (probing || (space == SpaceId::Data && self.ping_pending)) && !ack_eliciting {
-            if buf.len() < payload_max {
-                buf.put_u8(0x01);
-                ack_eliciting = true;
-                note(&mut names, &mut n_names, "ping");
-            }
+        if (probing || (space == SpaceId::Data && self.ping_pending))
+            && !ack_eliciting
+            && buf.len() < payload_max
+        {
+            buf.put_u8(0x01);
+            ack_eliciting = true;
+            note(&mut names, &mut n_names, "ping");
         }
         if space == SpaceId::Data && ack_eliciting {
             self.ping_pending = false;

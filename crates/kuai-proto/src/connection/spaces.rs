@@ -37,19 +37,6 @@ pub struct PacketSpace {
     pub ecn_marked_sent: u64,
 }
 
-impl PacketSpace {
-    pub fn take_pn(&mut self) -> u64 {
-        let pn = self.next_pn;
-        self.next_pn += 1;
-        pn
-    }
-
-    /// Whether there is anything besides ACKs to send in this space.
-    pub fn has_crypto_to_send(&self) -> bool {
-        self.crypto_send.has_sendable()
-    }
-}
-
 /// What we have received and owe acknowledgements for.
 #[derive(Default)]
 pub struct AckState {

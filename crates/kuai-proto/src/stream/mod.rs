@@ -821,27 +821,23 @@ impl Streams {
                 let prio = s.priority;
                 self.schedule(id, prio);
             }
-            SentFrame::ResetStream(id) => {
-                if self.send.contains_key(&id) {
-                    push_unique(&mut self.pending.reset, id);
-                }
+            SentFrame::ResetStream(id) if self.send.contains_key(&id) => {
+                push_unique(&mut self.pending.reset, id);
             }
-            SentFrame::StopSending(id) => {
-                if self.recv.get(&id).is_some_and(|s| s.final_size.is_none()) {
-                    push_unique(&mut self.pending.stop, id);
-                }
+            SentFrame::StopSending(id)
+                if self.recv.get(&id).is_some_and(|s| s.final_size.is_none()) =>
+            {
+                push_unique(&mut self.pending.stop, id);
             }
             SentFrame::MaxData => self.pending.max_data = true,
-            SentFrame::MaxStreamData(id) => {
-                if self.recv.get(&id).is_some_and(|s| s.final_size.is_none()) {
-                    push_unique(&mut self.pending.max_stream_data, id);
-                }
+            SentFrame::MaxStreamData(id)
+                if self.recv.get(&id).is_some_and(|s| s.final_size.is_none()) =>
+            {
+                push_unique(&mut self.pending.max_stream_data, id);
             }
             SentFrame::MaxStreams(d) => self.pending.max_streams[dir_idx(d)] = true,
-            SentFrame::DataBlocked => {
-                if self.data_sent >= self.send_max_data {
-                    self.pending.data_blocked = Some(self.send_max_data);
-                }
+            SentFrame::DataBlocked if self.data_sent >= self.send_max_data => {
+                self.pending.data_blocked = Some(self.send_max_data);
             }
             SentFrame::StreamDataBlocked(id) => {
                 if let Some(s) = self.send.get(&id)

@@ -536,7 +536,7 @@ impl Client {
         let Some(conn) = ep.connection_mut(h) else {
             return;
         };
-        if !conn.is_established() && !(self.use_0rtt && conn.is_0rtt_available()) {
+        if !(conn.is_established() || self.use_0rtt && conn.is_0rtt_available()) {
             return;
         }
         self.started_at.get_or_insert(now);

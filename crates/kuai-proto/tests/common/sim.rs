@@ -864,18 +864,20 @@ impl Network {
             st.busy_until = depart;
             st.queue.push_back((depart, len));
             st.queued_bytes += len;
-            if let (Some(th), Some(e)) = (cfg.ce_threshold_bytes, ecn) {
-                if ahead > th && (e == ecn::ECT0 || e == ecn::ECT1) {
-                    ecn = Some(ecn::CE);
-                    self.stats.entry(pair).or_default().ce_marked.add(len);
-                }
-            }
-        }
-        if let Some(e) = ecn {
-            if (e == ecn::ECT0 || e == ecn::ECT1) && self.chance(cfg.ce_mark) {
+            if let (Some(th), Some(e)) = (cfg.ce_threshold_bytes, ecn)
+                && ahead > th
+                && (e == ecn::ECT0 || e == ecn::ECT1)
+            {
                 ecn = Some(ecn::CE);
                 self.stats.entry(pair).or_default().ce_marked.add(len);
             }
+        }
+        if let Some(e) = ecn
+            && (e == ecn::ECT0 || e == ecn::ECT1)
+            && self.chance(cfg.ce_mark)
+        {
+            ecn = Some(ecn::CE);
+            self.stats.entry(pair).or_default().ce_marked.add(len);
         }
         if cfg.ecn_bleach && ecn.is_some() {
             ecn = Some(ecn::NOT_ECT);
