@@ -73,8 +73,10 @@ pub struct Mtud {
     full_size_losses: u32,
     /// Whether the current size must be re-confirmed by a probe (suspected black hole).
     pub confirm: bool,
-    /// The configured maximum was probed once already.
+        /// The configured maximum was probed once already.
     tried_top: bool,
+    /// Size of the latest probe.
+    last_probe: u16,
 }
 
 /// Probes lost in a row before a size is taken as too large (RFC 8899 MAX_PROBES).
@@ -93,7 +95,8 @@ impl Mtud {
             base,
             full_size_losses: 0,
             confirm: false,
-            tried_top: false,
+                        tried_top: false,
+            last_probe: base,
         }
     }
 
@@ -110,7 +113,10 @@ impl Mtud {
         }
         // Binary search, rounded to 4 bytes; jump straight to the top first, since the
         // common case is that the whole range works.
-        let size = if !self.tried_top {
+                let size = if self.failures > 0 {
+            // Retry the size that was lost, up to MAX_PROBES times.
+            self.last_probe
+        } else if !self.tried_top {
             self.upper
         } else {
             (self.current + (self.upper - self.current).div_ceil(2)).min(self.upper)
@@ -118,8 +124,9 @@ impl Mtud {
         Some(size)
     }
 
-    pub fn on_probe_sent(&mut self, size: u16, pn: u64) {
+        pub fn on_probe_sent(&mut self, size: u16, pn: u64) {
         self.in_flight = Some((size, pn));
+        self.last_probe = size;
         self.tried_top = true;
     }
 
