@@ -1,0 +1,679 @@
+//! Connections and streams as async handles.
+
+use std::future::{Future, poll_fn};
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use kuai_proto::connection::DatagramError;
+use kuai_proto::stream::StreamError;
+use kuai_proto::trace::ConnectionStats;
+use kuai_proto::{ConnectionError, ConnectionHandle, Dir, Priority, StreamId};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::endpoint::{ConnState, Shared, State, dir_index, register};
+
+/// Keeps a connection alive while any handle to it exists; closes it when the last goes.
+pub(crate) struct ConnectionInner {
+    pub shared: Arc<Shared>,
+    pub handle: ConnectionHandle,
+}
+
+impl ConnectionInner {
+    pub fn new(shared: Arc<Shared>, handle: ConnectionHandle) -> Arc<Self> {
+        Arc::new(Self { shared, handle })
+    }
+
+    /// Runs `f` on the connection and its wake state under the endpoint lock.
+    fn with<R>(&self, f: impl FnOnce(&mut State, ConnectionHandle) -> R) -> R {
+        let mut s = self.shared.lock();
+        f(&mut s, self.handle)
+    }
+}
+
+impl Drop for ConnectionInner {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        if let Some(c) = s.ep.connection_mut(self.handle)
+            && !c.is_closed()
+        {
+            c.close(Instant::now(), 0, b"");
+        }
+        drop(s);
+        self.shared.kick();
+    }
+}
+
+fn conn_error(st: Option<&ConnState>) -> ConnectionError {
+    st.and_then(|c| c.error.clone()).unwrap_or(ConnectionError::LocallyClosed)
+}
+
+/// A connection whose handshake is under way.
+pub struct Connecting {
+    inner: Option<Arc<ConnectionInner>>,
+}
+
+impl Connecting {
+    pub(crate) fn new(inner: Arc<ConnectionInner>) -> Self {
+        Self { inner: Some(inner) }
+    }
+
+    /// Client: use the connection at once, sending in 0-RTT, when a resumed session allows it.
+    /// `Err(self)` when 0-RTT is not possible. The returned [`ZeroRttAccepted`] resolves to
+    /// whether the server accepted the early data; if not, streams opened before were reset
+    /// and their data must be sent again.
+    pub fn into_0rtt(mut self) -> Result<(Connection, ZeroRttAccepted), Self> {
+        let inner = self.inner.take().expect("not consumed");
+        let ok = inner.with(|s, h| s.ep.connection(h).is_some_and(|c| c.is_0rtt_available()));
+        if !ok {
+            return Err(Self { inner: Some(inner) });
+        }
+        let conn = Connection { inner: inner.clone() };
+        Ok((conn, ZeroRttAccepted { inner }))
+    }
+
+    pub fn remote_address(&self) -> SocketAddr {
+        let inner = self.inner.as_ref().expect("not consumed");
+        inner.with(|s, h| s.ep.connection(h).map(|c| c.remote_address())).unwrap_or(
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+        )
+    }
+}
+
+impl Future for Connecting {
+    type Output = Result<Connection, ConnectionError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.inner.as_ref().expect("polled after completion");
+        let ready = inner.with(|s, h| {
+            let st = s.conns.get_mut(&h);
+            match st {
+                Some(st) if st.connected => Some(Ok(())),
+                Some(st) if st.error.is_some() => Some(Err(st.error.clone().expect("checked"))),
+                Some(st) => {
+                    register(&mut st.handshake, cx);
+                    None
+                }
+                None => Some(Err(ConnectionError::LocallyClosed)),
+            }
+        });
+        match ready {
+            None => Poll::Pending,
+            Some(Ok(())) => Poll::Ready(Ok(Connection { inner: self.inner.take().expect("set") })),
+            Some(Err(e)) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+/// Resolves once the handshake finished: `true` if the server accepted 0-RTT data.
+pub struct ZeroRttAccepted {
+    inner: Arc<ConnectionInner>,
+}
+
+impl Future for ZeroRttAccepted {
+    type Output = bool;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        self.inner.with(|s, h| {
+            let accepted = s.ep.connection(h).and_then(|c| c.zero_rtt_accepted());
+            match (accepted, s.conns.get_mut(&h)) {
+                (Some(a), _) => Poll::Ready(a),
+                (None, Some(st)) if st.error.is_none() => {
+                    register(&mut st.handshake, cx);
+                    Poll::Pending
+                }
+                _ => Poll::Ready(false),
+            }
+        })
+    }
+}
+
+/// An established QUIC connection. Cheap to clone; closed when the last handle (including
+/// its streams) is dropped.
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<ConnectionInner>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").field("remote", &self.remote_address()).finish()
+    }
+}
+
+impl Connection {
+    async fn open(&self, dir: Dir) -> Result<StreamId, ConnectionError> {
+        poll_fn(|cx| {
+            self.inner.with(|s, h| {
+                let Some(c) = s.ep.connection_mut(h) else {
+                    return Poll::Ready(Err(conn_error(s.conns.get(&h))));
+                };
+                match c.open_stream(dir) {
+                    Ok(id) => Poll::Ready(Ok(id)),
+                    Err(StreamError::Blocked) => {
+                        if let Some(st) = s.conns.get_mut(&h) {
+                            if let Some(e) = st.error.clone() {
+                                return Poll::Ready(Err(e));
+                            }
+                            register(&mut st.open[dir_index(dir)], cx);
+                        }
+                        Poll::Pending
+                    }
+                    Err(_) => Poll::Ready(Err(conn_error(s.conns.get(&h)))),
+                }
+            })
+        })
+        .await
+    }
+
+    /// Opens a bidirectional stream, waiting while the peer's stream limit is reached.
+    pub async fn open_bi(&self) -> Result<(SendStream, RecvStream), ConnectionError> {
+        let id = self.open(Dir::Bi).await?;
+        Ok((SendStream::new(self.inner.clone(), id), RecvStream::new(self.inner.clone(), id)))
+    }
+
+    /// Opens a unidirectional stream.
+    pub async fn open_uni(&self) -> Result<SendStream, ConnectionError> {
+        let id = self.open(Dir::Uni).await?;
+        Ok(SendStream::new(self.inner.clone(), id))
+    }
+
+    async fn accept(&self, dir: Dir) -> Result<StreamId, ConnectionError> {
+        poll_fn(|cx| {
+            self.inner.with(|s, h| {
+                let Some(c) = s.ep.connection_mut(h) else {
+                    return Poll::Ready(Err(conn_error(s.conns.get(&h))));
+                };
+                if let Some(id) = c.accept_stream(dir) {
+                    return Poll::Ready(Ok(id));
+                }
+                let Some(st) = s.conns.get_mut(&h) else {
+                    return Poll::Ready(Err(ConnectionError::LocallyClosed));
+                };
+                if let Some(e) = st.error.clone() {
+                    return Poll::Ready(Err(e));
+                }
+                register(&mut st.accept[dir_index(dir)], cx);
+                Poll::Pending
+            })
+        })
+        .await
+    }
+
+    /// Waits for the peer to open a bidirectional stream.
+    pub async fn accept_bi(&self) -> Result<(SendStream, RecvStream), ConnectionError> {
+        let id = self.accept(Dir::Bi).await?;
+        Ok((SendStream::new(self.inner.clone(), id), RecvStream::new(self.inner.clone(), id)))
+    }
+
+    /// Waits for the peer to open a unidirectional stream.
+    pub async fn accept_uni(&self) -> Result<RecvStream, ConnectionError> {
+        let id = self.accept(Dir::Uni).await?;
+        Ok(RecvStream::new(self.inner.clone(), id))
+    }
+
+    /// Sends an unreliable datagram (RFC 9221).
+    pub fn send_datagram(&self, data: Bytes) -> Result<(), DatagramError> {
+        let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
+            Some(c) => c.send_datagram(data),
+            None => Err(DatagramError::Unsupported),
+        });
+        self.inner.shared.kick();
+        r
+    }
+
+    /// Receives the next datagram.
+    pub async fn read_datagram(&self) -> Result<Bytes, ConnectionError> {
+        poll_fn(|cx| {
+            self.inner.with(|s, h| {
+                if let Some(d) = s.ep.connection_mut(h).and_then(|c| c.recv_datagram()) {
+                    return Poll::Ready(Ok(d));
+                }
+                let Some(st) = s.conns.get_mut(&h) else {
+                    return Poll::Ready(Err(ConnectionError::LocallyClosed));
+                };
+                if let Some(e) = st.error.clone() {
+                    return Poll::Ready(Err(e));
+                }
+                register(&mut st.datagram, cx);
+                Poll::Pending
+            })
+        })
+        .await
+    }
+
+    /// Largest datagram payload that can be sent now.
+    pub fn max_datagram_size(&self) -> Option<usize> {
+        self.inner.with(|s, h| s.ep.connection(h).and_then(|c| c.max_datagram_size()))
+    }
+
+    /// Closes the connection with an application error code.
+    pub fn close(&self, code: u64, reason: &[u8]) {
+        self.inner.with(|s, h| {
+            if let Some(c) = s.ep.connection_mut(h) {
+                c.close(Instant::now(), code, reason);
+            }
+        });
+        self.inner.shared.kick();
+    }
+
+    /// Waits until the connection is closed, and says why.
+    pub async fn closed(&self) -> ConnectionError {
+        poll_fn(|cx| {
+            self.inner.with(|s, h| match s.conns.get_mut(&h) {
+                Some(st) => match st.error.clone() {
+                    Some(e) => Poll::Ready(e),
+                    None => {
+                        register(&mut st.closed, cx);
+                        Poll::Pending
+                    }
+                },
+                None => Poll::Ready(ConnectionError::LocallyClosed),
+            })
+        })
+        .await
+    }
+
+    /// Why the connection closed, if it has.
+    pub fn close_reason(&self) -> Option<ConnectionError> {
+        self.inner.with(|s, h| s.conns.get(&h).and_then(|c| c.error.clone()))
+    }
+
+    pub fn remote_address(&self) -> SocketAddr {
+        self.inner
+            .with(|s, h| s.ep.connection(h).map(|c| c.remote_address()))
+            .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    pub fn stats(&self) -> ConnectionStats {
+        self.inner.with(|s, h| s.ep.connection(h).map(|c| c.stats()).unwrap_or_default())
+    }
+
+    /// Negotiated ALPN protocol.
+    pub fn alpn(&self) -> Option<Vec<u8>> {
+        self.inner.with(|s, h| s.ep.connection(h).and_then(|c| c.alpn().map(<[u8]>::to_vec)))
+    }
+
+    /// Server: the SNI the client sent.
+    pub fn server_name(&self) -> Option<String> {
+        self.inner.with(|s, h| s.ep.connection(h).and_then(|c| c.server_name().map(str::to_owned)))
+    }
+
+    /// Whether the server accepted 0-RTT (client; `None` if not attempted or unknown yet).
+    pub fn zero_rtt_accepted(&self) -> Option<bool> {
+        self.inner.with(|s, h| s.ep.connection(h).and_then(|c| c.zero_rtt_accepted()))
+    }
+
+    /// Starts a 1-RTT key update; false if one is already in progress.
+    pub fn force_key_update(&self) -> bool {
+        let r = self.inner.with(|s, h| s.ep.connection_mut(h).is_some_and(|c| c.initiate_key_update()));
+        self.inner.shared.kick();
+        r
+    }
+
+    /// The negotiated QUIC version.
+    pub fn version(&self) -> Option<kuai_proto::Version> {
+        self.inner.with(|s, h| s.ep.connection(h).map(|c| c.version()))
+    }
+
+    /// Sets a qlog-shaped event callback for this connection.
+    pub fn set_tracer(&self, tracer: Box<dyn kuai_proto::trace::Tracer>) {
+        self.inner.with(|s, h| {
+            if let Some(c) = s.ep.connection_mut(h) {
+                c.set_tracer(tracer);
+            }
+        });
+    }
+}
+
+fn stream_io_error(e: StreamError) -> io::Error {
+    let kind = match e {
+        StreamError::Reset(_) | StreamError::Stopped(_) => io::ErrorKind::ConnectionReset,
+        StreamError::UnknownStream | StreamError::ClosedStream => io::ErrorKind::NotConnected,
+        StreamError::Blocked | StreamError::WouldBlock => io::ErrorKind::WouldBlock,
+    };
+    io::Error::new(kind, e)
+}
+
+fn connection_io_error(e: ConnectionError) -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, e)
+}
+
+/// Why a write failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteError {
+    /// The peer asked us to stop with this code.
+    Stopped(u64),
+    ConnectionLost(ConnectionError),
+    /// The stream was finished or reset already.
+    ClosedStream,
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WriteError::Stopped(c) => write!(f, "peer stopped the stream with code {c}"),
+            WriteError::ConnectionLost(e) => write!(f, "connection lost: {e}"),
+            WriteError::ClosedStream => f.write_str("stream already finished or reset"),
+        }
+    }
+}
+
+impl std::error::Error for WriteError {}
+
+impl From<WriteError> for io::Error {
+    fn from(e: WriteError) -> Self {
+        let kind = match e {
+            WriteError::Stopped(_) => io::ErrorKind::ConnectionReset,
+            WriteError::ConnectionLost(_) => io::ErrorKind::ConnectionAborted,
+            WriteError::ClosedStream => io::ErrorKind::NotConnected,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// Why a read failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadError {
+    /// The peer reset the stream with this code.
+    Reset(u64),
+    ConnectionLost(ConnectionError),
+    /// `read_to_end` hit its size limit.
+    TooLong,
+    ClosedStream,
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Reset(c) => write!(f, "peer reset the stream with code {c}"),
+            ReadError::ConnectionLost(e) => write!(f, "connection lost: {e}"),
+            ReadError::TooLong => f.write_str("stream longer than the limit"),
+            ReadError::ClosedStream => f.write_str("stream already closed"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+impl From<ReadError> for io::Error {
+    fn from(e: ReadError) -> Self {
+        let kind = match e {
+            ReadError::Reset(_) => io::ErrorKind::ConnectionReset,
+            ReadError::ConnectionLost(_) => io::ErrorKind::ConnectionAborted,
+            ReadError::TooLong => io::ErrorKind::InvalidData,
+            ReadError::ClosedStream => io::ErrorKind::NotConnected,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// The sending half of a stream. Dropping it without [`finish`](Self::finish) or
+/// [`reset`](Self::reset) finishes it.
+pub struct SendStream {
+    inner: Arc<ConnectionInner>,
+    id: StreamId,
+    done: bool,
+}
+
+impl SendStream {
+    fn new(inner: Arc<ConnectionInner>, id: StreamId) -> Self {
+        Self { inner, id, done: false }
+    }
+
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    /// Queues as much of `data` as the send buffer takes, waiting for room if none.
+    pub fn poll_write_chunk(&mut self, cx: &mut Context<'_>, data: &Bytes) -> Poll<Result<usize, WriteError>> {
+        let id = self.id;
+        let r = self.inner.with(|s, h| {
+            let Some(c) = s.ep.connection_mut(h) else {
+                return Poll::Ready(Err(WriteError::ConnectionLost(conn_error(s.conns.get(&h)))));
+            };
+            match c.write(id, data.clone()) {
+                Ok(0) => {
+                    if let Some(st) = s.conns.get_mut(&h) {
+                        if let Some(e) = st.error.clone() {
+                            return Poll::Ready(Err(WriteError::ConnectionLost(e)));
+                        }
+                        st.write.insert(id, cx.waker().clone());
+                    }
+                    Poll::Pending
+                }
+                Ok(n) => Poll::Ready(Ok(n)),
+                Err(StreamError::Stopped(code)) => Poll::Ready(Err(WriteError::Stopped(code))),
+                Err(_) => match s.conns.get(&h).and_then(|c| c.error.clone()) {
+                    Some(e) => Poll::Ready(Err(WriteError::ConnectionLost(e))),
+                    None => Poll::Ready(Err(WriteError::ClosedStream)),
+                },
+            }
+        });
+        if matches!(r, Poll::Ready(Ok(_))) {
+            self.inner.shared.kick();
+        }
+        r
+    }
+
+    /// Writes all of `data` without copying it.
+    pub async fn write_chunk(&mut self, mut data: Bytes) -> Result<(), WriteError> {
+        while !data.is_empty() {
+            let n = poll_fn(|cx| self.poll_write_chunk(cx, &data)).await?;
+            let _ = data.split_to(n);
+        }
+        Ok(())
+    }
+
+    /// Writes all of `buf`.
+    pub async fn write_all(&mut self, buf: &[u8]) -> Result<(), WriteError> {
+        self.write_chunk(Bytes::copy_from_slice(buf)).await
+    }
+
+    /// Ends the stream: the peer reads to the end, then sees EOF.
+    pub fn finish(&mut self) -> Result<(), WriteError> {
+        if self.done {
+            return Ok(());
+        }
+        let id = self.id;
+        let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
+            Some(c) => c.finish(id).map_err(|e| match e {
+                StreamError::Stopped(code) => WriteError::Stopped(code),
+                _ => WriteError::ClosedStream,
+            }),
+            None => Err(WriteError::ConnectionLost(conn_error(s.conns.get(&h)))),
+        });
+        self.done = true;
+        self.inner.shared.kick();
+        r
+    }
+
+    /// Abandons the stream with an application error code (RESET_STREAM).
+    pub fn reset(&mut self, code: u64) -> Result<(), WriteError> {
+        let id = self.id;
+        self.done = true;
+        let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
+            Some(c) => c.reset_stream(id, code).map_err(|_| WriteError::ClosedStream),
+            None => Err(WriteError::ConnectionLost(conn_error(s.conns.get(&h)))),
+        });
+        self.inner.shared.kick();
+        r
+    }
+
+    /// Sets the stream's priority (RFC 9218 urgency 0–7 and incremental).
+    pub fn set_priority(&self, p: Priority) {
+        let id = self.id;
+        self.inner.with(|s, h| {
+            if let Some(c) = s.ep.connection_mut(h) {
+                let _ = c.set_priority(id, p);
+            }
+        });
+    }
+
+    /// Waits until everything sent was acknowledged (`Ok`) or the peer stopped the stream
+    /// (`Err(Stopped)`).
+    pub async fn stopped(&mut self) -> Result<(), WriteError> {
+        let id = self.id;
+        poll_fn(|cx| {
+            self.inner.with(|s, h| {
+                let Some(st) = s.conns.get_mut(&h) else {
+                    return Poll::Ready(Err(WriteError::ConnectionLost(ConnectionError::LocallyClosed)));
+                };
+                if let Some(&code) = st.stopped.get(&id) {
+                    return Poll::Ready(Err(WriteError::Stopped(code)));
+                }
+                if st.finished_streams.contains(&id) {
+                    return Poll::Ready(Ok(()));
+                }
+                if let Some(e) = st.error.clone() {
+                    return Poll::Ready(Err(WriteError::ConnectionLost(e)));
+                }
+                st.finished.insert(id, cx.waker().clone());
+                Poll::Pending
+            })
+        })
+        .await
+    }
+}
+
+impl Drop for SendStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.finish();
+        }
+    }
+}
+
+impl AsyncWrite for SendStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let data = Bytes::copy_from_slice(buf);
+        this.poll_write_chunk(cx, &data).map_err(io::Error::from)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.get_mut().finish().map_err(io::Error::from))
+    }
+}
+
+/// The receiving half of a stream. Dropping it before the end asks the peer to stop.
+pub struct RecvStream {
+    inner: Arc<ConnectionInner>,
+    id: StreamId,
+    done: bool,
+}
+
+impl RecvStream {
+    fn new(inner: Arc<ConnectionInner>, id: StreamId) -> Self {
+        Self { inner, id, done: false }
+    }
+
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    /// The next chunk of at most `max` bytes, without copying; `None` at the end.
+    pub fn poll_read_chunk(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Result<Option<Bytes>, ReadError>> {
+        let id = self.id;
+        let r = self.inner.with(|s, h| {
+            let Some(c) = s.ep.connection_mut(h) else {
+                return Poll::Ready(Err(ReadError::ConnectionLost(conn_error(s.conns.get(&h)))));
+            };
+            match c.read(id, max) {
+                Ok(x) => Poll::Ready(Ok(x)),
+                Err(StreamError::WouldBlock) => {
+                    if let Some(st) = s.conns.get_mut(&h) {
+                        if let Some(e) = st.error.clone() {
+                            return Poll::Ready(Err(ReadError::ConnectionLost(e)));
+                        }
+                        st.read.insert(id, cx.waker().clone());
+                    }
+                    Poll::Pending
+                }
+                Err(StreamError::Reset(code)) => Poll::Ready(Err(ReadError::Reset(code))),
+                Err(_) => match s.conns.get(&h).and_then(|c| c.error.clone()) {
+                    Some(e) => Poll::Ready(Err(ReadError::ConnectionLost(e))),
+                    None => Poll::Ready(Err(ReadError::ClosedStream)),
+                },
+            }
+        });
+        match &r {
+            Poll::Ready(Ok(None)) | Poll::Ready(Err(_)) => self.done = true,
+            // Reading may open flow-control credit to announce.
+            Poll::Ready(Ok(Some(_))) => self.inner.shared.kick(),
+            Poll::Pending => {}
+        }
+        r
+    }
+
+    /// The next chunk, without copying; `None` at the end of the stream.
+    pub async fn read_chunk(&mut self, max: usize) -> Result<Option<Bytes>, ReadError> {
+        poll_fn(|cx| self.poll_read_chunk(cx, max)).await
+    }
+
+    /// Reads the whole stream, failing with [`ReadError::TooLong`] beyond `limit` bytes.
+    pub async fn read_to_end(&mut self, limit: usize) -> Result<Vec<u8>, ReadError> {
+        let mut out = Vec::new();
+        while let Some(chunk) = self.read_chunk(usize::MAX).await? {
+            if out.len() + chunk.len() > limit {
+                let _ = self.stop(0);
+                return Err(ReadError::TooLong);
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out)
+    }
+
+    /// Asks the peer to stop sending (STOP_SENDING) with an application error code.
+    pub fn stop(&mut self, code: u64) -> Result<(), ReadError> {
+        let id = self.id;
+        self.done = true;
+        let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
+            Some(c) => c.stop_stream(id, code).map_err(|_| ReadError::ClosedStream),
+            None => Err(ReadError::ConnectionLost(conn_error(s.conns.get(&h)))),
+        });
+        self.inner.shared.kick();
+        r
+    }
+}
+
+impl Drop for RecvStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.stop(0);
+        }
+    }
+}
+
+impl AsyncRead for RecvStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match this.poll_read_chunk(cx, buf.remaining()) {
+            Poll::Ready(Ok(Some(chunk))) => {
+                buf.put_slice(&chunk);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Ok(None)) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send() {
+    fn is_send<T: Send>() {}
+    is_send::<Connection>();
+    is_send::<SendStream>();
+    is_send::<RecvStream>();
+    let _ = stream_io_error;
+    let _ = connection_io_error;
+}
