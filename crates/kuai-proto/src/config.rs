@@ -127,6 +127,18 @@ impl ClientConfig {
     }
 }
 
+impl ClientConfig {
+    /// Sends the TLS secrets to `log` (e.g. an SSLKEYLOGFILE writer), keeping kuai's own
+    /// secret capture in front of it.
+    pub fn set_key_log(&mut self, log: Arc<dyn rustls::KeyLog>) {
+        let mut tls = (*self.tls).clone();
+        tls.key_log = log;
+        let (tls, capture) = crate::crypto::with_secret_capture(tls);
+        self.tls = Arc::new(tls);
+        self.secret_capture = Some(capture);
+    }
+}
+
 impl std::fmt::Debug for ClientConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientConfig")

@@ -1,0 +1,347 @@
+//! The interop endpoint (MISSION.md §7): configured by environment variables, as the interop
+//! runner and `interop/run.sh` start every implementation.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kuai::{ClientConfig, Endpoint, Version};
+
+use crate::hq::{self, Site};
+use crate::keylog::FileKeyLog;
+use crate::tls::Identity;
+use crate::url::Url;
+
+/// Exit code for a test case this endpoint does not implement.
+const UNSUPPORTED: u8 = 127;
+
+/// Test cases the endpoint implements, per role.
+const SERVER_CASES: &[&str] = &[
+    "handshake",
+    "transfer",
+    "multiplexing",
+    "chacha20",
+    "retry",
+    "resumption",
+    "zerortt",
+    "keyupdate",
+    "v2",
+    "ecn",
+    "amplificationlimit",
+    "handshakeloss",
+    "transferloss",
+    "blackhole",
+    "rebind-port",
+    "rebind-addr",
+    "goodput",
+];
+const CLIENT_CASES: &[&str] = &[
+    "handshake",
+    "transfer",
+    "multiplexing",
+    "chacha20",
+    "retry",
+    "resumption",
+    "zerortt",
+    "keyupdate",
+    "v2",
+    "ecn",
+    "amplificationlimit",
+    "handshakeloss",
+    "transferloss",
+    "blackhole",
+    "rebind-port",
+    "rebind-addr",
+    "goodput",
+];
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+pub async fn run() -> ExitCode {
+    let role = env("ROLE").unwrap_or_default();
+    let case = env("TESTCASE").unwrap_or_default();
+    let alpn = env("ALPN").unwrap_or_else(|| "h3".into());
+    if role == "prepare" {
+        return ExitCode::SUCCESS;
+    }
+    // HTTP/3 is not implemented yet: only hq-interop.
+    if alpn != "hq-interop" {
+        eprintln!("kuai interop: ALPN {alpn} not supported yet");
+        return ExitCode::from(UNSUPPORTED);
+    }
+    let supported = match role.as_str() {
+        "server" => SERVER_CASES,
+        "client" => CLIENT_CASES,
+        _ => {
+            eprintln!("kuai interop: ROLE must be client, server or prepare");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !supported.contains(&case.as_str()) {
+        eprintln!("kuai interop: test case {case:?} not supported as {role}");
+        return ExitCode::from(UNSUPPORTED);
+    }
+    let r = if role == "server" { server(&case).await } else { client(&case).await };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kuai interop {role} {case}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn keylog() -> Option<PathBuf> {
+    env("SSLKEYLOGFILE").map(PathBuf::from)
+}
+
+fn cipher_suites(case: &str) -> Vec<rustls::SupportedCipherSuite> {
+    use rustls::crypto::ring::cipher_suite as cs;
+    if case == "chacha20" {
+        vec![cs::TLS13_CHACHA20_POLY1305_SHA256]
+    } else {
+        vec![cs::TLS13_AES_128_GCM_SHA256, cs::TLS13_AES_256_GCM_SHA384, cs::TLS13_CHACHA20_POLY1305_SHA256]
+    }
+}
+
+fn provider(case: &str) -> Arc<rustls::crypto::CryptoProvider> {
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites = cipher_suites(case);
+    Arc::new(p)
+}
+
+async fn server(case: &str) -> Result<(), String> {
+    let listen: SocketAddr = env("LISTEN")
+        .unwrap_or_else(|| "[::]:443".into())
+        .parse()
+        .map_err(|e| format!("bad LISTEN: {e}"))?;
+    let www = PathBuf::from(env("WWW").unwrap_or_else(|| "/www".into()));
+    let certs = PathBuf::from(env("CERTS").unwrap_or_else(|| "/certs".into()));
+    let identity = Identity::load(&certs.join("cert.pem"), &certs.join("priv.key"))?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider(case))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(identity.certs.clone(), identity.key.clone_key())
+        .map_err(|e| e.to_string())?;
+    tls.alpn_protocols = vec![hq::ALPN.to_vec()];
+    if let Some(k) = keylog() {
+        tls.key_log = Arc::new(FileKeyLog::create(&k).map_err(|e| e.to_string())?);
+    }
+    let mut cfg = kuai::ServerConfig::from_rustls(tls);
+    if case == "retry" {
+        cfg.retry(kuai::RetryPolicy::Always);
+    }
+    if case == "v2" {
+        cfg.versions(vec![Version::V2, Version::V1]);
+    }
+    let ep = Endpoint::builder()
+        .server(cfg)
+        .max_segments(1)
+        .bind(listen)
+        .map_err(|e| format!("cannot bind {listen}: {e}"))?;
+    tracing::info!("interop server on {listen}, test case {case}, serving {}", www.display());
+    let site = Arc::new(Site::Dir(www));
+    while let Some(connecting) = ep.accept().await {
+        let site = site.clone();
+        tokio::spawn(async move {
+            match connecting.await {
+                Ok(conn) => hq::serve_connection(conn, site).await,
+                Err(e) => tracing::info!(error = %e, "handshake failed"),
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Accepts the server's certificate if its SPKI hash matches `CERT_SPKI_SHA256`, or any
+/// certificate without it (interop servers use throwaway certificates).
+#[derive(Debug)]
+struct InteropVerifier {
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    spki: Option<String>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for InteropVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if let Some(want) = &self.spki {
+            let id = Identity {
+                certs: vec![end_entity.clone().into_owned()],
+                key: rustls::pki_types::PrivateKeyDer::Pkcs8(Vec::new().into()),
+                self_signed: false,
+            };
+            if id.spki_sha256().as_deref() != Some(want.as_str()) {
+                return Err(rustls::Error::General("certificate SPKI does not match the pin".into()));
+            }
+        }
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn client_config(case: &str) -> Result<ClientConfig, String> {
+    let provider = provider(case);
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(InteropVerifier { provider, spki: env("CERT_SPKI_SHA256") }))
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![hq::ALPN.to_vec()];
+    if let Some(k) = keylog() {
+        tls.key_log = Arc::new(FileKeyLog::create(&k).map_err(|e| e.to_string())?);
+    }
+    let mut cfg = ClientConfig::from_rustls(tls);
+    // v1 first, v2 accepted: the "v2" case expects the server to upgrade us (RFC 9368).
+    cfg.versions(Version::V1, vec![Version::V1, Version::V2]);
+    Ok(cfg)
+}
+
+async fn client(case: &str) -> Result<(), String> {
+    let requests: Vec<Url> = env("REQUESTS")
+        .ok_or("REQUESTS is not set")?
+        .split_whitespace()
+        .map(Url::parse)
+        .collect::<Result<_, _>>()?;
+    if requests.is_empty() {
+        return Err("REQUESTS is empty".into());
+    }
+    let downloads = PathBuf::from(env("DOWNLOADS").unwrap_or_else(|| "/downloads".into()));
+    let first = &requests[0];
+    let server: SocketAddr = match env("SERVER") {
+        Some(s) => match s.parse() {
+            Ok(a) => a,
+            Err(_) => {
+                let (h, p) = s.rsplit_once(':').ok_or("SERVER must be host:port")?;
+                crate::get::resolve(h, p.parse().map_err(|_| "bad SERVER port")?).await?
+            }
+        },
+        None => crate::get::resolve(&first.host, first.port).await?,
+    };
+    let cfg = client_config(case)?;
+    let bind: SocketAddr = if server.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let ep = Endpoint::builder()
+        .client(cfg)
+        .max_segments(1)
+        .bind(bind)
+        .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
+    let limit = Duration::from_secs(180);
+    let work = async {
+        match case {
+            "handshakeloss" => {
+                // multiconnect: one connection per request, one after another.
+                for url in &requests {
+                    let conn = connect(&ep, server, &url.host, false).await?;
+                    fetch(&conn, std::slice::from_ref(url), &downloads, false).await?;
+                    conn.close(0, b"");
+                }
+                Ok(())
+            }
+            "resumption" | "zerortt" => {
+                let conn = connect(&ep, server, &first.host, false).await?;
+                fetch(&conn, &requests[..1], &downloads, false).await?;
+                // Give the session ticket time to arrive, then close.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                conn.close(0, b"");
+                let conn = connect(&ep, server, &first.host, case == "zerortt").await?;
+                fetch(&conn, &requests[1..], &downloads, false).await?;
+                conn.close(0, b"");
+                Ok(())
+            }
+            _ => {
+                let conn = connect(&ep, server, &first.host, false).await?;
+                fetch(&conn, &requests, &downloads, case == "keyupdate").await?;
+                conn.close(0, b"");
+                Ok(())
+            }
+        }
+    };
+    let r = tokio::time::timeout(limit, work).await.map_err(|_| "timed out".to_string())?;
+    let _ = tokio::time::timeout(Duration::from_millis(500), ep.wait_idle()).await;
+    r
+}
+
+async fn connect(ep: &Endpoint, server: SocketAddr, name: &str, zero_rtt: bool) -> Result<kuai::Connection, String> {
+    let connecting = ep.connect(server, name).map_err(|e| e.to_string())?;
+    if zero_rtt {
+        match connecting.into_0rtt() {
+            Ok((conn, _accepted)) => return Ok(conn),
+            Err(c) => {
+                tracing::warn!("0-RTT not available; doing a full handshake");
+                return c.await.map_err(|e| e.to_string());
+            }
+        }
+    }
+    connecting.await.map_err(|e| e.to_string())
+}
+
+async fn fetch(conn: &kuai::Connection, urls: &[Url], downloads: &Path, key_update: bool) -> Result<(), String> {
+    let mut tasks = Vec::new();
+    let mut names = HashSet::new();
+    for url in urls {
+        let name = url.file_name();
+        if !names.insert(name.clone()) {
+            return Err(format!("two requests save to the same file {name}"));
+        }
+        let path = downloads.join(&name);
+        let conn = conn.clone();
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut f = std::io::BufWriter::new(
+                std::fs::File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?,
+            );
+            hq::get_to(&conn, &url.path, &mut f, |_| {}).await.map_err(|e| format!("{url}: {e}"))?;
+            std::io::Write::flush(&mut f).map_err(|e| e.to_string())?;
+            Ok::<_, String>(())
+        }));
+    }
+    if key_update {
+        // Update keys once the handshake is confirmed and data is flowing.
+        let c = conn.clone();
+        tokio::spawn(async move {
+            for _ in 0..100 {
+                if c.force_key_update() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}

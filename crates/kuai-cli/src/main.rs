@@ -1,0 +1,71 @@
+//! `kuai`: a QUIC server, a curl-like client and an interop endpoint.
+
+mod demo;
+mod get;
+mod hq;
+mod interop;
+mod keylog;
+mod server;
+mod tls;
+mod url;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kuai", version, about = "kuai (快): QUIC server, client and tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a directory, or a built-in demo site, over QUIC.
+    Server(server::Args),
+    /// Fetch URLs over QUIC, several in parallel on one connection.
+    Get(get::Args),
+    /// Run as an endpoint of the interop matrix (configured by ROLE, TESTCASE, ...).
+    Interop,
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kuai: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::Server(args) => {
+            init_logging("info");
+            rt.block_on(server::run(args))
+        }
+        Command::Get(args) => {
+            init_logging(if args.verbose { "info" } else { "warn" });
+            rt.block_on(get::run(args))
+        }
+        Command::Interop => {
+            init_logging("info");
+            rt.block_on(interop::run())
+        }
+    }
+}
+
+/// A path argument, for clap.
+pub type PathArg = PathBuf;

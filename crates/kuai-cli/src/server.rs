@@ -1,0 +1,121 @@
+//! `kuai server`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use kuai::{Endpoint, ServerConfig};
+
+use crate::hq::{self, Site};
+use crate::keylog::FileKeyLog;
+use crate::tls::Identity;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Directory to serve; without it, a built-in demo site.
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// UDP address to listen on.
+    #[arg(long, default_value = "[::]:4433")]
+    listen: SocketAddr,
+    /// Certificate chain (PEM); without it, a self-signed certificate is made at start.
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+    /// Append TLS secrets to this file (NSS key log format, for Wireshark).
+    #[arg(long)]
+    keylog: Option<PathBuf>,
+    /// Validate client addresses with Retry before any handshake.
+    #[arg(long)]
+    retry: bool,
+}
+
+pub async fn run(args: Args) -> ExitCode {
+    match serve(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kuai server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Builds the TLS and transport configuration shared by `kuai server` and the interop server.
+pub fn server_config(
+    identity: &Identity,
+    alpn: &[&[u8]],
+    keylog: Option<&std::path::Path>,
+) -> Result<ServerConfig, String> {
+    let mut tls = rustls::ServerConfig::builder_with_provider(kuai::crypto_provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(identity.certs.clone(), identity.key.clone_key())
+        .map_err(|e| format!("certificate and key do not match: {e}"))?;
+    tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+    if let Some(path) = keylog {
+        tls.key_log = Arc::new(
+            FileKeyLog::create(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?,
+        );
+    }
+    Ok(ServerConfig::from_rustls(tls))
+}
+
+async fn serve(args: Args) -> Result<(), String> {
+    let identity = match (&args.cert, &args.key) {
+        (Some(c), Some(k)) => Identity::load(c, k)?,
+        _ => Identity::self_signed(&["localhost", "127.0.0.1", "::1"])?,
+    };
+    let site = match &args.root {
+        Some(dir) => {
+            if !dir.is_dir() {
+                return Err(format!("{} is not a directory", dir.display()));
+            }
+            Site::Dir(dir.clone())
+        }
+        None => Site::Demo,
+    };
+    let mut cfg = server_config(&identity, &[hq::ALPN], args.keylog.as_deref())?;
+    if args.retry {
+        cfg.retry(kuai::RetryPolicy::Always);
+    }
+    let ep = Endpoint::server(cfg, args.listen).map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
+    let local = ep.local_addr().map_err(|e| e.to_string())?;
+    println!("kuai server listening on udp {local} (ALPN hq-interop)");
+    match &args.root {
+        Some(dir) => println!("serving {}", dir.display()),
+        None => println!("serving the built-in demo site"),
+    }
+    if identity.self_signed {
+        println!("certificate: self-signed for localhost, made at start");
+    }
+    if let Some(spki) = identity.spki_sha256() {
+        println!("certificate SPKI sha256 (base64): {spki}");
+    }
+    println!("try: kuai get --insecure https://localhost:{}/hello.txt", local.port());
+    let site = Arc::new(site);
+    let serve = async {
+        while let Some(connecting) = ep.accept().await {
+            let site = site.clone();
+            tokio::spawn(async move {
+                let remote = connecting.remote_address();
+                match connecting.await {
+                    Ok(conn) => hq::serve_connection(conn, site).await,
+                    Err(e) => tracing::info!(%remote, error = %e, "handshake failed"),
+                }
+            });
+        }
+    };
+    tokio::select! {
+        _ = serve => {}
+        _ = tokio::signal::ctrl_c() => {
+            println!("shutting down");
+            ep.close(0, b"server shutting down");
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), ep.wait_idle()).await;
+        }
+    }
+    Ok(())
+}

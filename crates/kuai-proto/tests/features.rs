@@ -1,0 +1,5 @@
+//! Feature scenarios (work in progress).
+mod common;
+
+#[test]
+fn placeholder() {}
