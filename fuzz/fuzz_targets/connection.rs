@@ -488,6 +488,9 @@ impl Harness {
             while let Some((h, ev)) = self.eps[w].poll_event() {
                 n += 1;
                 assert!(n <= 100_000, "endless events on the {who:?}");
+                if debug() {
+                    eprintln!("  {who:?} {h:?}: {ev:?}");
+                }
                 let Some(c) = self.eps[w].connection_mut(h) else {
                     continue;
                 };
@@ -794,6 +797,14 @@ impl Harness {
     // Operations
 
     fn run(&mut self, op: u8, body: &[u8]) {
+        if debug() {
+            eprintln!(
+                "op {} flags {:#07b} at {:?}: {body:02x?}",
+                op & 7,
+                op >> 3,
+                self.now - shared().base
+            );
+        }
         let flags = op >> 3;
         let f = |i: u8| flags & (1 << i) != 0;
         let peer = self.target.other();
@@ -836,6 +847,12 @@ impl Harness {
                                 p
                             }
                         };
+                        if debug() {
+                            eprintln!(
+                                "  sealing pn {} ({} bytes) phase {} over {:02x?}",
+                                o.pn, o.pn_len, o.key_phase ^ f(3), o.payload
+                            );
+                        }
                         self.seal(peer, &o, &frames, f(3))
                     })
                 } else {
@@ -993,6 +1010,12 @@ fn pto_estimate(c: &Connection) -> Duration {
         .peer_params()
         .map_or(Duration::from_millis(25), |p| p.max_ack_delay_duration());
     s.path.rtt + (s.path.rtt_var * 4).max(Duration::from_millis(1)) + max_ack_delay
+}
+
+/// `KUAI_FUZZ_DEBUG=1` prints each operation and every event, to follow a reproducer.
+fn debug() -> bool {
+    static D: OnceLock<bool> = OnceLock::new();
+    *D.get_or_init(|| std::env::var_os("KUAI_FUZZ_DEBUG").is_some())
 }
 
 fn pattern(len: usize) -> Bytes {
