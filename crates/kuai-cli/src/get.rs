@@ -74,15 +74,18 @@ pub fn client_config(
                 .map_err(|e| format!("cannot read {}: {e}", ca.display()))?
             {
                 let c = c.map_err(|e| format!("bad certificate in {}: {e}", ca.display()))?;
-                roots.add(c).map_err(|e| format!("bad certificate in {}: {e}", ca.display()))?;
+                roots
+                    .add(c)
+                    .map_err(|e| format!("bad certificate in {}: {e}", ca.display()))?;
             }
         } else {
             return Err("no trust anchors: pass --ca FILE, or --insecure for a test server".into());
         }
         ClientConfig::with_roots(roots, alpn).map_err(|e| e.to_string())?
     };
-        if let Some(path) = keylog {
-        let log = FileKeyLog::create(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    if let Some(path) = keylog {
+        let log =
+            FileKeyLog::create(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
         cfg.proto_mut().set_key_log(Arc::new(log));
     }
     Ok(cfg)
@@ -105,24 +108,49 @@ pub async fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
 }
 
 async fn fetch_all(args: Args) -> Result<(), String> {
-    let urls: Vec<Url> = args.urls.iter().map(|u| Url::parse(u)).collect::<Result<_, _>>()?;
+    let urls: Vec<Url> = args
+        .urls
+        .iter()
+        .map(|u| Url::parse(u))
+        .collect::<Result<_, _>>()?;
     if args.output.is_some() && urls.len() > 1 {
         return Err("-o takes one URL; use -O or --output-dir for several".into());
     }
     let first = &urls[0];
-    if urls.iter().any(|u| (u.host.as_str(), u.port) != (first.host.as_str(), first.port)) {
+    if urls
+        .iter()
+        .any(|u| (u.host.as_str(), u.port) != (first.host.as_str(), first.port))
+    {
         return Err("all URLs must be on the same server (one connection)".into());
     }
     let start = Instant::now();
     let addr = resolve(&first.host, first.port).await?;
     let resolved = start.elapsed();
-    let cfg = client_config(args.insecure, args.ca.as_deref(), &[hq::ALPN], args.keylog.as_deref())?;
-    let bind: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let cfg = client_config(
+        args.insecure,
+        args.ca.as_deref(),
+        &[hq::ALPN],
+        args.keylog.as_deref(),
+    )?;
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    }
+    .parse()
+    .expect("literal");
     let ep = Endpoint::client(bind).map_err(|e| format!("cannot open a UDP socket: {e}"))?;
-    let connecting = ep.connect_with(cfg, addr, &first.host).map_err(|e| e.to_string())?;
+    let connecting = ep
+        .connect_with(cfg, addr, &first.host)
+        .map_err(|e| e.to_string())?;
     let conn = tokio::time::timeout(Duration::from_secs(args.connect_timeout), connecting)
         .await
-        .map_err(|_| format!("{addr}: no answer within {} s (UDP blocked or server down?)", args.connect_timeout))?
+        .map_err(|_| {
+            format!(
+                "{addr}: no answer within {} s (UDP blocked or server down?)",
+                args.connect_timeout
+            )
+        })?
         .map_err(|e| format!("{addr}: {e}"))?;
     let connected = start.elapsed();
     let first_byte = Arc::new(std::sync::Mutex::new(None::<Duration>));
@@ -139,7 +167,8 @@ async fn fetch_all(args: Args) -> Result<(), String> {
         tasks.push(tokio::spawn(async move {
             let mut out: Box<dyn Write + Send> = match &dest {
                 Some(p) => Box::new(std::io::BufWriter::new(
-                    std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?,
+                    std::fs::File::create(p)
+                        .map_err(|e| format!("cannot create {}: {e}", p.display()))?,
                 )),
                 None => Box::new(Vec::new()),
             };
@@ -179,18 +208,32 @@ async fn fetch_all(args: Args) -> Result<(), String> {
     if args.verbose {
         let st = conn.stats();
         let bytes: u64 = results.iter().map(|r| r.1).sum();
-        eprintln!("* resolved {} to {addr} in {:.1} ms", first.host, ms(resolved));
+        eprintln!(
+            "* resolved {} to {addr} in {:.1} ms",
+            first.host,
+            ms(resolved)
+        );
         eprintln!("* handshake done at {:.1} ms", ms(connected));
         if let Some(fb) = *first_byte.lock().unwrap_or_else(|e| e.into_inner()) {
             eprintln!("* first byte at {:.1} ms", ms(fb));
         }
-        eprintln!("* total {:.1} ms, {bytes} bytes in {} responses", ms(total), results.len());
+        eprintln!(
+            "* total {:.1} ms, {bytes} bytes in {} responses",
+            ms(total),
+            results.len()
+        );
         eprintln!(
             "* {:?}, {}, ALPN {}, 0-RTT {}, resumed {}",
             st.version.unwrap_or(kuai::Version::V1),
             st.cipher_suite.as_deref().unwrap_or("?"),
             String::from_utf8_lossy(st.alpn.as_deref().unwrap_or(b"?")),
-            if st.zero_rtt_accepted { "accepted" } else if st.zero_rtt_attempted { "rejected" } else { "not used" },
+            if st.zero_rtt_accepted {
+                "accepted"
+            } else if st.zero_rtt_attempted {
+                "rejected"
+            } else {
+                "not used"
+            },
             st.resumed,
         );
         eprintln!(

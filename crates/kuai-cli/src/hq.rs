@@ -44,7 +44,11 @@ async fn serve_request(
     let start = Instant::now();
     let req = recv.read_to_end(8 * 1024).await?;
     let line = String::from_utf8_lossy(&req);
-    let path = line.trim().strip_prefix("GET ").map(str::trim).unwrap_or("");
+    let path = line
+        .trim()
+        .strip_prefix("GET ")
+        .map(str::trim)
+        .unwrap_or("");
     let (status, bytes) = match resolve(site, path).await {
         Some(Body::File(mut f, len)) => {
             let mut buf = vec![0u8; 64 * 1024];
@@ -131,13 +135,16 @@ pub async fn get_to(
     mut progress: impl FnMut(u64),
 ) -> Result<u64, String> {
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-    send.write_all(format!("GET {path}\r\n").as_bytes()).await.map_err(|e| e.to_string())?;
+    send.write_all(format!("GET {path}\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
     send.finish().map_err(|e| e.to_string())?;
     let mut total = 0u64;
     loop {
         match recv.read_chunk(usize::MAX).await {
             Ok(Some(chunk)) => {
-                out.write_all(&chunk).map_err(|e| format!("write failed: {e}"))?;
+                out.write_all(&chunk)
+                    .map_err(|e| format!("write failed: {e}"))?;
                 total += chunk.len() as u64;
                 progress(total);
             }

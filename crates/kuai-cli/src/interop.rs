@@ -86,7 +86,11 @@ pub async fn run() -> ExitCode {
         eprintln!("kuai interop: test case {case:?} not supported as {role}");
         return ExitCode::from(UNSUPPORTED);
     }
-    let r = if role == "server" { server(&case).await } else { client(&case).await };
+    let r = if role == "server" {
+        server(&case).await
+    } else {
+        client(&case).await
+    };
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -105,7 +109,11 @@ fn cipher_suites(case: &str) -> Vec<rustls::SupportedCipherSuite> {
     if case == "chacha20" {
         vec![cs::TLS13_CHACHA20_POLY1305_SHA256]
     } else {
-        vec![cs::TLS13_AES_128_GCM_SHA256, cs::TLS13_AES_256_GCM_SHA384, cs::TLS13_CHACHA20_POLY1305_SHA256]
+        vec![
+            cs::TLS13_AES_128_GCM_SHA256,
+            cs::TLS13_AES_256_GCM_SHA384,
+            cs::TLS13_CHACHA20_POLY1305_SHA256,
+        ]
     }
 }
 
@@ -145,7 +153,10 @@ async fn server(case: &str) -> Result<(), String> {
         .max_segments(1)
         .bind(listen)
         .map_err(|e| format!("cannot bind {listen}: {e}"))?;
-    tracing::info!("interop server on {listen}, test case {case}, serving {}", www.display());
+    tracing::info!(
+        "interop server on {listen}, test case {case}, serving {}",
+        www.display()
+    );
     let site = Arc::new(Site::Dir(www));
     while let Some(connecting) = ep.accept().await {
         let site = site.clone();
@@ -183,7 +194,9 @@ impl rustls::client::danger::ServerCertVerifier for InteropVerifier {
                 self_signed: false,
             };
             if id.spki_sha256().as_deref() != Some(want.as_str()) {
-                return Err(rustls::Error::General("certificate SPKI does not match the pin".into()));
+                return Err(rustls::Error::General(
+                    "certificate SPKI does not match the pin".into(),
+                ));
             }
         }
         Ok(rustls::client::danger::ServerCertVerified::assertion())
@@ -195,7 +208,12 @@ impl rustls::client::danger::ServerCertVerifier for InteropVerifier {
         cert: &rustls::pki_types::CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -204,11 +222,18 @@ impl rustls::client::danger::ServerCertVerifier for InteropVerifier {
         cert: &rustls::pki_types::CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -218,7 +243,10 @@ fn client_config(case: &str) -> Result<ClientConfig, String> {
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(InteropVerifier { provider, spki: env("CERT_SPKI_SHA256") }))
+        .with_custom_certificate_verifier(Arc::new(InteropVerifier {
+            provider,
+            spki: env("CERT_SPKI_SHA256"),
+        }))
         .with_no_client_auth();
     tls.alpn_protocols = vec![hq::ALPN.to_vec()];
     if let Some(k) = keylog() {
@@ -252,7 +280,13 @@ async fn client(case: &str) -> Result<(), String> {
         None => crate::get::resolve(&first.host, first.port).await?,
     };
     let cfg = client_config(case)?;
-    let bind: SocketAddr = if server.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let bind: SocketAddr = if server.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    }
+    .parse()
+    .expect("literal");
     let ep = Endpoint::builder()
         .client(cfg)
         .max_segments(1)
@@ -289,12 +323,19 @@ async fn client(case: &str) -> Result<(), String> {
             }
         }
     };
-    let r = tokio::time::timeout(limit, work).await.map_err(|_| "timed out".to_string())?;
+    let r = tokio::time::timeout(limit, work)
+        .await
+        .map_err(|_| "timed out".to_string())?;
     let _ = tokio::time::timeout(Duration::from_millis(500), ep.wait_idle()).await;
     r
 }
 
-async fn connect(ep: &Endpoint, server: SocketAddr, name: &str, zero_rtt: bool) -> Result<kuai::Connection, String> {
+async fn connect(
+    ep: &Endpoint,
+    server: SocketAddr,
+    name: &str,
+    zero_rtt: bool,
+) -> Result<kuai::Connection, String> {
     let connecting = ep.connect(server, name).map_err(|e| e.to_string())?;
     if zero_rtt {
         match connecting.into_0rtt() {
@@ -308,7 +349,12 @@ async fn connect(ep: &Endpoint, server: SocketAddr, name: &str, zero_rtt: bool) 
     connecting.await.map_err(|e| e.to_string())
 }
 
-async fn fetch(conn: &kuai::Connection, urls: &[Url], downloads: &Path, key_update: bool) -> Result<(), String> {
+async fn fetch(
+    conn: &kuai::Connection,
+    urls: &[Url],
+    downloads: &Path,
+    key_update: bool,
+) -> Result<(), String> {
     let mut tasks = Vec::new();
     let mut names = HashSet::new();
     for url in urls {
@@ -321,9 +367,12 @@ async fn fetch(conn: &kuai::Connection, urls: &[Url], downloads: &Path, key_upda
         let url = url.clone();
         tasks.push(tokio::spawn(async move {
             let mut f = std::io::BufWriter::new(
-                std::fs::File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?,
+                std::fs::File::create(&path)
+                    .map_err(|e| format!("cannot create {}: {e}", path.display()))?,
             );
-            hq::get_to(&conn, &url.path, &mut f, |_| {}).await.map_err(|e| format!("{url}: {e}"))?;
+            hq::get_to(&conn, &url.path, &mut f, |_| {})
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
             std::io::Write::flush(&mut f).map_err(|e| e.to_string())?;
             Ok::<_, String>(())
         }));

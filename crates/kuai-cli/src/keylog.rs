@@ -11,7 +11,10 @@ pub struct FileKeyLog(Mutex<File>);
 
 impl FileKeyLog {
     pub fn create(path: &Path) -> std::io::Result<Self> {
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
         Ok(Self(Mutex::new(f)))
     }
 }
@@ -24,7 +27,8 @@ fn hex(out: &mut String, b: &[u8]) {
 
 impl rustls::KeyLog for FileKeyLog {
     fn log(&self, label: &str, client_random: &[u8], secret: &[u8]) {
-        let mut line = String::with_capacity(label.len() + 2 * (client_random.len() + secret.len()) + 3);
+        let mut line =
+            String::with_capacity(label.len() + 2 * (client_random.len() + secret.len()) + 3);
         line.push_str(label);
         line.push(' ');
         hex(&mut line, client_random);

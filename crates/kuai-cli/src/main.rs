@@ -15,7 +15,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kuai", version, about = "kuai (快): QUIC server, client and tools")]
+#[command(
+    name = "kuai",
+    version,
+    about = "kuai (快): QUIC server, client and tools"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -44,7 +48,10 @@ fn init_logging(default: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kuai: cannot start the runtime: {e}");

@@ -82,7 +82,8 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
-    let ep = Endpoint::server(cfg, args.listen).map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
+    let ep = Endpoint::server(cfg, args.listen)
+        .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     let local = ep.local_addr().map_err(|e| e.to_string())?;
     println!("kuai server listening on udp {local} (ALPN hq-interop)");
     match &args.root {
@@ -95,7 +96,10 @@ async fn serve(args: Args) -> Result<(), String> {
     if let Some(spki) = identity.spki_sha256() {
         println!("certificate SPKI sha256 (base64): {spki}");
     }
-    println!("try: kuai get --insecure https://localhost:{}/hello.txt", local.port());
+    println!(
+        "try: kuai get --insecure https://localhost:{}/hello.txt",
+        local.port()
+    );
     let site = Arc::new(site);
     let serve = async {
         while let Some(connecting) = ep.accept().await {

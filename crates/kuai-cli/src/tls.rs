@@ -25,12 +25,18 @@ impl Identity {
         }
         let key = PrivateKeyDer::from_pem_file(key)
             .map_err(|e| format!("cannot read private key {}: {e}", key.display()))?;
-        Ok(Self { certs, key, self_signed: false })
+        Ok(Self {
+            certs,
+            key,
+            self_signed: false,
+        })
     }
 
     pub fn self_signed(names: &[&str]) -> Result<Self, String> {
-        let ck = rcgen::generate_simple_self_signed(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .map_err(|e| format!("cannot make a certificate: {e}"))?;
+        let ck = rcgen::generate_simple_self_signed(
+            names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+        .map_err(|e| format!("cannot make a certificate: {e}"))?;
         Ok(Self {
             certs: vec![ck.cert.der().clone()],
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.key_pair.serialize_der())),
@@ -42,7 +48,9 @@ impl Identity {
     /// `--ignore-certificate-errors-spki-list` takes it.
     pub fn spki_sha256(&self) -> Option<String> {
         let spki = spki_of(&self.certs[0])?;
-        Some(base64(ring::digest::digest(&ring::digest::SHA256, spki).as_ref()))
+        Some(base64(
+            ring::digest::digest(&ring::digest::SHA256, spki).as_ref(),
+        ))
     }
 }
 
@@ -57,7 +65,9 @@ fn der(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
         if n == 0 || n > 4 || rest.len() < n {
             return None;
         }
-        let len = rest[..n].iter().fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
         (len, &rest[n..])
     };
     if rest.len() < len {
@@ -92,7 +102,11 @@ fn base64(data: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {

@@ -22,7 +22,9 @@ impl Url {
             return Err(format!("{s}: no host"));
         }
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let end = v6.find(']').ok_or_else(|| format!("{s}: unterminated IPv6 address"))?;
+            let end = v6
+                .find(']')
+                .ok_or_else(|| format!("{s}: unterminated IPv6 address"))?;
             let host = &v6[..end];
             let port = match &v6[end + 1..] {
                 "" => 443,
@@ -34,17 +36,35 @@ impl Url {
             (host.to_string(), port)
         } else {
             match authority.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), p.parse().map_err(|_| format!("{s}: bad port {p:?}"))?),
+                Some((h, p)) => (
+                    h.to_string(),
+                    p.parse().map_err(|_| format!("{s}: bad port {p:?}"))?,
+                ),
                 None => (authority.to_string(), 443),
             }
         };
-        Ok(Self { host, port, path: path.to_string() })
+        Ok(Self {
+            host,
+            port,
+            path: path.to_string(),
+        })
     }
 
     /// The last path segment, for saving a download under its own name.
     pub fn file_name(&self) -> String {
-        let name = self.path.split(['?', '#']).next().unwrap_or("").rsplit('/').next().unwrap_or("");
-        if name.is_empty() { "index.html".into() } else { name.into() }
+        let name = self
+            .path
+            .split(['?', '#'])
+            .next()
+            .unwrap_or("")
+            .rsplit('/')
+            .next()
+            .unwrap_or("");
+        if name.is_empty() {
+            "index.html".into()
+        } else {
+            name.into()
+        }
     }
 }
 
@@ -65,10 +85,16 @@ mod tests {
     #[test]
     fn parses() {
         let u = Url::parse("https://localhost:4433/a/b.bin").unwrap();
-        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("localhost", 4433, "/a/b.bin"));
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("localhost", 4433, "/a/b.bin")
+        );
         assert_eq!(u.file_name(), "b.bin");
         let u = Url::parse("https://example.com").unwrap();
-        assert_eq!((u.port, u.path.as_str(), u.file_name().as_str()), (443, "/", "index.html"));
+        assert_eq!(
+            (u.port, u.path.as_str(), u.file_name().as_str()),
+            (443, "/", "index.html")
+        );
         let u = Url::parse("https://[::1]:8443/x").unwrap();
         assert_eq!((u.host.as_str(), u.port), ("::1", 8443));
         assert!(Url::parse("http://x/").is_err());

@@ -49,7 +49,8 @@ impl Drop for ConnectionInner {
 }
 
 fn conn_error(st: Option<&ConnState>) -> ConnectionError {
-    st.and_then(|c| c.error.clone()).unwrap_or(ConnectionError::LocallyClosed)
+    st.and_then(|c| c.error.clone())
+        .unwrap_or(ConnectionError::LocallyClosed)
 }
 
 /// A connection whose handshake is under way.
@@ -72,15 +73,17 @@ impl Connecting {
         if !ok {
             return Err(Self { inner: Some(inner) });
         }
-        let conn = Connection { inner: inner.clone() };
+        let conn = Connection {
+            inner: inner.clone(),
+        };
         Ok((conn, ZeroRttAccepted { inner }))
     }
 
     pub fn remote_address(&self) -> SocketAddr {
         let inner = self.inner.as_ref().expect("not consumed");
-        inner.with(|s, h| s.ep.connection(h).map(|c| c.remote_address())).unwrap_or(
-            SocketAddr::from(([0, 0, 0, 0], 0)),
-        )
+        inner
+            .with(|s, h| s.ep.connection(h).map(|c| c.remote_address()))
+            .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))
     }
 }
 
@@ -103,7 +106,9 @@ impl Future for Connecting {
         });
         match ready {
             None => Poll::Pending,
-            Some(Ok(())) => Poll::Ready(Ok(Connection { inner: self.inner.take().expect("set") })),
+            Some(Ok(())) => Poll::Ready(Ok(Connection {
+                inner: self.inner.take().expect("set"),
+            })),
             Some(Err(e)) => Poll::Ready(Err(e)),
         }
     }
@@ -141,7 +146,9 @@ pub struct Connection {
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Connection").field("remote", &self.remote_address()).finish()
+        f.debug_struct("Connection")
+            .field("remote", &self.remote_address())
+            .finish()
     }
 }
 
@@ -173,7 +180,10 @@ impl Connection {
     /// Opens a bidirectional stream, waiting while the peer's stream limit is reached.
     pub async fn open_bi(&self) -> Result<(SendStream, RecvStream), ConnectionError> {
         let id = self.open(Dir::Bi).await?;
-        Ok((SendStream::new(self.inner.clone(), id), RecvStream::new(self.inner.clone(), id)))
+        Ok((
+            SendStream::new(self.inner.clone(), id),
+            RecvStream::new(self.inner.clone(), id),
+        ))
     }
 
     /// Opens a unidirectional stream.
@@ -207,7 +217,10 @@ impl Connection {
     /// Waits for the peer to open a bidirectional stream.
     pub async fn accept_bi(&self) -> Result<(SendStream, RecvStream), ConnectionError> {
         let id = self.accept(Dir::Bi).await?;
-        Ok((SendStream::new(self.inner.clone(), id), RecvStream::new(self.inner.clone(), id)))
+        Ok((
+            SendStream::new(self.inner.clone(), id),
+            RecvStream::new(self.inner.clone(), id),
+        ))
     }
 
     /// Waits for the peer to open a unidirectional stream.
@@ -248,7 +261,8 @@ impl Connection {
 
     /// Largest datagram payload that can be sent now.
     pub fn max_datagram_size(&self) -> Option<usize> {
-        self.inner.with(|s, h| s.ep.connection(h).and_then(|c| c.max_datagram_size()))
+        self.inner
+            .with(|s, h| s.ep.connection(h).and_then(|c| c.max_datagram_size()))
     }
 
     /// Closes the connection with an application error code.
@@ -280,7 +294,8 @@ impl Connection {
 
     /// Why the connection closed, if it has.
     pub fn close_reason(&self) -> Option<ConnectionError> {
-        self.inner.with(|s, h| s.conns.get(&h).and_then(|c| c.error.clone()))
+        self.inner
+            .with(|s, h| s.conns.get(&h).and_then(|c| c.error.clone()))
     }
 
     pub fn remote_address(&self) -> SocketAddr {
@@ -290,34 +305,46 @@ impl Connection {
     }
 
     pub fn stats(&self) -> ConnectionStats {
-        self.inner.with(|s, h| s.ep.connection(h).map(|c| c.stats()).unwrap_or_default())
+        self.inner
+            .with(|s, h| s.ep.connection(h).map(|c| c.stats()).unwrap_or_default())
     }
 
     /// Negotiated ALPN protocol.
     pub fn alpn(&self) -> Option<Vec<u8>> {
-        self.inner.with(|s, h| s.ep.connection(h).and_then(|c| c.alpn().map(<[u8]>::to_vec)))
+        self.inner.with(|s, h| {
+            s.ep.connection(h)
+                .and_then(|c| c.alpn().map(<[u8]>::to_vec))
+        })
     }
 
     /// Server: the SNI the client sent.
     pub fn server_name(&self) -> Option<String> {
-        self.inner.with(|s, h| s.ep.connection(h).and_then(|c| c.server_name().map(str::to_owned)))
+        self.inner.with(|s, h| {
+            s.ep.connection(h)
+                .and_then(|c| c.server_name().map(str::to_owned))
+        })
     }
 
     /// Whether the server accepted 0-RTT (client; `None` if not attempted or unknown yet).
     pub fn zero_rtt_accepted(&self) -> Option<bool> {
-        self.inner.with(|s, h| s.ep.connection(h).and_then(|c| c.zero_rtt_accepted()))
+        self.inner
+            .with(|s, h| s.ep.connection(h).and_then(|c| c.zero_rtt_accepted()))
     }
 
     /// Starts a 1-RTT key update; false if one is already in progress.
     pub fn force_key_update(&self) -> bool {
-        let r = self.inner.with(|s, h| s.ep.connection_mut(h).is_some_and(|c| c.initiate_key_update()));
+        let r = self.inner.with(|s, h| {
+            s.ep.connection_mut(h)
+                .is_some_and(|c| c.initiate_key_update())
+        });
         self.inner.shared.kick();
         r
     }
 
     /// The negotiated QUIC version.
     pub fn version(&self) -> Option<kuai_proto::Version> {
-        self.inner.with(|s, h| s.ep.connection(h).map(|c| c.version()))
+        self.inner
+            .with(|s, h| s.ep.connection(h).map(|c| c.version()))
     }
 
     /// Sets a qlog-shaped event callback for this connection.
@@ -422,7 +449,11 @@ pub struct SendStream {
 
 impl SendStream {
     fn new(inner: Arc<ConnectionInner>, id: StreamId) -> Self {
-        Self { inner, id, done: false }
+        Self {
+            inner,
+            id,
+            done: false,
+        }
     }
 
     pub fn id(&self) -> StreamId {
@@ -430,7 +461,11 @@ impl SendStream {
     }
 
     /// Queues as much of `data` as the send buffer takes, waiting for room if none.
-    pub fn poll_write_chunk(&mut self, cx: &mut Context<'_>, data: &Bytes) -> Poll<Result<usize, WriteError>> {
+    pub fn poll_write_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: &Bytes,
+    ) -> Poll<Result<usize, WriteError>> {
         let id = self.id;
         let r = self.inner.with(|s, h| {
             let Some(c) = s.ep.connection_mut(h) else {
@@ -497,7 +532,9 @@ impl SendStream {
         let id = self.id;
         self.done = true;
         let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
-            Some(c) => c.reset_stream(id, code).map_err(|_| WriteError::ClosedStream),
+            Some(c) => c
+                .reset_stream(id, code)
+                .map_err(|_| WriteError::ClosedStream),
             None => Err(WriteError::ConnectionLost(conn_error(s.conns.get(&h)))),
         });
         self.inner.shared.kick();
@@ -521,7 +558,9 @@ impl SendStream {
         poll_fn(|cx| {
             self.inner.with(|s, h| {
                 let Some(st) = s.conns.get_mut(&h) else {
-                    return Poll::Ready(Err(WriteError::ConnectionLost(ConnectionError::LocallyClosed)));
+                    return Poll::Ready(Err(WriteError::ConnectionLost(
+                        ConnectionError::LocallyClosed,
+                    )));
                 };
                 if let Some(&code) = st.stopped.get(&id) {
                     return Poll::Ready(Err(WriteError::Stopped(code)));
@@ -549,7 +588,11 @@ impl Drop for SendStream {
 }
 
 impl AsyncWrite for SendStream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let data = Bytes::copy_from_slice(buf);
         this.poll_write_chunk(cx, &data).map_err(io::Error::from)
@@ -573,7 +616,11 @@ pub struct RecvStream {
 
 impl RecvStream {
     fn new(inner: Arc<ConnectionInner>, id: StreamId) -> Self {
-        Self { inner, id, done: false }
+        Self {
+            inner,
+            id,
+            done: false,
+        }
     }
 
     pub fn id(&self) -> StreamId {
@@ -581,7 +628,11 @@ impl RecvStream {
     }
 
     /// The next chunk of at most `max` bytes, without copying; `None` at the end.
-    pub fn poll_read_chunk(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Result<Option<Bytes>, ReadError>> {
+    pub fn poll_read_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+    ) -> Poll<Result<Option<Bytes>, ReadError>> {
         let id = self.id;
         let r = self.inner.with(|s, h| {
             let Some(c) = s.ep.connection_mut(h) else {
@@ -654,7 +705,11 @@ impl Drop for RecvStream {
 }
 
 impl AsyncRead for RecvStream {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         match this.poll_read_chunk(cx, buf.remaining()) {
             Poll::Ready(Ok(Some(chunk))) => {

@@ -170,7 +170,9 @@ pub struct Endpoint {
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint").field("local_addr", &self.local_addr().ok()).finish()
+        f.debug_struct("Endpoint")
+            .field("local_addr", &self.local_addr().ok())
+            .finish()
     }
 }
 
@@ -191,8 +193,9 @@ impl Endpoint {
 
     fn from_socket(socket: UdpSocket, b: EndpointBuilder) -> io::Result<Self> {
         let now = Instant::now();
-        let unix_ms =
-            SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let config = b.config.unwrap_or_default();
         let ep = kuai_proto::Endpoint::new(
             Arc::new(config.proto),
@@ -201,7 +204,11 @@ impl Endpoint {
             unix_ms,
             None,
         );
-        let max_segments = b.max_segments.unwrap_or(MAX_GSO).min(socket.max_segments()).max(1);
+        let max_segments = b
+            .max_segments
+            .unwrap_or(MAX_GSO)
+            .min(socket.max_segments())
+            .max(1);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 ep,
@@ -238,12 +245,20 @@ impl Endpoint {
 
     /// Starts accepting connections with `c` (or stops, with `None`).
     pub fn set_server_config(&self, c: Option<ServerConfig>) {
-        self.shared.lock().ep.set_server_config(c.map(|s| Arc::new(s.proto)));
+        self.shared
+            .lock()
+            .ep
+            .set_server_config(c.map(|s| Arc::new(s.proto)));
     }
 
     /// Connects to `addr`, presenting `server_name` for SNI and certificate checks.
     pub fn connect(&self, addr: SocketAddr, server_name: &str) -> Result<Connecting, ConnectError> {
-        let cfg = self.shared.lock().client_config.clone().ok_or(ConnectError::NoClientConfig)?;
+        let cfg = self
+            .shared
+            .lock()
+            .client_config
+            .clone()
+            .ok_or(ConnectError::NoClientConfig)?;
         self.connect_with(cfg, addr, server_name)
     }
 
@@ -269,15 +284,20 @@ impl Endpoint {
         };
         let token = s.tokens.get(server_name).cloned().unwrap_or_default();
         let now = Instant::now();
-        let h = s
-            .ep
-            .connect_with_token(now, &config.proto, addr, server_name, token)
-            .map_err(|e| ConnectError::Proto(e.to_string()))?;
-        let st = ConnState { server_name: Some(server_name.to_owned()), ..ConnState::default() };
+        let h =
+            s.ep.connect_with_token(now, &config.proto, addr, server_name, token)
+                .map_err(|e| ConnectError::Proto(e.to_string()))?;
+        let st = ConnState {
+            server_name: Some(server_name.to_owned()),
+            ..ConnState::default()
+        };
         s.conns.insert(h, st);
         drop(s);
         self.shared.kick();
-        Ok(Connecting::new(ConnectionInner::new(self.shared.clone(), h)))
+        Ok(Connecting::new(ConnectionInner::new(
+            self.shared.clone(),
+            h,
+        )))
     }
 
     /// Waits for the next incoming connection; `None` once the endpoint is closed.
@@ -387,7 +407,9 @@ impl std::fmt::Display for ConnectError {
         match self {
             ConnectError::NoClientConfig => f.write_str("no client configuration set"),
             ConnectError::EndpointClosed => f.write_str("endpoint closed"),
-            ConnectError::AddressFamily => f.write_str("cannot reach an IPv6 address from an IPv4 socket"),
+            ConnectError::AddressFamily => {
+                f.write_str("cannot reach an IPv6 address from an IPv4 socket")
+            }
             ConnectError::Proto(e) => f.write_str(e),
         }
     }
@@ -410,10 +432,14 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
         let (socket, deadline, finished) = {
             let s = shared.lock();
             let finished = s.closed && s.ep.connection_count() == 0;
-            (s.socket.clone(), {
-                let mut s = s;
-                s.ep.poll_timeout()
-            }, finished)
+            (
+                s.socket.clone(),
+                {
+                    let mut s = s;
+                    s.ep.poll_timeout()
+                },
+                finished,
+            )
         };
         if finished {
             return Ok(());
@@ -444,8 +470,11 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
         // than per datagram, and unread stream data never pins a large receive area.
         for _ in 0..64 {
             let n = {
-                let mut slices: Vec<IoSliceMut<'_>> =
-                    rx.chunks_mut(slot).take(RECV_BATCH).map(IoSliceMut::new).collect();
+                let mut slices: Vec<IoSliceMut<'_>> = rx
+                    .chunks_mut(slot)
+                    .take(RECV_BATCH)
+                    .map(IoSliceMut::new)
+                    .collect();
                 match socket.try_recv(&shared.udp, &mut slices, &mut metas) {
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -489,7 +518,9 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
         }
         while blocked.is_none() {
             let max = s.max_segments;
-            let Some(t) = s.ep.poll_transmit(now, max, &mut tx) else { break };
+            let Some(t) = s.ep.poll_transmit(now, max, &mut tx) else {
+                break;
+            };
             match socket.try_send(
                 &shared.udp,
                 t.destination,
@@ -581,8 +612,12 @@ fn dispatch(s: &mut State) {
         }
     }
     // Connections that drained: wake anyone still waiting, then forget them.
-    let gone: Vec<ConnectionHandle> =
-        s.conns.keys().copied().filter(|h| s.ep.connection(*h).is_none()).collect();
+    let gone: Vec<ConnectionHandle> = s
+        .conns
+        .keys()
+        .copied()
+        .filter(|h| s.ep.connection(*h).is_none())
+        .collect();
     for h in gone {
         if let Some(mut st) = s.conns.remove(&h) {
             if st.error.is_none() {

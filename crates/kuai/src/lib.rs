@@ -55,12 +55,12 @@ pub use connection::{
     Connecting, Connection, ReadError, RecvStream, SendStream, WriteError, ZeroRttAccepted,
 };
 pub use endpoint::{ConnectError, Endpoint, EndpointBuilder};
+pub use kuai_proto;
 pub use kuai_proto::cc::CongestionAlgorithm;
 pub use kuai_proto::config::{RetryPolicy, TransportConfig};
 pub use kuai_proto::connection::DatagramError;
 pub use kuai_proto::trace::ConnectionStats;
 pub use kuai_proto::{ConnectionError, Dir, Priority, StreamId, TransportError, Version};
-pub use kuai_proto;
 pub use rustls;
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -99,7 +99,9 @@ impl ServerConfig {
     /// 0-RTT).
     pub fn from_rustls(mut tls: rustls::ServerConfig) -> Self {
         tls.max_early_data_size = u32::MAX;
-        Self { proto: kuai_proto::ServerConfig::new(Arc::new(tls)) }
+        Self {
+            proto: kuai_proto::ServerConfig::new(Arc::new(tls)),
+        }
     }
 
     /// A server presenting `certs` (leaf first) with `key`, offering `alpn` protocols.
@@ -122,8 +124,10 @@ impl ServerConfig {
         names: &[&str],
         alpn: &[&[u8]],
     ) -> Result<(Self, CertificateDer<'static>), ConfigError> {
-        let ck = rcgen::generate_simple_self_signed(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .map_err(|e| ConfigError(format!("certificate: {e}")))?;
+        let ck = rcgen::generate_simple_self_signed(
+            names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+        .map_err(|e| ConfigError(format!("certificate: {e}")))?;
         let cert = ck.cert.der().clone();
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.key_pair.serialize_der()));
         Ok((Self::with_single_cert(vec![cert.clone()], key, alpn)?, cert))
@@ -167,7 +171,9 @@ impl ClientConfig {
     /// From a rustls client config (TLS 1.3, ALPN set).
     pub fn from_rustls(mut tls: rustls::ClientConfig) -> Self {
         tls.enable_early_data = true;
-        Self { proto: kuai_proto::ClientConfig::new(Arc::new(tls)) }
+        Self {
+            proto: kuai_proto::ClientConfig::new(Arc::new(tls)),
+        }
     }
 
     /// Trusting exactly `roots`.
@@ -245,7 +251,12 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -254,7 +265,12 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {

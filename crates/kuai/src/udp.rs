@@ -63,7 +63,11 @@ pub struct SocketOptions {
 
 impl Default for SocketOptions {
     fn default() -> Self {
-        Self { reuse_port: false, gso: true, gro: true }
+        Self {
+            reuse_port: false,
+            gso: true,
+            gro: true,
+        }
     }
 }
 
@@ -81,7 +85,8 @@ impl UdpSocket {
     /// Binds `addr`. An IPv6 unspecified address is bound dual-stack.
     pub fn bind(addr: SocketAddr, opts: SocketOptions) -> io::Result<Self> {
         let domain = socket2::Domain::for_address(addr);
-        let sock = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+        let sock =
+            socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
         if addr.is_ipv6() {
             // Dual-stack when bound to [::]; ignore failure on hosts without IPv4.
             let _ = sock.set_only_v6(false);
@@ -103,10 +108,16 @@ impl UdpSocket {
         for (what, set, get) in [
             (
                 "send",
-                UdpSocketState::set_send_buffer_size as fn(&UdpSocketState, UdpSockRef<'_>, usize) -> io::Result<()>,
-                UdpSocketState::send_buffer_size as fn(&UdpSocketState, UdpSockRef<'_>) -> io::Result<usize>,
+                UdpSocketState::set_send_buffer_size
+                    as fn(&UdpSocketState, UdpSockRef<'_>, usize) -> io::Result<()>,
+                UdpSocketState::send_buffer_size
+                    as fn(&UdpSocketState, UdpSockRef<'_>) -> io::Result<usize>,
             ),
-            ("receive", UdpSocketState::set_recv_buffer_size, UdpSocketState::recv_buffer_size),
+            (
+                "receive",
+                UdpSocketState::set_recv_buffer_size,
+                UdpSocketState::recv_buffer_size,
+            ),
         ] {
             let _ = set(&state, UdpSockRef::from(&sock), SOCKET_BUFFER);
             match get(&state, UdpSockRef::from(&sock)) {
@@ -119,11 +130,25 @@ impl UdpSocket {
                 _ => {}
             }
         }
-        let max_segments = if opts.gso { state.max_gso_segments().max(1) } else { 1 };
-        let gro_segments = if opts.gro { state.gro_segments().max(1) } else { 1 };
+        let max_segments = if opts.gso {
+            state.max_gso_segments().max(1)
+        } else {
+            1
+        };
+        let gro_segments = if opts.gro {
+            state.gro_segments().max(1)
+        } else {
+            1
+        };
         let local = sock.local_addr()?;
         let io = tokio::net::UdpSocket::from_std(sock)?;
-        Ok(Self { io, state, max_segments, gro_segments, local })
+        Ok(Self {
+            io,
+            state,
+            max_segments,
+            gro_segments,
+            local,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -155,25 +180,52 @@ impl UdpSocket {
         let ecn = ecn.and_then(quinn_udp::EcnCodepoint::from_bits);
         let seg = segment_size.filter(|&s| s < contents.len());
         if seg.is_some() && self.max_segments > 1 {
-            let t = quinn_udp::Transmit { destination, ecn, contents, segment_size: seg, src_ip };
-            return self.send_one(stats, &t, contents.len().div_ceil(seg.unwrap_or(contents.len())));
+            let t = quinn_udp::Transmit {
+                destination,
+                ecn,
+                contents,
+                segment_size: seg,
+                src_ip,
+            };
+            return self.send_one(
+                stats,
+                &t,
+                contents.len().div_ceil(seg.unwrap_or(contents.len())),
+            );
         }
         // No GSO: one call per datagram.
         let seg = seg.unwrap_or(contents.len());
         for chunk in contents.chunks(seg) {
-            let t = quinn_udp::Transmit { destination, ecn, contents: chunk, segment_size: None, src_ip };
+            let t = quinn_udp::Transmit {
+                destination,
+                ecn,
+                contents: chunk,
+                segment_size: None,
+                src_ip,
+            };
             self.send_one(stats, &t, 1)?;
         }
         Ok(())
     }
 
-    fn send_one(&self, stats: &UdpStats, t: &quinn_udp::Transmit<'_>, datagrams: usize) -> io::Result<()> {
-        let r = self.io.try_io(Interest::WRITABLE, || self.state.try_send(UdpSockRef::from(&self.io), t));
+    fn send_one(
+        &self,
+        stats: &UdpStats,
+        t: &quinn_udp::Transmit<'_>,
+        datagrams: usize,
+    ) -> io::Result<()> {
+        let r = self.io.try_io(Interest::WRITABLE, || {
+            self.state.try_send(UdpSockRef::from(&self.io), t)
+        });
         match r {
             Ok(()) => {
                 stats.send_calls.fetch_add(1, Ordering::Relaxed);
-                stats.sent_datagrams.fetch_add(datagrams as u64, Ordering::Relaxed);
-                stats.sent_bytes.fetch_add(t.contents.len() as u64, Ordering::Relaxed);
+                stats
+                    .sent_datagrams
+                    .fetch_add(datagrams as u64, Ordering::Relaxed);
+                stats
+                    .sent_bytes
+                    .fetch_add(t.contents.len() as u64, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(e),
@@ -202,12 +254,14 @@ impl UdpSocket {
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [RecvMeta],
     ) -> io::Result<usize> {
-        let n = self
-            .io
-            .try_io(Interest::READABLE, || self.state.recv(UdpSockRef::from(&self.io), bufs, meta))?;
+        let n = self.io.try_io(Interest::READABLE, || {
+            self.state.recv(UdpSockRef::from(&self.io), bufs, meta)
+        })?;
         stats.recv_calls.fetch_add(1, Ordering::Relaxed);
         for m in &meta[..n] {
-            stats.recv_datagrams.fetch_add(m.len.div_ceil(m.stride.max(1)) as u64, Ordering::Relaxed);
+            stats
+                .recv_datagrams
+                .fetch_add(m.len.div_ceil(m.stride.max(1)) as u64, Ordering::Relaxed);
             stats.recv_bytes.fetch_add(m.len as u64, Ordering::Relaxed);
         }
         Ok(n)

@@ -1,7 +1,7 @@
 //! The async endpoint on real loopback sockets.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use kuai::{ClientConfig, Endpoint, ServerConfig};
@@ -31,14 +31,23 @@ async fn start_server(cfg: ServerConfig) -> (Endpoint, SocketAddr) {
                 while let Ok((mut send, mut recv)) = conn.accept_bi().await {
                     tokio::spawn(async move {
                         let req = recv.read_to_end(1024).await.unwrap();
-                        let n: u64 = std::str::from_utf8(&req).unwrap().strip_prefix("GET ").unwrap().parse().unwrap();
-                        let block = Bytes::from((0..65536u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+                        let n: u64 = std::str::from_utf8(&req)
+                            .unwrap()
+                            .strip_prefix("GET ")
+                            .unwrap()
+                            .parse()
+                            .unwrap();
+                        let block = Bytes::from(
+                            (0..65536u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>(),
+                        );
                         let mut left = n;
                         let mut off = 0u64;
                         while left > 0 {
                             let start = (off % 251) as usize;
                             let len = left.min(60_000) as usize;
-                            send.write_chunk(block.slice(start..start + len)).await.unwrap();
+                            send.write_chunk(block.slice(start..start + len))
+                                .await
+                                .unwrap();
                             left -= len as u64;
                             off += len as u64;
                         }
@@ -63,7 +72,12 @@ async fn fetch(conn: &kuai::Connection, n: u64) -> u64 {
     let mut got = 0u64;
     while let Some(chunk) = recv.read_chunk(usize::MAX).await.unwrap() {
         for (i, b) in chunk.iter().enumerate() {
-            assert_eq!(*b, ((got + i as u64) % 251) as u8, "byte {}", got + i as u64);
+            assert_eq!(
+                *b,
+                ((got + i as u64) % 251) as u8,
+                "byte {}",
+                got + i as u64
+            );
         }
         got += chunk.len() as u64;
     }
@@ -75,7 +89,15 @@ async fn handshake_and_small_request() {
     let (scfg, cert) = server_config();
     let (_server, addr) = start_server(scfg).await;
     let client = Endpoint::client(localhost()).unwrap();
-    let conn = client.connect_with(ClientConfig::with_root(cert, &[ALPN]).unwrap(), addr, "localhost").unwrap().await.unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
     assert_eq!(conn.alpn().as_deref(), Some(ALPN));
     assert_eq!(fetch(&conn, 1000).await, 1000);
 }
@@ -85,7 +107,15 @@ async fn transfer_100mb_intact_and_batched() {
     let (scfg, cert) = server_config();
     let (server, addr) = start_server(scfg).await;
     let client = Endpoint::client(localhost()).unwrap();
-    let conn = client.connect_with(ClientConfig::with_root(cert, &[ALPN]).unwrap(), addr, "localhost").unwrap().await.unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
     let start = Instant::now();
     assert_eq!(fetch(&conn, 100 << 20).await, 100 << 20);
     let secs = start.elapsed().as_secs_f64();
@@ -93,10 +123,18 @@ async fn transfer_100mb_intact_and_batched() {
     let c = client.udp_stats();
     eprintln!(
         "100 MiB in {secs:.2}s = {:.0} Mbit/s; server: {} datagrams in {} send calls (GSO max {}), client: {} datagrams in {} recv calls",
-        800.0 / secs * 1.048576, s.sent_datagrams, s.send_calls, server.max_gso_segments(), c.recv_datagrams, c.recv_calls
+        800.0 / secs * 1.048576,
+        s.sent_datagrams,
+        s.send_calls,
+        server.max_gso_segments(),
+        c.recv_datagrams,
+        c.recv_calls
     );
     if server.max_gso_segments() > 1 {
-        assert!(s.sent_datagrams > s.send_calls * 2, "GSO batches more than one datagram per call");
+        assert!(
+            s.sent_datagrams > s.send_calls * 2,
+            "GSO batches more than one datagram per call"
+        );
     }
     assert!(c.recv_datagrams >= c.recv_calls, "GRO/recvmmsg counted");
 }

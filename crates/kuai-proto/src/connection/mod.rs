@@ -220,6 +220,8 @@ pub struct Connection {
     client_random: Option<[u8; 32]>,
     /// The peer's reset token last reported to the endpoint.
     reported_reset_token: Option<[u8; 16]>,
+    /// When a packet was last processed.
+    last_rx: Instant,
     spaces: [PacketSpace; 3],
     /// Server: keys of the client's original version, while it may still send Initials in it.
     original_initial_keys: Option<crypto::KeyPair>,
@@ -544,6 +546,7 @@ impl Connection {
             secret_capture: None,
             client_random: None,
             reported_reset_token: None,
+            last_rx: now,
             spaces: Default::default(),
             original_initial_keys: None,
             zero_rtt_keys: None,
@@ -700,6 +703,7 @@ impl Connection {
         let mut s = self.stats.clone();
         let p = &self.path;
         s.path.rtt = p.rtt.smoothed();
+        s.path.congestion_events = p.congestion_events;
         s.path.min_rtt = p.rtt.min();
         s.path.rtt_var = p.rtt.var();
         s.path.cwnd = crate::cc::CongestionController::window(&p.cc);
@@ -798,10 +802,17 @@ impl Connection {
     /// peer does not support datagrams.
     pub fn max_datagram_size(&self) -> Option<usize> {
         let peer = self.peer_params.as_ref()?.max_datagram_frame_size?;
+        // RFC 9221 §3: the limit covers the whole frame, type and length included.
+        let mut peer_payload = peer.saturating_sub(1 + crate::VarInt::size_of(peer) as u64);
+        while peer_payload > 0
+            && 1 + crate::VarInt::size_of(peer_payload) as u64 + peer_payload > peer
+        {
+            peer_payload -= 1;
+        }
         // Short header (1 + CID + 4) + tag (16) + frame type and length (1 + 2).
         let path_max = usize::from(self.path.mtu())
             .saturating_sub(1 + self.remote_cids.active().cid.len() + 4 + 16 + 3);
-        Some(path_max.min(peer as usize))
+        Some(path_max.min(usize::try_from(peer_payload).unwrap_or(usize::MAX)))
     }
 
     /// Queues an unreliable datagram (RFC 9221). The oldest queued datagram is dropped when the
@@ -1109,20 +1120,18 @@ impl Connection {
         };
         self.streams.apply_peer_params(&tp);
         self.grease_quic_bit = tp.grease_quic_bit && self.config.grease_quic_bit;
-        if self.config.ack_frequency
-            && let Some(min) = tp.min_ack_delay_duration()
-        {
-            // Ask the peer to acknowledge every 10 packets or after a quarter RTT, whichever
-            // comes first (draft-ietf-quic-ack-frequency §4); refreshed as the RTT evolves.
-            let _ = min;
-            self.schedule_ack_frequency();
-        }
         let summary = format!("{tp:?}");
         self.trace(TraceEvent::ParametersSet {
             owner_local: false,
             summary,
         });
+        let peer_supports_ack_frequency = tp.min_ack_delay.is_some();
         self.peer_params = Some(tp);
+        if self.config.ack_frequency && peer_supports_ack_frequency {
+            // Ask the peer to acknowledge every 10 packets or after a quarter RTT, whichever
+            // comes first (draft-ietf-quic-ack-frequency §4).
+            self.schedule_ack_frequency();
+        }
         // Issue more CIDs up to the peer's limit.
         let want = self
             .cid_target()
@@ -1396,10 +1405,7 @@ impl Connection {
                 }
                 x if x == Timer::Pacing as usize => {}
                 x if x == Timer::PathChallenge as usize => self.on_challenge_timeout(now),
-                x if x == Timer::KeepAlive as usize
-                    && self.handshake_complete
-                    && !self.is_closed() =>
-                {
+                x if x == Timer::KeepAlive as usize && self.handshake_complete => {
                     self.ping_pending = true;
                 }
                 x if x == Timer::Mtu as usize => {}
@@ -1469,13 +1475,30 @@ impl Connection {
             .map(|c| c.resend_at.min(c.deadline));
         // Keep-alive: PING when nothing ack-eliciting went out for the interval.
         self.timers[Timer::KeepAlive as usize] = None;
+        let mut due: Option<Instant> = None;
         if let Some(i) = self.config.keep_alive_interval
             && self.handshake_complete
         {
             let last = self.spaces[SpaceId::Data.index()]
                 .time_of_last_ack_eliciting
                 .unwrap_or(self.started);
-            let due = last + i;
+            due = Some(last + i);
+        }
+        // Stall probe: a receiver waiting for stream data that hears nothing sends no ACKs and
+        // so has nothing to retransmit; if its address changed (NAT rebinding, a network
+        // switch) the peer keeps sending to the dead address. A PING after a quiet spell
+        // reaches the peer from the new address and restarts the exchange (RFC 9000 §9.3).
+        if self.handshake_confirmed
+            && !self.spaces[SpaceId::Data.index()]
+                .sent
+                .has_ack_eliciting_in_flight()
+            && self.streams.waiting_for_data()
+        {
+            let quiet = (self.path.rtt.pto_base() * 3).max(Duration::from_secs(1));
+            let stall = self.last_rx + quiet;
+            due = Some(due.map_or(stall, |d| d.min(stall)));
+        }
+        if let Some(due) = due {
             if due <= now {
                 self.ping_pending = true;
             } else {

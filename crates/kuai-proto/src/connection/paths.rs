@@ -73,7 +73,7 @@ pub struct Mtud {
     full_size_losses: u32,
     /// Whether the current size must be re-confirmed by a probe (suspected black hole).
     pub confirm: bool,
-        /// The configured maximum was probed once already.
+    /// The configured maximum was probed once already.
     tried_top: bool,
     /// Size of the latest probe.
     last_probe: u16,
@@ -95,7 +95,7 @@ impl Mtud {
             base,
             full_size_losses: 0,
             confirm: false,
-                        tried_top: false,
+            tried_top: false,
             last_probe: base,
         }
     }
@@ -113,7 +113,7 @@ impl Mtud {
         }
         // Binary search, rounded to 4 bytes; jump straight to the top first, since the
         // common case is that the whole range works.
-                let size = if self.failures > 0 {
+        let size = if self.failures > 0 {
             // Retry the size that was lost, up to MAX_PROBES times.
             self.last_probe
         } else if !self.tried_top {
@@ -124,7 +124,7 @@ impl Mtud {
         Some(size)
     }
 
-        pub fn on_probe_sent(&mut self, size: u16, pn: u64) {
+    pub fn on_probe_sent(&mut self, size: u16, pn: u64) {
         self.in_flight = Some((size, pn));
         self.last_probe = size;
         self.tried_top = true;
@@ -191,6 +191,16 @@ impl Mtud {
         }
     }
 
+    /// Probe timeouts with full-size packets in flight: confirm the current size.
+    pub fn suspect_black_hole(&mut self, now: Instant) {
+        if self.current > self.base && !self.confirm {
+            self.confirm = true;
+            if self.in_flight.is_none() {
+                self.next_probe = Some(now);
+            }
+        }
+    }
+
     pub fn on_full_size_acked(&mut self) {
         self.full_size_losses = 0;
     }
@@ -228,6 +238,13 @@ pub struct Path {
     pub challenge: Option<Challenge>,
     /// Whether the last send found the congestion window full (for RFC 9002 §7.8).
     pub cwnd_limited: bool,
+    /// Packet reordering threshold (RFC 9002 §6.1.1 kPacketThreshold, raised when losses turn
+    /// out to be spurious).
+    pub reorder_threshold: u64,
+    /// Time threshold in eighths of an RTT (RFC 9002 §6.1.2: 9/8, raised likewise).
+    pub time_threshold_eighths: u32,
+    /// Congestion events that reduced the window.
+    pub congestion_events: u64,
 }
 
 impl Path {
@@ -263,6 +280,9 @@ impl Path {
             amp_sent: 0,
             challenge: None,
             cwnd_limited: false,
+            reorder_threshold: crate::recovery::PACKET_THRESHOLD,
+            time_threshold_eighths: 9,
+            congestion_events: 0,
         }
     }
 

@@ -8,8 +8,7 @@ use crate::cc::{AckEvent, CongestionController, LossEvent};
 use crate::error::TransportError;
 use crate::frame::{Ack, FrameType};
 use crate::recovery::{
-    GRANULARITY, PACKET_THRESHOLD, PERSISTENT_CONGESTION_THRESHOLD, RateSampler, SentFrame,
-    SentPacket,
+    GRANULARITY, PERSISTENT_CONGESTION_THRESHOLD, RateSampler, SentFrame, SentPacket,
 };
 use crate::trace::TraceEvent;
 use crate::types::SpaceId;
@@ -45,6 +44,7 @@ impl Connection {
         }
         let sp = &mut self.spaces[si];
         sp.largest_acked = Some(sp.largest_acked.map_or(ack.largest, |l| l.max(ack.largest)));
+        self.detect_spurious_losses(space, ack);
         if newly.is_empty() {
             return Ok(());
         }
@@ -239,7 +239,7 @@ impl Connection {
                 ecn_ce: true,
                 bytes_in_flight: self.path.bytes_in_flight,
             };
-            self.path.cc.on_congestion_event(now, &ev);
+            self.congestion_event(now, &ev);
         }
     }
 
@@ -250,7 +250,8 @@ impl Connection {
             return;
         };
         let rtt = &self.path.rtt;
-        let loss_delay = rtt.loss_delay();
+        let loss_delay = rtt.loss_delay(self.path.time_threshold_eighths);
+        let packet_threshold = self.path.reorder_threshold;
         let lost_send_time = now.checked_sub(loss_delay);
         let mut lost_pns = Vec::new();
         let mut loss_time: Option<Instant> = None;
@@ -259,7 +260,7 @@ impl Connection {
                 break;
             }
             let by_time = lost_send_time.is_some_and(|t| p.time_sent <= t);
-            if by_time || largest_acked >= pn + PACKET_THRESHOLD {
+            if by_time || largest_acked >= pn + packet_threshold {
                 lost_pns.push(pn);
             } else {
                 let t = p.time_sent + loss_delay;
@@ -288,10 +289,23 @@ impl Connection {
         let mut eliciting_times: Vec<Instant> = Vec::new();
         let pto = self.pto_duration(space);
         let mut lost_frames = Vec::new();
+        let largest_acked = self.spaces[si].largest_acked.unwrap_or(0);
+        let mut mtu_reduced = None;
         for &pn in pns {
             let Some(p) = self.spaces[si].sent.remove(pn) else {
                 continue;
             };
+            if p.ack_eliciting && !p.mtu_probe {
+                let rl = &mut self.spaces[si].recently_lost;
+                if rl.len() >= super::spaces::MAX_RECENTLY_LOST {
+                    rl.pop_front();
+                }
+                rl.push_back(super::spaces::LostRecord {
+                    pn,
+                    reorder_distance: largest_acked.saturating_sub(pn),
+                    path: p.path,
+                });
+            }
             self.stats.packets_lost += 1;
             self.stats.bytes_lost += u64::from(p.size);
             self.trace(TraceEvent::PacketLost {
@@ -318,6 +332,7 @@ impl Connection {
                         mtu,
                         done: false,
                     });
+                    mtu_reduced = Some(mtu);
                 }
             } else if on_active && p.in_flight {
                 if p.size > self.config.initial_mtu {
@@ -337,6 +352,9 @@ impl Connection {
             }
             self.spaces[si].sent.recycle(frames);
         }
+        if let Some(mtu) = mtu_reduced {
+            self.drop_oversized_flight(space, mtu);
+        }
         let Some(largest_sent_time) = largest_sent else {
             return;
         };
@@ -346,7 +364,7 @@ impl Connection {
             ecn_ce: false,
             bytes_in_flight: self.path.bytes_in_flight,
         };
-        self.path.cc.on_congestion_event(now, &ev);
+        self.congestion_event(now, &ev);
         // RFC 9002 §7.6: persistent congestion when the lost ack-eliciting packets span more
         // than the threshold duration with nothing acknowledged in between (the lost set here
         // comes from one contiguous scan) and an RTT sample exists.
@@ -370,6 +388,79 @@ impl Connection {
             }
         }
         self.trace_metrics();
+    }
+
+    /// The path MTU shrank: packets larger than it will never arrive. Send their frames again
+    /// and take them out of flight without a congestion signal (the path, not the load,
+    /// dropped them).
+    fn drop_oversized_flight(&mut self, space: SpaceId, mtu: u16) {
+        let si = space.index();
+        let big: Vec<u64> = self.spaces[si]
+            .sent
+            .iter()
+            .filter(|(_, p)| p.size > mtu && p.path == self.path.id)
+            .map(|(pn, _)| pn)
+            .collect();
+        for pn in big {
+            let Some(p) = self.spaces[si].sent.remove(pn) else {
+                continue;
+            };
+            if p.in_flight {
+                self.path.bytes_in_flight =
+                    self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
+            }
+            for f in &p.frames {
+                self.on_frame_lost(space, f);
+            }
+            self.spaces[si].sent.recycle(p.frames);
+        }
+    }
+
+    fn congestion_event(&mut self, now: Instant, ev: &LossEvent) {
+        let before = self.path.cc.window();
+        self.path.cc.on_congestion_event(now, ev);
+        if self.path.cc.window() < before {
+            self.path.congestion_events += 1;
+        }
+    }
+
+    /// An ACK covered packets we had declared lost: the loss was reordering. Widen the
+    /// reordering thresholds so it does not happen again, and let the controller undo its
+    /// reduction (RFC 9002 §6.1: thresholds may adapt).
+    fn detect_spurious_losses(&mut self, space: SpaceId, ack: &Ack) {
+        let si = space.index();
+        if self.spaces[si].recently_lost.is_empty() {
+            return;
+        }
+        let mut spurious = 0u64;
+        let mut max_distance = 0u64;
+        let active = self.path.id;
+        for r in ack.iter() {
+            self.spaces[si].recently_lost.retain(|l| {
+                if r.contains(&l.pn) {
+                    if l.path == active {
+                        spurious += 1;
+                        max_distance = max_distance.max(l.reorder_distance);
+                    }
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        if spurious == 0 {
+            return;
+        }
+        self.stats.spurious_losses += spurious;
+        const MAX_REORDER_THRESHOLD: u64 = 64;
+        self.path.reorder_threshold = self
+            .path
+            .reorder_threshold
+            .max(max_distance + 1)
+            .min(MAX_REORDER_THRESHOLD);
+        // Up to twice the RTT, as RACK does for timing-based reordering.
+        self.path.time_threshold_eighths = (self.path.time_threshold_eighths + 1).min(16);
+        self.path.cc.on_spurious_congestion_event();
     }
 
     fn trace_metrics(&mut self) {

@@ -104,6 +104,7 @@ impl Connection {
             return;
         }
         self.sent_eliciting_since_rx = false;
+        self.last_rx = now;
         self.reset_idle_timer(now);
         if remote != self.path.remote && migrate_hint {
             self.on_peer_address_change(now, remote, local_ip, len);
@@ -252,6 +253,7 @@ impl Connection {
             );
             return PacketResult::default();
         }
+        let prev_largest = self.spaces[si].ack.largest.map(|(l, _)| l);
         if !self.spaces[si].ack.on_packet(pn, now) {
             self.drop_packet(Some(kind), size, DropReason::Duplicate);
             return PacketResult::default();
@@ -326,7 +328,7 @@ impl Connection {
             Ok((non_probing, eliciting)) => {
                 res.non_probing = non_probing;
                 if eliciting {
-                    self.on_eliciting_received(now, space, pn);
+                    self.on_eliciting_received(now, space, pn, prev_largest);
                 }
             }
             Err(e) => {
@@ -378,7 +380,13 @@ impl Connection {
     }
 
     /// An ack-eliciting packet arrived: decide when to acknowledge (RFC 9000 §13.2.1).
-    fn on_eliciting_received(&mut self, now: Instant, space: SpaceId, pn: u64) {
+    fn on_eliciting_received(
+        &mut self,
+        now: Instant,
+        space: SpaceId,
+        pn: u64,
+        prev_largest: Option<u64>,
+    ) {
         let policy = self.ack_policy;
         let a = &mut self.spaces[space.index()].ack;
         a.eliciting_since_ack += 1;
@@ -386,13 +394,15 @@ impl Connection {
             a.immediate = true;
             return;
         }
-        // Out of order: a gap below this packet, or it fills one (reordering signal).
-        let missing_below = a.ranges.iter().rev().nth(1).is_some_and(|r| {
-            policy.reorder_threshold > 0 && pn >= r.end + policy.reorder_threshold
-        });
+        // RFC 9000 §13.2.1: acknowledge at once a packet that arrives out of order, either
+        // below the largest received or above it with a gap. With ACK_FREQUENCY the gap must
+        // reach the peer's reordering threshold (0 turns this off).
+        let k = policy.reorder_threshold;
+        let out_of_order =
+            k > 0 && prev_largest.is_some_and(|l| pn < l || (pn > l + 1 && pn >= l + k));
         if a.eliciting_since_ack >= policy.threshold
             || self.immediate_ack_pending
-            || missing_below
+            || out_of_order
             || !self.handshake_complete
         {
             a.immediate = true;
@@ -549,8 +559,9 @@ impl Connection {
                             .with_frame(ty),
                     );
                 };
-                // The limit covers the whole frame (RFC 9221 §3).
-                if (d.len() as u64) + 1 + 8 > max + 8 && d.len() as u64 > max {
+                // The limit covers the whole frame (RFC 9221 §3); without knowing whether it
+                // carried a length, count the type byte only.
+                if 1 + d.len() as u64 > max {
                     return Err(
                         TransportError::PROTOCOL_VIOLATION("DATAGRAM larger than allowed")
                             .with_frame(ty),

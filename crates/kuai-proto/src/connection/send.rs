@@ -60,7 +60,15 @@ impl Connection {
         if let Some(t) = self.send_mtu_probe(now, buf) {
             return Some(t);
         }
-        let mtu = usize::from(self.path.mtu());
+        let mut mtu = usize::from(self.path.mtu());
+        let probing = self.spaces.iter().any(|s| s.probes > 0);
+        if probing && self.pto_count >= 2 && mtu > usize::from(self.config.initial_mtu) {
+            // Repeated timeouts with large packets: the path may have stopped carrying them
+            // (RFC 8899 §4.3 black hole). Probe with base-size packets, which get through
+            // either way, and have the current size confirmed by a DPLPMTUD probe.
+            mtu = usize::from(self.config.initial_mtu);
+            self.path.mtud.suspect_black_hole(now);
+        }
         let ecn = if self.path.ecn.should_mark() {
             Some(EcnCodepoint::Ect0)
         } else {
@@ -706,7 +714,9 @@ impl Connection {
         if u64::from(size) > max_udp {
             return None;
         }
-        if self.path.window_room() < u64::from(size) {
+        // A confirmation probe (suspected black hole) goes out whatever the window says: the
+        // window may be full of packets the path silently drops.
+        if !self.path.mtud.confirm && self.path.window_room() < u64::from(size) {
             return None;
         }
         let pn = self.spaces[SpaceId::Data.index()].next_pn;

@@ -1,6 +1,7 @@
 //! Per packet-number-space state (RFC 9000 §12.3): keys, the CRYPTO stream, sent packets and
 //! loss-detection state (RFC 9002 Appendix A.2), and what we owe the peer in ACKs.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::crypto::KeyPair;
@@ -35,7 +36,21 @@ pub struct PacketSpace {
     pub peer_ecn: EcnCounts,
     /// ECT(0)-marked packets sent in this space (for ECN validation).
     pub ecn_marked_sent: u64,
+    /// Packets declared lost recently, to notice when an ACK shows the loss was spurious.
+    pub recently_lost: VecDeque<LostRecord>,
 }
+
+/// A packet declared lost: its number and how far the largest acknowledged number was past
+/// it at that moment (the reordering it would take to make the loss spurious).
+#[derive(Debug, Clone, Copy)]
+pub struct LostRecord {
+    pub pn: u64,
+    pub reorder_distance: u64,
+    pub path: crate::recovery::PathId,
+}
+
+/// Lost packets remembered for spurious-loss detection.
+pub const MAX_RECENTLY_LOST: usize = 256;
 
 /// What we have received and owe acknowledgements for.
 #[derive(Default)]

@@ -78,9 +78,10 @@ impl RttEstimator {
         self.smoothed + (self.var * 4).max(GRANULARITY)
     }
 
-    /// Loss delay for time-threshold detection (RFC 9002 §6.1.2): 9/8 of max(srtt, latest).
-    pub fn loss_delay(&self) -> Duration {
-        (self.smoothed.max(self.latest) * 9 / 8).max(GRANULARITY)
+    /// Loss delay for time-threshold detection (RFC 9002 §6.1.2): `eighths`/8 of
+    /// max(srtt, latest); RFC 9002 uses 9/8.
+    pub fn loss_delay(&self, eighths: u32) -> Duration {
+        (self.smoothed.max(self.latest) * eighths / 8).max(GRANULARITY)
     }
 
     /// RFC 9002 §5.2: after persistent congestion, min_rtt restarts from the latest sample.

@@ -1136,6 +1136,15 @@ impl Streams {
         }
     }
 
+    /// Whether a receive stream still expects data from the peer.
+    pub fn waiting_for_data(&self) -> bool {
+        self.recv.values().any(|s| {
+            s.state == RecvState::Open
+                && s.stop_code.is_none()
+                && s.final_size.is_none_or(|f| s.asm.received_end() < f)
+        })
+    }
+
     /// Statistics: (open send streams, open receive streams).
     pub fn counts(&self) -> (usize, usize) {
         (self.send.len(), self.recv.len())
