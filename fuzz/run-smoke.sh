@@ -3,7 +3,8 @@
 #
 #   fuzz/run-smoke.sh [SECONDS] [TARGET...]
 #
-# SECONDS is the run time per target (default 20); TARGETs default to all of them. New inputs
+# SECONDS is the run time per target (default 20); TARGETs default to all of them (as
+# `cargo fuzz list` gives them: connection, frames, packet_header, transport_params). New inputs
 # go to fuzz/corpus/<target>/ (gitignored), never into the checked-in fuzz/seeds/. Exits non-zero
 # if any target crashes, times out or runs out of memory, after printing the reproducer as hex.
 #

@@ -6,7 +6,9 @@
 //! ```
 //!
 //! Everything is deterministic: the transport parameters' grease value comes from a seeded RNG,
-//! and the packets use fixed packet numbers and connection IDs. The RFC 9001 / RFC 9369
+//! and the packets use fixed packet numbers and connection IDs. The `connection` seeds are
+//! operation sequences (the format is described in `fuzz_targets/connection.rs`), with frames
+//! made by `Frame::encode`. The RFC 9001 / RFC 9369
 //! Appendix A packets are copied from `crates/kuai-proto/tests/vectors.rs`.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
@@ -556,6 +558,297 @@ fn tp_seeds(dir: &Path) {
     write(dir, "rfc9001_client_hello.bin", &hex(CLIENT_HELLO_TP));
 }
 
+// ---------------------------------------------------------------------------------------------
+// `connection`: byte 0 picks the target (bit 0: client) and the GSO batch (bits 1-2), then
+// `[op][len][body]` chunks with `op = kind | flags << 3` (see fuzz_targets/connection.rs).
+
+const RAW: u8 = 0;
+const MUTATE: u8 = 1;
+const SEAL: u8 = 2;
+const CLOCK: u8 = 3;
+const PUMP: u8 = 4;
+const APP: u8 = 5;
+const RESET: u8 = 6;
+const REPLAY: u8 = 7;
+
+/// `(kind, flags, body)` of each operation.
+type Ops = Vec<(u8, u8, Vec<u8>)>;
+
+fn conn_input(config: u8, ops: &[(u8, u8, Vec<u8>)]) -> Vec<u8> {
+    let mut out = vec![config];
+    for (kind, flags, body) in ops {
+        assert!(*kind < 8 && *flags < 32 && body.len() <= 255);
+        out.push(kind | flags << 3);
+        out.push(body.len() as u8);
+        out.extend_from_slice(body);
+    }
+    out
+}
+
+fn encode_frames(frames: &[Frame]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    for f in frames {
+        f.encode(&mut buf);
+    }
+    buf
+}
+
+fn ms(n: u16) -> Vec<u8> {
+    n.to_le_bytes().to_vec()
+}
+
+/// `(pos u16 LE, xor)` triples for the mutating operations.
+fn flips(f: &[(u16, u8)]) -> Vec<u8> {
+    f.iter()
+        .flat_map(|&(pos, x)| [pos.to_le_bytes()[0], pos.to_le_bytes()[1], x])
+        .collect()
+}
+
+/// An application action (`fuzz_targets/connection.rs`, `Harness::app`).
+fn app(action: u8, pick: u8, data: &[u8]) -> Vec<u8> {
+    [&[action, pick][..], data].concat()
+}
+
+fn stream(id: u64, offset: u64, fin: bool, data: &'static [u8]) -> Frame {
+    Frame::Stream(StreamFrame {
+        id: StreamId(id),
+        offset,
+        fin,
+        data: Bytes::from_static(data),
+    })
+}
+
+fn connection_seeds(dir: &Path) {
+    const SERVER: u8 = 0;
+    const CLIENT: u8 = 1;
+    let both = [("s", SERVER), ("c", CLIENT)];
+
+    // Every frame type, sealed into a packet of the peer (replacing its frames for the server,
+    // after them for the client).
+    for (name, f) in frames() {
+        let body = encode_frames(&[f]);
+        write(
+            dir,
+            &format!("seal_{name}_s.bin"),
+            &conn_input(SERVER, &[(SEAL, 0, body.clone())]),
+        );
+        write(
+            dir,
+            &format!("seal_{name}_c.bin"),
+            &conn_input(CLIENT, &[(SEAL, 1, body)]),
+        );
+    }
+    // Frames that fit the streams and packet numbers of the setup.
+    let to_server = [
+        ("stream_more", vec![stream(0, 1500, true, b"more data")]),
+        (
+            "stream_new",
+            vec![stream(4, 0, false, b"new"), stream(6, 10, true, b"uni")],
+        ),
+        (
+            "stream_overlap",
+            vec![stream(0, 1400, false, b"0123456789abcdef")],
+        ),
+        (
+            "reset_own",
+            vec![Frame::ResetStream {
+                id: StreamId(0),
+                error_code: 1,
+                final_size: 1500,
+            }],
+        ),
+        (
+            "stop_reply",
+            vec![Frame::StopSending {
+                id: StreamId(0),
+                error_code: 2,
+            }],
+        ),
+        ("ack_recent", vec![ack(0, &[0..8], None)]),
+        (
+            "ack_ecn",
+            vec![ack(
+                3,
+                &[2..9],
+                Some(EcnCounts {
+                    ect0: 3,
+                    ect1: 0,
+                    ce: 2,
+                }),
+            )],
+        ),
+        (
+            "new_cids",
+            vec![
+                Frame::NewConnectionId(NewConnectionId {
+                    seq: 4,
+                    retire_prior_to: 2,
+                    cid: ConnectionId::new(&[0x44; 8]),
+                    reset_token: [4; 16],
+                }),
+                Frame::RetireConnectionId { seq: 0 },
+            ],
+        ),
+        (
+            "flow_limits",
+            vec![
+                Frame::MaxData(10),
+                Frame::MaxStreamData {
+                    id: StreamId(1),
+                    max: 5,
+                },
+                Frame::MaxStreams {
+                    dir: Dir::Bi,
+                    count: 1,
+                },
+            ],
+        ),
+    ];
+    for (name, frames) in to_server {
+        let body = encode_frames(&frames);
+        write(
+            dir,
+            &format!("seal_{name}.bin"),
+            &conn_input(SERVER, &[(SEAL, 0, body)]),
+        );
+    }
+    let ping = encode_frames(&[Frame::Ping, Frame::Padding(20)]);
+    for (side, config) in both {
+        let challenge = encode_frames(&[Frame::PathChallenge(*b"fuzzpath"), Frame::Ping]);
+        let seeds: Vec<(&str, Ops)> = vec![
+            // Raw datagrams: junk, junk routed to the connection, with ECN, from another port,
+            // a long header.
+            ("raw_junk", vec![(RAW, 0, vec![0x41; 40])]),
+            (
+                "raw_routed",
+                vec![(RAW, 0b10, [&[0x41][..], &[0xee; 40]].concat())],
+            ),
+            (
+                "raw_routed_ce_alt",
+                vec![(RAW, 0b1111, [&[0x45][..], &[0x17; 60]].concat())],
+            ),
+            (
+                "raw_long",
+                vec![(
+                    RAW,
+                    0,
+                    [
+                        &hex("c0 00000001 08 0102030405060708 00 00 4020")[..],
+                        &[0; 40],
+                    ]
+                    .concat(),
+                )],
+            ),
+            // A real datagram, bit-flipped: first byte, DCID, packet number, payload, tag.
+            ("mutate_key_phase", vec![(MUTATE, 0, flips(&[(0, 0x04)]))]),
+            ("mutate_dcid", vec![(MUTATE, 0, flips(&[(3, 0xff)]))]),
+            ("mutate_pn", vec![(MUTATE, 0, flips(&[(9, 0x01)]))]),
+            (
+                "mutate_payload",
+                vec![(MUTATE, 0, flips(&[(30, 0x80), (31, 1)]))],
+            ),
+            (
+                "mutate_tag_dup_alt",
+                vec![(MUTATE, 0b11, flips(&[(0xffff, 0x10)]))],
+            ),
+            // Real frames re-sealed: replaced, appended, prepended, flipped; from another port
+            // (a migration), with the next key phase, with ECN CE.
+            ("seal_ping", vec![(SEAL, 0, ping.clone())]),
+            (
+                "seal_append",
+                vec![(SEAL, 1, encode_frames(&[Frame::ImmediateAck]))],
+            ),
+            (
+                "seal_prepend",
+                vec![(SEAL, 2, encode_frames(&[ack(0, &[0..3], None)]))],
+            ),
+            ("seal_flip", vec![(SEAL, 3, flips(&[(0, 0x01), (5, 0x40)]))]),
+            (
+                "seal_migrate",
+                vec![(SEAL, 0b100, challenge.clone()), (PUMP, 0, vec![3])],
+            ),
+            (
+                "seal_key_update",
+                vec![(SEAL, 0b1000, ping.clone()), (PUMP, 0, vec![3])],
+            ),
+            (
+                "seal_ce",
+                vec![(SEAL, 0b10000, ping.clone()), (PUMP, 0, vec![1])],
+            ),
+            // Time: a little, a loss period, past the idle timeout, in one jump.
+            ("clock_100ms", vec![(CLOCK, 0, ms(100))]),
+            (
+                "clock_loss",
+                vec![
+                    (APP, 0, app(0, 0, &[0x33; 200])),
+                    (CLOCK, 0b01, ms(5000)),
+                    (CLOCK, 0, ms(1000)),
+                    (PUMP, 0, vec![4]),
+                ],
+            ),
+            ("clock_idle_jump", vec![(CLOCK, 0b10, ms(40_000))]),
+            (
+                "clock_drop_steps",
+                vec![(APP, 1, app(2, 0, b"x")), (CLOCK, 0b01, ms(30_000))],
+            ),
+            ("pump", vec![(PUMP, 0, vec![5]), (PUMP, 1, vec![2])]),
+            // Stateless resets, good and bad.
+            ("reset", vec![(RESET, 0, vec![0x12; 24])]),
+            ("reset_bad_token", vec![(RESET, 1, vec![0x12; 24])]),
+            // Datagrams the target already had.
+            (
+                "replay",
+                vec![
+                    (SEAL, 0, ping.clone()),
+                    (REPLAY, 0, vec![0]),
+                    (REPLAY, 1, vec![3]),
+                ],
+            ),
+            // Key updates one after the other.
+            (
+                "key_updates",
+                vec![
+                    (APP, 0, app(7, 0, &[])),
+                    (PUMP, 0, vec![2]),
+                    (APP, 1, app(7, 0, &[])),
+                    (PUMP, 0, vec![2]),
+                    (SEAL, 0, ping.clone()),
+                ],
+            ),
+            (
+                "close_and_drain",
+                vec![(APP, 0, app(8, 0, b"\x07bye")), (CLOCK, 0, ms(60_000))],
+            ),
+        ];
+        for (name, ops) in seeds {
+            let config = if name == "pump" {
+                config | 0b110
+            } else {
+                config
+            };
+            write(
+                dir,
+                &format!("{name}_{side}.bin"),
+                &conn_input(config, &ops),
+            );
+        }
+        // Every application action, on the target and on the peer.
+        for action in 0..11u8 {
+            for (who, flags) in [("target", 0), ("peer", 1)] {
+                let ops = vec![
+                    (APP, flags, app(action, action, b"\x00\x00\x00\x05fuzz")),
+                    (PUMP, 0, vec![1]),
+                ];
+                write(
+                    dir,
+                    &format!("app{action}_{who}_{side}.bin"),
+                    &conn_input(config, &ops),
+                );
+            }
+        }
+    }
+}
+
 fn main() {
     let root = PathBuf::from(
         std::env::args()
@@ -566,6 +859,7 @@ fn main() {
         ("frames", frame_seeds as fn(&Path)),
         ("packet_header", packet_seeds),
         ("transport_params", tp_seeds),
+        ("connection", connection_seeds),
     ] {
         let dir = root.join(name);
         std::fs::create_dir_all(&dir).unwrap();

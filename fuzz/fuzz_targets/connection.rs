@@ -6,9 +6,11 @@
 //! per process with rcgen from a fixed key) complete a real TLS 1.3 handshake in lock step on a
 //! virtual clock that starts at one `Instant` captured once per process, then open streams both
 //! ways with some data. `Connection` cannot be cloned, so the handshake is simply run again for
-//! every input (about a millisecond); an input never sees state left by another one. What stays
-//! random is inside rustls (X25519 shares, nonces) and kuai's transport-parameter grease: the
-//! bytes on the wire differ between runs, their sizes and the connection's behaviour do not.
+//! every input (about a millisecond, so ~1000 inputs/s without sanitizer; keeping one pair alive
+//! across inputs would make crashes depend on earlier inputs). An input never sees state left by
+//! another one. What stays random is inside rustls (X25519 shares, nonces) and where kuai-proto
+//! draws from the thread RNG (transport-parameter grease, token nonces, stateless reset filler):
+//! the bytes on the wire differ between runs, what happens hardly ever does.
 //!
 //! The client's TLS key log hands the fuzzer the 1-RTT traffic secrets, from which it derives the
 //! same packet keys as the connections (`OneRttKeys::derived`, following key updates by the key
@@ -31,7 +33,7 @@
 //! | 3 | advance the clock by `u16 LE` ms (body, 1 ms if empty) and run timeouts on both sides | f0: drop what is sent meanwhile instead of delivering it; f1: jump straight to the end instead of stepping through every deadline |
 //! | 4 | pump: `body[0] % 16 + 1` rounds of timers and traffic both ways | f0: do not advance the clock (1 ms per round otherwise) |
 //! | 5 | application action on a connection, `body[0] % 11`: open bidi + write, open uni + write, write, finish, reset, stop, send datagram, key update, close, migrate (client), read everything; `body[1]` picks a stream, the rest is data or the code | f0: on the peer instead of the target |
-//! | 6 | a stateless reset for the target: `[0x40 \| body[0]] ++ body[1..] ++ the peer's reset token` for the CID the target sends to | f0: corrupt the token |
+//! | 6 | a stateless reset for the target: `[0x40 \| body[0] & 0x3f] ++ body[1..]`, padded to 5 bytes, `++` the peer's reset token for the CID the target last sent to | f0: corrupt the token |
 //! | 7 | deliver again one of the last 32 datagrams the target received (`body[0]` back from the newest) | f0: other port |
 //!
 //! After every operation both endpoints are drained: datagrams are delivered to the other side and
@@ -53,6 +55,9 @@
 //!   drain timer), so it drains once the clock passes it; at the end of the input, with nothing
 //!   delivered any more, every connection is gone after `max(60 s, 6 x PTO)` (twice the 30 s
 //!   idle timeout or 3 x PTO, as one PTO probe may restart the idle timer).
+//!
+//! `KUAI_FUZZ_DEBUG=1` in the environment prints every operation, datagram (the first 40 of each
+//! exchange) and event, to follow a reproducer.
 
 #![no_main]
 
@@ -321,7 +326,9 @@ impl Harness {
         let mut done = false;
         for _ in 0..200 {
             let sent = h.exchange(true);
-            done = h.conn(Who::Client).is_some_and(|c| c.is_handshake_confirmed())
+            done = h
+                .conn(Who::Client)
+                .is_some_and(|c| c.is_handshake_confirmed())
                 && h.conn(Who::Server).is_some_and(|c| c.is_established());
             if done {
                 break;
@@ -449,6 +456,15 @@ impl Harness {
                     d[0]
                 );
                 self.observe(from, d);
+                if debug() && self.exchanged <= 40 {
+                    eprintln!(
+                        "  {from:?} -> {}: {} bytes, first byte {:#04x}{}",
+                        t.destination,
+                        d.len(),
+                        d[0],
+                        if deliver { "" } else { " (dropped)" }
+                    );
+                }
                 if deliver {
                     self.deliver(from.other(), from.addr(), t.ecn, d);
                 }
@@ -850,7 +866,10 @@ impl Harness {
                         if debug() {
                             eprintln!(
                                 "  sealing pn {} ({} bytes) phase {} over {:02x?}",
-                                o.pn, o.pn_len, o.key_phase ^ f(3), o.payload
+                                o.pn,
+                                o.pn_len,
+                                o.key_phase ^ f(3),
+                                o.payload
                             );
                         }
                         self.seal(peer, &o, &frames, f(3))
@@ -1041,6 +1060,24 @@ fuzz_target!(|data: &[u8]| {
         h.run(*op, body);
         h.settle();
         h.check();
+        if debug() {
+            for who in BOTH {
+                if let Some(c) = h.conn(who) {
+                    let s = c.stats();
+                    eprintln!(
+                        "  {who:?}: closed {} ({:?}), {} connection(s), rx {} tx {} dropped {}, \
+                         rtt {:?}",
+                        c.is_closed(),
+                        c.close_reason(),
+                        h.eps[who as usize].connection_count(),
+                        s.packets_received,
+                        s.packets_sent,
+                        s.packets_dropped,
+                        s.path.rtt
+                    );
+                }
+            }
+        }
     }
     h.quiesce();
 });

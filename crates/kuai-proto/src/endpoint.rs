@@ -23,9 +23,26 @@ use crate::packet::{self, LongType};
 use crate::token::{self, TokenError, ValidToken};
 use crate::types::{Side, Version, is_grease_version};
 
-/// Identifies a connection within its endpoint.
+/// Identifies a connection within its endpoint. Never reused: a handle of a connection that
+/// is gone stays invalid even when its slot serves a new connection.
 #[derive(Debug, Copy, Clone, Eq, PartialEq, Hash, Ord, PartialOrd)]
-pub struct ConnectionHandle(pub usize);
+pub struct ConnectionHandle {
+    idx: u32,
+    generation: u32,
+}
+
+impl ConnectionHandle {
+    fn idx(self) -> usize {
+        self.idx as usize
+    }
+}
+
+/// A slot of the connection table.
+#[derive(Default)]
+struct Slot {
+    generation: u32,
+    entry: Option<Entry>,
+}
 
 struct Entry {
     conn: Connection,
@@ -37,6 +54,8 @@ struct Entry {
     cids: Vec<ConnectionId>,
     /// The peer's reset token registered for this connection.
     reset_token: Option<[u8; 16]>,
+    /// `Endpoint::timeout_epoch` of the last `handle_timeout` that ran this connection.
+    timeout_epoch: u64,
 }
 
 /// Statistics of an endpoint.
@@ -56,19 +75,22 @@ pub struct Endpoint {
     config: Arc<EndpointConfig>,
     server: Option<Arc<ServerConfig>>,
     cid_gen: Box<dyn ConnectionIdGenerator>,
-    conns: Vec<Option<Entry>>,
+    conns: Vec<Slot>,
     free: Vec<usize>,
     by_cid: HashMap<ConnectionId, ConnectionHandle>,
     by_initial: HashMap<(SocketAddr, ConnectionId), ConnectionHandle>,
     /// Peers' stateless reset tokens, to find the connection a reset is meant for.
     by_reset_token: HashMap<[u8; 16], ConnectionHandle>,
-    ready: VecDeque<ConnectionHandle>,
+    /// Slots to poll for sending (by index: whichever connection holds the slot now).
+    ready: VecDeque<usize>,
     in_ready: Vec<bool>,
-    timers: BinaryHeap<Reverse<(Instant, ConnectionHandle)>>,
+    /// Connection deadlines by slot index; stale entries are skipped when popped.
+    timers: BinaryHeap<Reverse<(Instant, usize)>>,
     responses: VecDeque<(SocketAddr, Option<IpAddr>, Vec<u8>)>,
     events: VecDeque<(ConnectionHandle, Event)>,
     incoming: VecDeque<ConnectionHandle>,
     handshakes: usize,
+    timeout_epoch: u64,
     rng: StdRng,
     anchor: (Instant, u64),
     stats: EndpointStats,
@@ -104,6 +126,7 @@ impl Endpoint {
             events: VecDeque::new(),
             incoming: VecDeque::new(),
             handshakes: 0,
+            timeout_epoch: 0,
             rng,
             anchor: (now, unix_ms),
             stats: EndpointStats::default(),
@@ -123,16 +146,42 @@ impl Endpoint {
         self.conns.len() - self.free.len()
     }
 
+    fn slot(&self, h: ConnectionHandle) -> Option<&Entry> {
+        let slot = self.conns.get(h.idx())?;
+        if slot.generation != h.generation {
+            return None;
+        }
+        slot.entry.as_ref()
+    }
+
+    fn slot_mut(&mut self, h: ConnectionHandle) -> Option<&mut Entry> {
+        let slot = self.conns.get_mut(h.idx())?;
+        if slot.generation != h.generation {
+            return None;
+        }
+        slot.entry.as_mut()
+    }
+
+    /// The handle of whatever connection holds slot `idx` now.
+    fn handle_at(&self, idx: usize) -> Option<ConnectionHandle> {
+        let slot = self.conns.get(idx)?;
+        slot.entry.as_ref()?;
+        Some(ConnectionHandle {
+            idx: idx as u32,
+            generation: slot.generation,
+        })
+    }
+
     pub fn connection(&self, h: ConnectionHandle) -> Option<&Connection> {
-        self.conns.get(h.0)?.as_ref().map(|e| &e.conn)
+        self.slot(h).map(|e| &e.conn)
     }
 
     /// Mutable access for the application; the endpoint re-polls the connection afterwards.
     pub fn connection_mut(&mut self, h: ConnectionHandle) -> Option<&mut Connection> {
-        if self.conns.get(h.0).is_some_and(|e| e.is_some()) {
+        if self.slot(h).is_some() {
             self.mark_ready(h);
         }
-        self.conns.get_mut(h.0)?.as_mut().map(|e| &mut e.conn)
+        self.slot_mut(h).map(|e| &mut e.conn)
     }
 
     /// Handles of all live connections.
@@ -140,8 +189,11 @@ impl Endpoint {
         self.conns
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.is_some())
-            .map(|(i, _)| ConnectionHandle(i))
+            .filter(|(_, s)| s.entry.is_some())
+            .map(|(i, s)| ConnectionHandle {
+                idx: i as u32,
+                generation: s.generation,
+            })
     }
 
     fn unix_ms(&self, now: Instant) -> u64 {
@@ -158,30 +210,35 @@ impl Endpoint {
     }
 
     fn insert(&mut self, entry: Entry) -> ConnectionHandle {
-        match self.free.pop() {
-            Some(i) => {
-                self.conns[i] = Some(entry);
-                ConnectionHandle(i)
-            }
+        let i = match self.free.pop() {
+            Some(i) => i,
             None => {
-                self.conns.push(Some(entry));
+                self.conns.push(Slot::default());
                 self.in_ready.push(false);
-                ConnectionHandle(self.conns.len() - 1)
+                self.conns.len() - 1
             }
+        };
+        let slot = &mut self.conns[i];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.entry = Some(entry);
+        ConnectionHandle {
+            idx: i as u32,
+            generation: slot.generation,
         }
     }
 
     fn route_cid(&mut self, cid: ConnectionId, h: ConnectionHandle) {
         self.by_cid.insert(cid, h);
-        if let Some(e) = self.conns[h.0].as_mut() {
+        if let Some(e) = self.slot_mut(h) {
             e.cids.push(cid);
         }
     }
 
     fn mark_ready(&mut self, h: ConnectionHandle) {
-        if !self.in_ready[h.0] {
-            self.in_ready[h.0] = true;
-            self.ready.push_back(h);
+        let i = h.idx();
+        if !self.in_ready[i] {
+            self.in_ready[i] = true;
+            self.ready.push_back(i);
         }
     }
 
@@ -214,6 +271,7 @@ impl Endpoint {
             initial_key: None,
             cids: Vec::new(),
             reset_token: None,
+            timeout_epoch: 0,
         });
         if !cid.is_empty() {
             self.route_cid(cid, h);
@@ -307,7 +365,7 @@ impl Endpoint {
         ecn: Option<EcnCodepoint>,
         data: BytesMut,
     ) {
-        if let Some(e) = self.conns[h.0].as_mut() {
+        if let Some(e) = self.slot_mut(h) {
             e.conn.handle_datagram(now, remote, local_ip, ecn, data);
         }
         self.after_conn_op(h, now);
@@ -445,14 +503,15 @@ impl Endpoint {
             initial_key: Some((remote, dcid)),
             cids: Vec::new(),
             reset_token: None,
+            timeout_epoch: 0,
         });
         self.handshakes += 1;
         self.stats.accepted += 1;
         self.route_cid(local_cid, h);
         self.by_initial.insert((remote, dcid), h);
         // The preferred-address CID routes here too.
-        let extra: Vec<ConnectionId> = self.conns[h.0]
-            .as_ref()
+        let extra: Vec<ConnectionId> = self
+            .slot(h)
             .map(|e| e.conn.local_cids().filter(|c| *c != local_cid).collect())
             .unwrap_or_default();
         for c in extra {
@@ -570,8 +629,19 @@ impl Endpoint {
 
     /// After any operation on a connection: route its endpoint events, collect its events,
     /// reschedule its timer and queue it for sending.
-    fn after_conn_op(&mut self, h: ConnectionHandle, now: Instant) {
-        let Some(entry) = self.conns[h.0].as_mut() else {
+    fn after_conn_op(&mut self, h: ConnectionHandle, _now: Instant) {
+        self.process_conn(h, true);
+    }
+
+    /// Routes a connection's endpoint events, collects its application events and reschedules
+    /// its timer; `requeue` puts it in the send rotation.
+    fn process_conn(&mut self, h: ConnectionHandle, requeue: bool) {
+        let Some(entry) = self
+            .conns
+            .get_mut(h.idx())
+            .filter(|s| s.generation == h.generation)
+            .and_then(|s| s.entry.as_mut())
+        else {
             return;
         };
         let mut drained = false;
@@ -604,7 +674,7 @@ impl Endpoint {
         for cid in &retire {
             self.by_cid.remove(cid);
         }
-        if let Some(e) = self.conns[h.0].as_mut() {
+        if let Some(e) = self.slot_mut(h) {
             e.cids.retain(|c| !retire.contains(c));
         }
         if need > 0 && self.cid_gen.cid_len() > 0 {
@@ -615,7 +685,7 @@ impl Endpoint {
                 self.route_cid(cid, h);
                 new.push((cid, token));
             }
-            if let Some(e) = self.conns[h.0].as_mut() {
+            if let Some(e) = self.slot_mut(h) {
                 e.conn.issue_cids(new);
             }
         }
@@ -623,15 +693,21 @@ impl Endpoint {
             self.remove(h);
             return;
         }
-        if let Some(t) = self.conns[h.0].as_ref().and_then(|e| e.conn.poll_timeout()) {
-            self.timers.push(Reverse((t, h)));
+        if let Some(t) = self.slot(h).and_then(|e| e.conn.poll_timeout()) {
+            self.timers.push(Reverse((t, h.idx())));
         }
-        self.mark_ready(h);
-        let _ = now;
+        if requeue {
+            self.mark_ready(h);
+        }
     }
 
     fn remove(&mut self, h: ConnectionHandle) {
-        let Some(entry) = self.conns[h.0].take() else {
+        let Some(entry) = self
+            .conns
+            .get_mut(h.idx())
+            .filter(|s| s.generation == h.generation)
+            .and_then(|s| s.entry.take())
+        else {
             return;
         };
         if entry.handshaking {
@@ -646,7 +722,7 @@ impl Endpoint {
         if let Some(t) = entry.reset_token {
             self.by_reset_token.remove(&t);
         }
-        self.free.push(h.0);
+        self.free.push(h.idx());
     }
 
     /// Drops every connection without a trace, as if the process had restarted (the
@@ -677,9 +753,12 @@ impl Endpoint {
                 src_ip,
             });
         }
-        while let Some(h) = self.ready.pop_front() {
-            self.in_ready[h.0] = false;
-            let Some(e) = self.conns[h.0].as_mut() else {
+        while let Some(i) = self.ready.pop_front() {
+            self.in_ready[i] = false;
+            let Some(h) = self.handle_at(i) else {
+                continue;
+            };
+            let Some(e) = self.slot_mut(h) else {
                 continue;
             };
             if let Some(t) = e.conn.poll_transmit(now, max_datagrams, buf) {
@@ -688,37 +767,18 @@ impl Endpoint {
                 return Some(t);
             }
             // Nothing to send: its timer (pacing, ACK delay, ...) will bring it back.
-            let deadline = e.conn.poll_timeout();
-            if let Some(t) = deadline {
-                self.timers.push(Reverse((t, h)));
-            }
-            self.flush_events(h);
+            self.process_conn(h, false);
         }
         None
     }
 
-    fn flush_events(&mut self, h: ConnectionHandle) {
-        let Some(e) = self.conns[h.0].as_mut() else {
-            return;
-        };
-        let mut drained = false;
-        while let Some(ev) = e.conn.poll_endpoint_event() {
-            if ev == EndpointEvent::Drained {
-                drained = true;
-            }
-        }
-        while let Some(ev) = e.conn.poll_event() {
-            self.events.push_back((h, ev));
-        }
-        if drained {
-            self.remove(h);
-        }
-    }
-
     /// The earliest time [`handle_timeout`](Self::handle_timeout) should run.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        while let Some(Reverse((t, h))) = self.timers.peek().copied() {
-            let current = self.conns[h.0].as_ref().and_then(|e| e.conn.poll_timeout());
+        while let Some(Reverse((t, i))) = self.timers.peek().copied() {
+            let current = self
+                .handle_at(i)
+                .and_then(|h| self.slot(h))
+                .and_then(|e| e.conn.poll_timeout());
             if current == Some(t) {
                 return Some(t);
             }
@@ -727,7 +787,7 @@ impl Endpoint {
             if let Some(c) = current
                 && c < t
             {
-                self.timers.push(Reverse((c, h)));
+                self.timers.push(Reverse((c, i)));
             }
         }
         None
@@ -737,25 +797,29 @@ impl Endpoint {
     pub fn handle_timeout(&mut self, now: Instant) {
         // Each connection runs its timers at most once per call, so a deadline a connection
         // leaves in the past cannot spin this loop.
-        let mut done: Vec<ConnectionHandle> = Vec::new();
-        while let Some(Reverse((t, h))) = self.timers.peek().copied() {
+        self.timeout_epoch = self.timeout_epoch.wrapping_add(1);
+        let epoch = self.timeout_epoch;
+        while let Some(Reverse((t, i))) = self.timers.peek().copied() {
             if t > now {
                 break;
             }
             self.timers.pop();
-            if done.contains(&h) {
-                continue;
-            }
-            let Some(e) = self.conns[h.0].as_mut() else {
+            let Some(h) = self.handle_at(i) else {
                 continue;
             };
+            let Some(e) = self.slot_mut(h) else {
+                continue;
+            };
+            if e.timeout_epoch == epoch {
+                continue;
+            }
             match e.conn.poll_timeout() {
                 Some(d) if d <= now => {
                     e.conn.handle_timeout(now);
-                    done.push(h);
+                    e.timeout_epoch = epoch;
                     self.after_conn_op(h, now);
                 }
-                Some(d) => self.timers.push(Reverse((d, h))),
+                Some(d) => self.timers.push(Reverse((d, i))),
                 None => {}
             }
         }

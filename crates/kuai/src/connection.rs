@@ -38,10 +38,13 @@ impl ConnectionInner {
 impl Drop for ConnectionInner {
     fn drop(&mut self) {
         let mut s = self.shared.lock();
-        if let Some(c) = s.ep.connection_mut(self.handle)
-            && !c.is_closed()
-        {
-            c.close(Instant::now(), 0, b"");
+        match s.ep.connection_mut(self.handle) {
+            Some(c) if !c.is_closed() => c.close(Instant::now(), 0, b""),
+            Some(_) => {}
+            // Already gone from the transport: forget the wake state too.
+            None => {
+                s.conns.remove(&self.handle);
+            }
         }
         drop(s);
         self.shared.kick();

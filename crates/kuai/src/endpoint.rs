@@ -44,6 +44,8 @@ pub(crate) struct ConnState {
     pub closed: Vec<Waker>,
     pub zero_rtt_rejected: bool,
     pub server_name: Option<String>,
+    /// The transport forgot the connection; only the error remains.
+    pub drained: bool,
 }
 
 impl ConnState {
@@ -611,15 +613,11 @@ fn dispatch(s: &mut State) {
             | Event::KeyUpdated { .. } => {}
         }
     }
-    // Connections that drained: wake anyone still waiting, then forget them.
-    let gone: Vec<ConnectionHandle> = s
-        .conns
-        .keys()
-        .copied()
-        .filter(|h| s.ep.connection(*h).is_none())
-        .collect();
-    for h in gone {
-        if let Some(mut st) = s.conns.remove(&h) {
+    // Connections that drained: wake anyone still waiting. Their state stays until the last
+    // application handle goes (ConnectionInner::drop), so late callers still learn why.
+    for (h, st) in s.conns.iter_mut() {
+        if !st.drained && s.ep.connection(*h).is_none() {
+            st.drained = true;
             if st.error.is_none() {
                 st.error = Some(ConnectionError::LocallyClosed);
             }

@@ -138,3 +138,153 @@ async fn transfer_100mb_intact_and_batched() {
     }
     assert!(c.recv_datagrams >= c.recv_calls, "GRO/recvmmsg counted");
 }
+
+#[tokio::test]
+async fn zero_rtt_on_the_second_connection() {
+    let (scfg, cert) = server_config();
+    let (_server, addr) = start_server(scfg).await;
+    let client = Endpoint::client(localhost()).unwrap();
+    let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    let conn = client
+        .connect_with(ccfg.clone(), addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(fetch(&conn, 100).await, 100);
+    // Let the session ticket arrive before closing.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    conn.close(0, b"");
+    let connecting = client.connect_with(ccfg, addr, "localhost").unwrap();
+    let (conn, accepted) = connecting.into_0rtt().map_err(|_| "no 0-RTT").unwrap();
+    // The request goes out before the handshake completes.
+    let got = fetch(&conn, 5000).await;
+    assert_eq!(got, 5000);
+    assert!(accepted.await, "server accepted 0-RTT");
+    let st = conn.stats();
+    assert!(st.resumed && st.zero_rtt_accepted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_migrates_by_rebinding_its_socket_mid_transfer() {
+    let (scfg, cert) = server_config();
+    let (_server, addr) = start_server(scfg).await;
+    let client = Endpoint::client(localhost()).unwrap();
+    let old = client.local_addr().unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    let c2 = conn.clone();
+    let transfer = tokio::spawn(async move { fetch(&c2, 30 << 20).await });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    client.rebind(localhost()).unwrap();
+    assert_ne!(client.local_addr().unwrap(), old);
+    assert_eq!(transfer.await.unwrap(), 30 << 20);
+    assert_eq!(conn.stats().migrations, 1);
+}
+
+#[tokio::test]
+async fn datagrams_round_trip() {
+    let (scfg, cert) = server_config();
+    let (_server, addr) = start_server(scfg).await;
+    let client = Endpoint::client(localhost()).unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    let max = conn.max_datagram_size().unwrap();
+    assert!(max > 1000);
+    for i in 0..50u8 {
+        conn.send_datagram(Bytes::from(vec![i; 100])).unwrap();
+        let back = tokio::time::timeout(std::time::Duration::from_secs(2), conn.read_datagram())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&back[..], &[i; 100][..]);
+    }
+    // DPLPMTUD may have raised the limit meanwhile: ask again.
+    let max = conn.max_datagram_size().unwrap();
+    assert!(matches!(
+        conn.send_datagram(Bytes::from(vec![0; max + 1])),
+        Err(kuai::DatagramError::TooLarge(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_concurrent_connections() {
+    let (scfg, cert) = server_config();
+    let (server, addr) = start_server(scfg).await;
+    let client = Endpoint::client(localhost()).unwrap();
+    let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..1000 {
+        conns.push(
+            client
+                .connect_with(ccfg.clone(), addr, "localhost")
+                .unwrap(),
+        );
+    }
+    let mut established = Vec::new();
+    for c in conns {
+        established.push(
+            tokio::time::timeout(std::time::Duration::from_secs(30), c)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert_eq!(server.connection_count(), 1000);
+    let mut tasks = Vec::new();
+    for c in established.iter().cloned() {
+        tasks.push(tokio::spawn(async move { fetch(&c, 1000).await }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 1000);
+    }
+    // Dropping the handles closes the connections; each drains after 3 PTO (long here: a
+    // thousand handshakes at once in a debug build inflate the RTT estimates).
+    drop(established);
+    tokio::time::timeout(std::time::Duration::from_secs(60), client.wait_idle())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn unreachable_server_times_out_with_an_error() {
+    // A bound socket that never answers.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let (_, cert) = server_config();
+    let mut ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    ccfg.transport(kuai::TransportConfig {
+        max_idle_timeout: std::time::Duration::from_secs(1),
+        ..Default::default()
+    });
+    let client = Endpoint::client(localhost()).unwrap();
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        client.connect_with(ccfg, addr, "localhost").unwrap(),
+    )
+    .await;
+    assert_eq!(
+        r.expect("bounded by the idle timeout").unwrap_err(),
+        kuai::ConnectionError::TimedOut
+    );
+}
+
+#[tokio::test]
+async fn binding_a_used_port_fails_cleanly() {
+    let a = Endpoint::client(localhost()).unwrap();
+    let addr = a.local_addr().unwrap();
+    assert!(Endpoint::client(addr).is_err());
+}

@@ -222,6 +222,8 @@ pub struct Connection {
     reported_reset_token: Option<[u8; 16]>,
     /// When a packet was last processed.
     last_rx: Instant,
+    /// Datagrams received while closing (CONNECTION_CLOSE is repeated at a decaying rate).
+    closing_rx: u64,
     spaces: [PacketSpace; 3],
     /// Server: keys of the client's original version, while it may still send Initials in it.
     original_initial_keys: Option<crypto::KeyPair>,
@@ -547,6 +549,7 @@ impl Connection {
             client_random: None,
             reported_reset_token: None,
             last_rx: now,
+            closing_rx: 0,
             spaces: Default::default(),
             original_initial_keys: None,
             zero_rtt_keys: None,

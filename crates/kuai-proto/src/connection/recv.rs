@@ -53,12 +53,23 @@ impl Connection {
         if known_path && !self.path.validated {
             self.path.amp_received += len;
         }
+        let reset_token = packet::reset_token_of(&data).copied();
         if self.state == State::Closing {
-            // RFC 9000 §10.2.1: answer with CONNECTION_CLOSE, at a reduced rate.
-            self.close_pending = true;
+            // RFC 9000 §10.3.1: a stateless reset ends the closing period at once.
+            if let Some(token) = reset_token
+                && self.remote_cids.is_reset_token(&token)
+            {
+                self.set_drained();
+                return;
+            }
+            // RFC 9000 §10.2.1: answer with CONNECTION_CLOSE at a reduced rate — after the
+            // 1st, 2nd, 4th, 8th, ... datagram — so two endpoints cannot ping-pong.
+            self.closing_rx += 1;
+            if self.closing_rx.is_power_of_two() {
+                self.close_pending = true;
+            }
             return;
         }
-        let reset_token = packet::reset_token_of(&data).copied();
         let mut rest = Some(data);
         let mut any_processed = false;
         let mut migrate_hint = false;
