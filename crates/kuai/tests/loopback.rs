@@ -245,7 +245,8 @@ async fn thousand_concurrent_connections() {
     }
     assert_eq!(server.connection_count(), 1000);
     let mut tasks = Vec::new();
-    for c in established.iter().cloned() {
+    for c in &established {
+        let c = c.clone();
         tasks.push(tokio::spawn(async move { fetch(&c, 1000).await }));
     }
     for t in tasks {
