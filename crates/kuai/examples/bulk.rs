@@ -46,7 +46,9 @@ async fn main() -> Result<(), Error> {
     });
 
     let client = Endpoint::client("127.0.0.1:0".parse()?)?;
-    let conn = client.connect_with(ClientConfig::with_root(cert, &[ALPN])?, addr, "localhost")?.await?;
+    let conn = client
+        .connect_with(ClientConfig::with_root(cert, &[ALPN])?, addr, "localhost")?
+        .await?;
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..streams {

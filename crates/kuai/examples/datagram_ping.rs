@@ -29,8 +29,13 @@ async fn main() -> Result<(), Error> {
         }
     });
     let client = Endpoint::client("127.0.0.1:0".parse()?)?;
-    let conn = client.connect_with(ClientConfig::with_root(cert, &[ALPN])?, addr, "localhost")?.await?;
-    println!("max datagram payload: {} bytes", conn.max_datagram_size().unwrap_or(0));
+    let conn = client
+        .connect_with(ClientConfig::with_root(cert, &[ALPN])?, addr, "localhost")?
+        .await?;
+    println!(
+        "max datagram payload: {} bytes",
+        conn.max_datagram_size().unwrap_or(0)
+    );
     let mut received = 0;
     for seq in 0..count {
         let sent = Instant::now();
@@ -38,7 +43,10 @@ async fn main() -> Result<(), Error> {
         match tokio::time::timeout(Duration::from_secs(1), conn.read_datagram()).await {
             Ok(Ok(d)) if d[..] == seq.to_be_bytes() => {
                 received += 1;
-                println!("seq={seq} rtt={:.3} ms", sent.elapsed().as_secs_f64() * 1000.0);
+                println!(
+                    "seq={seq} rtt={:.3} ms",
+                    sent.elapsed().as_secs_f64() * 1000.0
+                );
             }
             Ok(Ok(_)) => println!("seq={seq} out of order reply"),
             Ok(Err(e)) => return Err(e.into()),

@@ -58,7 +58,10 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("server") => {
-            let addr: SocketAddr = args.get(1).map_or("127.0.0.1:4433", |s| s.as_str()).parse()?;
+            let addr: SocketAddr = args
+                .get(1)
+                .map_or("127.0.0.1:4433", |s| s.as_str())
+                .parse()?;
             let (cfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN])?;
             let server = Endpoint::server(cfg, addr)?;
             println!("echo server on {}", server.local_addr()?);
@@ -81,7 +84,9 @@ async fn main() -> Result<(), Error> {
             let addr = server.local_addr()?;
             tokio::spawn(serve(server));
             let client = Endpoint::client("127.0.0.1:0".parse()?)?;
-            let conn = client.connect_with(ClientConfig::with_root(cert, &[ALPN])?, addr, "localhost")?.await?;
+            let conn = client
+                .connect_with(ClientConfig::with_root(cert, &[ALPN])?, addr, "localhost")?
+                .await?;
             let reply = echo_once(&conn, "hello, kuai").await?;
             println!("echoed: {reply}");
             assert_eq!(reply, "hello, kuai");

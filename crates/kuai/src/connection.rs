@@ -82,6 +82,7 @@ impl Connecting {
         Ok((conn, ZeroRttAccepted { inner }))
     }
 
+    /// The server address the handshake goes to.
     pub fn remote_address(&self) -> SocketAddr {
         let inner = self.inner.as_ref().expect("not consumed");
         inner
@@ -301,12 +302,14 @@ impl Connection {
             .with(|s, h| s.conns.get(&h).and_then(|c| c.error.clone()))
     }
 
+    /// The peer's address (it changes when the peer migrates).
     pub fn remote_address(&self) -> SocketAddr {
         self.inner
             .with(|s, h| s.ep.connection(h).map(|c| c.remote_address()))
             .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))
     }
 
+    /// Transport statistics: RTT, congestion window, packets sent and lost, ...
     pub fn stats(&self) -> ConnectionStats {
         self.inner
             .with(|s, h| s.ep.connection(h).map(|c| c.stats()).unwrap_or_default())
@@ -378,6 +381,7 @@ fn connection_io_error(e: ConnectionError) -> io::Error {
 pub enum WriteError {
     /// The peer asked us to stop with this code.
     Stopped(u64),
+    /// The connection closed.
     ConnectionLost(ConnectionError),
     /// The stream was finished or reset already.
     ClosedStream,
@@ -411,9 +415,11 @@ impl From<WriteError> for io::Error {
 pub enum ReadError {
     /// The peer reset the stream with this code.
     Reset(u64),
+    /// The connection closed.
     ConnectionLost(ConnectionError),
     /// `read_to_end` hit its size limit.
     TooLong,
+    /// The stream was stopped or finished already.
     ClosedStream,
 }
 
@@ -459,6 +465,7 @@ impl SendStream {
         }
     }
 
+    /// The stream's ID.
     pub fn id(&self) -> StreamId {
         self.id
     }
@@ -626,6 +633,7 @@ impl RecvStream {
         }
     }
 
+    /// The stream's ID.
     pub fn id(&self) -> StreamId {
         self.id
     }

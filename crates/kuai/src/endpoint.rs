@@ -104,7 +104,7 @@ impl Shared {
     }
 }
 
-/// Options for [`Endpoint::bind`].
+/// Options for binding an [`Endpoint`] (see [`EndpointBuilder::bind`]).
 #[derive(Clone, Default)]
 pub struct EndpointBuilder {
     config: Option<EndpointConfig>,
@@ -115,6 +115,7 @@ pub struct EndpointBuilder {
 }
 
 impl EndpointBuilder {
+    /// Connection-ID generator and stateless reset key.
     pub fn endpoint_config(mut self, c: EndpointConfig) -> Self {
         self.config = Some(c);
         self
@@ -179,6 +180,7 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
+    /// Options for binding an endpoint.
     pub fn builder() -> EndpointBuilder {
         EndpointBuilder::default()
     }
@@ -236,6 +238,7 @@ impl Endpoint {
         Ok(Self { shared })
     }
 
+    /// The local socket address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(self.shared.lock().socket.local_addr())
     }
@@ -384,10 +387,12 @@ impl Endpoint {
         self.shared.lock().max_segments
     }
 
+    /// Counters of the endpoint: accepted, refused, Retry and reset packets sent, ...
     pub fn stats(&self) -> kuai_proto::endpoint::EndpointStats {
         self.shared.lock().ep.stats().clone()
     }
 
+    /// Live connections, closing ones included.
     pub fn connection_count(&self) -> usize {
         self.shared.lock().ep.connection_count()
     }
@@ -396,7 +401,9 @@ impl Endpoint {
 /// Why a connection could not start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnectError {
+    /// `connect` needs a default client configuration; use `connect_with`.
     NoClientConfig,
+    /// The endpoint was closed.
     EndpointClosed,
     /// An IPv4-only socket cannot reach an IPv6 address.
     AddressFamily,

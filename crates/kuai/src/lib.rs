@@ -44,6 +44,7 @@
 //! not know it; routing by connection ID across workers comes with QUIC-LB support.
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 mod connection;
 mod endpoint;
@@ -133,11 +134,13 @@ impl ServerConfig {
         Ok((Self::with_single_cert(vec![cert.clone()], key, alpn)?, cert))
     }
 
+    /// Transport settings (windows, timeouts, congestion control, ...).
     pub fn transport(&mut self, t: TransportConfig) -> &mut Self {
         self.proto.transport = Arc::new(t);
         self
     }
 
+    /// When to validate client addresses with Retry first.
     pub fn retry(&mut self, policy: RetryPolicy) -> &mut Self {
         self.proto.retry = policy;
         self
@@ -150,6 +153,7 @@ impl ServerConfig {
         self
     }
 
+    /// Whether resumed clients may send 0-RTT data.
     pub fn accept_0rtt(&mut self, on: bool) -> &mut Self {
         self.proto.accept_0rtt = on;
         self
@@ -206,6 +210,7 @@ impl ClientConfig {
         Ok(Self::from_rustls(tls))
     }
 
+    /// Transport settings (windows, timeouts, congestion control, ...).
     pub fn transport(&mut self, t: TransportConfig) -> &mut Self {
         self.proto.transport = Arc::new(t);
         self
@@ -227,6 +232,7 @@ impl ClientConfig {
 /// Endpoint-wide settings (connection-ID generator, stateless reset key).
 #[derive(Clone, Default)]
 pub struct EndpointConfig {
+    /// The transport-level endpoint settings.
     pub proto: kuai_proto::EndpointConfig,
 }
 

@@ -15,28 +15,43 @@ pub const SOCKET_BUFFER: usize = 8 << 20;
 /// Counters of the UDP layer, to prove batching works (segments per syscall).
 #[derive(Debug, Default)]
 pub struct UdpStats {
+    /// Send system calls made.
     pub send_calls: AtomicU64,
+    /// Datagrams sent (a GSO call sends several).
     pub sent_datagrams: AtomicU64,
+    /// Bytes sent.
     pub sent_bytes: AtomicU64,
+    /// Receive system calls that returned data.
     pub recv_calls: AtomicU64,
+    /// Datagrams received (a GRO buffer or `recvmmsg` call returns several).
     pub recv_datagrams: AtomicU64,
+    /// Bytes received.
     pub recv_bytes: AtomicU64,
+    /// Sends that failed other than by a full buffer (ICMP errors, EMSGSIZE).
     pub send_errors: AtomicU64,
 }
 
 /// A snapshot of [`UdpStats`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct UdpStatsSnapshot {
+    /// Send system calls made.
     pub send_calls: u64,
+    /// Datagrams sent (a GSO call sends several).
     pub sent_datagrams: u64,
+    /// Bytes sent.
     pub sent_bytes: u64,
+    /// Receive system calls that returned data.
     pub recv_calls: u64,
+    /// Datagrams received (a GRO buffer or `recvmmsg` call returns several).
     pub recv_datagrams: u64,
+    /// Bytes received.
     pub recv_bytes: u64,
+    /// Sends that failed other than by a full buffer (ICMP errors, EMSGSIZE).
     pub send_errors: u64,
 }
 
 impl UdpStats {
+    /// The current values.
     pub fn snapshot(&self) -> UdpStatsSnapshot {
         UdpStatsSnapshot {
             send_calls: self.send_calls.load(Ordering::Relaxed),
@@ -151,6 +166,7 @@ impl UdpSocket {
         })
     }
 
+    /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }
@@ -239,10 +255,12 @@ impl UdpSocket {
         }
     }
 
+    /// Waits until a send may succeed.
     pub async fn writable(&self) -> io::Result<()> {
         self.io.writable().await
     }
 
+    /// Waits until a receive may succeed.
     pub async fn readable(&self) -> io::Result<()> {
         self.io.readable().await
     }
