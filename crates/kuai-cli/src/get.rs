@@ -42,6 +42,9 @@ pub struct Args {
     /// Give up if the connection is not up within this many seconds.
     #[arg(long, default_value_t = 10)]
     connect_timeout: u64,
+    /// Write a qlog trace of the connection into this directory.
+    #[arg(long)]
+    qlog_dir: Option<PathBuf>,
     /// Give up on the whole transfer after this many seconds (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_time: u64,
@@ -139,7 +142,13 @@ async fn fetch_all(args: Args) -> Result<(), String> {
     }
     .parse()
     .expect("literal");
-    let ep = Endpoint::client(bind).map_err(|e| format!("cannot open a UDP socket: {e}"))?;
+    let mut builder = Endpoint::builder();
+    if let Some(d) = &args.qlog_dir {
+        builder = builder.qlog_dir(d);
+    }
+    let ep = builder
+        .bind(bind)
+        .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
     let connecting = ep
         .connect_with(cfg, addr, &first.host)
         .map_err(|e| e.to_string())?;

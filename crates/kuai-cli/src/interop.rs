@@ -148,9 +148,11 @@ async fn server(case: &str) -> Result<(), String> {
     if case == "v2" {
         cfg.versions(vec![Version::V2, Version::V1]);
     }
-    let ep = Endpoint::builder()
-        .server(cfg)
-        .max_segments(1)
+    let mut builder = Endpoint::builder().server(cfg).max_segments(1);
+    if let Some(d) = env("QLOGDIR") {
+        builder = builder.qlog_dir(d);
+    }
+    let ep = builder
         .bind(listen)
         .map_err(|e| format!("cannot bind {listen}: {e}"))?;
     tracing::info!(
@@ -287,9 +289,11 @@ async fn client(case: &str) -> Result<(), String> {
     }
     .parse()
     .expect("literal");
-    let ep = Endpoint::builder()
-        .client(cfg)
-        .max_segments(1)
+    let mut builder = Endpoint::builder().client(cfg).max_segments(1);
+    if let Some(d) = env("QLOGDIR") {
+        builder = builder.qlog_dir(d);
+    }
+    let ep = builder
         .bind(bind)
         .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
     let limit = Duration::from_secs(180);

@@ -31,6 +31,9 @@ pub struct Args {
     /// Validate client addresses with Retry before any handshake.
     #[arg(long)]
     retry: bool,
+    /// Write a qlog trace of every connection into this directory.
+    #[arg(long)]
+    qlog_dir: Option<PathBuf>,
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -82,7 +85,12 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
-    let ep = Endpoint::server(cfg, args.listen)
+    let mut builder = Endpoint::builder().server(cfg);
+    if let Some(d) = &args.qlog_dir {
+        builder = builder.qlog_dir(d);
+    }
+    let ep = builder
+        .bind(args.listen)
         .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     let local = ep.local_addr().map_err(|e| e.to_string())?;
     println!("kuai server listening on udp {local} (ALPN hq-interop)");

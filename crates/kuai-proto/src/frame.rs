@@ -54,7 +54,8 @@ impl FrameType {
     /// draft-ietf-quic-ack-frequency §4
     pub const ACK_FREQUENCY: Self = Self(0xaf);
 
-    fn name(self) -> &'static str {
+    /// The frame type's name as RFC 9000 writes it.
+    pub fn name(self) -> &'static str {
         match self.0 {
             0x00 => "PADDING",
             0x01 => "PING",

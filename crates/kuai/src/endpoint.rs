@@ -85,6 +85,7 @@ pub(crate) struct State {
     closed: bool,
     max_segments: usize,
     idle_wakers: Vec<Waker>,
+    qlog_dir: Option<std::path::PathBuf>,
 }
 
 pub(crate) struct Shared {
@@ -112,6 +113,7 @@ pub struct EndpointBuilder {
     client: Option<ClientConfig>,
     socket: SocketOptions,
     max_segments: Option<usize>,
+    qlog_dir: Option<std::path::PathBuf>,
 }
 
 impl EndpointBuilder {
@@ -155,6 +157,13 @@ impl EndpointBuilder {
     /// send, as packet captures on loopback need).
     pub fn max_segments(mut self, n: usize) -> Self {
         self.max_segments = Some(n.max(1));
+        self
+    }
+
+    /// Write a qlog trace of every connection into this directory
+    /// (`<original DCID>_<client|server>.sqlog`).
+    pub fn qlog_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.qlog_dir = Some(dir.into());
         self
     }
 
@@ -225,6 +234,7 @@ impl Endpoint {
                 closed: false,
                 max_segments,
                 idle_wakers: Vec::new(),
+                qlog_dir: b.qlog_dir,
             }),
             notify: Notify::new(),
             udp: UdpStats::default(),
@@ -297,6 +307,7 @@ impl Endpoint {
             ..ConnState::default()
         };
         s.conns.insert(h, st);
+        attach_qlog(&mut s, h, now);
         drop(s);
         self.shared.kick();
         Ok(Connecting::new(ConnectionInner::new(
@@ -552,6 +563,7 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
 fn dispatch(s: &mut State) {
     while let Some(h) = s.ep.accept() {
         s.conns.entry(h).or_default();
+        attach_qlog(s, h, Instant::now());
         s.incoming.push_back(h);
         for w in s.accept_wakers.drain(..) {
             w.wake();
@@ -635,6 +647,20 @@ fn dispatch(s: &mut State) {
         for w in s.idle_wakers.drain(..) {
             w.wake();
         }
+    }
+}
+
+/// Starts a qlog trace for a new connection when the endpoint has a qlog directory.
+fn attach_qlog(s: &mut State, h: ConnectionHandle, now: Instant) {
+    let Some(dir) = s.qlog_dir.clone() else {
+        return;
+    };
+    let Some(c) = s.ep.connection_mut(h) else {
+        return;
+    };
+    match crate::qlog::QlogWriter::create(&dir, &c.original_dcid(), c.side(), now) {
+        Ok(w) => c.set_tracer(Box::new(w)),
+        Err(e) => tracing::warn!(error = %e, dir = %dir.display(), "cannot write qlog"),
     }
 }
 

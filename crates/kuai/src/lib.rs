@@ -48,6 +48,7 @@
 
 mod connection;
 mod endpoint;
+pub mod qlog;
 pub mod udp;
 
 use std::sync::Arc;

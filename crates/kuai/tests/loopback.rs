@@ -289,3 +289,40 @@ async fn binding_a_used_port_fails_cleanly() {
     let addr = a.local_addr().unwrap();
     assert!(Endpoint::client(addr).is_err());
 }
+
+#[tokio::test]
+async fn qlog_traces_are_written() {
+    let dir = std::env::temp_dir().join(format!("kuai-qlog-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (scfg, cert) = server_config();
+    let (_server, addr) = start_server(scfg).await;
+    let client = Endpoint::builder()
+        .qlog_dir(&dir)
+        .bind(localhost())
+        .unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(fetch(&conn, 10_000).await, 10_000);
+    conn.close(0, b"");
+    drop(conn);
+    tokio::time::timeout(std::time::Duration::from_secs(5), client.wait_idle())
+        .await
+        .unwrap();
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1);
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(text.starts_with('\u{1e}'));
+    assert!(text.contains("\"qlog_format\":\"JSON-SEQ\""));
+    assert!(text.contains("quic:packet_sent") && text.contains("quic:packet_received"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

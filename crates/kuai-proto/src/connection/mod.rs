@@ -616,6 +616,11 @@ impl Connection {
         self.side
     }
 
+    /// The destination CID of the client's first Initial: the connection's name in qlog.
+    pub fn original_dcid(&self) -> ConnectionId {
+        self.original_dcid
+    }
+
     pub fn version(&self) -> Version {
         self.version
     }

@@ -348,11 +348,16 @@ impl Connection {
             }
         }
         if self.tracer.is_some() {
+            // Only when tracing: name the frames (the packet was valid, so they decode).
+            let mut names: Vec<&'static str> = FrameIter::new(pkt.payload.clone())
+                .filter_map(|f| f.ok().map(|f| f.ty().name()))
+                .collect();
+            names.dedup();
             self.trace(TraceEvent::PacketReceived {
                 kind,
                 pn,
                 size,
-                frames: &[],
+                frames: &names,
             });
         }
         let _ = local_ip;

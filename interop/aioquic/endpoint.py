@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""aioquic as an interop endpoint (MISSION.md section 7).
+
+Configured by environment variables: ROLE=client|server|prepare, TESTCASE, ALPN (only
+hq-interop), LISTEN, WWW, CERTS (cert.pem, priv.key) for the server; SERVER, REQUESTS,
+DOWNLOADS for the client; SSLKEYLOGFILE and QLOGDIR for both. HTTP/0.9 over QUIC: one
+bidirectional stream per request, "GET /path\\r\\n", the server answers with the file.
+
+Exit codes: 0 success, 1 failure, 127 test case not supported.
+aioquic sends one QUIC datagram per sendto() call, so there is no GSO batching to disable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import posixpath
+import sys
+import time
+from urllib.parse import urlsplit
+
+from aioquic.asyncio import QuicConnectionProtocol, connect, serve
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import (
+    ConnectionTerminated,
+    HandshakeCompleted,
+    QuicEvent,
+    StreamDataReceived,
+    StreamReset,
+)
+from aioquic.quic.packet import QuicProtocolVersion
+from aioquic.tls import CipherSuite, SessionTicket
+
+ALPN = "hq-interop"
+EXIT_UNSUPPORTED = 127
+
+ALL_CASES = {
+    "handshake", "transfer", "multiplexing", "chacha20", "retry", "resumption", "zerortt",
+    "keyupdate", "v2", "amplificationlimit", "handshakeloss", "transferloss", "blackhole",
+    "rebind-port", "rebind-addr", "goodput",
+}
+# aioquic neither marks outgoing packets with ECN nor reads ECN marks: "ecn" is unsupported.
+SERVER_CASES = ALL_CASES
+CLIENT_CASES = ALL_CASES
+
+log = logging.getLogger("aioquic-endpoint")
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    v = os.environ.get(name)
+    return v if v else default
+
+
+def base_configuration(case: str, is_client: bool) -> QuicConfiguration:
+    conf = QuicConfiguration(
+        alpn_protocols=[ALPN],
+        is_client=is_client,
+        idle_timeout=30.0,
+        max_data=16 * 1024 * 1024,
+        max_stream_data=4 * 1024 * 1024,
+    )
+    keylog = env("SSLKEYLOGFILE")
+    if keylog:
+        conf.secrets_log_file = open(keylog, "a", buffering=1)
+    qlogdir = env("QLOGDIR")
+    if qlogdir:
+        from aioquic.quic.logger import QuicFileLogger
+
+        os.makedirs(qlogdir, exist_ok=True)
+        conf.quic_logger = QuicFileLogger(qlogdir)
+    if case == "chacha20":
+        conf.cipher_suites = [CipherSuite.CHACHA20_POLY1305_SHA256]
+    if case == "v2":
+        v1, v2 = QuicProtocolVersion.VERSION_1, QuicProtocolVersion.VERSION_2
+        if is_client:
+            # Start in v1, announce v2 (preferred) for compatible version negotiation.
+            conf.original_version = v1
+            conf.supported_versions = [v2, v1]
+        else:
+            # aioquic's server follows the client's preference order among compatible
+            # versions; offering v2 first here and v1 as well.
+            conf.supported_versions = [v2, v1]
+    else:
+        conf.supported_versions = [QuicProtocolVersion.VERSION_1]
+    return conf
+
+
+def describe(quic) -> str:
+    """Negotiated version, cipher suite and resumption state of a connection (for the logs)."""
+    tls = quic.tls
+    suite = getattr(tls, "key_schedule", None)
+    suite = getattr(suite, "cipher_suite", None)
+    return "version 0x%08x, cipher %s, resumed %s, 0-RTT accepted %s" % (
+        quic._version,
+        getattr(suite, "name", suite),
+        getattr(tls, "session_resumed", None),
+        getattr(tls, "early_data_accepted", None),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Server
+
+
+class ServerProtocol(QuicConnectionProtocol):
+    www = "/www"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._requests: dict[int, bytearray] = {}
+
+    def quic_event_received(self, event: QuicEvent) -> None:
+        if isinstance(event, HandshakeCompleted):
+            log.info("handshake completed: %s", describe(self._quic))
+        elif isinstance(event, StreamDataReceived):
+            buf = self._requests.setdefault(event.stream_id, bytearray())
+            buf += event.data
+            if len(buf) > 8192:
+                self._quic.reset_stream(event.stream_id, 1)
+                self._requests.pop(event.stream_id, None)
+            elif event.end_stream:
+                self._answer(event.stream_id, bytes(self._requests.pop(event.stream_id)))
+            self.transmit()
+        elif isinstance(event, StreamReset):
+            self._requests.pop(event.stream_id, None)
+        elif isinstance(event, ConnectionTerminated):
+            log.info(
+                "connection terminated: error 0x%x %s", event.error_code, event.reason_phrase
+            )
+
+    def _answer(self, stream_id: int, request: bytes) -> None:
+        line = request.decode("latin-1").strip()
+        if not line.startswith("GET "):
+            log.warning("stream %d: bad request %r", stream_id, line)
+            self._quic.reset_stream(stream_id, 1)
+            return
+        target = line[4:].strip()
+        path = urlsplit(target).path or "/"
+        clean = posixpath.normpath("/" + path).lstrip("/")
+        file = os.path.join(self.www, clean)
+        try:
+            with open(file, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            log.warning("stream %d: %s: %s", stream_id, path, e)
+            self._quic.reset_stream(stream_id, 2)
+            return
+        self._quic.send_stream_data(stream_id, data, end_stream=True)
+
+
+async def run_server(case: str) -> int:
+    listen = env("LISTEN", "[::]:443")
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "::"
+    certs = env("CERTS", "/certs")
+    ServerProtocol.www = env("WWW", "/www")
+    conf = base_configuration(case, is_client=False)
+    conf.load_cert_chain(os.path.join(certs, "cert.pem"), os.path.join(certs, "priv.key"))
+
+    tickets: dict[bytes, SessionTicket] = {}
+    await serve(
+        host,
+        int(port),
+        configuration=conf,
+        create_protocol=ServerProtocol,
+        session_ticket_fetcher=tickets.pop,
+        session_ticket_handler=lambda t: tickets.__setitem__(t.ticket, t),
+        retry=(case == "retry"),
+    )
+    log.info("server listening on %s, test case %s, serving %s", listen, case, ServerProtocol.www)
+    await asyncio.Future()  # until killed
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Client
+
+
+class ClientProtocol(QuicConnectionProtocol):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._downloads: dict[int, tuple[object, asyncio.Future]] = {}
+        self.key_update_on_handshake = False
+
+    def get(self, path: str, out_path: str) -> asyncio.Future:
+        stream_id = self._quic.get_next_available_stream_id()
+        fut = self._loop.create_future()
+        self._downloads[stream_id] = (open(out_path, "wb"), fut)
+        self._quic.send_stream_data(stream_id, b"GET " + path.encode() + b"\r\n", end_stream=True)
+        self.transmit()
+        return fut
+
+    def quic_event_received(self, event: QuicEvent) -> None:
+        if isinstance(event, HandshakeCompleted):
+            log.info("handshake completed: %s", describe(self._quic))
+            if self.key_update_on_handshake:
+                # aioquic defers the update until the handshake is confirmed.
+                self._quic.request_key_update()
+        elif isinstance(event, StreamDataReceived):
+            entry = self._downloads.get(event.stream_id)
+            if entry is None:
+                return
+            f, fut = entry
+            f.write(event.data)
+            if event.end_stream:
+                f.close()
+                del self._downloads[event.stream_id]
+                if not fut.done():
+                    fut.set_result(None)
+        elif isinstance(event, StreamReset):
+            entry = self._downloads.pop(event.stream_id, None)
+            if entry:
+                entry[0].close()
+                if not entry[1].done():
+                    entry[1].set_exception(
+                        RuntimeError("stream %d reset by the server (error %d)"
+                                     % (event.stream_id, event.error_code))
+                    )
+        elif isinstance(event, ConnectionTerminated):
+            for f, fut in self._downloads.values():
+                f.close()
+                if not fut.done():
+                    fut.set_exception(
+                        RuntimeError("connection closed: error 0x%x %s"
+                                     % (event.error_code, event.reason_phrase))
+                    )
+            self._downloads.clear()
+
+
+async def session(case, host, port, server_name, urls, downloads, ticket_box, early, key_update):
+    """One connection that downloads `urls` in parallel; returns when all are saved."""
+    conf = base_configuration(case, is_client=True)
+    conf.server_name = server_name
+    conf.verify_mode = 0  # ssl.CERT_NONE: interop servers use throwaway certificates
+    if ticket_box.get("ticket") is not None:
+        conf.session_ticket = ticket_box["ticket"]
+
+    def on_ticket(t: SessionTicket) -> None:
+        ticket_box["ticket"] = t
+
+    async with connect(
+        host,
+        port,
+        configuration=conf,
+        create_protocol=ClientProtocol,
+        session_ticket_handler=on_ticket,
+        wait_connected=not early,
+    ) as proto:
+        proto = proto  # type: ClientProtocol
+        if key_update:
+            proto.key_update_on_handshake = True
+            if proto._connected:
+                proto.request_key_update()
+        futs = []
+        for u in urls:
+            parts = urlsplit(u)
+            name = posixpath.basename(parts.path) or "index.html"
+            futs.append(proto.get(parts.path or "/", os.path.join(downloads, name)))
+        await asyncio.gather(*futs)
+        log.info("downloads done: %s", describe(proto._quic))
+        if early and not getattr(proto._quic.tls, "early_data_accepted", False):
+            log.warning("0-RTT was not accepted")
+        if ticket_box.get("ticket") is None and not early:
+            # Give a session ticket sent right after the handshake time to arrive.
+            await asyncio.sleep(0.1)
+        proto.close(error_code=0)
+        await proto.wait_closed()
+
+
+async def run_client(case: str) -> int:
+    urls = (env("REQUESTS") or "").split()
+    if not urls:
+        log.error("REQUESTS is empty")
+        return 1
+    downloads = env("DOWNLOADS", "/downloads")
+    first = urlsplit(urls[0])
+    server = env("SERVER") or first.netloc
+    host, _, port = server.rpartition(":")
+    host = host.strip("[]")
+    port = int(port)
+    server_name = first.hostname
+    box: dict = {}
+
+    async def work():
+        if case == "handshakeloss":
+            for u in urls:
+                await session(case, host, port, server_name, [u], downloads, {}, False, False)
+        elif case in ("resumption", "zerortt"):
+            await session(case, host, port, server_name, urls[:1], downloads, box, False, False)
+            if box.get("ticket") is None:
+                raise RuntimeError("no session ticket received on the first connection")
+            await session(
+                case, host, port, server_name, urls[1:], downloads, box, case == "zerortt", False
+            )
+        else:
+            await session(
+                case, host, port, server_name, urls, downloads, box, False, case == "keyupdate"
+            )
+
+    await asyncio.wait_for(work(), timeout=170)
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO if not env("VERBOSE") else logging.DEBUG,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    role = env("ROLE", "")
+    case = env("TESTCASE", "")
+    alpn = env("ALPN", "h3")
+    if role == "prepare":
+        return 0
+    if alpn != ALPN:
+        log.error("ALPN %s not supported (only %s)", alpn, ALPN)
+        return EXIT_UNSUPPORTED
+    if role == "server":
+        if case not in SERVER_CASES:
+            log.error("test case %r not supported as server", case)
+            return EXIT_UNSUPPORTED
+        runner = run_server
+    elif role == "client":
+        if case not in CLIENT_CASES:
+            log.error("test case %r not supported as client", case)
+            return EXIT_UNSUPPORTED
+        runner = run_client
+    else:
+        log.error("ROLE must be client, server or prepare")
+        return 1
+    start = time.monotonic()
+    try:
+        return asyncio.run(runner(case))
+    except KeyboardInterrupt:
+        return 0
+    except Exception as e:  # noqa: BLE001 - any failure is exit 1
+        log.error("%s %s failed after %.1fs: %r", role, case, time.monotonic() - start, e)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
