@@ -32,12 +32,12 @@ impl QlogWriter {
         let unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
-        write!(
+        writeln!(
             out,
             "\u{1e}{{\"qlog_version\":\"0.4\",\"qlog_format\":\"JSON-SEQ\",\"title\":\"kuai\",\
              \"trace\":{{\"vantage_point\":{{\"name\":\"kuai\",\"type\":\"{role}\"}},\
              \"common_fields\":{{\"ODCID\":\"{odcid}\",\"time_format\":\"relative\",\
-             \"reference_time\":{unix_ms:.3}}}}}}}\n"
+             \"reference_time\":{unix_ms:.3}}}}}}}"
         )?;
         Ok(Self {
             out,
