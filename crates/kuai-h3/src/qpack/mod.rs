@@ -1,0 +1,1 @@
+//! QPACK: field compression for HTTP/3 (RFC 9204).
