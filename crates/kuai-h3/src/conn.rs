@@ -1,0 +1,466 @@
+//! What both sides of an HTTP/3 connection share: the control and QPACK streams, settings,
+//! GOAWAY, and connection errors (RFC 9114 §6.2, §7.2.4, §5.2; RFC 9204 §4.2).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use kuai::{Connection, RecvStream};
+use kuai_proto::Side;
+use kuai_proto::coding::BufMutExt;
+use tokio::sync::{Notify, mpsc};
+
+use crate::error::{Code, H3Error};
+use crate::frame::{self, Frame, FrameReader, Settings};
+use crate::qpack;
+
+/// Unidirectional stream types (RFC 9114 §6.2, RFC 9204 §4.2).
+pub mod stream_type {
+    pub const CONTROL: u64 = 0x00;
+    pub const PUSH: u64 = 0x01;
+    pub const QPACK_ENCODER: u64 = 0x02;
+    pub const QPACK_DECODER: u64 = 0x03;
+}
+
+/// HTTP/3 settings of this endpoint.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Largest header section we accept (SETTINGS_MAX_FIELD_SECTION_SIZE).
+    pub max_field_section_size: u64,
+    /// QPACK dynamic table we let the peer's encoder use.
+    pub qpack_max_table_capacity: u64,
+    /// Streams that may wait for QPACK encoder instructions at once.
+    pub qpack_blocked_streams: u64,
+    /// Accept extended CONNECT (RFC 9220).
+    pub enable_connect_protocol: bool,
+    /// Offer HTTP datagrams (RFC 9297).
+    pub h3_datagram: bool,
+    /// Send reserved ("grease") frame and stream types so peers stay tolerant of unknown ones.
+    pub grease: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            max_field_section_size: 64 * 1024,
+            qpack_max_table_capacity: 4096,
+            qpack_blocked_streams: 16,
+            enable_connect_protocol: true,
+            h3_datagram: true,
+            grease: true,
+        }
+    }
+}
+
+impl Config {
+    fn settings(&self) -> Settings {
+        Settings {
+            qpack_max_table_capacity: self.qpack_max_table_capacity,
+            qpack_blocked_streams: self.qpack_blocked_streams,
+            max_field_section_size: Some(self.max_field_section_size),
+            enable_connect_protocol: self.enable_connect_protocol,
+            h3_datagram: self.h3_datagram,
+        }
+    }
+}
+
+pub(crate) struct State {
+    pub encoder: qpack::Encoder,
+    pub decoder: qpack::Decoder,
+    pub peer_settings: Option<Settings>,
+    /// Stream ID of the GOAWAY we received (client: requests at or above it will not be
+    /// processed), or the one we sent (server).
+    pub goaway_received: Option<u64>,
+    pub goaway_sent: Option<u64>,
+    pub error: Option<H3Error>,
+    /// Server: the lowest request stream ID not yet seen (for GOAWAY).
+    pub next_request_id: u64,
+}
+
+/// Shared per-connection HTTP/3 state.
+pub(crate) struct Shared {
+    pub quic: Connection,
+    pub side: Side,
+    pub config: Config,
+    state: Mutex<State>,
+    /// Encoder-stream progress: blocked header blocks may decode now.
+    pub qpack_progress: Notify,
+    /// Peer settings arrived, GOAWAY, or a connection error.
+    pub changed: Notify,
+    /// Bytes for our QPACK encoder stream, control stream and QPACK decoder stream.
+    pub encoder_tx: mpsc::UnboundedSender<Bytes>,
+    pub decoder_tx: mpsc::UnboundedSender<Bytes>,
+    pub control_tx: mpsc::UnboundedSender<Bytes>,
+    /// HTTP datagrams waiting for their request streams.
+    pub datagrams: crate::datagram::Queues,
+}
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Closes the connection with an HTTP/3 error (RFC 9114 §8).
+    pub fn fail(&self, e: H3Error) {
+        tracing::debug!(error = %e, "HTTP/3 connection error");
+        {
+            let mut s = self.lock();
+            if s.error.is_none() {
+                s.error = Some(e.clone());
+            }
+        }
+        self.quic.close(e.code.0, e.reason.as_bytes());
+        self.changed.notify_waiters();
+        self.qpack_progress.notify_waiters();
+    }
+
+    pub fn error(&self) -> Option<H3Error> {
+        self.lock().error.clone()
+    }
+
+    /// Waits for the peer's SETTINGS (or a connection error).
+    pub async fn peer_settings(&self) -> Result<Settings, crate::Error> {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let s = self.lock();
+                if let Some(e) = &s.error {
+                    return Err(crate::Error::Protocol(e.clone()));
+                }
+                if let Some(p) = s.peer_settings {
+                    return Ok(p);
+                }
+            }
+            if let Some(e) = self.quic.close_reason() {
+                return Err(crate::Error::Connection(e));
+            }
+            tokio::select! {
+                _ = notified => {}
+                e = self.quic.closed() => return Err(crate::Error::Connection(e)),
+            }
+        }
+    }
+
+    /// Decodes a header block, waiting while it is blocked on encoder instructions.
+    pub async fn decode_fields(&self, stream_id: u64, block: &[u8]) -> Result<Vec<(Bytes, Bytes)>, crate::Error> {
+        loop {
+            let notified = self.qpack_progress.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let mut out = Vec::new();
+            let r = {
+                let mut s = self.lock();
+                if let Some(e) = &s.error {
+                    return Err(crate::Error::Protocol(e.clone()));
+                }
+                s.decoder.decode(stream_id, block, &mut out)
+            };
+            if !out.is_empty() {
+                let _ = self.decoder_tx.send(Bytes::from(out));
+            }
+            match r {
+                Ok(qpack::Decoded::Fields(f)) => return Ok(f),
+                Ok(qpack::Decoded::Blocked) => {}
+                Err(e) => {
+                    let e = H3Error::new(Code(e.code), e.reason);
+                    self.fail(e.clone());
+                    return Err(crate::Error::Protocol(e));
+                }
+            }
+            tokio::select! {
+                _ = notified => {}
+                e = self.quic.closed() => return Err(crate::Error::Connection(e)),
+            }
+        }
+    }
+
+    /// Encodes a header section for `stream_id`, sending encoder instructions first.
+    pub fn encode_fields(&self, stream_id: u64, fields: &[(Bytes, Bytes)]) -> Result<Vec<u8>, crate::Error> {
+        let mut block = Vec::new();
+        let mut enc = Vec::new();
+        self.lock()
+            .encoder
+            .encode(stream_id, fields, &mut block, &mut enc)
+            .map_err(|e| crate::Error::Protocol(H3Error::new(Code(e.code), e.reason)))?;
+        if !enc.is_empty() {
+            let _ = self.encoder_tx.send(Bytes::from(enc));
+        }
+        Ok(block)
+    }
+
+    /// A request stream went away before its headers were decoded (RFC 9204 §4.4.2).
+    pub fn cancel_stream(&self, stream_id: u64) {
+        let mut out = Vec::new();
+        self.lock().decoder.cancel_stream(stream_id, &mut out);
+        if !out.is_empty() {
+            let _ = self.decoder_tx.send(Bytes::from(out));
+        }
+    }
+}
+
+/// Sets up the HTTP/3 layer on an established QUIC connection: opens our control and QPACK
+/// streams, and starts the tasks that read the peer's.
+pub(crate) async fn start(quic: Connection, side: Side, config: Config) -> Result<Arc<Shared>, crate::Error> {
+    let (encoder_tx, encoder_rx) = mpsc::unbounded_channel();
+    let (decoder_tx, decoder_rx) = mpsc::unbounded_channel();
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            // Until the peer's SETTINGS arrive, its QPACK limits are zero (RFC 9204 §3.2.2).
+            encoder: qpack::Encoder::new(0, 0),
+            decoder: qpack::Decoder::new(
+                config.qpack_max_table_capacity,
+                config.qpack_blocked_streams,
+                config.max_field_section_size,
+            ),
+            peer_settings: None,
+            goaway_received: None,
+            goaway_sent: None,
+            error: None,
+            next_request_id: 0,
+        }),
+        quic,
+        side,
+        qpack_progress: Notify::new(),
+        changed: Notify::new(),
+        encoder_tx,
+        decoder_tx,
+        control_tx,
+        datagrams: Default::default(),
+        config,
+    });
+    // Our unidirectional streams: control (SETTINGS first), QPACK encoder and decoder.
+    let seed = rand_seed();
+    let mut control = Vec::new();
+    control.put_var(stream_type::CONTROL);
+    shared.config.settings().encode(seed, &mut control);
+    if shared.config.grease {
+        // A reserved frame type after SETTINGS (RFC 9114 §7.2.8).
+        frame::write_header(frame::grease_value(seed >> 16), 1, &mut control);
+        control.push(0x2a);
+    }
+    open_uni(&shared, control, control_rx).await?;
+    let mut enc = Vec::new();
+    enc.put_var(stream_type::QPACK_ENCODER);
+    open_uni(&shared, enc, encoder_rx).await?;
+    let mut dec = Vec::new();
+    dec.put_var(stream_type::QPACK_DECODER);
+    open_uni(&shared, dec, decoder_rx).await?;
+    if shared.config.grease {
+        // A reserved stream type (RFC 9114 §6.2.3): the peer must ignore it.
+        let s = shared.clone();
+        tokio::spawn(async move {
+            if let Ok(mut st) = s.quic.open_uni().await {
+                let mut b = Vec::new();
+                b.put_var(frame::grease_value(seed >> 32));
+                b.extend_from_slice(b"kuai");
+                let _ = st.write_all(&b).await;
+                let _ = st.finish();
+            }
+        });
+    }
+    let s = shared.clone();
+    tokio::spawn(async move { accept_uni(s).await });
+    if shared.config.h3_datagram {
+        tokio::spawn(crate::datagram::demux(shared.clone()));
+    }
+    Ok(shared)
+}
+
+fn rand_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x6b75_6169);
+    h.finish()
+}
+
+/// Opens one of our unidirectional streams, writes `first`, then forwards queued bytes.
+async fn open_uni(shared: &Arc<Shared>, first: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Bytes>) -> Result<(), crate::Error> {
+    let mut stream = shared.quic.open_uni().await?;
+    stream.write_all(&first).await.map_err(write_err)?;
+    // The task ends when the connection state (holding the sender) goes away, after the
+    // connection closed; the stream stays open until then, as critical streams must.
+    tokio::spawn(async move {
+        while let Some(b) = rx.recv().await {
+            if stream.write_chunk(b).await.is_err() {
+                break;
+            }
+        }
+    });
+    Ok(())
+}
+
+fn write_err(e: kuai::WriteError) -> crate::Error {
+    match e {
+        kuai::WriteError::ConnectionLost(c) => crate::Error::Connection(c),
+        kuai::WriteError::Stopped(c) => crate::Error::Stopped(Code(c)),
+        kuai::WriteError::ClosedStream => crate::Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream closed")),
+    }
+}
+
+/// Accepts the peer's unidirectional streams and dispatches them by type.
+async fn accept_uni(shared: Arc<Shared>) {
+    let mut seen = [false; 4];
+    while let Ok(mut recv) = shared.quic.accept_uni().await {
+        // The stream type is the first varint.
+        let ty = match read_varint(&mut recv).await {
+            Some(t) => t,
+            None => continue,
+        };
+        let critical = match ty {
+            stream_type::CONTROL | stream_type::QPACK_ENCODER | stream_type::QPACK_DECODER => {
+                let i = ty as usize;
+                if seen[i] {
+                    shared.fail(H3Error::new(Code::STREAM_CREATION_ERROR, "second critical stream of one type"));
+                    return;
+                }
+                seen[i] = true;
+                true
+            }
+            stream_type::PUSH => {
+                // We never send MAX_PUSH_ID, so a push stream is an error (RFC 9114 §4.6).
+                shared.fail(H3Error::new(Code::ID_ERROR, "push stream without MAX_PUSH_ID"));
+                return;
+            }
+            _ => {
+                // Unknown or reserved types are ignored (RFC 9114 §6.2).
+                let _ = recv.stop(Code::STREAM_CREATION_ERROR.0);
+                false
+            }
+        };
+        if critical {
+            let s = shared.clone();
+            tokio::spawn(async move {
+                let e = match ty {
+                    stream_type::CONTROL => read_control(&s, recv).await,
+                    stream_type::QPACK_ENCODER => read_encoder(&s, recv).await,
+                    _ => read_decoder(&s, recv).await,
+                };
+                if let Err(e) = e {
+                    s.fail(e);
+                }
+            });
+        }
+    }
+}
+
+async fn read_varint(recv: &mut RecvStream) -> Option<u64> {
+    let mut buf = Vec::with_capacity(8);
+    loop {
+        if let Some(&first) = buf.first() {
+            let len = 1usize << (first >> 6);
+            if buf.len() >= len {
+                let mut s = &buf[..len];
+                return kuai_proto::coding::BufExt::get_var(&mut s).ok();
+            }
+        }
+        let chunk = recv.read_chunk(1).await.ok()??;
+        buf.extend_from_slice(&chunk);
+    }
+}
+
+fn closed_critical() -> H3Error {
+    H3Error::new(Code::CLOSED_CRITICAL_STREAM, "a critical stream was closed")
+}
+
+async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), H3Error> {
+    let mut reader = FrameReader::new(64 * 1024);
+    let mut first = true;
+    loop {
+        let chunk = match recv.read_chunk(64 * 1024).await {
+            Ok(Some(c)) => c,
+            Ok(None) => return Err(closed_critical()),
+            Err(kuai::ReadError::ConnectionLost(_)) => return Ok(()),
+            Err(_) => return Err(closed_critical()),
+        };
+        reader.push(&chunk);
+        while let Some(f) = reader.next()? {
+            if first && !matches!(f, Frame::Settings(_)) {
+                return Err(H3Error::new(Code::MISSING_SETTINGS, "control stream must start with SETTINGS"));
+            }
+            match f {
+                Frame::Settings(p) if first => {
+                    first = false;
+                    let settings = Settings::decode(&p)?;
+                    {
+                        let mut s = shared.lock();
+                        s.encoder = qpack::Encoder::new(
+                            settings.qpack_max_table_capacity.min(shared.config.qpack_max_table_capacity.max(16 * 1024)),
+                            settings.qpack_blocked_streams,
+                        );
+                        s.peer_settings = Some(settings);
+                    }
+                    shared.changed.notify_waiters();
+                }
+                Frame::Settings(_) => return Err(H3Error::new(Code::FRAME_UNEXPECTED, "second SETTINGS")),
+                Frame::Goaway(id) => {
+                    let mut s = shared.lock();
+                    // A server's GOAWAY names a client-initiated bidirectional stream.
+                    if shared.side.is_client() && id % 4 != 0 {
+                        return Err(H3Error::new(Code::ID_ERROR, "GOAWAY with a non-request stream ID"));
+                    }
+                    if s.goaway_received.is_some_and(|prev| id > prev) {
+                        return Err(H3Error::new(Code::ID_ERROR, "GOAWAY ID increased"));
+                    }
+                    s.goaway_received = Some(id);
+                    drop(s);
+                    shared.changed.notify_waiters();
+                }
+                Frame::MaxPushId(_) if shared.side.is_server() => {}
+                Frame::CancelPush(_) => {}
+                Frame::Unknown(_) => {}
+                Frame::Data(_) | Frame::Headers(_) | Frame::PushPromise | Frame::MaxPushId(_) => {
+                    return Err(H3Error::new(Code::FRAME_UNEXPECTED, "frame not allowed on the control stream"));
+                }
+            }
+        }
+    }
+}
+
+async fn read_encoder(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), H3Error> {
+    loop {
+        let chunk = match recv.read_chunk(64 * 1024).await {
+            Ok(Some(c)) => c,
+            Ok(None) => return Err(closed_critical()),
+            Err(kuai::ReadError::ConnectionLost(_)) => return Ok(()),
+            Err(_) => return Err(closed_critical()),
+        };
+        let mut out = Vec::new();
+        let r = shared.lock().decoder.on_encoder_stream(&chunk, &mut out);
+        if !out.is_empty() {
+            let _ = shared.decoder_tx.send(Bytes::from(out));
+        }
+        r.map_err(|e| H3Error::new(Code(e.code), e.reason))?;
+        shared.qpack_progress.notify_waiters();
+    }
+}
+
+async fn read_decoder(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), H3Error> {
+    loop {
+        let chunk = match recv.read_chunk(64 * 1024).await {
+            Ok(Some(c)) => c,
+            Ok(None) => return Err(closed_critical()),
+            Err(kuai::ReadError::ConnectionLost(_)) => return Ok(()),
+            Err(_) => return Err(closed_critical()),
+        };
+        shared.lock().encoder.on_decoder_stream(&chunk).map_err(|e| H3Error::new(Code(e.code), e.reason))?;
+    }
+}
+
+/// Closes the connection (H3_NO_ERROR) when the application's last handle goes.
+pub(crate) struct CloseGuard(pub Arc<Shared>);
+
+impl Drop for CloseGuard {
+    fn drop(&mut self) {
+        self.0.quic.close(Code::NO_ERROR.0, b"");
+    }
+}
+
+/// Sends GOAWAY with `id` on our control stream.
+pub(crate) fn send_goaway(shared: &Shared, id: u64) {
+    let mut b = Vec::new();
+    frame::write_header(frame::GOAWAY, kuai_proto::VarInt::size_of(id) as u64, &mut b);
+    b.put_var(id);
+    let _ = shared.control_tx.send(Bytes::from(b));
+}

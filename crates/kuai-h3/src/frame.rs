@@ -1,0 +1,321 @@
+//! HTTP/3 frames (RFC 9114 §7) and settings, with an incremental reader for stream data.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kuai_proto::VarInt;
+use kuai_proto::coding::{BufExt, BufMutExt};
+
+use crate::error::{Code, H3Error};
+
+pub const DATA: u64 = 0x00;
+pub const HEADERS: u64 = 0x01;
+pub const CANCEL_PUSH: u64 = 0x03;
+pub const SETTINGS: u64 = 0x04;
+pub const PUSH_PROMISE: u64 = 0x05;
+pub const GOAWAY: u64 = 0x07;
+pub const MAX_PUSH_ID: u64 = 0x0d;
+
+/// Frame types HTTP/2 had and HTTP/3 forbids (RFC 9114 §7.2.8).
+fn is_http2_frame(ty: u64) -> bool {
+    matches!(ty, 0x02 | 0x06 | 0x08 | 0x09)
+}
+
+/// Whether a type is reserved for greasing (0x1f * N + 0x21).
+pub fn is_grease(v: u64) -> bool {
+    v >= 0x21 && (v - 0x21) % 0x1f == 0
+}
+
+/// A grease value picked from `seed`.
+pub fn grease_value(seed: u64) -> u64 {
+    0x1f * (seed % 0x1_0000) + 0x21
+}
+
+pub mod settings_id {
+    pub const QPACK_MAX_TABLE_CAPACITY: u64 = 0x01;
+    pub const MAX_FIELD_SECTION_SIZE: u64 = 0x06;
+    pub const QPACK_BLOCKED_STREAMS: u64 = 0x07;
+    /// RFC 9220 / RFC 8441.
+    pub const ENABLE_CONNECT_PROTOCOL: u64 = 0x08;
+    /// RFC 9297.
+    pub const H3_DATAGRAM: u64 = 0x33;
+}
+
+/// The settings an endpoint sends (RFC 9114 §7.2.4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    pub qpack_max_table_capacity: u64,
+    pub qpack_blocked_streams: u64,
+    /// `None`: unlimited (the setting is absent).
+    pub max_field_section_size: Option<u64>,
+    pub enable_connect_protocol: bool,
+    pub h3_datagram: bool,
+}
+
+impl Default for Settings {
+    /// The values assumed for a peer until its SETTINGS arrive.
+    fn default() -> Self {
+        Self {
+            qpack_max_table_capacity: 0,
+            qpack_blocked_streams: 0,
+            max_field_section_size: None,
+            enable_connect_protocol: false,
+            h3_datagram: false,
+        }
+    }
+}
+
+impl Settings {
+    /// Writes a SETTINGS frame, with one grease setting (RFC 9114 §7.2.4.1).
+    pub fn encode(&self, grease_seed: u64, out: &mut Vec<u8>) {
+        let mut payload = Vec::new();
+        let mut put = |id: u64, v: u64| {
+            payload.put_var(id);
+            payload.put_var(v);
+        };
+        put(settings_id::QPACK_MAX_TABLE_CAPACITY, self.qpack_max_table_capacity);
+        put(settings_id::QPACK_BLOCKED_STREAMS, self.qpack_blocked_streams);
+        if let Some(m) = self.max_field_section_size {
+            put(settings_id::MAX_FIELD_SECTION_SIZE, m);
+        }
+        if self.enable_connect_protocol {
+            put(settings_id::ENABLE_CONNECT_PROTOCOL, 1);
+        }
+        if self.h3_datagram {
+            put(settings_id::H3_DATAGRAM, 1);
+        }
+        put(grease_value(grease_seed), grease_seed & 0xff);
+        out.put_var(SETTINGS);
+        out.put_var(payload.len() as u64);
+        out.extend_from_slice(&payload);
+    }
+
+    /// Parses a SETTINGS payload.
+    pub fn decode(mut p: &[u8]) -> Result<Self, H3Error> {
+        let mut s = Self::default();
+        let mut seen: Vec<u64> = Vec::new();
+        let err = |r| H3Error::new(Code::SETTINGS_ERROR, r);
+        while !p.is_empty() {
+            let id = p.get_var().map_err(|_| H3Error::new(Code::FRAME_ERROR, "truncated setting"))?;
+            let v = p.get_var().map_err(|_| H3Error::new(Code::FRAME_ERROR, "truncated setting"))?;
+            if seen.contains(&id) {
+                return Err(err("setting repeated"));
+            }
+            // Bounded: a SETTINGS frame is bounded by the frame size limit.
+            seen.push(id);
+            match id {
+                settings_id::QPACK_MAX_TABLE_CAPACITY => s.qpack_max_table_capacity = v,
+                settings_id::QPACK_BLOCKED_STREAMS => s.qpack_blocked_streams = v,
+                settings_id::MAX_FIELD_SECTION_SIZE => s.max_field_section_size = Some(v),
+                settings_id::ENABLE_CONNECT_PROTOCOL => match v {
+                    0 => {}
+                    1 => s.enable_connect_protocol = true,
+                    _ => return Err(err("ENABLE_CONNECT_PROTOCOL not 0 or 1")),
+                },
+                settings_id::H3_DATAGRAM => match v {
+                    0 => {}
+                    1 => s.h3_datagram = true,
+                    _ => return Err(H3Error::new(Code::SETTINGS_ERROR, "H3_DATAGRAM not 0 or 1")),
+                },
+                // HTTP/2 settings without an HTTP/3 meaning (RFC 9114 §7.2.4.1).
+                0x00 | 0x02 | 0x03 | 0x04 | 0x05 => return Err(err("HTTP/2 setting in HTTP/3")),
+                _ => {} // unknown or grease: ignored
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// Writes a frame header.
+pub fn write_header(ty: u64, len: u64, out: &mut impl BufMut) {
+    out.put_var(ty);
+    out.put_var(len);
+}
+
+/// Length of a frame header.
+pub fn header_len(ty: u64, len: u64) -> usize {
+    VarInt::size_of(ty) + VarInt::size_of(len)
+}
+
+/// A frame as the reader yields it. DATA payloads come as they arrive, in pieces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// A piece of a DATA frame's payload.
+    Data(Bytes),
+    Headers(Bytes),
+    Settings(Bytes),
+    Goaway(u64),
+    CancelPush(u64),
+    MaxPushId(u64),
+    PushPromise,
+    /// An unknown or reserved frame type, skipped (RFC 9114 §9).
+    Unknown(u64),
+}
+
+/// Reads frames from a stream's bytes as they arrive.
+#[derive(Debug)]
+pub struct FrameReader {
+    buf: BytesMut,
+    /// Inside a DATA frame: payload bytes still to come.
+    data_left: u64,
+    /// Inside an unknown frame: bytes still to skip.
+    skip_left: u64,
+    /// Largest non-DATA frame accepted (HEADERS, SETTINGS, ...).
+    max_frame: u64,
+}
+
+impl FrameReader {
+    pub fn new(max_frame: u64) -> Self {
+        Self { buf: BytesMut::new(), data_left: 0, skip_left: 0, max_frame }
+    }
+
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// Whether a frame was cut off (bytes left inside a frame).
+    pub fn is_mid_frame(&self) -> bool {
+        !self.buf.is_empty() || self.data_left > 0 || self.skip_left > 0
+    }
+
+    /// The next frame, if complete (or a piece of DATA).
+    pub fn next(&mut self) -> Result<Option<Frame>, H3Error> {
+        loop {
+            if self.data_left > 0 {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                let n = (self.data_left as usize).min(self.buf.len());
+                self.data_left -= n as u64;
+                return Ok(Some(Frame::Data(self.buf.split_to(n).freeze())));
+            }
+            if self.skip_left > 0 {
+                let n = (self.skip_left as usize).min(self.buf.len());
+                self.buf.advance(n);
+                self.skip_left -= n as u64;
+                if self.skip_left > 0 {
+                    return Ok(None);
+                }
+                continue;
+            }
+            let mut peek = &self.buf[..];
+            let Ok(ty) = peek.get_var() else { return Ok(None) };
+            let Ok(len) = peek.get_var() else { return Ok(None) };
+            let hdr = self.buf.len() - peek.len();
+            if is_http2_frame(ty) {
+                return Err(H3Error::new(Code::FRAME_UNEXPECTED, "HTTP/2 frame type"));
+            }
+            match ty {
+                DATA => {
+                    self.buf.advance(hdr);
+                    self.data_left = len;
+                    if len == 0 {
+                        return Ok(Some(Frame::Data(Bytes::new())));
+                    }
+                    continue;
+                }
+                HEADERS | SETTINGS | GOAWAY | CANCEL_PUSH | MAX_PUSH_ID | PUSH_PROMISE => {}
+                _ => {
+                    // Unknown frames are skipped without buffering them.
+                    self.buf.advance(hdr);
+                    self.skip_left = len;
+                    return Ok(Some(Frame::Unknown(ty)));
+                }
+            }
+            if len > self.max_frame {
+                return Err(H3Error::new(Code::EXCESSIVE_LOAD, "frame larger than accepted"));
+            }
+            if (peek.len() as u64) < len {
+                return Ok(None);
+            }
+            self.buf.advance(hdr);
+            let payload = self.buf.split_to(len as usize).freeze();
+            let id_frame = |p: &Bytes| -> Result<u64, H3Error> {
+                let mut b = &p[..];
+                let v = b.get_var().map_err(|_| H3Error::new(Code::FRAME_ERROR, "truncated frame"))?;
+                if !b.is_empty() {
+                    return Err(H3Error::new(Code::FRAME_ERROR, "trailing bytes in frame"));
+                }
+                Ok(v)
+            };
+            return Ok(Some(match ty {
+                HEADERS => Frame::Headers(payload),
+                SETTINGS => Frame::Settings(payload),
+                GOAWAY => Frame::Goaway(id_frame(&payload)?),
+                CANCEL_PUSH => Frame::CancelPush(id_frame(&payload)?),
+                MAX_PUSH_ID => Frame::MaxPushId(id_frame(&payload)?),
+                _ => Frame::PushPromise,
+            }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(input: &[u8], chunk: usize) -> Result<Vec<Frame>, H3Error> {
+        let mut r = FrameReader::new(1 << 16);
+        let mut out = Vec::new();
+        for c in input.chunks(chunk.max(1)) {
+            r.push(c);
+            while let Some(f) = r.next()? {
+                out.push(f);
+            }
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn every_frame_round_trips_in_any_chunking() {
+        let mut buf = Vec::new();
+        Settings { qpack_max_table_capacity: 4096, qpack_blocked_streams: 16, max_field_section_size: Some(65536), enable_connect_protocol: true, h3_datagram: true }
+            .encode(7, &mut buf);
+        write_header(HEADERS, 3, &mut buf);
+        buf.extend_from_slice(b"abc");
+        write_header(DATA, 5, &mut buf);
+        buf.extend_from_slice(b"hello");
+        write_header(0x21 + 0x1f * 3, 2, &mut buf);
+        buf.extend_from_slice(b"zz");
+        write_header(GOAWAY, 1, &mut buf);
+        buf.push(8);
+        write_header(DATA, 0, &mut buf);
+        for chunk in [1, 2, 3, 7, 1000] {
+            let f = frames(&buf, chunk).unwrap();
+            let data: Vec<u8> = f.iter().filter_map(|x| if let Frame::Data(d) = x { Some(d.to_vec()) } else { None }).flatten().collect();
+            assert_eq!(data, b"hello");
+            let s = f.iter().find_map(|x| if let Frame::Settings(p) = x { Some(p.clone()) } else { None }).unwrap();
+            let s = Settings::decode(&s).unwrap();
+            assert_eq!(s.qpack_max_table_capacity, 4096);
+            assert!(s.enable_connect_protocol && s.h3_datagram);
+            assert!(f.contains(&Frame::Headers(Bytes::from_static(b"abc"))));
+            assert!(f.contains(&Frame::Goaway(8)));
+            assert!(f.iter().any(|x| matches!(x, Frame::Unknown(_))));
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_errors() {
+        // HTTP/2 PRIORITY frame type.
+        assert_eq!(frames(&[0x02, 0x00], 10).unwrap_err().code, Code::FRAME_UNEXPECTED);
+        // GOAWAY with trailing bytes.
+        assert_eq!(frames(&[0x07, 0x02, 0x01, 0x01], 10).unwrap_err().code, Code::FRAME_ERROR);
+        // Oversized HEADERS.
+        let mut r = FrameReader::new(100);
+        let mut b = Vec::new();
+        write_header(HEADERS, 1000, &mut b);
+        r.push(&b);
+        assert_eq!(r.next().unwrap_err().code, Code::EXCESSIVE_LOAD);
+        // Repeated and HTTP/2 settings.
+        assert_eq!(Settings::decode(&[0x01, 0x00, 0x01, 0x00]).unwrap_err().code, Code::SETTINGS_ERROR);
+        assert_eq!(Settings::decode(&[0x02, 0x00]).unwrap_err().code, Code::SETTINGS_ERROR);
+        // Unknown settings are ignored.
+        assert!(Settings::decode(&[0x21, 0x05]).is_ok());
+    }
+
+    #[test]
+    fn grease_values() {
+        for s in 0..100 {
+            assert!(is_grease(grease_value(s)));
+        }
+        assert!(!is_grease(0x20));
+    }
+}

@@ -1,0 +1,274 @@
+//! HTTP messages as QPACK field lists: conversion to and from the `http` crate's types, and
+//! the validity rules of RFC 9114 §4.1.2 and §4.3.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+
+/// A field list as QPACK takes it.
+pub type Fields = Vec<(Bytes, Bytes)>;
+
+/// Header fields HTTP/3 forbids (RFC 9114 §4.2: connection-specific).
+const CONNECTION_SPECIFIC: &[&str] =
+    &["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"];
+
+fn push_headers(out: &mut Fields, headers: &HeaderMap) {
+    for (name, value) in headers {
+        if CONNECTION_SPECIFIC.contains(&name.as_str()) {
+            continue;
+        }
+        out.push((Bytes::copy_from_slice(name.as_str().as_bytes()), Bytes::copy_from_slice(value.as_bytes())));
+    }
+}
+
+/// Fields of a request (pseudo-headers first).
+pub fn request_fields(parts: &http::request::Parts) -> Result<Fields, &'static str> {
+    let mut f = Fields::new();
+    let method = parts.method.as_str();
+    f.push((Bytes::from_static(b":method"), Bytes::copy_from_slice(method.as_bytes())));
+    let protocol = parts.extensions.get::<Protocol>();
+    let authority = parts
+        .uri
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .or_else(|| parts.headers.get(http::header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned));
+    if parts.method == Method::CONNECT && protocol.is_none() {
+        // Plain CONNECT (RFC 9114 §4.4): only :method and :authority.
+        let a = authority.ok_or("CONNECT needs an authority")?;
+        f.push((Bytes::from_static(b":authority"), Bytes::from(a)));
+    } else {
+        let scheme = parts.uri.scheme_str().unwrap_or("https");
+        f.push((Bytes::from_static(b":scheme"), Bytes::copy_from_slice(scheme.as_bytes())));
+        if let Some(a) = authority {
+            f.push((Bytes::from_static(b":authority"), Bytes::from(a)));
+        }
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        f.push((Bytes::from_static(b":path"), Bytes::copy_from_slice(path.as_bytes())));
+        if let Some(p) = protocol {
+            f.push((Bytes::from_static(b":protocol"), Bytes::copy_from_slice(p.0.as_bytes())));
+        }
+    }
+    let mut headers = parts.headers.clone();
+    headers.remove(http::header::HOST);
+    push_headers(&mut f, &headers);
+    Ok(f)
+}
+
+/// Fields of a response.
+pub fn response_fields(parts: &http::response::Parts) -> Fields {
+    let mut f = Fields::new();
+    f.push((Bytes::from_static(b":status"), Bytes::copy_from_slice(parts.status.as_str().as_bytes())));
+    push_headers(&mut f, &parts.headers);
+    f
+}
+
+/// Fields of a trailer section.
+pub fn trailer_fields(headers: &HeaderMap) -> Fields {
+    let mut f = Fields::new();
+    push_headers(&mut f, headers);
+    f
+}
+
+/// The extended CONNECT protocol (RFC 9220 `:protocol`), carried in request extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Protocol(pub String);
+
+/// Checks regular fields and builds a header map (RFC 9114 §4.2, §4.1.2).
+fn regular_headers(fields: &[(Bytes, Bytes)], out: &mut HeaderMap) -> Result<(), &'static str> {
+    for (n, v) in fields {
+        if n.first() == Some(&b':') {
+            return Err("pseudo-header after regular header");
+        }
+        if n.iter().any(|c| c.is_ascii_uppercase()) {
+            return Err("uppercase header name");
+        }
+        let name = HeaderName::from_bytes(n).map_err(|_| "invalid header name")?;
+        if CONNECTION_SPECIFIC.contains(&name.as_str()) {
+            return Err("connection-specific header");
+        }
+        if name == http::header::TE && &v[..] != b"trailers" {
+            return Err("TE other than trailers");
+        }
+        let value = HeaderValue::from_maybe_shared(v.clone()).map_err(|_| "invalid header value")?;
+        out.append(name, value);
+    }
+    Ok(())
+}
+
+/// Splits pseudo-headers from regular ones; pseudo-headers must come first, once each.
+fn split_pseudo(fields: &[(Bytes, Bytes)]) -> Result<(Vec<(&[u8], &Bytes)>, &[(Bytes, Bytes)]), &'static str> {
+    let n = fields.iter().take_while(|(n, _)| n.first() == Some(&b':')).count();
+    let mut pseudo: Vec<(&[u8], &Bytes)> = Vec::with_capacity(n);
+    for (name, value) in &fields[..n] {
+        if pseudo.iter().any(|(p, _)| *p == &name[..]) {
+            return Err("repeated pseudo-header");
+        }
+        pseudo.push((&name[..], value));
+    }
+    Ok((pseudo, &fields[n..]))
+}
+
+/// A request head from its fields. `extended_connect` tells whether we allowed `:protocol`.
+pub fn parse_request(fields: &[(Bytes, Bytes)], extended_connect: bool) -> Result<http::request::Parts, &'static str> {
+    let (pseudo, regular) = split_pseudo(fields)?;
+    let (mut method, mut scheme, mut authority, mut path, mut protocol) = (None, None, None, None, None);
+    for (n, v) in pseudo {
+        match n {
+            b":method" => method = Some(v),
+            b":scheme" => scheme = Some(v),
+            b":authority" => authority = Some(v),
+            b":path" => path = Some(v),
+            b":protocol" if extended_connect => protocol = Some(v),
+            _ => return Err("unknown pseudo-header in a request"),
+        }
+    }
+    let method = Method::from_bytes(method.ok_or("request without :method")?).map_err(|_| "invalid :method")?;
+    let mut builder = http::Request::builder().method(method.clone());
+    if method == Method::CONNECT && protocol.is_none() {
+        if scheme.is_some() || path.is_some() {
+            return Err("CONNECT with :scheme or :path");
+        }
+        let a = authority.ok_or("CONNECT without :authority")?;
+        builder = builder.uri(Uri::builder().authority(&a[..]).build().map_err(|_| "invalid :authority")?);
+    } else {
+        if protocol.is_some() && method != Method::CONNECT {
+            return Err(":protocol outside CONNECT");
+        }
+        let scheme = scheme.ok_or("request without :scheme")?;
+        let path = path.ok_or("request without :path")?;
+        if path.is_empty() {
+            return Err("empty :path");
+        }
+        let mut uri = Uri::builder().scheme(&scheme[..]);
+        if let Some(a) = authority {
+            uri = uri.authority(&a[..]);
+        }
+        let uri = uri.path_and_query(&path[..]).build().map_err(|_| "invalid request target")?;
+        builder = builder.uri(uri);
+    }
+    let (mut parts, ()) = builder.body(()).map_err(|_| "invalid request")?.into_parts();
+    regular_headers(regular, &mut parts.headers)?;
+    if let (Some(a), Some(host)) = (authority, parts.headers.get(http::header::HOST))
+        && host.as_bytes() != &a[..]
+    {
+        return Err(":authority and host differ");
+    }
+    if let Some(p) = protocol {
+        parts.extensions.insert(Protocol(String::from_utf8_lossy(p).into_owned()));
+    }
+    Ok(parts)
+}
+
+/// A response head from its fields.
+pub fn parse_response(fields: &[(Bytes, Bytes)]) -> Result<http::response::Parts, &'static str> {
+    let (pseudo, regular) = split_pseudo(fields)?;
+    let mut status = None;
+    for (n, v) in pseudo {
+        match n {
+            b":status" => status = Some(v),
+            _ => return Err("unknown pseudo-header in a response"),
+        }
+    }
+    let status = status.ok_or("response without :status")?;
+    if status.len() != 3 {
+        return Err("invalid :status");
+    }
+    let status = StatusCode::from_bytes(status).map_err(|_| "invalid :status")?;
+    let (mut parts, ()) = http::Response::builder().status(status).body(()).map_err(|_| "invalid response")?.into_parts();
+    regular_headers(regular, &mut parts.headers)?;
+    Ok(parts)
+}
+
+/// Trailers from their fields (no pseudo-headers allowed).
+pub fn parse_trailers(fields: &[(Bytes, Bytes)]) -> Result<HeaderMap, &'static str> {
+    let mut h = HeaderMap::new();
+    regular_headers(fields, &mut h)?;
+    Ok(h)
+}
+
+/// The declared content-length, if any and valid.
+pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> {
+    let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    let Some(first) = values.next() else { return Ok(None) };
+    let n: u64 = first.to_str().ok().and_then(|s| s.trim().parse().ok()).ok_or("invalid content-length")?;
+    for v in values {
+        if v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) != Some(n) {
+            return Err("conflicting content-length");
+        }
+    }
+    Ok(Some(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(pairs: &[(&str, &str)]) -> Fields {
+        pairs.iter().map(|(n, v)| (Bytes::copy_from_slice(n.as_bytes()), Bytes::copy_from_slice(v.as_bytes()))).collect()
+    }
+
+    #[test]
+    fn request_round_trip() {
+        let req = http::Request::builder()
+            .method("POST")
+            .uri("https://example.com:4433/upload?x=1")
+            .header("content-type", "text/plain")
+            .header("connection", "close")
+            .body(())
+            .unwrap();
+        let (parts, ()) = req.into_parts();
+        let fields = request_fields(&parts).unwrap();
+        assert_eq!(&fields[0].0[..], b":method");
+        assert!(!fields.iter().any(|(n, _)| &n[..] == b"connection"));
+        let back = parse_request(&fields, false).unwrap();
+        assert_eq!(back.method, Method::POST);
+        assert_eq!(back.uri.to_string(), "https://example.com:4433/upload?x=1");
+        assert_eq!(back.headers["content-type"], "text/plain");
+    }
+
+    #[test]
+    fn malformed_requests() {
+        let ok = f(&[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "a")]);
+        assert!(parse_request(&ok, false).is_ok());
+        let cases: &[&[(&str, &str)]] = &[
+            &[(":scheme", "https"), (":path", "/")],
+            &[(":method", "GET"), (":scheme", "https")],
+            &[(":method", "GET"), (":scheme", "https"), (":path", "")],
+            &[(":method", "GET"), (":method", "GET"), (":scheme", "https"), (":path", "/")],
+            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":status", "200")],
+            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("x", "1"), (":authority", "a")],
+            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("Upper", "1")],
+            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("connection", "close")],
+            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("te", "gzip")],
+            &[(":method", "CONNECT"), (":authority", "a"), (":path", "/")],
+            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":protocol", "websocket")],
+            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "a"), ("host", "b")],
+        ];
+        for c in cases {
+            assert!(parse_request(&f(c), false).is_err(), "accepted {c:?}");
+        }
+        // Extended CONNECT only when enabled.
+        let ws = f(&[(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "https"), (":path", "/chat"), (":authority", "a")]);
+        assert!(parse_request(&ws, false).is_err());
+        let p = parse_request(&ws, true).unwrap();
+        assert_eq!(p.extensions.get::<Protocol>(), Some(&Protocol("websocket".into())));
+    }
+
+    #[test]
+    fn responses() {
+        assert_eq!(parse_response(&f(&[(":status", "204")])).unwrap().status, 204);
+        assert!(parse_response(&f(&[(":status", "2000")])).is_err());
+        assert!(parse_response(&f(&[("x", "1")])).is_err());
+        assert!(parse_response(&f(&[(":status", "200"), (":path", "/")])).is_err());
+        assert!(parse_trailers(&f(&[(":status", "200")])).is_err());
+    }
+
+    #[test]
+    fn content_length_rules() {
+        let mut h = HeaderMap::new();
+        assert_eq!(content_length(&h), Ok(None));
+        h.append("content-length", HeaderValue::from_static("10"));
+        assert_eq!(content_length(&h), Ok(Some(10)));
+        h.append("content-length", HeaderValue::from_static("11"));
+        assert!(content_length(&h).is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! The HTTP/3 server.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use tokio::sync::mpsc;
+
+use crate::conn::{self, CloseGuard, Config, Shared};
+use crate::error::{Code, Error};
+use crate::message;
+use crate::stream::{RecvHalf, RequestStream};
+
+/// Requests whose heads were read but not yet accepted by the application.
+const ACCEPT_QUEUE: usize = 256;
+
+/// The server side of an HTTP/3 connection.
+pub struct Server {
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<(Request<()>, RequestStream)>,
+    _guard: Arc<CloseGuard>,
+}
+
+impl Server {
+    /// Starts HTTP/3 on an accepted connection (ALPN `h3`).
+    pub async fn new(quic: kuai::Connection, config: Config) -> Result<Self, Error> {
+        let shared = conn::start(quic, kuai_proto::Side::Server, config).await?;
+        let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
+        tokio::spawn(accept_requests(shared.clone(), tx));
+        Ok(Self { _guard: Arc::new(CloseGuard(shared.clone())), shared, rx })
+    }
+
+    /// The next request (its head; the body is read from the stream). `None` once the
+    /// connection is closed or, after [`shutdown`](Self::shutdown), drained.
+    pub async fn accept(&mut self) -> Option<(Request<()>, RequestStream)> {
+        self.rx.recv().await
+    }
+
+    /// Graceful shutdown (RFC 9114 §5.2): GOAWAY tells the client which requests will be
+    /// processed; later ones are rejected so it can retry them elsewhere.
+    pub fn shutdown(&self) {
+        let id = {
+            let mut s = self.shared.lock();
+            let id = s.next_request_id;
+            s.goaway_sent = Some(id);
+            id
+        };
+        conn::send_goaway(&self.shared, id);
+        self.shared.changed.notify_waiters();
+    }
+
+    /// The underlying QUIC connection.
+    pub fn quic(&self) -> &kuai::Connection {
+        &self.shared.quic
+    }
+}
+
+/// Reads request heads as streams arrive; one slow request does not hold up the others.
+async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, RequestStream)>) {
+    loop {
+        let (send, recv) = tokio::select! {
+            r = shared.quic.accept_bi() => match r {
+                Ok(s) => s,
+                Err(_) => return,
+            },
+            _ = tx.closed() => return,
+        };
+        let id = recv.id().0;
+        let mut stream = RequestStream::new(shared.clone(), send, recv);
+        {
+            let mut s = shared.lock();
+            if s.goaway_sent.is_some_and(|g| id >= g) {
+                drop(s);
+                // After GOAWAY: not processed, safe to retry (RFC 9114 §5.2).
+                stream.cancel(Code::REQUEST_REJECTED);
+                continue;
+            }
+            s.next_request_id = s.next_request_id.max(id + 4);
+        }
+        let tx = tx.clone();
+        let extended_connect = shared.config.enable_connect_protocol;
+        tokio::spawn(async move {
+            let head = match stream.recv.recv_fields().await {
+                Ok(Some(f)) => f,
+                Ok(None) => {
+                    stream.cancel(Code::REQUEST_INCOMPLETE);
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "request head failed");
+                    return;
+                }
+            };
+            let parts = match message::parse_request(&head, extended_connect) {
+                Ok(p) => p,
+                Err(why) => {
+                    tracing::debug!(why, "malformed request");
+                    stream.malformed(why);
+                    return;
+                }
+            };
+            if stream.recv.set_expected_len(&parts.headers).is_err() {
+                return;
+            }
+            let _ = tx.send((Request::from_parts(parts, ()), stream)).await;
+        });
+    }
+}
+
+impl RequestStream {
+    /// Server: sends the response head.
+    pub async fn send_response(&mut self, resp: Response<()>) -> Result<(), Error> {
+        let (parts, ()) = resp.into_parts();
+        if parts.status.is_informational() {
+            return Err(Error::Malformed("use send_informational for 1xx"));
+        }
+        self.send.send_fields(&message::response_fields(&parts)).await
+    }
+
+    /// Server: sends an informational (1xx) response before the final one.
+    pub async fn send_informational(&mut self, resp: Response<()>) -> Result<(), Error> {
+        let (parts, ()) = resp.into_parts();
+        if !parts.status.is_informational() || parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(Error::Malformed("not an informational status"));
+        }
+        self.send.send_fields(&message::response_fields(&parts)).await
+    }
+}
+
+/// A response body for [`serve`].
+pub enum Body {
+    Empty,
+    Full(Bytes),
+    /// Chunks as they are produced (see [`Body::channel`]).
+    Stream(mpsc::Receiver<Bytes>),
+}
+
+impl Body {
+    /// A streaming body and the sender feeding it.
+    pub fn channel(depth: usize) -> (mpsc::Sender<Bytes>, Body) {
+        let (tx, rx) = mpsc::channel(depth.max(1));
+        (tx, Body::Stream(rx))
+    }
+}
+
+impl From<Bytes> for Body {
+    fn from(b: Bytes) -> Self {
+        Body::Full(b)
+    }
+}
+
+impl From<&'static str> for Body {
+    fn from(s: &'static str) -> Self {
+        Body::Full(Bytes::from_static(s.as_bytes()))
+    }
+}
+
+impl From<String> for Body {
+    fn from(s: String) -> Self {
+        Body::Full(Bytes::from(s))
+    }
+}
+
+/// Serves a connection with `handler`: every request gets its own task; the handler sees the
+/// request head with its body as a [`RecvHalf`], and returns the response.
+pub async fn serve<H, F>(quic: kuai::Connection, config: Config, handler: H) -> Result<(), Error>
+where
+    H: Fn(Request<RecvHalf>) -> F + Send + Sync + Clone + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let mut server = Server::new(quic, config).await?;
+    while let Some((req, stream)) = server.accept().await {
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let (mut send, recv) = stream.split();
+            let (parts, ()) = req.into_parts();
+            let resp = handler(Request::from_parts(parts, recv)).await;
+            let (parts, body) = resp.into_parts();
+            let fields = message::response_fields(&parts);
+            let r: Result<(), Error> = async {
+                send.send_fields(&fields).await?;
+                match body {
+                    Body::Empty => {}
+                    Body::Full(b) => send.send_data(b).await?,
+                    Body::Stream(mut rx) => {
+                        while let Some(chunk) = rx.recv().await {
+                            send.send_data(chunk).await?;
+                        }
+                    }
+                }
+                send.finish()?;
+                send.finished().await
+            }
+            .await;
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "response not delivered");
+            }
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,419 @@
+//! A request stream: HEADERS, DATA and trailers in both directions (RFC 9114 §4.1).
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use kuai::{RecvStream, SendStream};
+
+use crate::conn::Shared;
+use crate::error::{Code, Error, H3Error};
+use crate::frame::{self, Frame, FrameReader};
+use crate::message::{self, Fields};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RecvState {
+    /// Waiting for the (next) header section.
+    Headers,
+    /// Reading the body.
+    Body,
+    /// Trailers arrived; only the end of the stream may follow.
+    Trailers,
+    Done,
+}
+
+/// A request stream (RFC 9114 §4.1): a [`SendHalf`] and a [`RecvHalf`] on one bidirectional
+/// QUIC stream. Split it to send and receive from different tasks.
+pub struct RequestStream {
+    pub(crate) send: SendHalf,
+    pub(crate) recv: RecvHalf,
+}
+
+/// The receiving half of a request stream: a header section, the body, trailers.
+pub struct RecvHalf {
+    pub(crate) shared: Arc<Shared>,
+    recv: RecvStream,
+    id: u64,
+    reader: FrameReader,
+    state: RecvState,
+    trailers: Option<HeaderMap>,
+    expected_len: Option<u64>,
+    received_len: u64,
+    /// A header block was decoded, so QPACK needs no stream cancellation.
+    decoded: bool,
+    /// Client: the request was HEAD, so the response has no body whatever it declares.
+    head_request: bool,
+}
+
+/// The sending half of a request stream.
+pub struct SendHalf {
+    pub(crate) shared: Arc<Shared>,
+    send: Option<SendStream>,
+    id: u64,
+}
+
+impl RequestStream {
+    pub(crate) fn new(shared: Arc<Shared>, send: SendStream, recv: RecvStream) -> Self {
+        let id = recv.id().0;
+        let max = shared.config.max_field_section_size.max(16 * 1024);
+        Self {
+            send: SendHalf { shared: shared.clone(), send: Some(send), id },
+            recv: RecvHalf {
+                shared,
+                recv,
+                id,
+                reader: FrameReader::new(max),
+                state: RecvState::Headers,
+                trailers: None,
+                expected_len: None,
+                received_len: 0,
+                decoded: false,
+                head_request: false,
+            },
+        }
+    }
+
+    /// The QUIC stream ID.
+    pub fn id(&self) -> u64 {
+        self.recv.id
+    }
+
+    /// Separates the two directions.
+    pub fn split(self) -> (SendHalf, RecvHalf) {
+        (self.send, self.recv)
+    }
+
+    /// See [`RecvHalf::recv_data`].
+    pub async fn recv_data(&mut self) -> Result<Option<Bytes>, Error> {
+        self.recv.recv_data().await
+    }
+
+    /// See [`RecvHalf::recv_body`].
+    pub async fn recv_body(&mut self, limit: usize) -> Result<Bytes, Error> {
+        self.recv.recv_body(limit).await
+    }
+
+    /// See [`RecvHalf::recv_trailers`].
+    pub async fn recv_trailers(&mut self) -> Result<Option<HeaderMap>, Error> {
+        self.recv.recv_trailers().await
+    }
+
+    /// See [`SendHalf::send_data`].
+    pub async fn send_data(&mut self, data: Bytes) -> Result<(), Error> {
+        self.send.send_data(data).await
+    }
+
+    /// See [`SendHalf::send_trailers`].
+    pub async fn send_trailers(&mut self, trailers: &HeaderMap) -> Result<(), Error> {
+        self.send.send_trailers(trailers).await
+    }
+
+    /// See [`SendHalf::finish`].
+    pub fn finish(&mut self) -> Result<(), Error> {
+        self.send.finish()
+    }
+
+    /// See [`SendHalf::finished`].
+    pub async fn finished(&mut self) -> Result<(), Error> {
+        self.send.finished().await
+    }
+
+    /// Abandons the stream in both directions with `code` (e.g. H3_REQUEST_CANCELLED).
+    pub fn cancel(&mut self, code: Code) {
+        self.send.reset(code);
+        self.recv.stop(code);
+    }
+
+    /// Rejects a malformed message (RFC 9114 §4.1.2).
+    pub(crate) fn malformed(&mut self, why: &'static str) -> Error {
+        self.send.reset(Code::MESSAGE_ERROR);
+        self.recv.malformed(why)
+    }
+
+    /// Sets the priority of what we send (RFC 9218).
+    pub fn set_priority(&self, p: kuai::Priority) {
+        self.send.set_priority(p);
+    }
+
+    /// Sends an HTTP datagram bound to this stream (RFC 9297).
+    pub fn send_datagram(&self, payload: &[u8]) -> Result<(), Error> {
+        crate::datagram::send(&self.send.shared, self.recv.id, payload)
+    }
+
+    /// Receives the next HTTP datagram bound to this stream.
+    pub async fn recv_datagram(&self) -> Result<Bytes, Error> {
+        crate::datagram::recv(&self.recv.shared, self.recv.id).await
+    }
+}
+
+impl RecvHalf {
+    /// The QUIC stream ID.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Stops reading (STOP_SENDING with `code`).
+    pub fn stop(&mut self, code: Code) {
+        if self.state != RecvState::Done {
+            let _ = self.recv.stop(code.0);
+            self.state = RecvState::Done;
+        }
+    }
+
+    fn conn_error(&self, e: kuai::ConnectionError) -> Error {
+        match self.shared.error() {
+            Some(h3) => Error::Protocol(h3),
+            None => Error::Connection(e),
+        }
+    }
+
+    /// Reads the next frame; `None` at the end of the stream.
+    async fn read_frame(&mut self) -> Result<Option<Frame>, Error> {
+        loop {
+            match self.reader.next() {
+                Ok(Some(f)) => return Ok(Some(f)),
+                Ok(None) => {}
+                Err(e) => {
+                    self.shared.fail(e.clone());
+                    return Err(Error::Protocol(e));
+                }
+            }
+            match self.recv.read_chunk(64 * 1024).await {
+                Ok(Some(chunk)) => self.reader.push(&chunk),
+                Ok(None) => {
+                    if self.reader.is_mid_frame() {
+                        let e = H3Error::new(Code::FRAME_ERROR, "stream ended inside a frame");
+                        self.shared.fail(e.clone());
+                        return Err(Error::Protocol(e));
+                    }
+                    return Ok(None);
+                }
+                Err(kuai::ReadError::Reset(code)) => return Err(Error::StreamReset(Code(code))),
+                Err(kuai::ReadError::ConnectionLost(e)) => return Err(self.conn_error(e)),
+                Err(_) => return Err(Error::StreamReset(Code::REQUEST_CANCELLED)),
+            }
+        }
+    }
+
+    fn unexpected(&self, what: &'static str) -> Error {
+        let e = H3Error::new(Code::FRAME_UNEXPECTED, what);
+        self.shared.fail(e.clone());
+        Error::Protocol(e)
+    }
+
+    /// Rejects a malformed message: stops the stream with H3_MESSAGE_ERROR (RFC 9114 §4.1.2).
+    pub(crate) fn malformed(&mut self, why: &'static str) -> Error {
+        let _ = self.recv.stop(Code::MESSAGE_ERROR.0);
+        self.state = RecvState::Done;
+        Error::Malformed(why)
+    }
+
+    /// The next header section's fields; `None` if the stream ends first.
+    pub(crate) async fn recv_fields(&mut self) -> Result<Option<Fields>, Error> {
+        loop {
+            match self.read_frame().await? {
+                None => return Ok(None),
+                Some(Frame::Headers(block)) => {
+                    let fields = self.shared.decode_fields(self.id, &block).await?;
+                    self.decoded = true;
+                    let size: u64 = fields.iter().map(|(n, v)| (n.len() + v.len() + 32) as u64).sum();
+                    if size > self.shared.config.max_field_section_size {
+                        return Err(self.malformed("header section larger than allowed"));
+                    }
+                    return Ok(Some(fields));
+                }
+                Some(Frame::Unknown(_)) => continue,
+                Some(Frame::Data(_)) => return Err(self.unexpected("DATA before HEADERS")),
+                Some(_) => return Err(self.unexpected("frame not allowed on a request stream")),
+            }
+        }
+    }
+
+    pub(crate) fn set_head_request(&mut self, head: bool) {
+        self.head_request = head;
+    }
+
+    /// Notes what body a response may have: none after HEAD, 204 and 304 (RFC 9110 §6.4.1).
+    pub(crate) fn set_response_head(
+        &mut self,
+        status: &http::StatusCode,
+        headers: &HeaderMap,
+    ) -> Result<(), Error> {
+        self.set_expected_len(headers)?;
+        if self.head_request
+            || *status == http::StatusCode::NO_CONTENT
+            || *status == http::StatusCode::NOT_MODIFIED
+        {
+            self.expected_len = Some(0);
+        }
+        Ok(())
+    }
+
+    /// Notes the head's content-length, for checking the body against it.
+    pub(crate) fn set_expected_len(&mut self, headers: &HeaderMap) -> Result<(), Error> {
+        match message::content_length(headers) {
+            Ok(n) => {
+                self.expected_len = n;
+                self.state = RecvState::Body;
+                Ok(())
+            }
+            Err(why) => Err(self.malformed(why)),
+        }
+    }
+
+    /// The next piece of the body; `None` at its end (then trailers, if any, are available
+    /// from [`recv_trailers`](Self::recv_trailers)).
+    pub async fn recv_data(&mut self) -> Result<Option<Bytes>, Error> {
+        loop {
+            if matches!(self.state, RecvState::Done) {
+                return Ok(None);
+            }
+            match self.read_frame().await? {
+                None => {
+                    self.state = RecvState::Done;
+                    if let Some(n) = self.expected_len
+                        && n != self.received_len
+                    {
+                        return Err(self.malformed("body length differs from content-length"));
+                    }
+                    return Ok(None);
+                }
+                Some(Frame::Data(d)) => {
+                    if self.state == RecvState::Trailers {
+                        return Err(self.unexpected("DATA after trailers"));
+                    }
+                    self.received_len += d.len() as u64;
+                    if self.expected_len.is_some_and(|n| self.received_len > n) {
+                        return Err(self.malformed("body longer than content-length"));
+                    }
+                    if d.is_empty() {
+                        continue;
+                    }
+                    return Ok(Some(d));
+                }
+                Some(Frame::Headers(block)) => {
+                    if self.state == RecvState::Trailers {
+                        return Err(self.unexpected("HEADERS after trailers"));
+                    }
+                    let fields = self.shared.decode_fields(self.id, &block).await?;
+                    match message::parse_trailers(&fields) {
+                        Ok(t) => self.trailers = Some(t),
+                        Err(why) => return Err(self.malformed(why)),
+                    }
+                    self.state = RecvState::Trailers;
+                }
+                Some(Frame::Unknown(_)) => continue,
+                Some(_) => return Err(self.unexpected("frame not allowed on a request stream")),
+            }
+        }
+    }
+
+    /// Reads the rest of the body, up to `limit` bytes.
+    pub async fn recv_body(&mut self, limit: usize) -> Result<Bytes, Error> {
+        let mut out = BytesMut::new();
+        while let Some(d) = self.recv_data().await? {
+            if out.len() + d.len() > limit {
+                let _ = self.recv.stop(Code::EXCESSIVE_LOAD.0);
+                return Err(Error::TooLarge);
+            }
+            out.extend_from_slice(&d);
+        }
+        Ok(out.freeze())
+    }
+
+    /// Trailers, once the body was read to its end.
+    pub async fn recv_trailers(&mut self) -> Result<Option<HeaderMap>, Error> {
+        while self.state != RecvState::Done {
+            if self.recv_data().await?.is_some() {
+                // Body data the caller did not read is skipped.
+                continue;
+            }
+        }
+        Ok(self.trailers.take())
+    }
+
+}
+
+impl SendHalf {
+    fn send_stream(&mut self) -> Result<&mut SendStream, Error> {
+        self.send.as_mut().ok_or(Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream already finished")))
+    }
+
+    pub(crate) async fn send_fields(&mut self, fields: &Fields) -> Result<(), Error> {
+        let block = self.shared.encode_fields(self.id, fields)?;
+        let mut buf = Vec::with_capacity(block.len() + 8);
+        frame::write_header(frame::HEADERS, block.len() as u64, &mut buf);
+        buf.extend_from_slice(&block);
+        let s = self.send_stream()?;
+        s.write_chunk(Bytes::from(buf)).await.map_err(write_error)
+    }
+
+    /// Sends a piece of the body (one DATA frame; the payload is not copied).
+    pub async fn send_data(&mut self, data: Bytes) -> Result<(), Error> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut hdr = Vec::with_capacity(16);
+        frame::write_header(frame::DATA, data.len() as u64, &mut hdr);
+        let s = self.send_stream()?;
+        s.write_chunk(Bytes::from(hdr)).await.map_err(write_error)?;
+        s.write_chunk(data).await.map_err(write_error)
+    }
+
+    /// Sends trailers (a final header section).
+    pub async fn send_trailers(&mut self, trailers: &HeaderMap) -> Result<(), Error> {
+        let fields = message::trailer_fields(trailers);
+        self.send_fields(&fields).await
+    }
+
+    /// Ends our side of the stream.
+    pub fn finish(&mut self) -> Result<(), Error> {
+        if let Some(mut s) = self.send.take() {
+            s.finish().map_err(write_error)?;
+        }
+        Ok(())
+    }
+
+    /// Waits until everything we sent was acknowledged (or the peer stopped reading).
+    pub async fn finished(&mut self) -> Result<(), Error> {
+        if let Some(s) = self.send.as_mut() {
+            s.stopped().await.map_err(write_error)?;
+        }
+        Ok(())
+    }
+
+    /// Abandons sending with `code` (RESET_STREAM).
+    pub fn reset(&mut self, code: Code) {
+        if let Some(mut s) = self.send.take() {
+            let _ = s.reset(code.0);
+        }
+    }
+
+    /// Sets the priority of what we send (RFC 9218).
+    pub fn set_priority(&self, p: kuai::Priority) {
+        if let Some(s) = self.send.as_ref() {
+            s.set_priority(p);
+        }
+    }
+}
+
+impl Drop for RecvHalf {
+    fn drop(&mut self) {
+        if !self.decoded {
+            self.shared.cancel_stream(self.id);
+        }
+        crate::datagram::forget(&self.shared, self.id);
+        // An unread body: tell the peer we are not interested (RFC 9114 §4.1.1).
+        if self.state != RecvState::Done {
+            let _ = self.recv.stop(Code::NO_ERROR.0);
+        }
+    }
+}
+
+pub(crate) fn write_error(e: kuai::WriteError) -> Error {
+    match e {
+        kuai::WriteError::Stopped(c) => Error::Stopped(Code(c)),
+        kuai::WriteError::ConnectionLost(c) => Error::Connection(c),
+        kuai::WriteError::ClosedStream => Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream closed")),
+    }
+}

@@ -1,0 +1,120 @@
+//! kuai's HTTP/3 client against kuai's HTTP/3 server on loopback.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use kuai::{ClientConfig, Endpoint, ServerConfig};
+use kuai_h3::{Body, Client, Config, RecvHalf};
+
+async fn handler(req: Request<RecvHalf>) -> Response<Body> {
+    let (parts, mut body) = req.into_parts();
+    let path = parts.uri.path().to_owned();
+    if let Some(n) = path.strip_prefix("/bytes/") {
+        let n: usize = n.parse().unwrap();
+        let data = Bytes::from((0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        return Response::builder().header("content-length", n).body(Body::Full(data)).unwrap();
+    }
+    if path == "/echo" {
+        let b = body.recv_body(64 << 20).await.unwrap();
+        let t = body.recv_trailers().await.unwrap();
+        let mut resp = Response::builder().header("x-got-trailer", t.is_some().to_string());
+        if let Some(ct) = parts.headers.get("content-type") {
+            resp = resp.header("content-type", ct);
+        }
+        return resp.body(Body::Full(b)).unwrap();
+    }
+    if path == "/stream" {
+        let (tx, b) = Body::channel(4);
+        tokio::spawn(async move {
+            for i in 0..100u32 {
+                if tx.send(Bytes::from(format!("chunk {i}\n"))).await.is_err() {
+                    break;
+                }
+            }
+        });
+        return Response::new(b);
+    }
+    Response::builder().status(StatusCode::NOT_FOUND).body(Body::from("not found")).unwrap()
+}
+
+async fn setup() -> (Endpoint, Client) {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    let server = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr: SocketAddr = server.local_addr().unwrap();
+    let ep = server.clone();
+    tokio::spawn(async move {
+        while let Some(c) = ep.accept().await {
+            tokio::spawn(async move {
+                let conn = c.await.unwrap();
+                kuai_h3::serve(conn, Config::default(), handler).await.unwrap();
+            });
+        }
+    });
+    let client_ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let conn = client_ep
+        .connect_with(ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(), addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    let client = Client::new(conn, Config::default()).await.unwrap();
+    (client_ep, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_post_stream_and_404() {
+    let (_ep, client) = setup().await;
+    let r = client.get("https://localhost/bytes/100000", 1 << 20).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.body().len(), 100_000);
+    assert!(r.body().iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+
+    let req = Request::post("https://localhost/echo").header("content-type", "text/plain").body(Bytes::from_static(b"ping")).unwrap();
+    let r = client.request(req, 1024).await.unwrap();
+    assert_eq!(r.headers()["content-type"], "text/plain");
+    assert_eq!(&r.body()[..], b"ping");
+
+    let r = client.get("https://localhost/stream", 1 << 20).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(r.body()).lines().count(), 100);
+
+    let r = client.get("https://localhost/missing", 1024).await.unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_reach_the_server() {
+    let (_ep, client) = setup().await;
+    let mut s = client.send_request(Request::post("https://localhost/echo").body(()).unwrap()).await.unwrap();
+    s.send_data(Bytes::from_static(b"abc")).await.unwrap();
+    let mut t = http::HeaderMap::new();
+    t.insert("x-checksum", "123".parse().unwrap());
+    s.send_trailers(&t).await.unwrap();
+    s.finish().unwrap();
+    let r = s.recv_response().await.unwrap();
+    assert_eq!(r.headers()["x-got-trailer"], "true");
+    assert_eq!(&s.recv_body(1024).await.unwrap()[..], b"abc");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_parallel_requests_and_large_bodies() {
+    let (_ep, client) = setup().await;
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let c = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let n = if i % 50 == 0 { 5 << 20 } else { 1000 + i * 13 };
+            let r = c.get(&format!("https://localhost/bytes/{n}"), 8 << 20).await.unwrap();
+            assert_eq!(r.body().len(), n);
+            n
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert!(total > 20 << 20);
+    // A large upload echoed back.
+    let big = Bytes::from(vec![7u8; 10 << 20]);
+    let r = client.request(Request::post("https://localhost/echo").body(big.clone()).unwrap(), 16 << 20).await.unwrap();
+    assert_eq!(r.body().len(), big.len());
+}
