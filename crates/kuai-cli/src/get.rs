@@ -45,6 +45,9 @@ pub struct Args {
     /// Write a qlog trace of the connection into this directory.
     #[arg(long)]
     qlog_dir: Option<PathBuf>,
+    /// Application protocol: h3 (HTTP/3) or hq-interop (HTTP/0.9).
+    #[arg(long, default_value = "h3")]
+    alpn: String,
     /// Give up on the whole transfer after this many seconds (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_time: u64,
@@ -129,10 +132,15 @@ async fn fetch_all(args: Args) -> Result<(), String> {
     let start = Instant::now();
     let addr = resolve(&first.host, first.port).await?;
     let resolved = start.elapsed();
+    let alpn: &[u8] = match args.alpn.as_str() {
+        "h3" => crate::h3::ALPN,
+        "hq-interop" => hq::ALPN,
+        other => return Err(format!("unknown ALPN {other:?} (h3 or hq-interop)")),
+    };
     let cfg = client_config(
         args.insecure,
         args.ca.as_deref(),
-        &[hq::ALPN],
+        &[alpn],
         args.keylog.as_deref(),
     )?;
     let bind: SocketAddr = if addr.is_ipv4() {
@@ -162,6 +170,15 @@ async fn fetch_all(args: Args) -> Result<(), String> {
         })?
         .map_err(|e| format!("{addr}: {e}"))?;
     let connected = start.elapsed();
+    let h3 = if alpn == crate::h3::ALPN {
+        Some(
+            kuai_h3::Client::new(conn.clone(), kuai_h3::Config::default())
+                .await
+                .map_err(|e| format!("HTTP/3: {e}"))?,
+        )
+    } else {
+        None
+    };
     let first_byte = Arc::new(std::sync::Mutex::new(None::<Duration>));
     let mut tasks = Vec::new();
     for url in urls.clone() {
@@ -173,6 +190,7 @@ async fn fetch_all(args: Args) -> Result<(), String> {
             (None, false, None) => None,
         };
         let fb = first_byte.clone();
+        let h3 = h3.clone();
         tasks.push(tokio::spawn(async move {
             let mut out: Box<dyn Write + Send> = match &dest {
                 Some(p) => Box::new(std::io::BufWriter::new(
@@ -183,14 +201,26 @@ async fn fetch_all(args: Args) -> Result<(), String> {
             };
             let mut body = Vec::new();
             let sink: &mut (dyn Write + Send) = if dest.is_some() { &mut *out } else { &mut body };
-            let n = hq::get_to(&conn, &url.path, sink, |_| {
+            let on_data = |_| {
                 let mut f = fb.lock().unwrap_or_else(|e| e.into_inner());
                 if f.is_none() {
                     *f = Some(start.elapsed());
                 }
-            })
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
+            };
+            let n = match &h3 {
+                Some(client) => {
+                    let (status, n) = crate::h3::get_to(client, &url, sink, on_data)
+                        .await
+                        .map_err(|e| format!("{url}: {e}"))?;
+                    if !status.is_success() {
+                        return Err(format!("{url}: {status}"));
+                    }
+                    n
+                }
+                None => hq::get_to(&conn, &url.path, sink, on_data)
+                    .await
+                    .map_err(|e| format!("{url}: {e}"))?,
+            };
             out.flush().map_err(|e| format!("write failed: {e}"))?;
             Ok::<_, String>((url, n, body))
         }));

@@ -37,6 +37,7 @@ const SERVER_CASES: &[&str] = &[
     "rebind-port",
     "rebind-addr",
     "goodput",
+    "http3",
 ];
 const CLIENT_CASES: &[&str] = &[
     "handshake",
@@ -56,6 +57,7 @@ const CLIENT_CASES: &[&str] = &[
     "rebind-port",
     "rebind-addr",
     "goodput",
+    "http3",
 ];
 
 fn env(name: &str) -> Option<String> {
@@ -69,9 +71,8 @@ pub async fn run() -> ExitCode {
     if role == "prepare" {
         return ExitCode::SUCCESS;
     }
-    // HTTP/3 is not implemented yet: only hq-interop.
-    if alpn != "hq-interop" {
-        eprintln!("kuai interop: ALPN {alpn} not supported yet");
+    if alpn != "hq-interop" && alpn != "h3" {
+        eprintln!("kuai interop: ALPN {alpn} not supported");
         return ExitCode::from(UNSUPPORTED);
     }
     let supported = match role.as_str() {
@@ -87,9 +88,9 @@ pub async fn run() -> ExitCode {
         return ExitCode::from(UNSUPPORTED);
     }
     let r = if role == "server" {
-        server(&case).await
+        server(&case, &alpn).await
     } else {
-        client(&case).await
+        client(&case, &alpn).await
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -123,7 +124,7 @@ fn provider(case: &str) -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(p)
 }
 
-async fn server(case: &str) -> Result<(), String> {
+async fn server(case: &str, alpn: &str) -> Result<(), String> {
     let listen: SocketAddr = env("LISTEN")
         .unwrap_or_else(|| "[::]:443".into())
         .parse()
@@ -137,7 +138,7 @@ async fn server(case: &str) -> Result<(), String> {
         .with_no_client_auth()
         .with_single_cert(identity.certs.clone(), identity.key.clone_key())
         .map_err(|e| e.to_string())?;
-    tls.alpn_protocols = vec![hq::ALPN.to_vec()];
+    tls.alpn_protocols = vec![alpn.as_bytes().to_vec()];
     if let Some(k) = keylog() {
         tls.key_log = Arc::new(FileKeyLog::create(&k).map_err(|e| e.to_string())?);
     }
@@ -162,8 +163,10 @@ async fn server(case: &str) -> Result<(), String> {
     let site = Arc::new(Site::Dir(www));
     while let Some(connecting) = ep.accept().await {
         let site = site.clone();
+        let h3 = alpn == "h3";
         tokio::spawn(async move {
             match connecting.await {
+                Ok(conn) if h3 => crate::h3::serve_connection(conn, site, None).await,
                 Ok(conn) => hq::serve_connection(conn, site).await,
                 Err(e) => tracing::info!(error = %e, "handshake failed"),
             }
@@ -239,7 +242,7 @@ impl rustls::client::danger::ServerCertVerifier for InteropVerifier {
     }
 }
 
-fn client_config(case: &str) -> Result<ClientConfig, String> {
+fn client_config(case: &str, alpn: &str) -> Result<ClientConfig, String> {
     let provider = provider(case);
     let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -250,7 +253,7 @@ fn client_config(case: &str) -> Result<ClientConfig, String> {
             spki: env("CERT_SPKI_SHA256"),
         }))
         .with_no_client_auth();
-    tls.alpn_protocols = vec![hq::ALPN.to_vec()];
+    tls.alpn_protocols = vec![alpn.as_bytes().to_vec()];
     if let Some(k) = keylog() {
         tls.key_log = Arc::new(FileKeyLog::create(&k).map_err(|e| e.to_string())?);
     }
@@ -260,7 +263,8 @@ fn client_config(case: &str) -> Result<ClientConfig, String> {
     Ok(cfg)
 }
 
-async fn client(case: &str) -> Result<(), String> {
+async fn client(case: &str, alpn: &str) -> Result<(), String> {
+    let h3 = alpn == "h3";
     let requests: Vec<Url> = env("REQUESTS")
         .ok_or("REQUESTS is not set")?
         .split_whitespace()
@@ -281,7 +285,7 @@ async fn client(case: &str) -> Result<(), String> {
         },
         None => crate::get::resolve(&first.host, first.port).await?,
     };
-    let cfg = client_config(case)?;
+    let cfg = client_config(case, alpn)?;
     let bind: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0"
     } else {
@@ -303,25 +307,25 @@ async fn client(case: &str) -> Result<(), String> {
                 // multiconnect: one connection per request, one after another.
                 for url in &requests {
                     let conn = connect(&ep, server, &url.host, false).await?;
-                    fetch(&conn, std::slice::from_ref(url), &downloads, false).await?;
+                    fetch(&conn, std::slice::from_ref(url), &downloads, false, h3).await?;
                     conn.close(0, b"");
                 }
                 Ok(())
             }
             "resumption" | "zerortt" => {
                 let conn = connect(&ep, server, &first.host, false).await?;
-                fetch(&conn, &requests[..1], &downloads, false).await?;
+                fetch(&conn, &requests[..1], &downloads, false, h3).await?;
                 // Give the session ticket time to arrive, then close.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 conn.close(0, b"");
                 let conn = connect(&ep, server, &first.host, case == "zerortt").await?;
-                fetch(&conn, &requests[1..], &downloads, false).await?;
+                fetch(&conn, &requests[1..], &downloads, false, h3).await?;
                 conn.close(0, b"");
                 Ok(())
             }
             _ => {
                 let conn = connect(&ep, server, &first.host, false).await?;
-                fetch(&conn, &requests, &downloads, case == "keyupdate").await?;
+                fetch(&conn, &requests, &downloads, case == "keyupdate", h3).await?;
                 conn.close(0, b"");
                 Ok(())
             }
@@ -358,7 +362,17 @@ async fn fetch(
     urls: &[Url],
     downloads: &Path,
     key_update: bool,
+    h3: bool,
 ) -> Result<(), String> {
+    let client = if h3 {
+        Some(
+            kuai_h3::Client::new(conn.clone(), kuai_h3::Config::default())
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        None
+    };
     let mut tasks = Vec::new();
     let mut names = HashSet::new();
     for url in urls {
@@ -369,14 +383,27 @@ async fn fetch(
         let path = downloads.join(&name);
         let conn = conn.clone();
         let url = url.clone();
+        let client = client.clone();
         tasks.push(tokio::spawn(async move {
             let mut f = std::io::BufWriter::new(
                 std::fs::File::create(&path)
                     .map_err(|e| format!("cannot create {}: {e}", path.display()))?,
             );
-            hq::get_to(&conn, &url.path, &mut f, |_| {})
-                .await
-                .map_err(|e| format!("{url}: {e}"))?;
+            match &client {
+                Some(c) => {
+                    let (status, _) = crate::h3::get_to(c, &url, &mut f, |_| {})
+                        .await
+                        .map_err(|e| format!("{url}: {e}"))?;
+                    if !status.is_success() {
+                        return Err(format!("{url}: {status}"));
+                    }
+                }
+                None => {
+                    hq::get_to(&conn, &url.path, &mut f, |_| {})
+                        .await
+                        .map_err(|e| format!("{url}: {e}"))?;
+                }
+            }
             std::io::Write::flush(&mut f).map_err(|e| e.to_string())?;
             Ok::<_, String>(())
         }));

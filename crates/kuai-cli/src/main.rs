@@ -2,6 +2,7 @@
 
 mod demo;
 mod get;
+mod h3;
 mod hq;
 mod interop;
 mod keylog;

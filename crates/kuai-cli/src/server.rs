@@ -81,7 +81,11 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         None => Site::Demo,
     };
-    let mut cfg = server_config(&identity, &[hq::ALPN], args.keylog.as_deref())?;
+    let mut cfg = server_config(
+        &identity,
+        &[crate::h3::ALPN, hq::ALPN],
+        args.keylog.as_deref(),
+    )?;
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
@@ -93,7 +97,8 @@ async fn serve(args: Args) -> Result<(), String> {
         .bind(args.listen)
         .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     let local = ep.local_addr().map_err(|e| e.to_string())?;
-    println!("kuai server listening on udp {local} (ALPN hq-interop)");
+    let port = local.port();
+    println!("kuai server listening on udp {local} (HTTP/3, and HTTP/0.9 as hq-interop)");
     match &args.root {
         Some(dir) => println!("serving {}", dir.display()),
         None => println!("serving the built-in demo site"),
@@ -103,19 +108,24 @@ async fn serve(args: Args) -> Result<(), String> {
     }
     if let Some(spki) = identity.spki_sha256() {
         println!("certificate SPKI sha256 (base64): {spki}");
+        println!("open it in Chromium over HTTP/3:");
+        println!(
+            "  chromium --user-data-dir=$(mktemp -d) --enable-quic --origin-to-force-quic-on=localhost:{port} \\\n    --ignore-certificate-errors-spki-list={spki} https://localhost:{port}/"
+        );
     }
-    println!(
-        "try: kuai get --insecure https://localhost:{}/hello.txt",
-        local.port()
-    );
+    println!("or: cargo run --release -- get --insecure -v https://localhost:{port}/hello.txt");
     let site = Arc::new(site);
     let serve = async {
         while let Some(connecting) = ep.accept().await {
             let site = site.clone();
+            let alt_svc = Some(format!("h3=\":{port}\"; ma=86400"));
             tokio::spawn(async move {
                 let remote = connecting.remote_address();
                 match connecting.await {
-                    Ok(conn) => hq::serve_connection(conn, site).await,
+                    Ok(conn) if conn.alpn().as_deref() == Some(hq::ALPN) => {
+                        hq::serve_connection(conn, site).await
+                    }
+                    Ok(conn) => crate::h3::serve_connection(conn, site, alt_svc).await,
                     Err(e) => tracing::info!(%remote, error = %e, "handshake failed"),
                 }
             });
