@@ -109,8 +109,15 @@ async fn serve(args: Args) -> Result<(), String> {
     if let Some(spki) = identity.spki_sha256() {
         println!("certificate SPKI sha256 (base64): {spki}");
         println!("open it in Chromium over HTTP/3:");
+        // Chromium resolves localhost to ::1 first; point it at an IPv4-only listener.
+        let resolve = match local.ip() {
+            std::net::IpAddr::V4(ip) if !ip.is_unspecified() => {
+                format!(" --host-resolver-rules=\"MAP localhost {ip}\"")
+            }
+            _ => String::new(),
+        };
         println!(
-            "  chromium --user-data-dir=$(mktemp -d) --enable-quic --origin-to-force-quic-on=localhost:{port} \\\n    --ignore-certificate-errors-spki-list={spki} https://localhost:{port}/"
+            "  chromium --user-data-dir=$(mktemp -d) --enable-quic --origin-to-force-quic-on=localhost:{port}{resolve} \\\n    --ignore-certificate-errors-spki-list={spki} https://localhost:{port}/"
         );
     }
     println!("or: cargo run --release -- get --insecure -v https://localhost:{port}/hello.txt");
