@@ -26,10 +26,16 @@ impl Client {
         let s = shared.clone();
         tokio::spawn(async move {
             if s.quic.accept_bi().await.is_ok() {
-                s.fail(H3Error::new(Code::STREAM_CREATION_ERROR, "server opened a bidirectional stream"));
+                s.fail(H3Error::new(
+                    Code::STREAM_CREATION_ERROR,
+                    "server opened a bidirectional stream",
+                ));
             }
         });
-        Ok(Self { _guard: Arc::new(CloseGuard(shared.clone())), shared })
+        Ok(Self {
+            _guard: Arc::new(CloseGuard(shared.clone())),
+            shared,
+        })
     }
 
     /// Sends a request's head. Write the body with [`RequestStream::send_data`], end it with
@@ -48,13 +54,19 @@ impl Client {
         let fields = message::request_fields(&parts).map_err(Error::Malformed)?;
         let (send, recv) = self.shared.quic.open_bi().await?;
         let mut stream = RequestStream::new(self.shared.clone(), send, recv);
-        stream.recv.set_head_request(parts.method == http::Method::HEAD);
+        stream
+            .recv
+            .set_head_request(parts.method == http::Method::HEAD);
         stream.send.send_fields(&fields).await?;
         Ok(stream)
     }
 
     /// Sends a request with a whole body and reads the whole response (up to `limit` bytes).
-    pub async fn request(&self, req: Request<Bytes>, limit: usize) -> Result<Response<Bytes>, Error> {
+    pub async fn request(
+        &self,
+        req: Request<Bytes>,
+        limit: usize,
+    ) -> Result<Response<Bytes>, Error> {
         let (parts, body) = req.into_parts();
         let mut stream = self.send_request(Request::from_parts(parts, ())).await?;
         stream.send_data(body).await?;
@@ -74,7 +86,9 @@ impl Client {
 
     /// GET `uri` (absolute, `https://authority/path`), reading up to `limit` bytes.
     pub async fn get(&self, uri: &str, limit: usize) -> Result<Response<Bytes>, Error> {
-        let req = Request::get(uri).body(Bytes::new()).map_err(|_| Error::Malformed("invalid URI"))?;
+        let req = Request::get(uri)
+            .body(Bytes::new())
+            .map_err(|_| Error::Malformed("invalid URI"))?;
         self.request(req, limit).await
     }
 

@@ -143,7 +143,11 @@ impl Shared {
     }
 
     /// Decodes a header block, waiting while it is blocked on encoder instructions.
-    pub async fn decode_fields(&self, stream_id: u64, block: &[u8]) -> Result<Vec<(Bytes, Bytes)>, crate::Error> {
+    pub async fn decode_fields(
+        &self,
+        stream_id: u64,
+        block: &[u8],
+    ) -> Result<Vec<(Bytes, Bytes)>, crate::Error> {
         loop {
             let notified = self.qpack_progress.notified();
             tokio::pin!(notified);
@@ -162,6 +166,10 @@ impl Shared {
             match r {
                 Ok(qpack::Decoded::Fields(f)) => return Ok(f),
                 Ok(qpack::Decoded::Blocked) => {}
+                // Too large a section is a problem of this message only (RFC 9114 §4.2.2).
+                Err(e) if e.code == Code::MESSAGE_ERROR.0 => {
+                    return Err(crate::Error::Malformed(e.reason));
+                }
                 Err(e) => {
                     let e = H3Error::new(Code(e.code), e.reason);
                     self.fail(e.clone());
@@ -176,7 +184,11 @@ impl Shared {
     }
 
     /// Encodes a header section for `stream_id`, sending encoder instructions first.
-    pub fn encode_fields(&self, stream_id: u64, fields: &[(Bytes, Bytes)]) -> Result<Vec<u8>, crate::Error> {
+    pub fn encode_fields(
+        &self,
+        stream_id: u64,
+        fields: &[(Bytes, Bytes)],
+    ) -> Result<Vec<u8>, crate::Error> {
         let mut block = Vec::new();
         let mut enc = Vec::new();
         self.lock()
@@ -201,7 +213,11 @@ impl Shared {
 
 /// Sets up the HTTP/3 layer on an established QUIC connection: opens our control and QPACK
 /// streams, and starts the tasks that read the peer's.
-pub(crate) async fn start(quic: Connection, side: Side, config: Config) -> Result<Arc<Shared>, crate::Error> {
+pub(crate) async fn start(
+    quic: Connection,
+    side: Side,
+    config: Config,
+) -> Result<Arc<Shared>, crate::Error> {
     let (encoder_tx, encoder_rx) = mpsc::unbounded_channel();
     let (decoder_tx, decoder_rx) = mpsc::unbounded_channel();
     let (control_tx, control_rx) = mpsc::unbounded_channel();
@@ -276,7 +292,11 @@ fn rand_seed() -> u64 {
 }
 
 /// Opens one of our unidirectional streams, writes `first`, then forwards queued bytes.
-async fn open_uni(shared: &Arc<Shared>, first: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Bytes>) -> Result<(), crate::Error> {
+async fn open_uni(
+    shared: &Arc<Shared>,
+    first: Vec<u8>,
+    mut rx: mpsc::UnboundedReceiver<Bytes>,
+) -> Result<(), crate::Error> {
     let mut stream = shared.quic.open_uni().await?;
     stream.write_all(&first).await.map_err(write_err)?;
     // The task ends when the connection state (holding the sender) goes away, after the
@@ -295,7 +315,9 @@ fn write_err(e: kuai::WriteError) -> crate::Error {
     match e {
         kuai::WriteError::ConnectionLost(c) => crate::Error::Connection(c),
         kuai::WriteError::Stopped(c) => crate::Error::Stopped(Code(c)),
-        kuai::WriteError::ClosedStream => crate::Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream closed")),
+        kuai::WriteError::ClosedStream => {
+            crate::Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream closed"))
+        }
     }
 }
 
@@ -312,7 +334,10 @@ async fn accept_uni(shared: Arc<Shared>) {
             stream_type::CONTROL | stream_type::QPACK_ENCODER | stream_type::QPACK_DECODER => {
                 let i = ty as usize;
                 if seen[i] {
-                    shared.fail(H3Error::new(Code::STREAM_CREATION_ERROR, "second critical stream of one type"));
+                    shared.fail(H3Error::new(
+                        Code::STREAM_CREATION_ERROR,
+                        "second critical stream of one type",
+                    ));
                     return;
                 }
                 seen[i] = true;
@@ -320,7 +345,10 @@ async fn accept_uni(shared: Arc<Shared>) {
             }
             stream_type::PUSH => {
                 // We never send MAX_PUSH_ID, so a push stream is an error (RFC 9114 §4.6).
-                shared.fail(H3Error::new(Code::ID_ERROR, "push stream without MAX_PUSH_ID"));
+                shared.fail(H3Error::new(
+                    Code::ID_ERROR,
+                    "push stream without MAX_PUSH_ID",
+                ));
                 return;
             }
             _ => {
@@ -375,9 +403,12 @@ async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
             Err(_) => return Err(closed_critical()),
         };
         reader.push(&chunk);
-        while let Some(f) = reader.next()? {
+        while let Some(f) = reader.next_frame()? {
             if first && !matches!(f, Frame::Settings(_)) {
-                return Err(H3Error::new(Code::MISSING_SETTINGS, "control stream must start with SETTINGS"));
+                return Err(H3Error::new(
+                    Code::MISSING_SETTINGS,
+                    "control stream must start with SETTINGS",
+                ));
             }
             match f {
                 Frame::Settings(p) if first => {
@@ -386,19 +417,26 @@ async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
                     {
                         let mut s = shared.lock();
                         s.encoder = qpack::Encoder::new(
-                            settings.qpack_max_table_capacity.min(shared.config.qpack_max_table_capacity.max(16 * 1024)),
+                            settings
+                                .qpack_max_table_capacity
+                                .min(shared.config.qpack_max_table_capacity.max(16 * 1024)),
                             settings.qpack_blocked_streams,
                         );
                         s.peer_settings = Some(settings);
                     }
                     shared.changed.notify_waiters();
                 }
-                Frame::Settings(_) => return Err(H3Error::new(Code::FRAME_UNEXPECTED, "second SETTINGS")),
+                Frame::Settings(_) => {
+                    return Err(H3Error::new(Code::FRAME_UNEXPECTED, "second SETTINGS"));
+                }
                 Frame::Goaway(id) => {
                     let mut s = shared.lock();
                     // A server's GOAWAY names a client-initiated bidirectional stream.
                     if shared.side.is_client() && id % 4 != 0 {
-                        return Err(H3Error::new(Code::ID_ERROR, "GOAWAY with a non-request stream ID"));
+                        return Err(H3Error::new(
+                            Code::ID_ERROR,
+                            "GOAWAY with a non-request stream ID",
+                        ));
                     }
                     if s.goaway_received.is_some_and(|prev| id > prev) {
                         return Err(H3Error::new(Code::ID_ERROR, "GOAWAY ID increased"));
@@ -411,7 +449,10 @@ async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
                 Frame::CancelPush(_) => {}
                 Frame::Unknown(_) => {}
                 Frame::Data(_) | Frame::Headers(_) | Frame::PushPromise | Frame::MaxPushId(_) => {
-                    return Err(H3Error::new(Code::FRAME_UNEXPECTED, "frame not allowed on the control stream"));
+                    return Err(H3Error::new(
+                        Code::FRAME_UNEXPECTED,
+                        "frame not allowed on the control stream",
+                    ));
                 }
             }
         }
@@ -444,7 +485,11 @@ async fn read_decoder(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
             Err(kuai::ReadError::ConnectionLost(_)) => return Ok(()),
             Err(_) => return Err(closed_critical()),
         };
-        shared.lock().encoder.on_decoder_stream(&chunk).map_err(|e| H3Error::new(Code(e.code), e.reason))?;
+        shared
+            .lock()
+            .encoder
+            .on_decoder_stream(&chunk)
+            .map_err(|e| H3Error::new(Code(e.code), e.reason))?;
     }
 }
 
@@ -460,7 +505,11 @@ impl Drop for CloseGuard {
 /// Sends GOAWAY with `id` on our control stream.
 pub(crate) fn send_goaway(shared: &Shared, id: u64) {
     let mut b = Vec::new();
-    frame::write_header(frame::GOAWAY, kuai_proto::VarInt::size_of(id) as u64, &mut b);
+    frame::write_header(
+        frame::GOAWAY,
+        kuai_proto::VarInt::size_of(id) as u64,
+        &mut b,
+    );
     b.put_var(id);
     let _ = shared.control_tx.send(Bytes::from(b));
 }

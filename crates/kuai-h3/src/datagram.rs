@@ -30,17 +30,24 @@ fn queues(shared: &Shared) -> &Queues {
 pub(crate) fn send(shared: &Shared, stream_id: u64, payload: &[u8]) -> Result<(), Error> {
     let peer = shared.lock().peer_settings;
     if !shared.config.h3_datagram || !peer.is_some_and(|p| p.h3_datagram) {
-        return Err(Error::Protocol(H3Error::new(Code::DATAGRAM_ERROR, "HTTP datagrams not negotiated")));
+        return Err(Error::Protocol(H3Error::new(
+            Code::DATAGRAM_ERROR,
+            "HTTP datagrams not negotiated",
+        )));
     }
     let mut d = Vec::with_capacity(payload.len() + 8);
     d.put_var(stream_id / 4);
     d.extend_from_slice(payload);
-    shared.quic.send_datagram(Bytes::from(d)).map_err(|e| match e {
-        kuai::DatagramError::TooLarge(_) => Error::TooLarge,
-        kuai::DatagramError::Unsupported => {
-            Error::Protocol(H3Error::new(Code::DATAGRAM_ERROR, "QUIC datagrams not negotiated"))
-        }
-    })
+    shared
+        .quic
+        .send_datagram(Bytes::from(d))
+        .map_err(|e| match e {
+            kuai::DatagramError::TooLarge(_) => Error::TooLarge,
+            kuai::DatagramError::Unsupported => Error::Protocol(H3Error::new(
+                Code::DATAGRAM_ERROR,
+                "QUIC datagrams not negotiated",
+            )),
+        })
 }
 
 /// Waits for the next HTTP datagram of `stream_id`.
@@ -71,7 +78,11 @@ pub(crate) async fn recv(shared: &Shared, stream_id: u64) -> Result<Bytes, Error
 
 /// Drops a stream's queue when the stream goes away.
 pub(crate) fn forget(shared: &Shared, stream_id: u64) {
-    queues(shared).by_stream.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream_id);
+    queues(shared)
+        .by_stream
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&stream_id);
 }
 
 /// Reads QUIC datagrams and files them by stream.
@@ -79,11 +90,17 @@ pub(crate) async fn demux(shared: Arc<Shared>) {
     while let Ok(d) = shared.quic.read_datagram().await {
         let mut b = &d[..];
         let Ok(quarter) = b.get_var() else {
-            shared.fail(H3Error::new(Code::DATAGRAM_ERROR, "datagram without a quarter stream ID"));
+            shared.fail(H3Error::new(
+                Code::DATAGRAM_ERROR,
+                "datagram without a quarter stream ID",
+            ));
             return;
         };
         if quarter >= 1 << 60 {
-            shared.fail(H3Error::new(Code::DATAGRAM_ERROR, "quarter stream ID out of range"));
+            shared.fail(H3Error::new(
+                Code::DATAGRAM_ERROR,
+                "quarter stream ID out of range",
+            ));
             return;
         }
         let payload = d.slice(d.len() - b.len()..);

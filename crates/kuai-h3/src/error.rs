@@ -69,7 +69,10 @@ pub struct H3Error {
 
 impl H3Error {
     pub fn new(code: Code, reason: impl Into<std::borrow::Cow<'static, str>>) -> Self {
-        Self { code, reason: reason.into() }
+        Self {
+            code,
+            reason: reason.into(),
+        }
     }
 }
 

@@ -21,7 +21,7 @@ fn is_http2_frame(ty: u64) -> bool {
 
 /// Whether a type is reserved for greasing (0x1f * N + 0x21).
 pub fn is_grease(v: u64) -> bool {
-    v >= 0x21 && (v - 0x21) % 0x1f == 0
+    v >= 0x21 && (v - 0x21).is_multiple_of(0x1f)
 }
 
 /// A grease value picked from `seed`.
@@ -71,8 +71,14 @@ impl Settings {
             payload.put_var(id);
             payload.put_var(v);
         };
-        put(settings_id::QPACK_MAX_TABLE_CAPACITY, self.qpack_max_table_capacity);
-        put(settings_id::QPACK_BLOCKED_STREAMS, self.qpack_blocked_streams);
+        put(
+            settings_id::QPACK_MAX_TABLE_CAPACITY,
+            self.qpack_max_table_capacity,
+        );
+        put(
+            settings_id::QPACK_BLOCKED_STREAMS,
+            self.qpack_blocked_streams,
+        );
         if let Some(m) = self.max_field_section_size {
             put(settings_id::MAX_FIELD_SECTION_SIZE, m);
         }
@@ -94,8 +100,12 @@ impl Settings {
         let mut seen: Vec<u64> = Vec::new();
         let err = |r| H3Error::new(Code::SETTINGS_ERROR, r);
         while !p.is_empty() {
-            let id = p.get_var().map_err(|_| H3Error::new(Code::FRAME_ERROR, "truncated setting"))?;
-            let v = p.get_var().map_err(|_| H3Error::new(Code::FRAME_ERROR, "truncated setting"))?;
+            let id = p
+                .get_var()
+                .map_err(|_| H3Error::new(Code::FRAME_ERROR, "truncated setting"))?;
+            let v = p
+                .get_var()
+                .map_err(|_| H3Error::new(Code::FRAME_ERROR, "truncated setting"))?;
             if seen.contains(&id) {
                 return Err(err("setting repeated"));
             }
@@ -164,7 +174,12 @@ pub struct FrameReader {
 
 impl FrameReader {
     pub fn new(max_frame: u64) -> Self {
-        Self { buf: BytesMut::new(), data_left: 0, skip_left: 0, max_frame }
+        Self {
+            buf: BytesMut::new(),
+            data_left: 0,
+            skip_left: 0,
+            max_frame,
+        }
     }
 
     pub fn push(&mut self, data: &[u8]) {
@@ -177,7 +192,7 @@ impl FrameReader {
     }
 
     /// The next frame, if complete (or a piece of DATA).
-    pub fn next(&mut self) -> Result<Option<Frame>, H3Error> {
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, H3Error> {
         loop {
             if self.data_left > 0 {
                 if self.buf.is_empty() {
@@ -197,8 +212,12 @@ impl FrameReader {
                 continue;
             }
             let mut peek = &self.buf[..];
-            let Ok(ty) = peek.get_var() else { return Ok(None) };
-            let Ok(len) = peek.get_var() else { return Ok(None) };
+            let Ok(ty) = peek.get_var() else {
+                return Ok(None);
+            };
+            let Ok(len) = peek.get_var() else {
+                return Ok(None);
+            };
             let hdr = self.buf.len() - peek.len();
             if is_http2_frame(ty) {
                 return Err(H3Error::new(Code::FRAME_UNEXPECTED, "HTTP/2 frame type"));
@@ -221,7 +240,10 @@ impl FrameReader {
                 }
             }
             if len > self.max_frame {
-                return Err(H3Error::new(Code::EXCESSIVE_LOAD, "frame larger than accepted"));
+                return Err(H3Error::new(
+                    Code::EXCESSIVE_LOAD,
+                    "frame larger than accepted",
+                ));
             }
             if (peek.len() as u64) < len {
                 return Ok(None);
@@ -230,7 +252,9 @@ impl FrameReader {
             let payload = self.buf.split_to(len as usize).freeze();
             let id_frame = |p: &Bytes| -> Result<u64, H3Error> {
                 let mut b = &p[..];
-                let v = b.get_var().map_err(|_| H3Error::new(Code::FRAME_ERROR, "truncated frame"))?;
+                let v = b
+                    .get_var()
+                    .map_err(|_| H3Error::new(Code::FRAME_ERROR, "truncated frame"))?;
                 if !b.is_empty() {
                     return Err(H3Error::new(Code::FRAME_ERROR, "trailing bytes in frame"));
                 }
@@ -257,7 +281,7 @@ mod tests {
         let mut out = Vec::new();
         for c in input.chunks(chunk.max(1)) {
             r.push(c);
-            while let Some(f) = r.next()? {
+            while let Some(f) = r.next_frame()? {
                 out.push(f);
             }
         }
@@ -267,8 +291,14 @@ mod tests {
     #[test]
     fn every_frame_round_trips_in_any_chunking() {
         let mut buf = Vec::new();
-        Settings { qpack_max_table_capacity: 4096, qpack_blocked_streams: 16, max_field_section_size: Some(65536), enable_connect_protocol: true, h3_datagram: true }
-            .encode(7, &mut buf);
+        Settings {
+            qpack_max_table_capacity: 4096,
+            qpack_blocked_streams: 16,
+            max_field_section_size: Some(65536),
+            enable_connect_protocol: true,
+            h3_datagram: true,
+        }
+        .encode(7, &mut buf);
         write_header(HEADERS, 3, &mut buf);
         buf.extend_from_slice(b"abc");
         write_header(DATA, 5, &mut buf);
@@ -280,9 +310,28 @@ mod tests {
         write_header(DATA, 0, &mut buf);
         for chunk in [1, 2, 3, 7, 1000] {
             let f = frames(&buf, chunk).unwrap();
-            let data: Vec<u8> = f.iter().filter_map(|x| if let Frame::Data(d) = x { Some(d.to_vec()) } else { None }).flatten().collect();
+            let data: Vec<u8> = f
+                .iter()
+                .filter_map(|x| {
+                    if let Frame::Data(d) = x {
+                        Some(d.to_vec())
+                    } else {
+                        None
+                    }
+                })
+                .flatten()
+                .collect();
             assert_eq!(data, b"hello");
-            let s = f.iter().find_map(|x| if let Frame::Settings(p) = x { Some(p.clone()) } else { None }).unwrap();
+            let s = f
+                .iter()
+                .find_map(|x| {
+                    if let Frame::Settings(p) = x {
+                        Some(p.clone())
+                    } else {
+                        None
+                    }
+                })
+                .unwrap();
             let s = Settings::decode(&s).unwrap();
             assert_eq!(s.qpack_max_table_capacity, 4096);
             assert!(s.enable_connect_protocol && s.h3_datagram);
@@ -295,18 +344,32 @@ mod tests {
     #[test]
     fn bad_frames_are_errors() {
         // HTTP/2 PRIORITY frame type.
-        assert_eq!(frames(&[0x02, 0x00], 10).unwrap_err().code, Code::FRAME_UNEXPECTED);
+        assert_eq!(
+            frames(&[0x02, 0x00], 10).unwrap_err().code,
+            Code::FRAME_UNEXPECTED
+        );
         // GOAWAY with trailing bytes.
-        assert_eq!(frames(&[0x07, 0x02, 0x01, 0x01], 10).unwrap_err().code, Code::FRAME_ERROR);
+        assert_eq!(
+            frames(&[0x07, 0x02, 0x01, 0x01], 10).unwrap_err().code,
+            Code::FRAME_ERROR
+        );
         // Oversized HEADERS.
         let mut r = FrameReader::new(100);
         let mut b = Vec::new();
         write_header(HEADERS, 1000, &mut b);
         r.push(&b);
-        assert_eq!(r.next().unwrap_err().code, Code::EXCESSIVE_LOAD);
+        assert_eq!(r.next_frame().unwrap_err().code, Code::EXCESSIVE_LOAD);
         // Repeated and HTTP/2 settings.
-        assert_eq!(Settings::decode(&[0x01, 0x00, 0x01, 0x00]).unwrap_err().code, Code::SETTINGS_ERROR);
-        assert_eq!(Settings::decode(&[0x02, 0x00]).unwrap_err().code, Code::SETTINGS_ERROR);
+        assert_eq!(
+            Settings::decode(&[0x01, 0x00, 0x01, 0x00])
+                .unwrap_err()
+                .code,
+            Code::SETTINGS_ERROR
+        );
+        assert_eq!(
+            Settings::decode(&[0x02, 0x00]).unwrap_err().code,
+            Code::SETTINGS_ERROR
+        );
         // Unknown settings are ignored.
         assert!(Settings::decode(&[0x21, 0x05]).is_ok());
     }

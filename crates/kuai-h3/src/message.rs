@@ -8,15 +8,23 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 pub type Fields = Vec<(Bytes, Bytes)>;
 
 /// Header fields HTTP/3 forbids (RFC 9114 §4.2: connection-specific).
-const CONNECTION_SPECIFIC: &[&str] =
-    &["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"];
+const CONNECTION_SPECIFIC: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+];
 
 fn push_headers(out: &mut Fields, headers: &HeaderMap) {
     for (name, value) in headers {
         if CONNECTION_SPECIFIC.contains(&name.as_str()) {
             continue;
         }
-        out.push((Bytes::copy_from_slice(name.as_str().as_bytes()), Bytes::copy_from_slice(value.as_bytes())));
+        out.push((
+            Bytes::copy_from_slice(name.as_str().as_bytes()),
+            Bytes::copy_from_slice(value.as_bytes()),
+        ));
     }
 }
 
@@ -24,27 +32,45 @@ fn push_headers(out: &mut Fields, headers: &HeaderMap) {
 pub fn request_fields(parts: &http::request::Parts) -> Result<Fields, &'static str> {
     let mut f = Fields::new();
     let method = parts.method.as_str();
-    f.push((Bytes::from_static(b":method"), Bytes::copy_from_slice(method.as_bytes())));
+    f.push((
+        Bytes::from_static(b":method"),
+        Bytes::copy_from_slice(method.as_bytes()),
+    ));
     let protocol = parts.extensions.get::<Protocol>();
     let authority = parts
         .uri
         .authority()
         .map(|a| a.as_str().to_owned())
-        .or_else(|| parts.headers.get(http::header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned));
+        .or_else(|| {
+            parts
+                .headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_owned)
+        });
     if parts.method == Method::CONNECT && protocol.is_none() {
         // Plain CONNECT (RFC 9114 §4.4): only :method and :authority.
         let a = authority.ok_or("CONNECT needs an authority")?;
         f.push((Bytes::from_static(b":authority"), Bytes::from(a)));
     } else {
         let scheme = parts.uri.scheme_str().unwrap_or("https");
-        f.push((Bytes::from_static(b":scheme"), Bytes::copy_from_slice(scheme.as_bytes())));
+        f.push((
+            Bytes::from_static(b":scheme"),
+            Bytes::copy_from_slice(scheme.as_bytes()),
+        ));
         if let Some(a) = authority {
             f.push((Bytes::from_static(b":authority"), Bytes::from(a)));
         }
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        f.push((Bytes::from_static(b":path"), Bytes::copy_from_slice(path.as_bytes())));
+        f.push((
+            Bytes::from_static(b":path"),
+            Bytes::copy_from_slice(path.as_bytes()),
+        ));
         if let Some(p) = protocol {
-            f.push((Bytes::from_static(b":protocol"), Bytes::copy_from_slice(p.0.as_bytes())));
+            f.push((
+                Bytes::from_static(b":protocol"),
+                Bytes::copy_from_slice(p.0.as_bytes()),
+            ));
         }
     }
     let mut headers = parts.headers.clone();
@@ -56,7 +82,10 @@ pub fn request_fields(parts: &http::request::Parts) -> Result<Fields, &'static s
 /// Fields of a response.
 pub fn response_fields(parts: &http::response::Parts) -> Fields {
     let mut f = Fields::new();
-    f.push((Bytes::from_static(b":status"), Bytes::copy_from_slice(parts.status.as_str().as_bytes())));
+    f.push((
+        Bytes::from_static(b":status"),
+        Bytes::copy_from_slice(parts.status.as_str().as_bytes()),
+    ));
     push_headers(&mut f, &parts.headers);
     f
 }
@@ -88,15 +117,22 @@ fn regular_headers(fields: &[(Bytes, Bytes)], out: &mut HeaderMap) -> Result<(),
         if name == http::header::TE && &v[..] != b"trailers" {
             return Err("TE other than trailers");
         }
-        let value = HeaderValue::from_maybe_shared(v.clone()).map_err(|_| "invalid header value")?;
+        let value =
+            HeaderValue::from_maybe_shared(v.clone()).map_err(|_| "invalid header value")?;
         out.append(name, value);
     }
     Ok(())
 }
 
+/// Pseudo-headers (name, value) and the regular fields after them.
+type Split<'a> = (Vec<(&'a [u8], &'a Bytes)>, &'a [(Bytes, Bytes)]);
+
 /// Splits pseudo-headers from regular ones; pseudo-headers must come first, once each.
-fn split_pseudo(fields: &[(Bytes, Bytes)]) -> Result<(Vec<(&[u8], &Bytes)>, &[(Bytes, Bytes)]), &'static str> {
-    let n = fields.iter().take_while(|(n, _)| n.first() == Some(&b':')).count();
+fn split_pseudo(fields: &[(Bytes, Bytes)]) -> Result<Split<'_>, &'static str> {
+    let n = fields
+        .iter()
+        .take_while(|(n, _)| n.first() == Some(&b':'))
+        .count();
     let mut pseudo: Vec<(&[u8], &Bytes)> = Vec::with_capacity(n);
     for (name, value) in &fields[..n] {
         if pseudo.iter().any(|(p, _)| *p == &name[..]) {
@@ -108,9 +144,13 @@ fn split_pseudo(fields: &[(Bytes, Bytes)]) -> Result<(Vec<(&[u8], &Bytes)>, &[(B
 }
 
 /// A request head from its fields. `extended_connect` tells whether we allowed `:protocol`.
-pub fn parse_request(fields: &[(Bytes, Bytes)], extended_connect: bool) -> Result<http::request::Parts, &'static str> {
+pub fn parse_request(
+    fields: &[(Bytes, Bytes)],
+    extended_connect: bool,
+) -> Result<http::request::Parts, &'static str> {
     let (pseudo, regular) = split_pseudo(fields)?;
-    let (mut method, mut scheme, mut authority, mut path, mut protocol) = (None, None, None, None, None);
+    let (mut method, mut scheme, mut authority, mut path, mut protocol) =
+        (None, None, None, None, None);
     for (n, v) in pseudo {
         match n {
             b":method" => method = Some(v),
@@ -121,14 +161,20 @@ pub fn parse_request(fields: &[(Bytes, Bytes)], extended_connect: bool) -> Resul
             _ => return Err("unknown pseudo-header in a request"),
         }
     }
-    let method = Method::from_bytes(method.ok_or("request without :method")?).map_err(|_| "invalid :method")?;
+    let method = Method::from_bytes(method.ok_or("request without :method")?)
+        .map_err(|_| "invalid :method")?;
     let mut builder = http::Request::builder().method(method.clone());
     if method == Method::CONNECT && protocol.is_none() {
         if scheme.is_some() || path.is_some() {
             return Err("CONNECT with :scheme or :path");
         }
         let a = authority.ok_or("CONNECT without :authority")?;
-        builder = builder.uri(Uri::builder().authority(&a[..]).build().map_err(|_| "invalid :authority")?);
+        builder = builder.uri(
+            Uri::builder()
+                .authority(&a[..])
+                .build()
+                .map_err(|_| "invalid :authority")?,
+        );
     } else {
         if protocol.is_some() && method != Method::CONNECT {
             return Err(":protocol outside CONNECT");
@@ -142,10 +188,16 @@ pub fn parse_request(fields: &[(Bytes, Bytes)], extended_connect: bool) -> Resul
         if let Some(a) = authority {
             uri = uri.authority(&a[..]);
         }
-        let uri = uri.path_and_query(&path[..]).build().map_err(|_| "invalid request target")?;
+        let uri = uri
+            .path_and_query(&path[..])
+            .build()
+            .map_err(|_| "invalid request target")?;
         builder = builder.uri(uri);
     }
-    let (mut parts, ()) = builder.body(()).map_err(|_| "invalid request")?.into_parts();
+    let (mut parts, ()) = builder
+        .body(())
+        .map_err(|_| "invalid request")?
+        .into_parts();
     regular_headers(regular, &mut parts.headers)?;
     if let (Some(a), Some(host)) = (authority, parts.headers.get(http::header::HOST))
         && host.as_bytes() != &a[..]
@@ -153,7 +205,9 @@ pub fn parse_request(fields: &[(Bytes, Bytes)], extended_connect: bool) -> Resul
         return Err(":authority and host differ");
     }
     if let Some(p) = protocol {
-        parts.extensions.insert(Protocol(String::from_utf8_lossy(p).into_owned()));
+        parts
+            .extensions
+            .insert(Protocol(String::from_utf8_lossy(p).into_owned()));
     }
     Ok(parts)
 }
@@ -173,7 +227,11 @@ pub fn parse_response(fields: &[(Bytes, Bytes)]) -> Result<http::response::Parts
         return Err("invalid :status");
     }
     let status = StatusCode::from_bytes(status).map_err(|_| "invalid :status")?;
-    let (mut parts, ()) = http::Response::builder().status(status).body(()).map_err(|_| "invalid response")?.into_parts();
+    let (mut parts, ()) = http::Response::builder()
+        .status(status)
+        .body(())
+        .map_err(|_| "invalid response")?
+        .into_parts();
     regular_headers(regular, &mut parts.headers)?;
     Ok(parts)
 }
@@ -188,8 +246,14 @@ pub fn parse_trailers(fields: &[(Bytes, Bytes)]) -> Result<HeaderMap, &'static s
 /// The declared content-length, if any and valid.
 pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> {
     let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
-    let Some(first) = values.next() else { return Ok(None) };
-    let n: u64 = first.to_str().ok().and_then(|s| s.trim().parse().ok()).ok_or("invalid content-length")?;
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    let n: u64 = first
+        .to_str()
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or("invalid content-length")?;
     for v in values {
         if v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) != Some(n) {
             return Err("conflicting content-length");
@@ -203,7 +267,15 @@ mod tests {
     use super::*;
 
     fn f(pairs: &[(&str, &str)]) -> Fields {
-        pairs.iter().map(|(n, v)| (Bytes::copy_from_slice(n.as_bytes()), Bytes::copy_from_slice(v.as_bytes()))).collect()
+        pairs
+            .iter()
+            .map(|(n, v)| {
+                (
+                    Bytes::copy_from_slice(n.as_bytes()),
+                    Bytes::copy_from_slice(v.as_bytes()),
+                )
+            })
+            .collect()
     }
 
     #[test]
@@ -227,35 +299,94 @@ mod tests {
 
     #[test]
     fn malformed_requests() {
-        let ok = f(&[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "a")]);
+        let ok = f(&[
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":path", "/"),
+            (":authority", "a"),
+        ]);
         assert!(parse_request(&ok, false).is_ok());
         let cases: &[&[(&str, &str)]] = &[
             &[(":scheme", "https"), (":path", "/")],
             &[(":method", "GET"), (":scheme", "https")],
             &[(":method", "GET"), (":scheme", "https"), (":path", "")],
-            &[(":method", "GET"), (":method", "GET"), (":scheme", "https"), (":path", "/")],
-            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":status", "200")],
-            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("x", "1"), (":authority", "a")],
-            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("Upper", "1")],
-            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("connection", "close")],
-            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("te", "gzip")],
+            &[
+                (":method", "GET"),
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/"),
+            ],
+            &[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/"),
+                (":status", "200"),
+            ],
+            &[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/"),
+                ("x", "1"),
+                (":authority", "a"),
+            ],
+            &[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/"),
+                ("Upper", "1"),
+            ],
+            &[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/"),
+                ("connection", "close"),
+            ],
+            &[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/"),
+                ("te", "gzip"),
+            ],
             &[(":method", "CONNECT"), (":authority", "a"), (":path", "/")],
-            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":protocol", "websocket")],
-            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "a"), ("host", "b")],
+            &[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/"),
+                (":protocol", "websocket"),
+            ],
+            &[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/"),
+                (":authority", "a"),
+                ("host", "b"),
+            ],
         ];
         for c in cases {
             assert!(parse_request(&f(c), false).is_err(), "accepted {c:?}");
         }
         // Extended CONNECT only when enabled.
-        let ws = f(&[(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "https"), (":path", "/chat"), (":authority", "a")]);
+        let ws = f(&[
+            (":method", "CONNECT"),
+            (":protocol", "websocket"),
+            (":scheme", "https"),
+            (":path", "/chat"),
+            (":authority", "a"),
+        ]);
         assert!(parse_request(&ws, false).is_err());
         let p = parse_request(&ws, true).unwrap();
-        assert_eq!(p.extensions.get::<Protocol>(), Some(&Protocol("websocket".into())));
+        assert_eq!(
+            p.extensions.get::<Protocol>(),
+            Some(&Protocol("websocket".into()))
+        );
     }
 
     #[test]
     fn responses() {
-        assert_eq!(parse_response(&f(&[(":status", "204")])).unwrap().status, 204);
+        assert_eq!(
+            parse_response(&f(&[(":status", "204")])).unwrap().status,
+            204
+        );
         assert!(parse_response(&f(&[(":status", "2000")])).is_err());
         assert!(parse_response(&f(&[("x", "1")])).is_err());
         assert!(parse_response(&f(&[(":status", "200"), (":path", "/")])).is_err());

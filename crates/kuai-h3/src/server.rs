@@ -28,7 +28,11 @@ impl Server {
         let shared = conn::start(quic, kuai_proto::Side::Server, config).await?;
         let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
         tokio::spawn(accept_requests(shared.clone(), tx));
-        Ok(Self { _guard: Arc::new(CloseGuard(shared.clone())), shared, rx })
+        Ok(Self {
+            _guard: Arc::new(CloseGuard(shared.clone())),
+            shared,
+            rx,
+        })
     }
 
     /// The next request (its head; the body is read from the stream). `None` once the
@@ -115,16 +119,21 @@ impl RequestStream {
         if parts.status.is_informational() {
             return Err(Error::Malformed("use send_informational for 1xx"));
         }
-        self.send.send_fields(&message::response_fields(&parts)).await
+        self.send
+            .send_fields(&message::response_fields(&parts))
+            .await
     }
 
     /// Server: sends an informational (1xx) response before the final one.
     pub async fn send_informational(&mut self, resp: Response<()>) -> Result<(), Error> {
         let (parts, ()) = resp.into_parts();
-        if !parts.status.is_informational() || parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
+        if !parts.status.is_informational() || parts.status == http::StatusCode::SWITCHING_PROTOCOLS
+        {
             return Err(Error::Malformed("not an informational status"));
         }
-        self.send.send_fields(&message::response_fields(&parts)).await
+        self.send
+            .send_fields(&message::response_fields(&parts))
+            .await
     }
 }
 

@@ -57,7 +57,11 @@ impl RequestStream {
         let id = recv.id().0;
         let max = shared.config.max_field_section_size.max(16 * 1024);
         Self {
-            send: SendHalf { shared: shared.clone(), send: Some(send), id },
+            send: SendHalf {
+                shared: shared.clone(),
+                send: Some(send),
+                id,
+            },
             recv: RecvHalf {
                 shared,
                 recv,
@@ -170,7 +174,7 @@ impl RecvHalf {
     /// Reads the next frame; `None` at the end of the stream.
     async fn read_frame(&mut self) -> Result<Option<Frame>, Error> {
         loop {
-            match self.reader.next() {
+            match self.reader.next_frame() {
                 Ok(Some(f)) => return Ok(Some(f)),
                 Ok(None) => {}
                 Err(e) => {
@@ -216,7 +220,10 @@ impl RecvHalf {
                 Some(Frame::Headers(block)) => {
                     let fields = self.shared.decode_fields(self.id, &block).await?;
                     self.decoded = true;
-                    let size: u64 = fields.iter().map(|(n, v)| (n.len() + v.len() + 32) as u64).sum();
+                    let size: u64 = fields
+                        .iter()
+                        .map(|(n, v)| (n.len() + v.len() + 32) as u64)
+                        .sum();
                     if size > self.shared.config.max_field_section_size {
                         return Err(self.malformed("header section larger than allowed"));
                     }
@@ -331,12 +338,14 @@ impl RecvHalf {
         }
         Ok(self.trailers.take())
     }
-
 }
 
 impl SendHalf {
     fn send_stream(&mut self) -> Result<&mut SendStream, Error> {
-        self.send.as_mut().ok_or(Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream already finished")))
+        self.send.as_mut().ok_or(Error::Protocol(H3Error::new(
+            Code::INTERNAL_ERROR,
+            "stream already finished",
+        )))
     }
 
     pub(crate) async fn send_fields(&mut self, fields: &Fields) -> Result<(), Error> {
@@ -414,6 +423,8 @@ pub(crate) fn write_error(e: kuai::WriteError) -> Error {
     match e {
         kuai::WriteError::Stopped(c) => Error::Stopped(Code(c)),
         kuai::WriteError::ConnectionLost(c) => Error::Connection(c),
-        kuai::WriteError::ClosedStream => Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream closed")),
+        kuai::WriteError::ClosedStream => {
+            Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream closed"))
+        }
     }
 }

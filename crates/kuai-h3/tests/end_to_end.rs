@@ -13,7 +13,10 @@ async fn handler(req: Request<RecvHalf>) -> Response<Body> {
     if let Some(n) = path.strip_prefix("/bytes/") {
         let n: usize = n.parse().unwrap();
         let data = Bytes::from((0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
-        return Response::builder().header("content-length", n).body(Body::Full(data)).unwrap();
+        return Response::builder()
+            .header("content-length", n)
+            .body(Body::Full(data))
+            .unwrap();
     }
     if path == "/echo" {
         let b = body.recv_body(64 << 20).await.unwrap();
@@ -35,7 +38,10 @@ async fn handler(req: Request<RecvHalf>) -> Response<Body> {
         });
         return Response::new(b);
     }
-    Response::builder().status(StatusCode::NOT_FOUND).body(Body::from("not found")).unwrap()
+    Response::builder()
+        .status(StatusCode::NOT_FOUND)
+        .body(Body::from("not found"))
+        .unwrap()
 }
 
 async fn setup() -> (Endpoint, Client) {
@@ -47,13 +53,19 @@ async fn setup() -> (Endpoint, Client) {
         while let Some(c) = ep.accept().await {
             tokio::spawn(async move {
                 let conn = c.await.unwrap();
-                kuai_h3::serve(conn, Config::default(), handler).await.unwrap();
+                kuai_h3::serve(conn, Config::default(), handler)
+                    .await
+                    .unwrap();
             });
         }
     });
     let client_ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let conn = client_ep
-        .connect_with(ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(), addr, "localhost")
+        .connect_with(
+            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
         .unwrap()
         .await
         .unwrap();
@@ -64,17 +76,31 @@ async fn setup() -> (Endpoint, Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_post_stream_and_404() {
     let (_ep, client) = setup().await;
-    let r = client.get("https://localhost/bytes/100000", 1 << 20).await.unwrap();
+    let r = client
+        .get("https://localhost/bytes/100000", 1 << 20)
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.body().len(), 100_000);
-    assert!(r.body().iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+    assert!(
+        r.body()
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == (i % 251) as u8)
+    );
 
-    let req = Request::post("https://localhost/echo").header("content-type", "text/plain").body(Bytes::from_static(b"ping")).unwrap();
+    let req = Request::post("https://localhost/echo")
+        .header("content-type", "text/plain")
+        .body(Bytes::from_static(b"ping"))
+        .unwrap();
     let r = client.request(req, 1024).await.unwrap();
     assert_eq!(r.headers()["content-type"], "text/plain");
     assert_eq!(&r.body()[..], b"ping");
 
-    let r = client.get("https://localhost/stream", 1 << 20).await.unwrap();
+    let r = client
+        .get("https://localhost/stream", 1 << 20)
+        .await
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(r.body()).lines().count(), 100);
 
     let r = client.get("https://localhost/missing", 1024).await.unwrap();
@@ -84,7 +110,10 @@ async fn get_post_stream_and_404() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trailers_reach_the_server() {
     let (_ep, client) = setup().await;
-    let mut s = client.send_request(Request::post("https://localhost/echo").body(()).unwrap()).await.unwrap();
+    let mut s = client
+        .send_request(Request::post("https://localhost/echo").body(()).unwrap())
+        .await
+        .unwrap();
     s.send_data(Bytes::from_static(b"abc")).await.unwrap();
     let mut t = http::HeaderMap::new();
     t.insert("x-checksum", "123".parse().unwrap());
@@ -103,7 +132,10 @@ async fn many_parallel_requests_and_large_bodies() {
         let c = client.clone();
         tasks.push(tokio::spawn(async move {
             let n = if i % 50 == 0 { 5 << 20 } else { 1000 + i * 13 };
-            let r = c.get(&format!("https://localhost/bytes/{n}"), 8 << 20).await.unwrap();
+            let r = c
+                .get(&format!("https://localhost/bytes/{n}"), 8 << 20)
+                .await
+                .unwrap();
             assert_eq!(r.body().len(), n);
             n
         }));
@@ -115,6 +147,14 @@ async fn many_parallel_requests_and_large_bodies() {
     assert!(total > 20 << 20);
     // A large upload echoed back.
     let big = Bytes::from(vec![7u8; 10 << 20]);
-    let r = client.request(Request::post("https://localhost/echo").body(big.clone()).unwrap(), 16 << 20).await.unwrap();
+    let r = client
+        .request(
+            Request::post("https://localhost/echo")
+                .body(big.clone())
+                .unwrap(),
+            16 << 20,
+        )
+        .await
+        .unwrap();
     assert_eq!(r.body().len(), big.len());
 }
