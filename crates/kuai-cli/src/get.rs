@@ -180,6 +180,10 @@ async fn fetch_all(args: Args) -> Result<(), String> {
         None
     };
     let first_byte = Arc::new(std::sync::Mutex::new(None::<Duration>));
+    // Progress bars for downloads to files when a person is watching.
+    let bars = (std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && (args.output.is_some() || args.remote_name || args.output_dir.is_some()))
+    .then(indicatif::MultiProgress::new);
     let mut tasks = Vec::new();
     for url in urls.clone() {
         let conn = conn.clone();
@@ -191,6 +195,18 @@ async fn fetch_all(args: Args) -> Result<(), String> {
         };
         let fb = first_byte.clone();
         let h3 = h3.clone();
+        let bar = bars.as_ref().map(|m| {
+            let b = m.add(indicatif::ProgressBar::new_spinner());
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} {msg} {bytes} ({bytes_per_sec}, {elapsed})",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            b.set_message(url.file_name());
+            b.enable_steady_tick(Duration::from_millis(200));
+            b
+        });
         tasks.push(tokio::spawn(async move {
             let mut out: Box<dyn Write + Send> = match &dest {
                 Some(p) => Box::new(std::io::BufWriter::new(
@@ -201,7 +217,10 @@ async fn fetch_all(args: Args) -> Result<(), String> {
             };
             let mut body = Vec::new();
             let sink: &mut (dyn Write + Send) = if dest.is_some() { &mut *out } else { &mut body };
-            let on_data = |_| {
+            let on_data = |total: u64| {
+                if let Some(b) = &bar {
+                    b.set_position(total);
+                }
                 let mut f = fb.lock().unwrap_or_else(|e| e.into_inner());
                 if f.is_none() {
                     *f = Some(start.elapsed());
@@ -222,6 +241,9 @@ async fn fetch_all(args: Args) -> Result<(), String> {
                     .map_err(|e| format!("{url}: {e}"))?,
             };
             out.flush().map_err(|e| format!("write failed: {e}"))?;
+            if let Some(b) = &bar {
+                b.finish();
+            }
             Ok::<_, String>((url, n, body))
         }));
     }
