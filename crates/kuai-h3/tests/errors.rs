@@ -13,7 +13,11 @@ async fn handler(_req: Request<RecvHalf>) -> Response<Body> {
     Response::new(Body::from("ok"))
 }
 
-async fn server() -> (Endpoint, SocketAddr, kuai::rustls::pki_types::CertificateDer<'static>) {
+async fn server() -> (
+    Endpoint,
+    SocketAddr,
+    kuai::rustls::pki_types::CertificateDer<'static>,
+) {
     let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
     let ep = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = ep.local_addr().unwrap();
@@ -34,7 +38,11 @@ async fn raw_client() -> (Endpoint, Connection, Endpoint) {
     let (sep, addr, cert) = server().await;
     let ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let conn = ep
-        .connect_with(ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(), addr, "localhost")
+        .connect_with(
+            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
         .unwrap()
         .await
         .unwrap();
@@ -43,7 +51,10 @@ async fn raw_client() -> (Endpoint, Connection, Endpoint) {
 
 /// Waits for the connection to close and returns the application error code the server used.
 async fn closed_with(conn: &Connection) -> u64 {
-    match tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.expect("server closed the connection") {
+    match tokio::time::timeout(Duration::from_secs(5), conn.closed())
+        .await
+        .expect("server closed the connection")
+    {
         ConnectionError::ApplicationClosed { code, .. } => code,
         e => panic!("unexpected close: {e:?}"),
     }
@@ -62,7 +73,9 @@ async fn data_before_headers_is_frame_unexpected() {
     let (_ep, conn, _s) = raw_client().await;
     control_stream(&conn, &[0x04, 0x00]).await;
     let (mut send, _recv) = conn.open_bi().await.unwrap();
-    send.write_all(&[0x00, 0x03, b'a', b'b', b'c']).await.unwrap();
+    send.write_all(&[0x00, 0x03, b'a', b'b', b'c'])
+        .await
+        .unwrap();
     send.finish().unwrap();
     assert_eq!(closed_with(&conn).await, Code::FRAME_UNEXPECTED.0);
 }
@@ -112,7 +125,9 @@ async fn qpack_reference_to_a_missing_entry_fails_decompression() {
     let (mut send, _recv) = conn.open_bi().await.unwrap();
     // HEADERS whose encoded Required Insert Count (300) exceeds 2 * MaxEntries (2 * 4096 / 32):
     // invalid whatever the table holds (RFC 9204 §4.5.1.1).
-    send.write_all(&[0x01, 0x04, 0xff, 0x2d, 0x00, 0x80]).await.unwrap();
+    send.write_all(&[0x01, 0x04, 0xff, 0x2d, 0x00, 0x80])
+        .await
+        .unwrap();
     send.finish().unwrap();
     assert_eq!(closed_with(&conn).await, 0x200);
 }
@@ -120,10 +135,15 @@ async fn qpack_reference_to_a_missing_entry_fails_decompression() {
 #[tokio::test]
 async fn malformed_request_is_a_stream_error_only() {
     let (_ep, conn, _s) = raw_client().await;
-    let client = kuai_h3::Client::new(conn.clone(), Config::default()).await.unwrap();
+    let client = kuai_h3::Client::new(conn.clone(), Config::default())
+        .await
+        .unwrap();
     // A request with an uppercase header name is malformed: the stream is reset with
     // H3_MESSAGE_ERROR, the connection lives on.
-    let req = Request::get("https://localhost/").header("x-ok", "1").body(()).unwrap();
+    let req = Request::get("https://localhost/")
+        .header("x-ok", "1")
+        .body(())
+        .unwrap();
     let mut s = client.send_request(req).await.unwrap();
     s.finish().unwrap();
     assert_eq!(s.recv_response().await.unwrap().status(), 200);
@@ -132,12 +152,19 @@ async fn malformed_request_is_a_stream_error_only() {
     // HEADERS with a literal field line (static name ref :authority) and a pseudo-header
     // after... simplest malformed: a field section without :method. Encoded: RIC 0, base 0,
     // literal with static name reference index 1 (":path") value "/".
-    send.write_all(&[0x01, 0x05, 0x00, 0x00, 0x51, 0x01, b'/']).await.unwrap();
+    send.write_all(&[0x01, 0x05, 0x00, 0x00, 0x51, 0x01, b'/'])
+        .await
+        .unwrap();
     send.finish().unwrap();
-    let r = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1024)).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1024))
+        .await
+        .unwrap();
     assert_eq!(r, Err(kuai::ReadError::Reset(Code::MESSAGE_ERROR.0)));
     // The connection still works.
-    let mut s = client.send_request(Request::get("https://localhost/").body(()).unwrap()).await.unwrap();
+    let mut s = client
+        .send_request(Request::get("https://localhost/").body(()).unwrap())
+        .await
+        .unwrap();
     s.finish().unwrap();
     assert_eq!(s.recv_response().await.unwrap().status(), 200);
 }
@@ -162,14 +189,27 @@ async fn goaway_rejects_new_requests() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     });
     let cep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    let conn = cep.connect_with(ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(), addr, "localhost").unwrap().await.unwrap();
+    let conn = cep
+        .connect_with(
+            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
     let client = kuai_h3::Client::new(conn, Config::default()).await.unwrap();
-    let mut s = client.send_request(Request::get("https://localhost/").body(()).unwrap()).await.unwrap();
+    let mut s = client
+        .send_request(Request::get("https://localhost/").body(()).unwrap())
+        .await
+        .unwrap();
     s.finish().unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
     // After the GOAWAY arrived, new requests fail locally.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let r = client.send_request(Request::get("https://localhost/").body(()).unwrap()).await;
+    let r = client
+        .send_request(Request::get("https://localhost/").body(()).unwrap())
+        .await;
     assert!(matches!(r, Err(kuai_h3::Error::GoingAway)), "{:?}", r.err());
     // The request sent before completes.
     assert_eq!(s.recv_response().await.unwrap().status(), 200);

@@ -779,3 +779,90 @@ fn has_handshake_packet(data: &[u8]) -> bool {
     }
     false
 }
+
+/// Records the kinds of packets a connection processed, and when its handshake completed.
+struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+impl kuai_proto::trace::Tracer for Recorder {
+    fn event(&mut self, _t: std::time::Instant, ev: &kuai_proto::trace::TraceEvent<'_>) {
+        use kuai_proto::trace::{PacketKind, TraceEvent};
+        let mut v = self.0.lock().unwrap();
+        match ev {
+            TraceEvent::PacketReceived {
+                kind: PacketKind::OneRtt,
+                ..
+            } => v.push("1rtt"),
+            TraceEvent::ConnectionStateUpdated {
+                new: "handshake_complete",
+            } => v.push("complete"),
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn server_holds_1rtt_packets_until_the_client_finished_arrives() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    // Drop the client's first datagram that carries a Handshake packet (its Finished), so
+    // its 1-RTT requests reach the server before the handshake can complete.
+    let mut p = quic::pair_with(
+        120,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([1000, 2000]),
+        |n| {
+            let mut dropped = false;
+            n.set_filter(move |ctx| {
+                if !dropped && ctx.from == quic::client_addr() && has_handshake_packet(ctx.data) {
+                    dropped = true;
+                    // Cut the Handshake packet out, keep whatever else was coalesced (1-RTT).
+                    let rest = without_handshake_packets(ctx.data);
+                    if rest.is_empty() {
+                        return common::sim::Verdict::Drop;
+                    }
+                    *ctx.data = rest;
+                }
+                common::sim::Verdict::Pass
+            });
+        },
+    );
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    assert!(
+        p.run_until(Duration::from_secs(1), |p| p.server().ep.connection_count()
+            == 1)
+    );
+    let h = p.server().ep.handles().next().unwrap();
+    p.server_mut()
+        .ep
+        .connection_mut(h)
+        .unwrap()
+        .set_tracer(Box::new(Recorder(log.clone())));
+    assert!(p.run_until_done(Duration::from_secs(10)));
+    p.client_app().assert_all_intact();
+    let v = log.lock().unwrap();
+    let complete = v
+        .iter()
+        .position(|e| *e == "complete")
+        .expect("handshake completed");
+    assert!(
+        !v[..complete].contains(&"1rtt"),
+        "1-RTT processed before completion: {v:?}"
+    );
+    assert!(v[complete..].contains(&"1rtt"));
+}
+
+fn without_handshake_packets(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = Some(bytes::BytesMut::from(data));
+    while let Some(d) = rest.take() {
+        let Ok((pd, r)) = kuai_proto::packet::PartialDecode::new(d, 8) else {
+            break;
+        };
+        if pd.ty() != kuai_proto::packet::PacketType::Long(kuai_proto::packet::LongType::Handshake)
+        {
+            out.extend_from_slice(pd.data());
+        }
+        rest = r;
+    }
+    out
+}

@@ -276,6 +276,8 @@ pub struct Connection {
     /// Our ACK_FREQUENCY request to the peer: sequence and whether it must be (re)sent.
     ack_frequency_seq: u64,
     ack_frequency_pending: Option<AckFrequency>,
+    /// The last ACK_FREQUENCY request: threshold, delay, and when.
+    ack_frequency_sent: Option<(u64, Duration, Instant)>,
     /// Received packets we cannot decrypt yet (keys not available), bounded.
     undecryptable: Vec<(Instant, SocketAddr, Option<EcnCodepoint>, bytes::BytesMut)>,
     stats: ConnectionStats,
@@ -591,6 +593,7 @@ impl Connection {
             ack_policy,
             ack_frequency_seq: 0,
             ack_frequency_pending: None,
+            ack_frequency_sent: None,
             undecryptable: Vec::new(),
             stats: ConnectionStats {
                 version: Some(version),
@@ -1133,13 +1136,7 @@ impl Connection {
             owner_local: false,
             summary,
         });
-        let peer_supports_ack_frequency = tp.min_ack_delay.is_some();
         self.peer_params = Some(tp);
-        if self.config.ack_frequency && peer_supports_ack_frequency {
-            // Ask the peer to acknowledge every 10 packets or after a quarter RTT, whichever
-            // comes first (draft-ietf-quic-ack-frequency §4).
-            self.schedule_ack_frequency();
-        }
         // Issue more CIDs up to the peer's limit.
         let want = self
             .cid_target()
@@ -1158,26 +1155,61 @@ impl Connection {
             .map_or(2, |p| p.active_connection_id_limit.min(8) as usize)
     }
 
-    fn schedule_ack_frequency(&mut self) {
-        let Some(min) = self
-            .peer_params
-            .as_ref()
-            .and_then(|p| p.min_ack_delay_duration())
-        else {
-            return;
-        };
-        if !self.config.ack_frequency {
-            return;
+    /// The ACK_FREQUENCY request that suits the path now (draft-ietf-quic-ack-frequency §4):
+    /// acknowledge about four times per congestion window, after at most a quarter RTT, and
+    /// never decimate while the window is small (the sender needs the ACKs to grow it and to
+    /// recover quickly).
+    fn desired_ack_frequency(&self) -> Option<(u64, Duration)> {
+        let min = self.peer_params.as_ref()?.min_ack_delay_duration()?;
+        if !self.config.ack_frequency || !self.handshake_confirmed || !self.path.rtt.has_sample() {
+            return None;
         }
+        let packets = crate::cc::CongestionController::window(&self.path.cc)
+            / u64::from(self.path.mtu()).max(1);
+        // Ack-Eliciting Threshold: packets received without acknowledging; 1 is RFC 9000's
+        // default of acknowledging every second packet.
+        let threshold = (packets / 4).clamp(2, 10) - 1;
         let srtt = self.path.rtt.smoothed();
         let delay = (srtt / 4).clamp(min.max(Duration::from_millis(1)), self.config.max_ack_delay);
+        Some((threshold, delay))
+    }
+
+    /// Sends a new ACK_FREQUENCY when the desired one moved enough, at most once per RTT.
+    fn update_ack_frequency(&mut self, now: Instant) {
+        let Some((threshold, delay)) = self.desired_ack_frequency() else {
+            return;
+        };
+        if let Some((t, d, at)) = self.ack_frequency_sent {
+            let srtt = self.path.rtt.smoothed();
+            let delay_moved = delay > d + d / 4 || delay + delay / 4 < d;
+            if now.saturating_duration_since(at) < srtt || (t == threshold && !delay_moved) {
+                return;
+            }
+        } else if threshold == 1 {
+            // The peer already acknowledges every second packet.
+            return;
+        }
+        self.ack_frequency_sent = Some((threshold, delay, now));
         self.ack_frequency_seq += 1;
         self.ack_frequency_pending = Some(AckFrequency {
             seq: self.ack_frequency_seq,
-            ack_eliciting_threshold: 9,
+            ack_eliciting_threshold: threshold,
             request_max_ack_delay: delay.as_micros() as u64,
-            reordering_threshold: 3,
+            reordering_threshold: self.path.reorder_threshold.min(u64::from(u8::MAX)),
         });
+    }
+
+    /// ACK_FREQUENCY was lost: send the current request again.
+    fn resend_ack_frequency(&mut self) {
+        if let Some((threshold, delay, _)) = self.ack_frequency_sent {
+            self.ack_frequency_seq += 1;
+            self.ack_frequency_pending = Some(AckFrequency {
+                seq: self.ack_frequency_seq,
+                ack_eliciting_threshold: threshold,
+                request_max_ack_delay: delay.as_micros() as u64,
+                reordering_threshold: self.path.reorder_threshold.min(u64::from(u8::MAX)),
+            });
+        }
     }
 
     fn on_handshake_complete(&mut self, now: Instant) -> Result<(), TransportError> {
@@ -1222,6 +1254,8 @@ impl Connection {
         self.trace(TraceEvent::ConnectionStateUpdated {
             new: "handshake_complete",
         });
+        // 1-RTT packets held back until now (server) can be processed.
+        self.retry_undecryptable(now);
         Ok(())
     }
 

@@ -135,6 +135,9 @@ impl Connection {
             };
             self.path.cc.on_ack(now, &ev);
             self.trace_metrics();
+            if space == SpaceId::Data {
+                self.update_ack_frequency(now);
+            }
         }
         for (_, p) in newly {
             self.spaces[si].sent.recycle(p.frames);
@@ -184,7 +187,7 @@ impl Connection {
             SentFrame::NewToken => self.new_token_pending = true,
             SentFrame::AckFrequency(seq) => {
                 if seq == self.ack_frequency_seq && self.ack_frequency_pending.is_none() {
-                    self.schedule_ack_frequency();
+                    self.resend_ack_frequency();
                 }
             }
             SentFrame::Ack(_)
@@ -581,7 +584,7 @@ impl Connection {
 
     /// Makes sure a PTO probe carries something useful: the oldest unacknowledged data of the
     /// space is queued again (RFC 9002 §6.2.4), without declaring it lost.
-    fn queue_probe_data(&mut self, space: SpaceId) {
+    pub(super) fn queue_probe_data(&mut self, space: SpaceId) {
         let si = space.index();
         if space != SpaceId::Data {
             // Handshake data is small: resend all of it that is unacknowledged.

@@ -200,7 +200,11 @@ impl Connection {
                 .as_ref()
                 .map(|k| k.remote.header.as_ref()),
         };
-        let Some(hp) = hp else {
+        // RFC 9001 §5.7: a server must not process 1-RTT packets before the handshake is
+        // complete (the client's Finished verified); hold them until it is.
+        let early_1rtt =
+            space == SpaceId::Data && !is_0rtt && self.side.is_server() && !self.handshake_complete;
+        let Some(hp) = hp.filter(|_| !early_1rtt) else {
             if self.spaces[si].discarded {
                 self.drop_packet(Some(kind), size, DropReason::KeyUnavailable);
             } else {
@@ -630,8 +634,20 @@ impl Connection {
         data: Bytes,
     ) -> Result<(), TransportError> {
         let si = space.index();
-        let recv = &mut self.spaces[si].crypto_recv;
         let end = offset + data.len() as u64;
+        // Server: the client sent its ClientHello again, so it has not received our Initial
+        // flight; resend it now rather than at our PTO (RFC 9002 §6.2.3 allows this).
+        if self.side.is_server()
+            && space == SpaceId::Initial
+            && self.tls.is_some()
+            && end <= self.spaces[si].crypto_recv.read_offset()
+            && self.spaces[si].sent.has_ack_eliciting_in_flight()
+            && self.spaces[si].probes == 0
+        {
+            self.spaces[si].probes = 1;
+            self.queue_probe_data(space);
+        }
+        let recv = &mut self.spaces[si].crypto_recv;
         if end > recv.read_offset() + super::spaces::MAX_CRYPTO_BUFFER {
             return Err(
                 TransportError::CRYPTO_BUFFER_EXCEEDED("too much CRYPTO data buffered")

@@ -354,6 +354,11 @@ impl Connection {
         let can_eliciting = cwnd_ok && pacing_ok;
         if space != SpaceId::Data {
             if can_eliciting {
+                // Every probe of a handshake space carries the unacknowledged handshake
+                // data, so the loss of one probe costs nothing (RFC 9002 §6.2.4).
+                if probing && !self.spaces[si].crypto_send.has_sendable() {
+                    self.queue_probe_data(space);
+                }
                 let before = frames.len();
                 self.write_crypto(space, buf, payload_max, &mut frames);
                 if frames.len() > before {

@@ -571,11 +571,22 @@ impl Client {
         let Some(r) = self.requests.iter_mut().find(|r| r.stream == Some(sid)) else {
             return;
         };
+        // Events are edge-triggered and may be stale: a finished request reads nothing more.
+        if r.done_at.is_some() {
+            return;
+        }
         loop {
             match conn.read(sid, usize::MAX) {
                 Ok(Some(b)) => {
                     for (i, &byte) in b.iter().enumerate() {
                         if byte != pattern_byte(sid.0, r.received + i as u64) {
+                            if !r.corrupt {
+                                eprintln!(
+                                    "corrupt byte at offset {} of stream {}",
+                                    r.received + i as u64,
+                                    sid.0
+                                );
+                            }
                             r.corrupt = true;
                         }
                     }
@@ -586,7 +597,8 @@ impl Client {
                     break;
                 }
                 Err(StreamError::WouldBlock) => break,
-                Err(_) => {
+                Err(e) => {
+                    eprintln!("read error on stream {}: {e:?}", sid.0);
                     r.corrupt = true;
                     r.done_at = Some(now);
                     break;
