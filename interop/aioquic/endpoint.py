@@ -247,7 +247,6 @@ async def session(case, host, port, server_name, urls, downloads, ticket_box, ea
         session_ticket_handler=on_ticket,
         wait_connected=not early,
     ) as proto:
-        proto = proto  # type: ClientProtocol
         if key_update:
             proto.key_update_on_handshake = True
             if proto._connected:

@@ -40,6 +40,13 @@ var tls13Suites []uint16
 //go:linkname tls13SuitesNoAES crypto/tls.defaultCipherSuitesTLS13NoAES
 var tls13SuitesNoAES []uint16
 
+// quic-go starts a key update by itself after FirstKeyUpdateInterval packets (100). In the
+// keyupdate case the client is the one to update, so the server must not pre-empt it; the
+// variable lives in an internal package, hence the linkname.
+//
+//go:linkname firstKeyUpdateInterval github.com/quic-go/quic-go/internal/handshake.FirstKeyUpdateInterval
+var firstKeyUpdateInterval uint64
+
 var serverCases = map[string]bool{
 	"handshake": true, "transfer": true, "multiplexing": true, "chacha20": true,
 	"retry": true, "resumption": true, "zerortt": true, "keyupdate": true, "v2": true,
@@ -146,6 +153,9 @@ func quicConfig(tc string, isServer bool) *quic.Config {
 
 func runServer(tc string) error {
 	restrictCiphers(tc)
+	if tc == "keyupdate" {
+		firstKeyUpdateInterval = 1 << 40
+	}
 	listen := getenv("LISTEN", "[::]:443")
 	www := getenv("WWW", "/www")
 	certs := getenv("CERTS", "/certs")

@@ -258,8 +258,13 @@ fn client_config(case: &str, alpn: &str) -> Result<ClientConfig, String> {
         tls.key_log = Arc::new(FileKeyLog::create(&k).map_err(|e| e.to_string())?);
     }
     let mut cfg = ClientConfig::from_rustls(tls);
-    // v1 first, v2 accepted: the "v2" case expects the server to upgrade us (RFC 9368).
-    cfg.versions(Version::V1, vec![Version::V1, Version::V2]);
+    // v1 first; in the "v2" case v2 is listed first, as our preference, so the server
+    // upgrades us (RFC 9368 §4: the list is in descending preference).
+    if case == "v2" {
+        cfg.versions(Version::V1, vec![Version::V2, Version::V1]);
+    } else {
+        cfg.versions(Version::V1, vec![Version::V1, Version::V2]);
+    }
     Ok(cfg)
 }
 

@@ -56,6 +56,9 @@ pub struct TransportConfig {
     pub active_connection_id_limit: u64,
     /// Packets protected with one key before kuai updates keys on its own (RFC 9001 §6).
     pub key_update_interval: u64,
+    /// Client: how long the first flight waits for 0-RTT data when a resumed session allows
+    /// it, so the data shares the Initial's datagram (zero sends at once).
+    pub zero_rtt_hold: Duration,
     /// Send with the QUIC bit greased when the peer allows it (RFC 9287).
     pub grease_quic_bit: bool,
     /// Forbid the peer from migrating (disable_active_migration).
@@ -88,6 +91,7 @@ impl Default for TransportConfig {
             datagram_send_buffer: 1024,
             active_connection_id_limit: 4,
             key_update_interval: 1 << 23,
+            zero_rtt_hold: Duration::from_millis(5),
             grease_quic_bit: true,
             disable_active_migration: false,
         }

@@ -866,3 +866,16 @@ fn without_handshake_packets(data: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+#[test]
+fn version_negotiation_restarts_in_a_common_version() {
+    // The client starts in v1 and also speaks v2; the server speaks only v2.
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut scfg = quic::server_config(TransportConfig::default());
+    scfg.versions = vec![kuai_proto::Version::V2];
+    let mut p = pair(72, scfg, &ccfg, Client::with_requests([10_000]));
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    p.client_app().assert_all_intact();
+    assert_eq!(p.client_conn().version(), kuai_proto::Version::V2);
+    assert_eq!(p.server().ep.stats().version_negotiations_sent, 1);
+}

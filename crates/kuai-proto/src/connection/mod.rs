@@ -166,9 +166,11 @@ enum Timer {
     PathChallenge,
     KeepAlive,
     Mtu,
+    /// Client: the first flight waits briefly for 0-RTT data to ride along.
+    FirstFlight,
 }
 
-const TIMER_COUNT: usize = 9;
+const TIMER_COUNT: usize = 10;
 
 /// Peer's request about how we acknowledge (ACK_FREQUENCY), or the defaults.
 #[derive(Debug, Clone, Copy)]
@@ -220,6 +222,8 @@ pub struct Connection {
     client_random: Option<[u8; 32]>,
     /// The peer's reset token last reported to the endpoint.
     reported_reset_token: Option<[u8; 16]>,
+    /// Client: already started over after a Version Negotiation packet (once only).
+    vn_restarted: bool,
     /// When a packet was last processed.
     last_rx: Instant,
     /// Datagrams received while closing (CONNECTION_CLOSE is repeated at a decaying rate).
@@ -440,6 +444,9 @@ impl Connection {
             Some(crypto::initial_keys(cfg.version, &dcid, Side::Client));
         conn.drive_tls(now)?;
         conn.start_0rtt();
+        if conn.zero_rtt == ZeroRtt::Attempting && !conn.config.zero_rtt_hold.is_zero() {
+            conn.timers[Timer::FirstFlight as usize] = Some(now + conn.config.zero_rtt_hold);
+        }
         conn.trace(TraceEvent::ConnectionStateUpdated {
             new: "handshake_started",
         });
@@ -550,6 +557,7 @@ impl Connection {
             secret_capture: None,
             client_random: None,
             reported_reset_token: None,
+            vn_restarted: false,
             last_rx: now,
             closing_rx: 0,
             spaces: Default::default(),
@@ -1259,7 +1267,7 @@ impl Connection {
         Ok(())
     }
 
-    fn on_0rtt_rejected(&mut self) {
+    pub(super) fn on_0rtt_rejected(&mut self) {
         // Everything sent in 0-RTT is gone: forget those packets without congestion signals
         // and start the streams over (RFC 9000 §4.6.2 / §7.4.1).
         let space = &mut self.spaces[SpaceId::Data.index()];
@@ -1451,6 +1459,7 @@ impl Connection {
                     self.ping_pending = true;
                 }
                 x if x == Timer::Mtu as usize => {}
+                x if x == Timer::FirstFlight as usize => {}
                 _ => {}
             }
         }

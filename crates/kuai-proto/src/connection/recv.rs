@@ -836,13 +836,73 @@ impl Connection {
         if offered.contains(&self.version.wire()) {
             return;
         }
-        // Downgrade protection lives in version_information; we do not restart here but
-        // report the mismatch (RFC 9368 leaves restarting to the application).
-        let _ = now;
+        // RFC 9368 §2.1: start again with the first of our versions the server offers.
+        // A VN packet is unauthenticated; the server's version_information, checked after
+        // the new handshake, would expose a forged one (RFC 9368 §4).
+        if !self.vn_restarted
+            && let Some(v) = self
+                .versions
+                .iter()
+                .copied()
+                .find(|v| offered.contains(&v.wire()))
+            && self.restart_with_version(now, v).is_ok()
+        {
+            return;
+        }
         let err = ConnectionError::VersionMismatch;
         self.error = Some(err.clone());
         self.events.push_back(Event::ConnectionLost(err));
         self.set_drained();
+    }
+
+    /// Client: a new connection attempt in version `v` after Version Negotiation.
+    fn restart_with_version(&mut self, now: Instant, v: Version) -> Result<(), TransportError> {
+        let cfg = self
+            .client_config
+            .clone()
+            .ok_or_else(|| TransportError::INTERNAL_ERROR("no client config"))?;
+        let name = self
+            .server_name
+            .clone()
+            .and_then(|n| rustls::pki_types::ServerName::try_from(n).ok())
+            .ok_or_else(|| TransportError::INTERNAL_ERROR("no server name"))?;
+        self.vn_restarted = true;
+        if self.zero_rtt == ZeroRtt::Attempting {
+            // 0-RTT data of the first attempt is gone with it: the application resends.
+            self.on_0rtt_rejected();
+        }
+        self.version = v;
+        self.original_version = v;
+        self.tls_version = v;
+        self.stats.version = Some(v);
+        self.local_params.version_information = Some(crate::transport_params::VersionInformation {
+            chosen: v.wire(),
+            available: self.versions.iter().map(|x| x.wire()).collect(),
+        });
+        let mut tp = Vec::new();
+        self.local_params.encode_with_rng(&mut tp, &mut self.rng);
+        let tls = super::Tls::client(cfg.tls.clone(), v, name, tp)
+            .map_err(|e| TransportError::INTERNAL_ERROR(format!("TLS: {e}")))?;
+        // Everything of the first attempt goes: packets, handshake data, path state.
+        self.spaces = Default::default();
+        self.spaces[SpaceId::Initial.index()].keys = Some(super::crypto::initial_keys(
+            v,
+            &self.original_dcid,
+            Side::Client,
+        ));
+        let remote = self.path.remote;
+        let local_ip = self.path.local_ip;
+        self.path = self.new_path(remote, local_ip, now, true);
+        self.client_random = None;
+        self.zero_rtt = ZeroRtt::None;
+        self.zero_rtt_keys = None;
+        self.pto_count = 0;
+        self.tls = Some(tls);
+        self.process_tls(now)?;
+        self.start_0rtt();
+        self.trace(TraceEvent::VersionChosen { version: v });
+        self.set_loss_timer(now);
+        Ok(())
     }
 
     fn on_retry(&mut self, now: Instant, pd: &PartialDecode) {

@@ -54,6 +54,14 @@ impl Connection {
             State::Closing => return self.send_close(now, buf),
             _ => {}
         }
+        // Client with 0-RTT keys: hold the first flight a moment so the application's early
+        // data fills the padded Initial datagram instead of following in its own packets.
+        if let Some(t) = self.timers[Timer::FirstFlight as usize] {
+            if now < t && !self.streams.has_bidi_data() && self.datagrams_out.is_empty() {
+                return None;
+            }
+            self.timers[Timer::FirstFlight as usize] = None;
+        }
         if let Some(t) = self.send_off_path_response(now, buf) {
             return Some(t);
         }

@@ -903,6 +903,11 @@ impl Streams {
         self.has_control() || self.has_stream_data()
     }
 
+    /// Whether a bidirectional stream has data queued (a request, typically).
+    pub fn has_bidi_data(&self) -> bool {
+        self.sched.iter().flatten().any(|id| id.dir() == Dir::Bi)
+    }
+
     pub fn has_stream_data(&self) -> bool {
         self.sched.iter().any(|q| !q.is_empty())
     }

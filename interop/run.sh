@@ -1,0 +1,482 @@
+#!/usr/bin/env bash
+# The interop matrix runner: kuai against independent QUIC implementations, each wrapped as a
+# MISSION.md §7 endpoint (env ROLE, TESTCASE, LISTEN, WWW, CERTS, SERVER, REQUESTS, DOWNLOADS...).
+#
+#   interop/run.sh [--cases a,b,...] [--servers kuai,quic-go,aioquic] [--clients kuai,quic-go,aioquic]
+#                  [--alpn hq-interop] [--timeout SECONDS] [--results DIR] [--no-wire] [--all-pairs]
+#                  [--with-impairments]
+#
+# Every server x client x case with kuai on at least one side (--all-pairs: every pair) runs on
+# loopback: fresh files and a fresh certificate, the server on 127.0.0.1:<free port>, the client
+# fetching every file, then a byte-for-byte comparison. With tshark installed each run is also
+# captured and checked on the wire (decrypted with the endpoints' SSLKEYLOGFILE): the negotiated
+# version, cipher suite, Retry, resumption, 0-RTT, key phase, ECN marks, amplification limit.
+#
+# The default cases need no impairment. --with-impairments adds handshakeloss, transferloss,
+# blackhole, rebind-port and rebind-addr, run through interop/proxy.py between client and server
+# (or name them in --cases).
+#
+# Cell results: ✓ pass, ✗ fail (logs kept under the results directory; ✗† when known-issues.txt
+# lists it as the peer's fault), — unsupported (an endpoint exited 127).
+# Results go to interop/results/<date-time>/ unless --results says otherwise. The matrix is
+# printed as Markdown and written to <results>/matrix.md. Exit status: 0 when no cell failed,
+# 1 otherwise.
+set -u
+set -o pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+
+ALL_IMPLS="kuai quic-go aioquic"
+DEFAULT_CASES="handshake transfer multiplexing chacha20 retry resumption zerortt keyupdate v2 ecn amplificationlimit goodput"
+# Cases that need an impairment (loss, black hole, rebinding) between client and server.
+IMPAIRED_CASES="handshakeloss transferloss blackhole rebind-port rebind-addr"
+
+cases=$DEFAULT_CASES
+servers=$ALL_IMPLS
+clients=$ALL_IMPLS
+alpn=hq-interop
+run_timeout=60
+results=""
+wire=auto
+all_pairs=0
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit "${1:-0}"; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --cases) cases=${2//,/ }; shift 2 ;;
+        --servers) servers=${2//,/ }; shift 2 ;;
+        --clients) clients=${2//,/ }; shift 2 ;;
+        --alpn) alpn=$2; shift 2 ;;
+        --timeout) run_timeout=$2; shift 2 ;;
+        --results) results=$2; shift 2 ;;
+        --no-wire) wire=off; shift ;;
+        --all-pairs) all_pairs=1; shift ;;
+        --with-impairments) cases="$cases $IMPAIRED_CASES"; shift ;;
+        -h|--help) usage 0 ;;
+        *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+for impl in $servers $clients; do
+    case " $ALL_IMPLS " in *" $impl "*) ;; *) echo "run.sh: unknown implementation $impl" >&2; exit 2 ;; esac
+done
+
+if [ -z "$results" ]; then
+    results="$HERE/results/$(date +%Y%m%d-%H%M%S)"
+fi
+mkdir -p "$results"
+results=$(cd "$results" && pwd)
+
+if [ "$wire" = auto ]; then
+    if command -v tshark >/dev/null && command -v dumpcap >/dev/null; then wire=on; else
+        echo "run.sh: tshark/dumpcap not installed: no wire checks (interop/install.sh installs them)" >&2
+        wire=off
+    fi
+fi
+
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+
+# ---------------------------------------------------------------------------------------------
+# Endpoints
+
+KUAI_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/kuai"
+QUICGO_BIN="$HERE/quic-go/quic-go-endpoint"
+AIOQUIC_PY="$HERE/aioquic/endpoint.py"
+
+prepare_impl() {
+    case "$1" in
+        kuai)
+            if [ ! -x "$KUAI_BIN" ]; then
+                log "building kuai (cargo build --release -p kuai-cli)"
+                (cd "$ROOT" && cargo build --release -p kuai-cli) >&2 || { echo "run.sh: kuai build failed" >&2; exit 1; }
+            fi ;;
+        quic-go)
+            if [ ! -x "$QUICGO_BIN" ]; then
+                log "building the quic-go endpoint"
+                (cd "$HERE/quic-go" && go build -o quic-go-endpoint .) >&2 || { echo "run.sh: quic-go build failed (run interop/install.sh)" >&2; exit 1; }
+            fi ;;
+        aioquic)
+            python3 -c 'import aioquic' 2>/dev/null || { echo "run.sh: aioquic missing (run interop/install.sh)" >&2; exit 1; } ;;
+    esac
+}
+
+# endpoint_cmd IMPL: the command line of an implementation's §7 endpoint.
+endpoint_cmd() {
+    case "$1" in
+        kuai) echo "$KUAI_BIN interop" ;;
+        quic-go) echo "$QUICGO_BIN" ;;
+        aioquic) echo "python3 $AIOQUIC_PY" ;;
+    esac
+}
+
+# ---------------------------------------------------------------------------------------------
+# Test material
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# case_timeout CASE: seconds a client gets (handshakeloss makes many connections through 30 % loss).
+case_timeout() {
+    case "$1" in
+        handshakeloss) echo $((run_timeout * 3)) ;;
+        transferloss|blackhole) echo $((run_timeout * 2)) ;;
+        *) echo "$run_timeout" ;;
+    esac
+}
+
+# make_files CASE DIR: random files served by the server; prints their names.
+make_files() {
+    local case=$1 dir=$2 n i size
+    mkdir -p "$dir"
+    case "$case" in
+        transfer) set -- 2097152 1048576 1048576 524288 ;;
+        goodput) set -- 5242880 ;;
+        keyupdate) set -- 2097152 ;;  # enough packets for quic-go's automatic first key update
+        transferloss) set -- 2097152 1048576 ;;
+        blackhole) set -- 5242880 ;;  # the proxy blacks out after 1 MB
+        rebind-port|rebind-addr) set -- 3145728 ;;  # the proxy rebinds every 300 datagrams
+        multiplexing|handshakeloss)
+            n=200; [ "$case" = handshakeloss ] && n=50
+            for i in $(seq 1 "$n"); do
+                size=$((1024 + RANDOM % 3072))
+                head -c "$size" /dev/urandom > "$dir/m$i.bin"
+                echo "m$i.bin"
+            done
+            return ;;
+        resumption|zerortt) set -- 102400 65536 65536 32768 ;;
+        *) set -- 102400 98304 ;;
+    esac
+    i=0
+    for size in "$@"; do
+        i=$((i + 1))
+        head -c "$size" /dev/urandom > "$dir/f$i.bin"
+        echo "f$i.bin"
+    done
+}
+
+# make_certs CASE DIR: cert.pem (leaf first, then intermediates) and priv.key for localhost.
+# amplificationlimit gets a long RSA chain so that the server's first flight exceeds 3x the
+# client's Initial and the server has to wait for the client's address validation.
+make_certs() {
+    local case=$1 dir=$2 depth=0 i
+    mkdir -p "$dir"
+    [ "$case" = amplificationlimit ] && depth=8
+    (
+        cd "$dir" || exit 1
+        local ext="subjectAltName=DNS:localhost,IP:127.0.0.1"
+        if [ "$depth" = 0 ]; then
+            openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+                -keyout priv.key -out cert.pem -days 2 -subj /CN=localhost -addext "$ext" 2>/dev/null
+            exit $?
+        fi
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout ca0.key -out ca0.pem -days 2 \
+            -subj /CN=interop-root -addext basicConstraints=critical,CA:TRUE 2>/dev/null || exit 1
+        for i in $(seq 1 "$depth"); do
+            openssl req -newkey rsa:2048 -nodes -keyout "ca$i.key" -out "ca$i.csr" \
+                -subj "/CN=interop-intermediate-$i" 2>/dev/null || exit 1
+            printf 'basicConstraints=critical,CA:TRUE\n' > ca.ext
+            openssl x509 -req -in "ca$i.csr" -CA "ca$((i - 1)).pem" -CAkey "ca$((i - 1)).key" \
+                -CAcreateserial -days 2 -extfile ca.ext -out "ca$i.pem" 2>/dev/null || exit 1
+        done
+        openssl req -newkey rsa:2048 -nodes -keyout priv.key -out leaf.csr -subj /CN=localhost 2>/dev/null || exit 1
+        printf '%s\n' "$ext" > leaf.ext
+        openssl x509 -req -in leaf.csr -CA "ca$depth.pem" -CAkey "ca$depth.key" -CAcreateserial \
+            -days 2 -extfile leaf.ext -out leaf.pem 2>/dev/null || exit 1
+        cat leaf.pem > cert.pem
+        for i in $(seq "$depth" -1 1); do cat "ca$i.pem" >> cert.pem; done
+        rm -f ./*.csr ./*.ext ./*.srl leaf.pem
+    )
+}
+
+# ---------------------------------------------------------------------------------------------
+# The path between client and server.
+#
+# path_start CASE SERVER_PORT DIR sets PATH_TARGET, the address the client sends to. Cases without
+# impairment talk to the server directly; the impaired ones go through proxy.py (loss, black
+# hole, NAT rebinding), which listens on a fresh port and forwards to the server. The capture
+# filters on the server's port, so it shows the path as the server sees it.
+PATH_PID=""
+# amplificationlimit goes through it too: it holds the client's second flight for a moment, so
+# that the server has to stop at the limit instead of being clocked by fast loopback ACKs.
+path_needs_proxy() { case " $IMPAIRED_CASES amplificationlimit " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+path_start() {
+    local case=$1 port=$2 dir=$3 pport
+    PATH_TARGET="127.0.0.1:$port"
+    PATH_PID=""
+    # INTEROP_PROXY_MODE=<proxy.py mode> forces the proxy onto every case (for diagnosis).
+    [ -n "${INTEROP_PROXY_MODE:-}" ] || path_needs_proxy "$case" || return 0
+    pport=$(free_port)
+    python3 "$HERE/proxy.py" --listen "127.0.0.1:$pport" --server "127.0.0.1:$port" \
+        --mode "${INTEROP_PROXY_MODE:-$case}" \
+        > "$dir/proxy.log" 2>&1 &
+    PATH_PID=$!
+    wait_udp_bound "$pport" "$PATH_PID" || return 1
+    PATH_TARGET="127.0.0.1:$pport"
+}
+path_stop() {
+    if [ -n "$PATH_PID" ]; then kill "$PATH_PID" 2>/dev/null; wait "$PATH_PID" 2>/dev/null; fi
+    PATH_PID=""
+}
+
+# ---------------------------------------------------------------------------------------------
+# One run
+
+# stop_group PID: end a process group this script started (setsid), politely then firmly.
+stop_group() {
+    local pid=$1 i
+    kill -TERM -- "-$pid" 2>/dev/null || return 0
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+        kill -0 -- "-$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL -- "-$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+}
+
+# wait_udp_bound PORT PID: wait until something listens on the UDP port (or the server died).
+wait_udp_bound() {
+    local port=$1 pid=$2 i
+    for i in $(seq 1 100); do
+        # Local addresses in /proc/net/udp* are HEXIP:HEXPORT.
+        if awk -v p="$(printf ':%04X' "$port")" 'NR > 1 && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' \
+            /proc/net/udp /proc/net/udp6 2>/dev/null; then return 0; fi
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+
+# run_cell SERVER CLIENT CASE: runs one cell; echoes pass|fail|unsupported.
+run_cell() {
+    local server=$1 client=$2 case=$3
+    local dir="$results/$case/$server--$client"
+    rm -rf "$dir"
+    mkdir -p "$dir/downloads"
+    local files port cap_pid="" srv_pid srv_rc cli_rc reason=""
+    files=$(make_files "$case" "$dir/www")
+    if ! make_certs "$case" "$dir/certs"; then
+        echo "cannot make certificates" > "$dir/reason"
+        echo fail
+        return
+    fi
+    port=$(free_port)
+
+    if [ "$wire" = on ]; then
+        dumpcap -q -i lo -f "udp port $port" -w "$dir/trace.pcapng" 2> "$dir/dumpcap.log" &
+        cap_pid=$!
+        local i
+        for i in $(seq 1 50); do
+            grep -q "Capturing on" "$dir/dumpcap.log" 2>/dev/null && break
+            sleep 0.1
+        done
+    fi
+
+    # Server
+    (
+        cd "$dir" || exit 1
+        exec env ROLE=server TESTCASE="$case" ALPN="$alpn" LISTEN="127.0.0.1:$port" \
+            WWW="$dir/www" CERTS="$dir/certs" SSLKEYLOGFILE="$dir/keys-server.log" \
+            RUST_LOG="${RUST_LOG:-info}" \
+            setsid $(endpoint_cmd "$server")
+    ) > "$dir/server.log" 2>&1 &
+    srv_pid=$!
+    if ! wait_udp_bound "$port" "$srv_pid"; then
+        wait "$srv_pid" 2>/dev/null
+        srv_rc=$?
+        [ -n "$cap_pid" ] && { kill "$cap_pid" 2>/dev/null; wait "$cap_pid" 2>/dev/null; }
+        if [ "$srv_rc" = 127 ]; then
+            echo "server exited 127 (unsupported)" > "$dir/reason"
+            echo unsupported
+        else
+            echo "server did not start (exit $srv_rc)" > "$dir/reason"
+            echo fail
+        fi
+        return
+    fi
+
+    if ! path_start "$case" "$port" "$dir"; then
+        stop_group "$srv_pid"
+        [ -n "$cap_pid" ] && { kill "$cap_pid" 2>/dev/null; wait "$cap_pid" 2>/dev/null; }
+        echo "the impairment proxy did not start" > "$dir/reason"
+        echo fail
+        return
+    fi
+
+    # Client
+    local requests="" f
+    for f in $files; do requests="$requests https://localhost:$port/$f"; done
+    local t0 t1
+    t0=$(date +%s.%N)
+    (
+        cd "$dir" || exit 1
+        exec env ROLE=client TESTCASE="$case" ALPN="$alpn" SERVER="$PATH_TARGET" \
+            REQUESTS="${requests# }" DOWNLOADS="$dir/downloads" SSLKEYLOGFILE="$dir/keys-client.log" \
+            RUST_LOG="${RUST_LOG:-info}" \
+            timeout -k 5 "$(case_timeout "$case")" $(endpoint_cmd "$client")
+    ) > "$dir/client.log" 2>&1
+    cli_rc=$?
+    t1=$(date +%s.%N)
+    echo "$cli_rc" > "$dir/client.rc"
+    python3 -c "import sys; print('%.2f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$t0" "$t1" > "$dir/client.seconds"
+
+    path_stop
+    # Let the last packets (CONNECTION_CLOSE) reach the capture, then stop the server.
+    sleep 0.2
+    if kill -0 "$srv_pid" 2>/dev/null; then
+        stop_group "$srv_pid"
+        srv_rc=running
+    else
+        wait "$srv_pid" 2>/dev/null
+        srv_rc=$?
+    fi
+    echo "$srv_rc" > "$dir/server.rc"
+    if [ -n "$cap_pid" ]; then
+        kill "$cap_pid" 2>/dev/null
+        wait "$cap_pid" 2>/dev/null
+    fi
+    cat "$dir"/keys-*.log > "$dir/keys.log" 2>/dev/null
+
+    if [ "$cli_rc" = 127 ] || [ "$srv_rc" = 127 ]; then
+        echo "client exit $cli_rc, server ${srv_rc}: unsupported" > "$dir/reason"
+        echo unsupported
+        return
+    fi
+    if [ "$srv_rc" = 143 ] || [ "$srv_rc" = 137 ]; then
+        reason="server killed by signal $((srv_rc - 128)) from outside this script (client exit $cli_rc)"
+    elif [ "$cli_rc" = 143 ]; then
+        reason="client killed by SIGTERM from outside this script"
+    elif [ "$srv_rc" != running ]; then
+        reason="server exited early (exit $srv_rc)"
+    elif [ "$cli_rc" = 124 ] || [ "$cli_rc" = 137 ]; then
+        reason="client timed out after $(case_timeout "$case")s"
+    elif [ "$cli_rc" != 0 ]; then
+        reason="client exited $cli_rc"
+    else
+        local bad=0 missing=0
+        for f in $files; do
+            if [ ! -f "$dir/downloads/$f" ]; then missing=$((missing + 1));
+            elif ! cmp -s "$dir/www/$f" "$dir/downloads/$f"; then bad=$((bad + 1)); fi
+        done
+        if [ "$missing" != 0 ] || [ "$bad" != 0 ]; then
+            reason="$missing file(s) missing, $bad file(s) differ"
+        fi
+    fi
+    if [ -z "$reason" ] && [ "$wire" = on ]; then
+        if ! python3 "$HERE/wirecheck.py" --case "$case" --port "$port" --pcap "$dir/trace.pcapng" \
+            --keylog "$dir/keys.log" --files "$(echo $files | wc -w)" > "$dir/wirecheck.log" 2>&1; then
+            reason="wire check: $(tail -n 1 "$dir/wirecheck.log")"
+        fi
+    fi
+    # Goodput: bytes served / client run time.
+    if [ -z "$reason" ] && [ "$case" = goodput ]; then
+        local bytes
+        bytes=$(cat "$dir/www"/* | wc -c)
+        python3 -c "import sys; b,t0,t1=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]); print('%.1f Mbit/s' % (b*8/(t1-t0)/1e6))" \
+            "$bytes" "$t0" "$t1" > "$dir/goodput"
+    fi
+    if [ -n "$reason" ]; then
+        echo "$reason" > "$dir/reason"
+        echo fail
+    else
+        rm -rf "$dir/www" "$dir/downloads"  # keep the logs and the capture, not the payload
+        echo pass
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# The matrix
+
+for impl in $(echo "$servers $clients" | tr ' ' '\n' | sort -u); do prepare_impl "$impl"; done
+
+# Known peer faults (known-issues.txt): "CASE SERVER CLIENT | explanation".
+declare -A known
+if [ -f "$HERE/known-issues.txt" ]; then
+    while IFS= read -r line; do
+        case "$line" in ''|'#'*) continue ;; esac
+        key=$(echo "${line%%|*}" | xargs)
+        known["${key// //}"]=$(echo "${line#*|}" | xargs)
+    done < "$HERE/known-issues.txt"
+fi
+
+declare -A cell
+failures=()
+npass=0; nfail=0; nunsup=0
+log "results in $results (wire checks: $wire)"
+for case in $cases; do
+    for server in $servers; do
+        for client in $clients; do
+            if [ "$all_pairs" = 0 ] && [ "$server" != kuai ] && [ "$client" != kuai ]; then continue; fi
+            r=$(run_cell "$server" "$client" "$case")
+            cell["$case/$server/$client"]=$r
+            d="$results/$case/$server--$client"
+            extra=""
+            [ -f "$d/reason" ] && extra=" ($(cat "$d/reason"))"
+            [ -f "$d/goodput" ] && extra=" ($(cat "$d/goodput"))"
+            [ -f "$d/client.seconds" ] && extra="$extra [client ran $(cat "$d/client.seconds") s]"
+            log "$case: server $server, client $client: $r$extra"
+            case "$r" in
+                pass) npass=$((npass + 1)) ;;
+                fail)
+                    nfail=$((nfail + 1))
+                    note=""
+                    [ -n "${known[$case/$server/$client]:-}" ] && note=" [known peer issue: ${known[$case/$server/$client]}]"
+                    failures+=("$case: server $server, client $client: $(cat "$d/reason" 2>/dev/null)$note — logs in $d") ;;
+                unsupported) nunsup=$((nunsup + 1)) ;;
+            esac
+        done
+    done
+done
+
+symbol() {
+    case "$1" in
+        pass) printf '✓' ;; fail) printf '✗' ;; unsupported) printf "—" ;; *) printf ' ' ;;
+    esac
+}
+
+{
+    echo "# kuai interop matrix"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), ALPN $alpn, kuai $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo '+dirty') (binary of $(date -u -r "$KUAI_BIN" '+%Y-%m-%d %H:%M UTC' 2>/dev/null)), wire checks $wire."
+    echo "✓ pass, ✗ fail (✗† a known fault of the peer, see interop/known-issues.txt), — unsupported (exit 127)."
+    echo "Rows: server; columns: client."
+    for case in $cases; do
+        echo
+        echo "### $case"
+        echo
+        printf '| server \\ client |'
+        for client in $clients; do printf ' %s |' "$client"; done
+        echo
+        printf '|---|'
+        for client in $clients; do printf ':-:|'; done
+        echo
+        for server in $servers; do
+            printf '| %s |' "$server"
+            for client in $clients; do
+                k="$case/$server/$client"
+                if [ -n "${cell[$k]:-}" ]; then
+                    s=$(symbol "${cell[$k]}")
+                    [ "${cell[$k]}" = fail ] && [ -n "${known[$k]:-}" ] && s="$s†"
+                    g="$results/$case/$server--$client/goodput"
+                    [ "${cell[$k]}" = pass ] && [ -f "$g" ] && s="$s $(cat "$g")"
+                    printf ' %s |' "$s"
+                else
+                    printf '   |'
+                fi
+            done
+            echo
+        done
+    done
+    echo
+    echo "$npass passed, $nfail failed, $nunsup unsupported"
+    if [ ${#failures[@]} -gt 0 ]; then
+        echo
+        echo "Failures:"
+        for f in "${failures[@]}"; do echo "- $f"; done
+    fi
+} | tee "$results/matrix.md"
+echo
+echo "matrix written to $results/matrix.md"
+[ "$nfail" = 0 ]
