@@ -20,7 +20,11 @@ use kuai_proto::{Dir, Endpoint, Event, StreamEvent, StreamId, Version};
 
 fn one_rtt_keys(suite: rustls::CipherSuite) -> (Box<OneRttKeys>, Box<OneRttKeys>) {
     let algs = SuiteAlgs::of(suite).unwrap();
-    let len = if suite == rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 { 48 } else { 32 };
+    let len = if suite == rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 {
+        48
+    } else {
+        32
+    };
     let s = CapturedSecrets {
         client_handshake: vec![1; len],
         server_handshake: vec![2; len],
@@ -43,7 +47,14 @@ fn seal(keys: &OneRttKeys, dcid: &ConnectionId, pn: u64, payload: &[u8], buf: &m
     buf.clear();
     let pos = packet::write_short_header(buf, dcid, false, false, pn, 2);
     buf.extend_from_slice(payload);
-    packet::seal_packet(buf, &pos, pn, keys.header.local.as_ref(), keys.current.local.as_ref()).unwrap();
+    packet::seal_packet(
+        buf,
+        &pos,
+        pn,
+        keys.header.local.as_ref(),
+        keys.current.local.as_ref(),
+    )
+    .unwrap();
 }
 
 fn bench_aead(c: &mut Criterion) {
@@ -54,7 +65,10 @@ fn bench_aead(c: &mut Criterion) {
     for (name, suite) in [
         ("aes128gcm", rustls::CipherSuite::TLS13_AES_128_GCM_SHA256),
         ("aes256gcm", rustls::CipherSuite::TLS13_AES_256_GCM_SHA384),
-        ("chacha20", rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256),
+        (
+            "chacha20",
+            rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+        ),
     ] {
         let (ours, theirs) = one_rtt_keys(suite);
         let mut buf = Vec::with_capacity(1500);
@@ -70,7 +84,9 @@ fn bench_aead(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("open", name), |b| {
             b.iter(|| {
                 let (pd, _) = PartialDecode::new(BytesMut::from(&sealed[..]), 8).unwrap();
-                let up = pd.unprotect(theirs.header.remote.as_ref(), Some(999)).unwrap();
+                let up = pd
+                    .unprotect(theirs.header.remote.as_ref(), Some(999))
+                    .unwrap();
                 up.decrypt(theirs.current.remote.as_ref()).unwrap()
             })
         });
@@ -93,7 +109,11 @@ fn bench_frames(c: &mut Criterion) {
     let mut g = c.benchmark_group("frames");
     g.throughput(Throughput::Elements(10));
     g.bench_function("decode_10_stream_frames", |b| {
-        b.iter(|| FrameIter::new(payload.clone()).filter(|f| f.is_ok()).count())
+        b.iter(|| {
+            FrameIter::new(payload.clone())
+                .filter(|f| f.is_ok())
+                .count()
+        })
     });
     let mut ranges = RangeSet::new();
     for i in 0..32u64 {
@@ -137,7 +157,10 @@ fn tls_pair() -> (ServerConfig, ClientConfig) {
         .with_root_certificates(roots)
         .with_no_client_auth();
     c.alpn_protocols = vec![b"bench".to_vec()];
-    let t = Arc::new(TransportConfig { ecn: false, ..TransportConfig::default() });
+    let t = Arc::new(TransportConfig {
+        ecn: false,
+        ..TransportConfig::default()
+    });
     let mut sc = ServerConfig::new(Arc::new(s));
     sc.transport = t.clone();
     let mut cc = ClientConfig::new(Arc::new(c));
@@ -151,7 +174,13 @@ fn transfer(bytes: u64, sc: &ServerConfig, cc: &ClientConfig) {
     let base = Instant::now();
     let saddr: SocketAddr = "10.0.0.1:443".parse().unwrap();
     let caddr: SocketAddr = "10.0.0.2:5000".parse().unwrap();
-    let mut server = Endpoint::new(Arc::new(EndpointConfig::default()), Some(Arc::new(sc.clone())), base, 0, Some(1));
+    let mut server = Endpoint::new(
+        Arc::new(EndpointConfig::default()),
+        Some(Arc::new(sc.clone())),
+        base,
+        0,
+        Some(1),
+    );
     let mut client = Endpoint::new(Arc::new(EndpointConfig::default()), None, base, 0, Some(2));
     let ch = client.connect(base, cc, saddr, "localhost").unwrap();
     let mut now = base;
@@ -209,7 +238,13 @@ fn transfer(bytes: u64, sc: &ServerConfig, cc: &ClientConfig) {
             return;
         }
         if !moved {
-            now = client.poll_timeout().into_iter().chain(server.poll_timeout()).min().unwrap_or(now + Duration::from_millis(1)).max(now + Duration::from_micros(10));
+            now = client
+                .poll_timeout()
+                .into_iter()
+                .chain(server.poll_timeout())
+                .min()
+                .unwrap_or(now + Duration::from_millis(1))
+                .max(now + Duration::from_micros(10));
             client.handle_timeout(now);
             server.handle_timeout(now);
         } else {
@@ -225,7 +260,9 @@ fn bench_connection(c: &mut Criterion) {
     g.sample_size(10);
     let bytes = 64 << 20;
     g.throughput(Throughput::Bytes(bytes));
-    g.bench_function("transfer_64MiB_sans_io", |b| b.iter(|| transfer(bytes, &sc, &cc)));
+    g.bench_function("transfer_64MiB_sans_io", |b| {
+        b.iter(|| transfer(bytes, &sc, &cc))
+    });
     g.finish();
 }
 

@@ -879,3 +879,40 @@ fn version_negotiation_restarts_in_a_common_version() {
     assert_eq!(p.client_conn().version(), kuai_proto::Version::V2);
     assert_eq!(p.server().ep.stats().version_negotiations_sent, 1);
 }
+
+#[test]
+fn rtt_estimate_follows_a_change_of_path_delay() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = quic::pair_with(
+        130,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([40 << 20]),
+        |n| {
+            n.set_default_link(LinkConfig {
+                rate_bps: Some(50_000_000),
+                queue_bytes: 1 << 20,
+                ..link(10, 0.0)
+            })
+        },
+    );
+    assert!(p.run_until(
+        Duration::from_secs(10),
+        |p| p.client_app().requests[0].received > (4 << 20)
+    ));
+    let before = p.server_conn().unwrap().stats().path.min_rtt;
+    assert!(
+        before >= Duration::from_millis(20) && before < Duration::from_millis(25),
+        "{before:?}"
+    );
+    // The path gets 80 ms longer each way; within a few round trips the estimate follows.
+    let (s, c) = (p.server, p.client);
+    p.net
+        .modify_link_both(s, c, |l| l.delay = Duration::from_millis(90));
+    p.net.run_for(Duration::from_secs(2));
+    let srtt = p.server_conn().unwrap().stats().path.rtt;
+    assert!(
+        srtt >= Duration::from_millis(170),
+        "smoothed RTT {srtt:?} after the change"
+    );
+}

@@ -224,6 +224,8 @@ pub struct Connection {
     reported_reset_token: Option<[u8; 16]>,
     /// Client: already started over after a Version Negotiation packet (once only).
     vn_restarted: bool,
+    /// Reused buffer for the packets one ACK acknowledges.
+    acked_scratch: Vec<(u64, crate::recovery::SentPacket)>,
     /// When a packet was last processed.
     last_rx: Instant,
     /// Datagrams received while closing (CONNECTION_CLOSE is repeated at a decaying rate).
@@ -558,6 +560,7 @@ impl Connection {
             client_random: None,
             reported_reset_token: None,
             vn_restarted: false,
+            acked_scratch: Vec::new(),
             last_rx: now,
             closing_rx: 0,
             spaces: Default::default(),

@@ -29,13 +29,16 @@ impl Connection {
             );
         }
         let prior_in_flight = self.path.bytes_in_flight;
-        let mut newly: Vec<(u64, SentPacket)> = Vec::new();
+        // A reused buffer: no allocation per ACK.
+        let mut newly = std::mem::take(&mut self.acked_scratch);
+        newly.clear();
         {
             let sent = &mut self.spaces[si].sent;
             for r in ack.iter() {
                 let Some(first) = sent.first_pn() else { break };
                 let lo = (*r.start()).max(first);
-                for pn in lo..=*r.end() {
+                // Descending, so `newly[0]` is the largest newly acknowledged packet.
+                for pn in (lo..=*r.end()).rev() {
                     if let Some(p) = sent.remove(pn) {
                         newly.push((pn, p));
                     }
@@ -46,6 +49,7 @@ impl Connection {
         sp.largest_acked = Some(sp.largest_acked.map_or(ack.largest, |l| l.max(ack.largest)));
         self.detect_spurious_losses(space, ack);
         if newly.is_empty() {
+            self.acked_scratch = newly;
             return Ok(());
         }
         // Newest first, as the ACK ranges were walked from the top.
@@ -139,9 +143,10 @@ impl Connection {
                 self.update_ack_frequency(now);
             }
         }
-        for (_, p) in newly {
+        for (_, p) in newly.drain(..) {
             self.spaces[si].sent.recycle(p.frames);
         }
+        self.acked_scratch = newly;
         // RFC 9002 §6.2.1: reset the backoff, except a client not yet sure the server
         // validated its address.
         if self.peer_validated_address {
