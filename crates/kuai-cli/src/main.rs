@@ -1,5 +1,6 @@
 //! `kuai`: a QUIC server, a curl-like client and an interop endpoint.
 
+mod bench;
 mod demo;
 mod get;
 mod h3;
@@ -34,6 +35,8 @@ enum Command {
     Get(get::Args),
     /// Run as an endpoint of the interop matrix (configured by ROLE, TESTCASE, ...).
     Interop,
+    /// Measure throughput, request and handshake rates, memory and CPU (perf protocol).
+    Bench(bench::Args),
 }
 
 fn init_logging(default: &str) {
@@ -67,6 +70,10 @@ fn main() -> ExitCode {
         Command::Get(args) => {
             init_logging(if args.verbose { "info" } else { "warn" });
             rt.block_on(get::run(args))
+        }
+        Command::Bench(args) => {
+            init_logging("warn");
+            rt.block_on(bench::run(args))
         }
         Command::Interop => {
             init_logging("info");

@@ -93,7 +93,7 @@ impl Default for TransportConfig {
             datagram_send_buffer: 1024,
             active_connection_id_limit: 4,
             key_update_interval: 1 << 23,
-            zero_rtt_hold: Duration::from_millis(5),
+            zero_rtt_hold: Duration::from_millis(2),
             grease_quic_bit: true,
             disable_active_migration: false,
         }

@@ -228,6 +228,11 @@ impl ClientConfig {
     pub fn proto_mut(&mut self) -> &mut kuai_proto::ClientConfig {
         &mut self.proto
     }
+
+    /// The rustls configuration inside (for example to use the same trust over TCP).
+    pub fn proto_tls(&self) -> Arc<rustls::ClientConfig> {
+        self.proto.tls.clone()
+    }
 }
 
 /// Endpoint-wide settings (connection-ID generator, stateless reset key).

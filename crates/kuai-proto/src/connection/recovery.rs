@@ -7,9 +7,7 @@ use super::{Connection, Event, State, Timer};
 use crate::cc::{AckEvent, CongestionController, LossEvent};
 use crate::error::TransportError;
 use crate::frame::{Ack, FrameType};
-use crate::recovery::{
-    GRANULARITY, PERSISTENT_CONGESTION_THRESHOLD, RateSampler, SentFrame, SentPacket,
-};
+use crate::recovery::{GRANULARITY, PERSISTENT_CONGESTION_THRESHOLD, RateSampler, SentFrame};
 use crate::trace::TraceEvent;
 use crate::types::SpaceId;
 
