@@ -50,6 +50,9 @@ pub struct SendHalf {
     pub(crate) shared: Arc<Shared>,
     send: Option<SendStream>,
     id: u64,
+    /// The peer stopped reading with H3_NO_ERROR: it has what it needs (RFC 9114 §4.1.1),
+    /// so whatever else we send is dropped quietly.
+    peer_done: bool,
 }
 
 impl RequestStream {
@@ -61,6 +64,7 @@ impl RequestStream {
                 shared: shared.clone(),
                 send: Some(send),
                 id,
+                peer_done: false,
             },
             recv: RecvHalf {
                 shared,
@@ -341,6 +345,18 @@ impl RecvHalf {
 }
 
 impl SendHalf {
+    /// Turns a write result into ours; a STOP_SENDING with H3_NO_ERROR is not an error.
+    fn outcome(&mut self, r: Result<(), kuai::WriteError>) -> Result<(), Error> {
+        match r {
+            Err(kuai::WriteError::Stopped(c)) if c == Code::NO_ERROR.0 => {
+                self.peer_done = true;
+                self.send = None;
+                Ok(())
+            }
+            r => r.map_err(write_error),
+        }
+    }
+
     fn send_stream(&mut self) -> Result<&mut SendStream, Error> {
         self.send.as_mut().ok_or(Error::Protocol(H3Error::new(
             Code::INTERNAL_ERROR,
@@ -353,20 +369,29 @@ impl SendHalf {
         let mut buf = Vec::with_capacity(block.len() + 8);
         frame::write_header(frame::HEADERS, block.len() as u64, &mut buf);
         buf.extend_from_slice(&block);
+        if self.peer_done {
+            return Ok(());
+        }
         let s = self.send_stream()?;
-        s.write_chunk(Bytes::from(buf)).await.map_err(write_error)
+        let r = s.write_chunk(Bytes::from(buf)).await;
+        self.outcome(r)
     }
 
     /// Sends a piece of the body (one DATA frame; the payload is not copied).
     pub async fn send_data(&mut self, data: Bytes) -> Result<(), Error> {
-        if data.is_empty() {
+        if data.is_empty() || self.peer_done {
             return Ok(());
         }
         let mut hdr = Vec::with_capacity(16);
         frame::write_header(frame::DATA, data.len() as u64, &mut hdr);
         let s = self.send_stream()?;
-        s.write_chunk(Bytes::from(hdr)).await.map_err(write_error)?;
-        s.write_chunk(data).await.map_err(write_error)
+        let r = s.write_chunk(Bytes::from(hdr)).await;
+        self.outcome(r)?;
+        let Some(s) = self.send.as_mut() else {
+            return Ok(());
+        };
+        let r = s.write_chunk(data).await;
+        self.outcome(r)
     }
 
     /// Sends trailers (a final header section).
@@ -378,7 +403,8 @@ impl SendHalf {
     /// Ends our side of the stream.
     pub fn finish(&mut self) -> Result<(), Error> {
         if let Some(mut s) = self.send.take() {
-            s.finish().map_err(write_error)?;
+            let r = s.finish();
+            self.outcome(r)?;
         }
         Ok(())
     }
@@ -386,7 +412,8 @@ impl SendHalf {
     /// Waits until everything we sent was acknowledged (or the peer stopped reading).
     pub async fn finished(&mut self) -> Result<(), Error> {
         if let Some(s) = self.send.as_mut() {
-            s.stopped().await.map_err(write_error)?;
+            let r = s.stopped().await;
+            self.outcome(r)?;
         }
         Ok(())
     }

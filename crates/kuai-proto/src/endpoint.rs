@@ -56,6 +56,8 @@ struct Entry {
     reset_token: Option<[u8; 16]>,
     /// `Endpoint::timeout_epoch` of the last `handle_timeout` that ran this connection.
     timeout_epoch: u64,
+    /// The deadline this connection has in the timer heap.
+    scheduled: Option<Instant>,
 }
 
 /// Statistics of an endpoint.
@@ -272,6 +274,7 @@ impl Endpoint {
             cids: Vec::new(),
             reset_token: None,
             timeout_epoch: 0,
+            scheduled: None,
         });
         if !cid.is_empty() {
             self.route_cid(cid, h);
@@ -504,6 +507,7 @@ impl Endpoint {
             cids: Vec::new(),
             reset_token: None,
             timeout_epoch: 0,
+            scheduled: None,
         });
         self.handshakes += 1;
         self.stats.accepted += 1;
@@ -693,9 +697,7 @@ impl Endpoint {
             self.remove(h);
             return;
         }
-        if let Some(t) = self.slot(h).and_then(|e| e.conn.poll_timeout()) {
-            self.timers.push(Reverse((t, h.idx())));
-        }
+        self.schedule_timer(h.idx());
         if requeue {
             self.mark_ready(h);
         }
@@ -772,6 +774,30 @@ impl Endpoint {
         None
     }
 
+    /// Puts slot `i`'s current deadline in the heap unless it is there already; the heap
+    /// then holds about one entry per connection instead of one per operation.
+    fn schedule_timer(&mut self, i: usize) {
+        let Some(e) = self.conns.get_mut(i).and_then(|s| s.entry.as_mut()) else {
+            return;
+        };
+        let t = e.conn.poll_timeout();
+        if t.is_some() && t != e.scheduled {
+            e.scheduled = t;
+            self.timers.push(Reverse((t.expect("checked"), i)));
+        }
+    }
+
+    /// Pops the earliest heap entry, noting that its slot no longer has it scheduled.
+    fn pop_timer(&mut self) -> Option<(Instant, usize)> {
+        let Reverse((t, i)) = self.timers.pop()?;
+        if let Some(e) = self.conns.get_mut(i).and_then(|s| s.entry.as_mut())
+            && e.scheduled == Some(t)
+        {
+            e.scheduled = None;
+        }
+        Some((t, i))
+    }
+
     /// The earliest time [`handle_timeout`](Self::handle_timeout) should run.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         while let Some(Reverse((t, i))) = self.timers.peek().copied() {
@@ -782,13 +808,9 @@ impl Endpoint {
             if current == Some(t) {
                 return Some(t);
             }
-            // Stale entry: the connection's deadline moved (a fresh entry exists) or it left.
-            self.timers.pop();
-            if let Some(c) = current
-                && c < t
-            {
-                self.timers.push(Reverse((c, i)));
-            }
+            // Stale entry: the connection's deadline moved or it left.
+            self.pop_timer();
+            self.schedule_timer(i);
         }
         None
     }
@@ -799,11 +821,12 @@ impl Endpoint {
         // leaves in the past cannot spin this loop.
         self.timeout_epoch = self.timeout_epoch.wrapping_add(1);
         let epoch = self.timeout_epoch;
+        let mut deferred = Vec::new();
         while let Some(Reverse((t, i))) = self.timers.peek().copied() {
             if t > now {
                 break;
             }
-            self.timers.pop();
+            self.pop_timer();
             let Some(h) = self.handle_at(i) else {
                 continue;
             };
@@ -811,6 +834,8 @@ impl Endpoint {
                 continue;
             };
             if e.timeout_epoch == epoch {
+                // Already ran in this call: look again next time.
+                deferred.push(i);
                 continue;
             }
             match e.conn.poll_timeout() {
@@ -819,9 +844,12 @@ impl Endpoint {
                     e.timeout_epoch = epoch;
                     self.after_conn_op(h, now);
                 }
-                Some(d) => self.timers.push(Reverse((d, i))),
+                Some(_) => self.schedule_timer(i),
                 None => {}
             }
+        }
+        for i in deferred {
+            self.schedule_timer(i);
         }
     }
 }

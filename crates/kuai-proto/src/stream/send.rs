@@ -11,8 +11,8 @@ use crate::range_set::RangeSet;
 /// Buffered data of one stream's send side, addressed by stream offset.
 #[derive(Debug, Default)]
 pub struct SendBuffer {
-    /// Unacknowledged chunks; the first starts at `chunks_offset`.
-    chunks: VecDeque<Bytes>,
+    /// Unacknowledged chunks with their stream offsets; the first starts at `chunks_offset`.
+    chunks: VecDeque<(u64, Bytes)>,
     chunks_offset: u64,
     /// End of the data the application wrote.
     end: u64,
@@ -34,8 +34,9 @@ impl SendBuffer {
         if data.is_empty() {
             return;
         }
+        let start = self.end;
         self.end += data.len() as u64;
-        self.chunks.push_back(data);
+        self.chunks.push_back((start, data));
     }
 
     /// Total bytes the application wrote.
@@ -106,15 +107,23 @@ impl SendBuffer {
     /// The bytes of `range`, as slices of the written chunks (no copy). `range` must lie in
     /// unacknowledged data.
     pub fn slices(&self, range: Range<u64>) -> impl Iterator<Item = Bytes> + '_ {
-        let mut offset = self.chunks_offset;
-        self.chunks.iter().filter_map(move |chunk| {
-            let chunk_start = offset;
-            let chunk_end = offset + chunk.len() as u64;
-            offset = chunk_end;
-            let s = range.start.max(chunk_start);
-            let e = range.end.min(chunk_end);
-            (s < e).then(|| chunk.slice((s - chunk_start) as usize..(e - chunk_start) as usize))
-        })
+        // Binary search for the first chunk that reaches into the range: packets are built
+        // from the middle of large buffers, so a linear walk would cost O(chunks) each.
+        let first = self
+            .chunks
+            .partition_point(|(start, b)| start + b.len() as u64 <= range.start);
+        self.chunks
+            .range(first..)
+            .map_while(move |(chunk_start, chunk)| {
+                let chunk_start = *chunk_start;
+                let chunk_end = chunk_start + chunk.len() as u64;
+                if chunk_start >= range.end {
+                    return None;
+                }
+                let s = range.start.max(chunk_start);
+                let e = range.end.min(chunk_end);
+                Some(chunk.slice((s - chunk_start) as usize..(e - chunk_start) as usize))
+            })
     }
 
     /// Copies `range` into `out`.
@@ -140,7 +149,7 @@ impl SendBuffer {
             self.acked.pop_first();
             let mut to_free = first.end - self.chunks_offset;
             while to_free > 0 {
-                let Some(front) = self.chunks.front_mut() else {
+                let Some((start, front)) = self.chunks.front_mut() else {
                     break;
                 };
                 let len = front.len() as u64;
@@ -150,6 +159,7 @@ impl SendBuffer {
                     self.chunks_offset += len;
                 } else {
                     let _ = front.split_to(to_free as usize);
+                    *start += to_free;
                     self.chunks_offset += to_free;
                     to_free = 0;
                 }
