@@ -780,10 +780,11 @@ impl Endpoint {
         let Some(e) = self.conns.get_mut(i).and_then(|s| s.entry.as_mut()) else {
             return;
         };
-        let t = e.conn.poll_timeout();
-        if t.is_some() && t != e.scheduled {
-            e.scheduled = t;
-            self.timers.push(Reverse((t.expect("checked"), i)));
+        if let Some(t) = e.conn.poll_timeout()
+            && e.scheduled != Some(t)
+        {
+            e.scheduled = Some(t);
+            self.timers.push(Reverse((t, i)));
         }
     }
 
