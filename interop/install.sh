@@ -3,16 +3,24 @@
 # registries only (Go modules, PyPI, Debian):
 #   - the quic-go endpoint: Go module download + build into interop/quic-go/quic-go-endpoint;
 #   - aioquic (pip);
-#   - optional, a failure is only a warning: Debian's ngtcp2-client/ngtcp2-server, and tshark
-#     (with dumpcap) for the wire checks; openssl if missing.
+#   - optional, a failure is only a warning: Debian's ngtcp2-client/ngtcp2-server, chromium
+#     (with websocket-client from pip, which drives it over DevTools), and tshark (with
+#     dumpcap) for the wire checks; openssl if missing.
 # kuai itself is built by run.sh (cargo build --release -p kuai-cli) when its binary is missing.
 #
-#   interop/install.sh [--no-apt]
+#   interop/install.sh [--no-apt] [--no-chromium]
 set -u
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 use_apt=1
-[ "${1:-}" = --no-apt ] && use_apt=0
+chromium=1
+for arg in "$@"; do
+    case "$arg" in
+        --no-apt) use_apt=0 ;;
+        --no-chromium) chromium=0 ;;
+        *) echo "install.sh: unknown argument $arg" >&2; exit 2 ;;
+    esac
+done
 status=0
 
 say() { echo "install.sh: $*" >&2; }
@@ -40,15 +48,22 @@ else
     status=1
 fi
 
+# --- websocket-client (drives Chromium through DevTools; optional) -----------------------------
+if ! python3 -c 'import websocket' 2>/dev/null; then
+    python3 -m pip install --quiet websocket-client && say "websocket-client installed" ||
+        say "WARNING: pip install websocket-client failed (the chromium client needs it)"
+fi
+
 # --- Debian packages (optional) -----------------------------------------------------------------
 apt_missing=()
 command -v ngtcp2-client >/dev/null 2>&1 || dpkg -s ngtcp2-client >/dev/null 2>&1 || apt_missing+=(ngtcp2-client)
 dpkg -s ngtcp2-server >/dev/null 2>&1 || apt_missing+=(ngtcp2-server)
 command -v tshark >/dev/null 2>&1 || apt_missing+=(tshark)
+[ "$chromium" = 1 ] && ! command -v chromium >/dev/null 2>&1 && apt_missing+=(chromium)
 command -v openssl >/dev/null 2>&1 || apt_missing+=(openssl)
 
 if [ ${#apt_missing[@]} -eq 0 ]; then
-    say "Debian packages present (ngtcp2, tshark, openssl)"
+    say "Debian packages present (ngtcp2, chromium, tshark, openssl)"
 elif [ "$use_apt" = 0 ]; then
     say "skipping apt (--no-apt); missing: ${apt_missing[*]}"
 elif ! command -v apt-get >/dev/null 2>&1; then

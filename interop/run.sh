@@ -2,15 +2,22 @@
 # The interop matrix runner: kuai against independent QUIC implementations, each wrapped as a
 # MISSION.md §7 endpoint (env ROLE, TESTCASE, LISTEN, WWW, CERTS, SERVER, REQUESTS, DOWNLOADS...).
 #
-#   interop/run.sh [--cases a,b,...] [--servers kuai,quic-go,aioquic] [--clients kuai,quic-go,aioquic]
-#                  [--alpn hq-interop] [--timeout SECONDS] [--results DIR] [--no-wire] [--all-pairs]
-#                  [--with-impairments]
+#   interop/run.sh [--cases a,b,...] [--servers kuai,quic-go,aioquic,ngtcp2]
+#                  [--clients kuai,quic-go,aioquic,ngtcp2,chromium] [--alpn h3|hq-interop|both]
+#                  [--timeout SECONDS] [--results DIR] [--no-wire] [--all-pairs]
+#                  [--with-impairments] [--qlog]
 #
 # Every server x client x case with kuai on at least one side (--all-pairs: every pair) runs on
 # loopback: fresh files and a fresh certificate, the server on 127.0.0.1:<free port>, the client
 # fetching every file, then a byte-for-byte comparison. With tshark installed each run is also
 # captured and checked on the wire (decrypted with the endpoints' SSLKEYLOGFILE): the negotiated
-# version, cipher suite, Retry, resumption, 0-RTT, key phase, ECN marks, amplification limit.
+# version, ALPN, cipher suite, Retry, resumption, 0-RTT, key phase, ECN marks, amplification limit.
+#
+# The ALPN is h3 (HTTP/3) unless --alpn says hq-interop (HTTP/0.9 over QUIC); --alpn both runs
+# the whole matrix twice and prints one set of tables per ALPN. The http3 case is HTTP/3 by
+# definition: it is left out of the hq-interop tables. chromium is a client only.
+#
+# --qlog sets QLOGDIR for both endpoints (<cell>/qlog-server, <cell>/qlog-client).
 #
 # The default cases need no impairment. --with-impairments adds handshakeloss, transferloss,
 # blackhole, rebind-port and rebind-addr, run through interop/proxy.py between client and server
@@ -27,19 +34,21 @@ set -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 
-ALL_IMPLS="kuai quic-go aioquic"
-DEFAULT_CASES="handshake transfer multiplexing chacha20 retry resumption zerortt keyupdate v2 ecn amplificationlimit goodput"
+ALL_IMPLS="kuai quic-go aioquic ngtcp2 chromium"
+SERVER_IMPLS="kuai quic-go aioquic ngtcp2"  # chromium is a client only
+DEFAULT_CASES="handshake transfer multiplexing chacha20 retry resumption zerortt http3 keyupdate v2 ecn amplificationlimit goodput"
 # Cases that need an impairment (loss, black hole, rebinding) between client and server.
 IMPAIRED_CASES="handshakeloss transferloss blackhole rebind-port rebind-addr"
 
 cases=$DEFAULT_CASES
-servers=$ALL_IMPLS
+servers=$SERVER_IMPLS
 clients=$ALL_IMPLS
-alpn=hq-interop
+alpn_arg=h3
 run_timeout=60
 results=""
 wire=auto
 all_pairs=0
+qlog=0
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit "${1:-0}"; }
 
@@ -48,12 +57,13 @@ while [ $# -gt 0 ]; do
         --cases) cases=${2//,/ }; shift 2 ;;
         --servers) servers=${2//,/ }; shift 2 ;;
         --clients) clients=${2//,/ }; shift 2 ;;
-        --alpn) alpn=$2; shift 2 ;;
+        --alpn) alpn_arg=$2; shift 2 ;;
         --timeout) run_timeout=$2; shift 2 ;;
         --results) results=$2; shift 2 ;;
         --no-wire) wire=off; shift ;;
         --all-pairs) all_pairs=1; shift ;;
         --with-impairments) cases="$cases $IMPAIRED_CASES"; shift ;;
+        --qlog) qlog=1; shift ;;
         -h|--help) usage 0 ;;
         *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -62,6 +72,14 @@ done
 for impl in $servers $clients; do
     case " $ALL_IMPLS " in *" $impl "*) ;; *) echo "run.sh: unknown implementation $impl" >&2; exit 2 ;; esac
 done
+for impl in $servers; do
+    case " $SERVER_IMPLS " in *" $impl "*) ;; *) echo "run.sh: $impl is a client only" >&2; exit 2 ;; esac
+done
+case "$alpn_arg" in
+    h3|hq-interop) alpns=$alpn_arg ;;
+    both) alpns="h3 hq-interop" ;;
+    *) echo "run.sh: --alpn must be h3, hq-interop or both" >&2; exit 2 ;;
+esac
 
 if [ -z "$results" ]; then
     results="$HERE/results/$(date +%Y%m%d-%H%M%S)"
@@ -84,6 +102,8 @@ log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 KUAI_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/kuai"
 QUICGO_BIN="$HERE/quic-go/quic-go-endpoint"
 AIOQUIC_PY="$HERE/aioquic/endpoint.py"
+NGTCP2_PY="$HERE/ngtcp2/endpoint.py"
+CHROMIUM_PY="$HERE/chromium/endpoint.py"
 
 prepare_impl() {
     case "$1" in
@@ -99,6 +119,12 @@ prepare_impl() {
             fi ;;
         aioquic)
             python3 -c 'import aioquic' 2>/dev/null || { echo "run.sh: aioquic missing (run interop/install.sh)" >&2; exit 1; } ;;
+        ngtcp2)
+            { command -v gtlsclient && command -v gtlsserver; } >/dev/null 2>&1 ||
+                { echo "run.sh: gtlsclient/gtlsserver missing (apt-get install ngtcp2-client ngtcp2-server)" >&2; exit 1; } ;;
+        chromium)
+            ROLE=prepare python3 "$CHROMIUM_PY" >&2 ||
+                { echo "run.sh: chromium or websocket-client missing (run interop/install.sh)" >&2; exit 1; } ;;
     esac
 }
 
@@ -108,6 +134,8 @@ endpoint_cmd() {
         kuai) echo "$KUAI_BIN interop" ;;
         quic-go) echo "$QUICGO_BIN" ;;
         aioquic) echo "python3 $AIOQUIC_PY" ;;
+        ngtcp2) echo "python3 $NGTCP2_PY" ;;
+        chromium) echo "python3 $CHROMIUM_PY" ;;
     esac
 }
 
@@ -147,6 +175,7 @@ make_files() {
             done
             return ;;
         resumption|zerortt) set -- 102400 65536 65536 32768 ;;
+        http3) set -- 5120 10240 524288 ;;
         *) set -- 102400 98304 ;;
     esac
     i=0
@@ -249,10 +278,20 @@ wait_udp_bound() {
     return 1
 }
 
-# run_cell SERVER CLIENT CASE: runs one cell; echoes pass|fail|unsupported.
+# spki_sha256 CERT: base64 of the SHA-256 of the certificate's SubjectPublicKeyInfo (the pin
+# Chromium's --ignore-certificate-errors-spki-list takes), as CERT_SPKI_SHA256 for the clients.
+spki_sha256() {
+    openssl x509 -in "$1" -pubkey -noout | openssl pkey -pubin -outform der |
+        openssl dgst -sha256 -binary | base64
+}
+
+# last_words LOG: the last non-empty line of an endpoint's log, for the reason of a cell.
+last_words() { grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -n 1 | cut -c1-300; }
+
+# run_cell SERVER CLIENT CASE: runs one cell with ALPN $alpn; echoes pass|fail|unsupported.
 run_cell() {
     local server=$1 client=$2 case=$3
-    local dir="$results/$case/$server--$client"
+    local dir="$results/$alpn/$case/$server--$client"
     rm -rf "$dir"
     mkdir -p "$dir/downloads"
     local files port cap_pid="" srv_pid srv_rc cli_rc reason=""
@@ -262,6 +301,8 @@ run_cell() {
         echo fail
         return
     fi
+    local spki
+    spki=$(spki_sha256 "$dir/certs/cert.pem")
     port=$(free_port)
 
     if [ "$wire" = on ]; then
@@ -277,6 +318,7 @@ run_cell() {
     # Server
     (
         cd "$dir" || exit 1
+        [ "$qlog" = 1 ] && export QLOGDIR="$dir/qlog-server"
         exec env ROLE=server TESTCASE="$case" ALPN="$alpn" LISTEN="127.0.0.1:$port" \
             WWW="$dir/www" CERTS="$dir/certs" SSLKEYLOGFILE="$dir/keys-server.log" \
             RUST_LOG="${RUST_LOG:-info}" \
@@ -288,7 +330,7 @@ run_cell() {
         srv_rc=$?
         [ -n "$cap_pid" ] && { kill "$cap_pid" 2>/dev/null; wait "$cap_pid" 2>/dev/null; }
         if [ "$srv_rc" = 127 ]; then
-            echo "server exited 127 (unsupported)" > "$dir/reason"
+            echo "server: $(last_words "$dir/server.log")" > "$dir/reason"
             echo unsupported
         else
             echo "server did not start (exit $srv_rc)" > "$dir/reason"
@@ -312,8 +354,10 @@ run_cell() {
     t0=$(date +%s.%N)
     (
         cd "$dir" || exit 1
+        [ "$qlog" = 1 ] && export QLOGDIR="$dir/qlog-client"
         exec env ROLE=client TESTCASE="$case" ALPN="$alpn" SERVER="$PATH_TARGET" \
             REQUESTS="${requests# }" DOWNLOADS="$dir/downloads" SSLKEYLOGFILE="$dir/keys-client.log" \
+            CERT_SPKI_SHA256="$spki" \
             RUST_LOG="${RUST_LOG:-info}" \
             timeout -k 5 "$(case_timeout "$case")" $(endpoint_cmd "$client")
     ) > "$dir/client.log" 2>&1
@@ -340,7 +384,11 @@ run_cell() {
     cat "$dir"/keys-*.log > "$dir/keys.log" 2>/dev/null
 
     if [ "$cli_rc" = 127 ] || [ "$srv_rc" = 127 ]; then
-        echo "client exit $cli_rc, server ${srv_rc}: unsupported" > "$dir/reason"
+        if [ "$cli_rc" = 127 ]; then
+            echo "client: $(last_words "$dir/client.log")" > "$dir/reason"
+        else
+            echo "server: $(last_words "$dir/server.log")" > "$dir/reason"
+        fi
         echo unsupported
         return
     fi
@@ -366,7 +414,8 @@ run_cell() {
     fi
     if [ -z "$reason" ] && [ "$wire" = on ]; then
         if ! python3 "$HERE/wirecheck.py" --case "$case" --port "$port" --pcap "$dir/trace.pcapng" \
-            --keylog "$dir/keys.log" --files "$(echo $files | wc -w)" > "$dir/wirecheck.log" 2>&1; then
+            --keylog "$dir/keys.log" --files "$(echo $files | wc -w)" --alpn "$alpn" \
+            > "$dir/wirecheck.log" 2>&1; then
             reason="wire check: $(tail -n 1 "$dir/wirecheck.log")"
         fi
     fi
@@ -391,41 +440,59 @@ run_cell() {
 
 for impl in $(echo "$servers $clients" | tr ' ' '\n' | sort -u); do prepare_impl "$impl"; done
 
-# Known peer faults (known-issues.txt): "CASE SERVER CLIENT | explanation".
+# Known peer faults (known-issues.txt): "CASE SERVER CLIENT [ALPN] | explanation"; without an
+# ALPN the line holds for both.
 declare -A known
 if [ -f "$HERE/known-issues.txt" ]; then
     while IFS= read -r line; do
         case "$line" in ''|'#'*) continue ;; esac
-        key=$(echo "${line%%|*}" | xargs)
-        known["${key// //}"]=$(echo "${line#*|}" | xargs)
+        read -r k_case k_server k_client k_alpn <<< "${line%%|*}"
+        for a in ${k_alpn:-h3 hq-interop}; do
+            known["$a/$k_case/$k_server/$k_client"]=$(echo "${line#*|}" | xargs)
+        done
     done < "$HERE/known-issues.txt"
 fi
 
+# alpn_cases ALPN: the cases run with that ALPN (http3 only with h3).
+alpn_cases() {
+    local c
+    for c in $cases; do
+        [ "$c" = http3 ] && [ "$1" != h3 ] && continue
+        echo "$c"
+    done
+}
+
 declare -A cell
 failures=()
+unsupported=()
 npass=0; nfail=0; nunsup=0
-log "results in $results (wire checks: $wire)"
-for case in $cases; do
-    for server in $servers; do
-        for client in $clients; do
-            if [ "$all_pairs" = 0 ] && [ "$server" != kuai ] && [ "$client" != kuai ]; then continue; fi
-            r=$(run_cell "$server" "$client" "$case")
-            cell["$case/$server/$client"]=$r
-            d="$results/$case/$server--$client"
-            extra=""
-            [ -f "$d/reason" ] && extra=" ($(cat "$d/reason"))"
-            [ -f "$d/goodput" ] && extra=" ($(cat "$d/goodput"))"
-            [ -f "$d/client.seconds" ] && extra="$extra [client ran $(cat "$d/client.seconds") s]"
-            log "$case: server $server, client $client: $r$extra"
-            case "$r" in
-                pass) npass=$((npass + 1)) ;;
-                fail)
-                    nfail=$((nfail + 1))
-                    note=""
-                    [ -n "${known[$case/$server/$client]:-}" ] && note=" [known peer issue: ${known[$case/$server/$client]}]"
-                    failures+=("$case: server $server, client $client: $(cat "$d/reason" 2>/dev/null)$note — logs in $d") ;;
-                unsupported) nunsup=$((nunsup + 1)) ;;
-            esac
+log "results in $results (ALPN: $alpns; wire checks: $wire)"
+for alpn in $alpns; do
+    for case in $(alpn_cases "$alpn"); do
+        for server in $servers; do
+            for client in $clients; do
+                if [ "$all_pairs" = 0 ] && [ "$server" != kuai ] && [ "$client" != kuai ]; then continue; fi
+                r=$(run_cell "$server" "$client" "$case")
+                k="$alpn/$case/$server/$client"
+                cell["$k"]=$r
+                d="$results/$alpn/$case/$server--$client"
+                extra=""
+                [ -f "$d/reason" ] && extra=" ($(cat "$d/reason"))"
+                [ -f "$d/goodput" ] && extra=" ($(cat "$d/goodput"))"
+                [ -f "$d/client.seconds" ] && extra="$extra [client ran $(cat "$d/client.seconds") s]"
+                log "$alpn $case: server $server, client $client: $r$extra"
+                case "$r" in
+                    pass) npass=$((npass + 1)) ;;
+                    fail)
+                        nfail=$((nfail + 1))
+                        note=""
+                        [ -n "${known[$k]:-}" ] && note=" [known peer issue: ${known[$k]}]"
+                        failures+=("$alpn $case: server $server, client $client: $(cat "$d/reason" 2>/dev/null)$note — logs in $d") ;;
+                    unsupported)
+                        nunsup=$((nunsup + 1))
+                        unsupported+=("$alpn $case: server $server, client $client: $(cat "$d/reason" 2>/dev/null)") ;;
+                esac
+            done
         done
     done
 done
@@ -439,34 +506,38 @@ symbol() {
 {
     echo "# kuai interop matrix"
     echo
-    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), ALPN $alpn, kuai $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo '+dirty') (binary of $(date -u -r "$KUAI_BIN" '+%Y-%m-%d %H:%M UTC' 2>/dev/null)), wire checks $wire."
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), ALPN $alpns, kuai $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet HEAD -- crates 2>/dev/null || echo '+dirty') (binary of $(date -u -r "$KUAI_BIN" '+%Y-%m-%d %H:%M UTC' 2>/dev/null)), wire checks $wire."
     echo "✓ pass, ✗ fail (✗† a known fault of the peer, see interop/known-issues.txt), — unsupported (exit 127)."
     echo "Rows: server; columns: client."
-    for case in $cases; do
+    for alpn in $alpns; do
         echo
-        echo "### $case"
-        echo
-        printf '| server \\ client |'
-        for client in $clients; do printf ' %s |' "$client"; done
-        echo
-        printf '|---|'
-        for client in $clients; do printf ':-:|'; done
-        echo
-        for server in $servers; do
-            printf '| %s |' "$server"
-            for client in $clients; do
-                k="$case/$server/$client"
-                if [ -n "${cell[$k]:-}" ]; then
-                    s=$(symbol "${cell[$k]}")
-                    [ "${cell[$k]}" = fail ] && [ -n "${known[$k]:-}" ] && s="$s†"
-                    g="$results/$case/$server--$client/goodput"
-                    [ "${cell[$k]}" = pass ] && [ -f "$g" ] && s="$s $(cat "$g")"
-                    printf ' %s |' "$s"
-                else
-                    printf '   |'
-                fi
-            done
+        echo "## ALPN $alpn"
+        for case in $(alpn_cases "$alpn"); do
             echo
+            echo "### $case ($alpn)"
+            echo
+            printf '| server \\ client |'
+            for client in $clients; do printf ' %s |' "$client"; done
+            echo
+            printf '|---|'
+            for client in $clients; do printf ':-:|'; done
+            echo
+            for server in $servers; do
+                printf '| %s |' "$server"
+                for client in $clients; do
+                    k="$alpn/$case/$server/$client"
+                    if [ -n "${cell[$k]:-}" ]; then
+                        s=$(symbol "${cell[$k]}")
+                        [ "${cell[$k]}" = fail ] && [ -n "${known[$k]:-}" ] && s="$s†"
+                        g="$results/$alpn/$case/$server--$client/goodput"
+                        [ "${cell[$k]}" = pass ] && [ -f "$g" ] && s="$s $(cat "$g")"
+                        printf ' %s |' "$s"
+                    else
+                        printf '   |'
+                    fi
+                done
+                echo
+            done
         done
     done
     echo
@@ -475,6 +546,11 @@ symbol() {
         echo
         echo "Failures:"
         for f in "${failures[@]}"; do echo "- $f"; done
+    fi
+    if [ ${#unsupported[@]} -gt 0 ]; then
+        echo
+        echo "Unsupported:"
+        for f in "${unsupported[@]}"; do echo "- $f"; done
     fi
 } | tee "$results/matrix.md"
 echo

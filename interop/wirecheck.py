@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Checks one interop run on the wire: reads the loopback capture with tshark (decrypting it with
 the endpoints' SSLKEYLOGFILE) and verifies what the test case is about, the way the
-quic-interop-runner does: the negotiated version, cipher suite, Retry, resumption, 0-RTT, key
-phase changes, ECN marks and ECN counts, the anti-amplification limit, the number of connections.
+quic-interop-runner does: the negotiated version, ALPN, cipher suite, Retry, resumption, 0-RTT,
+key phase changes, ECN marks and ECN counts, the anti-amplification limit, the number of
+connections.
 
-    wirecheck.py --case CASE --port SERVER_PORT --pcap FILE [--keylog FILE] [--files N]
+    wirecheck.py --case CASE --port SERVER_PORT --pcap FILE [--keylog FILE] [--files N] [--alpn A]
 
 Prints a summary; the last line says what failed. Exit 0 when the run passes the checks.
 """
@@ -40,6 +41,7 @@ FIELDS = [
     "tls.handshake.type",
     "tls.handshake.ciphersuite",
     "tls.handshake.extension.type",
+    "tls.handshake.extensions_alpn_str",
 ]
 
 
@@ -64,6 +66,7 @@ class Datagram:
     hs_types: list[int] = field(default_factory=list)
     ciphers: list[int] = field(default_factory=list)
     extensions: list[int] = field(default_factory=list)
+    alpns: list[str] = field(default_factory=list)
 
 
 def ints(s: str, base: int = 10) -> list[int]:
@@ -134,6 +137,7 @@ def read(pcap: str, keylog: str | None, port: int) -> list[Datagram]:
         d.hs_types = ints(row["tls.handshake.type"])
         d.ciphers = ints(row["tls.handshake.ciphersuite"], 16)
         d.extensions = ints(row["tls.handshake.extension.type"])
+        d.alpns = [x for x in row["tls.handshake.extensions_alpn_str"].split(",") if x]
         grams.append(d)
     return grams
 
@@ -145,6 +149,7 @@ def main() -> int:
     ap.add_argument("--pcap", required=True)
     ap.add_argument("--keylog")
     ap.add_argument("--files", type=int, default=0)
+    ap.add_argument("--alpn", help="the ALPN the server must select (EncryptedExtensions)")
     a = ap.parse_args()
 
     grams = read(a.pcap, a.keylog, a.port)
@@ -190,6 +195,13 @@ def main() -> int:
         if d.src not in client_addrs:
             client_addrs.append(d.src)
     challenges_srv = sum(d.frame_types.count(0x1A) for d in srv)
+    # A client with zero-length connection IDs (Chromium) gets short headers that tshark can
+    # match to the connection only by address: after a rebinding it cannot decrypt what the
+    # server sends. The client's PATH_RESPONSE (decryptable: it carries the server's CID)
+    # answers a PATH_CHALLENGE the server sent on the new path.
+    responses_cli = sum(d.frame_types.count(0x1B) for d in cli)
+    # The protocols the server selected (its EncryptedExtensions, once decrypted).
+    server_alpns = sorted({x for d in srv for x in d.alpns})
 
     def hexv(v):
         return "none" if v is None else f"0x{v:08x}"
@@ -225,8 +237,9 @@ def main() -> int:
                 peak_ratio = max(peak_ratio, sent / received)
             if sent > 3 * received and amp_violation is None:
                 amp_violation = (d.number, sent, received)
+    print(f"ALPN selected by the server: {server_alpns or 'not seen (undecrypted?)'}")
     print(f"client addresses seen by the server: {len(client_addrs)}; server PATH_CHALLENGE "
-          f"frames: {challenges_srv}")
+          f"frames: {challenges_srv}; client PATH_RESPONSE frames: {responses_cli}")
     print(f"before address validation: server sent {sent} bytes for {received} received "
           f"(peak ratio {peak_ratio:.2f})")
 
@@ -280,10 +293,14 @@ def main() -> int:
     if case in ("rebind-port", "rebind-addr"):
         if len(client_addrs) < 2:
             failures.append("the client's address never changed (no rebinding happened)")
-        elif challenges_srv < 1:
+        elif challenges_srv < 1 and responses_cli < 1:
             failures.append("the server never validated the new path (no PATH_CHALLENGE)")
         if case == "rebind-addr" and len({a.rsplit(":", 1)[0] for a in client_addrs}) < 2:
             failures.append("the client's IP address never changed")
+    if a.alpn and server_alpns and server_alpns != [a.alpn]:
+        failures.append(f"the server selected ALPN {server_alpns}, expected {a.alpn}")
+    if case == "http3" and server_alpns != ["h3"]:
+        failures.append(f"ALPN h3 not seen in the server's EncryptedExtensions ({server_alpns})")
     if case == "amplificationlimit" and peak_ratio < 2.0:
         failures.append(f"the server's first flight was small (ratio {peak_ratio:.2f}): "
                         "the limit was not exercised")

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """aioquic as an interop endpoint (MISSION.md section 7).
 
-Configured by environment variables: ROLE=client|server|prepare, TESTCASE, ALPN (only
-hq-interop), LISTEN, WWW, CERTS (cert.pem, priv.key) for the server; SERVER, REQUESTS,
-DOWNLOADS for the client; SSLKEYLOGFILE and QLOGDIR for both. HTTP/0.9 over QUIC: one
-bidirectional stream per request, "GET /path\\r\\n", the server answers with the file.
+Configured by environment variables: ROLE=client|server|prepare, TESTCASE, ALPN (h3, the
+default, or hq-interop), LISTEN, WWW, CERTS (cert.pem, priv.key) for the server; SERVER,
+REQUESTS, DOWNLOADS for the client; SSLKEYLOGFILE and QLOGDIR for both. With h3 the endpoint
+speaks HTTP/3 through aioquic's H3Connection (GET requests, the server answers 200 with the
+file or 404); with hq-interop HTTP/0.9 over QUIC: one bidirectional stream per request,
+"GET /path\\r\\n", the server answers with the file.
 
 Exit codes: 0 success, 1 failure, 127 test case not supported.
 aioquic sends one QUIC datagram per sendto() call, so there is no GSO batching to disable.
@@ -21,6 +23,8 @@ import time
 from urllib.parse import urlsplit
 
 from aioquic.asyncio import QuicConnectionProtocol, connect, serve
+from aioquic.h3.connection import H3Connection
+from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import (
     ConnectionTerminated,
@@ -32,13 +36,16 @@ from aioquic.quic.events import (
 from aioquic.quic.packet import QuicProtocolVersion
 from aioquic.tls import CipherSuite, SessionTicket
 
-ALPN = "hq-interop"
+ALPN_HQ = "hq-interop"
+ALPN_H3 = "h3"
+ALPN = ALPN_H3  # this run's ALPN, set by main() from the ALPN variable
 EXIT_UNSUPPORTED = 127
+H3_NO_ERROR = 0x100
 
 ALL_CASES = {
     "handshake", "transfer", "multiplexing", "chacha20", "retry", "resumption", "zerortt",
     "keyupdate", "v2", "amplificationlimit", "handshakeloss", "transferloss", "blackhole",
-    "rebind-port", "rebind-addr", "goodput",
+    "rebind-port", "rebind-addr", "goodput", "http3",
 }
 # aioquic neither marks outgoing packets with ECN nor reads ECN marks: "ecn" is unsupported.
 SERVER_CASES = ALL_CASES
@@ -109,10 +116,21 @@ class ServerProtocol(QuicConnectionProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._requests: dict[int, bytearray] = {}
+        self._h3: H3Connection | None = None
+        if ALPN == ALPN_H3:
+            self._h3 = H3Connection(self._quic)
 
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, HandshakeCompleted):
             log.info("handshake completed: %s", describe(self._quic))
+        elif self._h3 is not None:
+            for h3_event in self._h3.handle_event(event):
+                self._h3_event(h3_event)
+            if isinstance(event, ConnectionTerminated):
+                log.info(
+                    "connection terminated: error 0x%x %s", event.error_code, event.reason_phrase
+                )
+            self.transmit()
         elif isinstance(event, StreamDataReceived):
             buf = self._requests.setdefault(event.stream_id, bytearray())
             buf += event.data
@@ -128,6 +146,37 @@ class ServerProtocol(QuicConnectionProtocol):
             log.info(
                 "connection terminated: error 0x%x %s", event.error_code, event.reason_phrase
             )
+
+    def _h3_event(self, event: H3Event) -> None:
+        if not isinstance(event, HeadersReceived):
+            return  # request bodies (DataReceived) are ignored: only GET and HEAD are served
+        headers = dict(event.headers)
+        method = headers.get(b":method", b"").decode("latin-1")
+        path = headers.get(b":path", b"/").decode("latin-1")
+        log.info("h3 %s %s on stream %d", method, path, event.stream_id)
+        if method not in ("GET", "HEAD"):
+            self._h3_respond(event.stream_id, 405, b"method not allowed\n")
+            return
+        clean = posixpath.normpath("/" + urlsplit(path).path).lstrip("/")
+        try:
+            with open(os.path.join(self.www, clean), "rb") as f:
+                data = f.read()
+        except OSError as e:
+            log.warning("stream %d: %s: %s", event.stream_id, path, e)
+            self._h3_respond(event.stream_id, 404, b"not found\n")
+            return
+        self._h3_respond(event.stream_id, 200, b"" if method == "HEAD" else data, len(data))
+
+    def _h3_respond(self, stream_id: int, status: int, body: bytes, length: int | None = None):
+        assert self._h3 is not None
+        headers = [
+            (b":status", str(status).encode()),
+            (b"server", b"aioquic-interop"),
+            (b"content-length", str(len(body) if length is None else length).encode()),
+        ]
+        self._h3.send_headers(stream_id, headers, end_stream=not body)
+        if body:
+            self._h3.send_data(stream_id, body, end_stream=True)
 
     def _answer(self, stream_id: int, request: bytes) -> None:
         line = request.decode("latin-1").strip()
@@ -182,14 +231,57 @@ class ClientProtocol(QuicConnectionProtocol):
         super().__init__(*args, **kwargs)
         self._downloads: dict[int, tuple[object, asyncio.Future]] = {}
         self.key_update_on_handshake = False
+        self._h3: H3Connection | None = None
+        if ALPN == ALPN_H3:
+            self._h3 = H3Connection(self._quic)
 
-    def get(self, path: str, out_path: str) -> asyncio.Future:
+    def get(self, url: str, out_path: str) -> asyncio.Future:
+        parts = urlsplit(url)
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
         stream_id = self._quic.get_next_available_stream_id()
         fut = self._loop.create_future()
         self._downloads[stream_id] = (open(out_path, "wb"), fut)
-        self._quic.send_stream_data(stream_id, b"GET " + path.encode() + b"\r\n", end_stream=True)
+        if self._h3 is not None:
+            self._h3.send_headers(
+                stream_id,
+                [
+                    (b":method", b"GET"),
+                    (b":scheme", b"https"),
+                    (b":authority", parts.netloc.encode()),
+                    (b":path", path.encode()),
+                    (b"user-agent", b"aioquic-interop"),
+                ],
+                end_stream=True,
+            )
+        else:
+            self._quic.send_stream_data(stream_id, b"GET " + path.encode() + b"\r\n", end_stream=True)
         self.transmit()
         return fut
+
+    def _h3_event(self, event: H3Event) -> None:
+        entry = self._downloads.get(event.stream_id)
+        if entry is None:
+            return
+        f, fut = entry
+        if isinstance(event, HeadersReceived):
+            status = dict(event.headers).get(b":status", b"")
+            if status != b"200" and not status.startswith(b"1"):
+                f.close()
+                del self._downloads[event.stream_id]
+                if not fut.done():
+                    fut.set_exception(RuntimeError("stream %d: status %s" % (event.stream_id, status.decode())))
+                return
+        elif isinstance(event, DataReceived):
+            f.write(event.data)
+        else:
+            return
+        if event.stream_ended:
+            f.close()
+            del self._downloads[event.stream_id]
+            if not fut.done():
+                fut.set_result(None)
 
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, HandshakeCompleted):
@@ -197,7 +289,11 @@ class ClientProtocol(QuicConnectionProtocol):
             if self.key_update_on_handshake:
                 # aioquic defers the update until the handshake is confirmed.
                 self._quic.request_key_update()
-        elif isinstance(event, StreamDataReceived):
+        if isinstance(event, StreamDataReceived):
+            if self._h3 is not None:
+                for h3_event in self._h3.handle_event(event):
+                    self._h3_event(h3_event)
+                return
             entry = self._downloads.get(event.stream_id)
             if entry is None:
                 return
@@ -253,9 +349,8 @@ async def session(case, host, port, server_name, urls, downloads, ticket_box, ea
                 proto.request_key_update()
         futs = []
         for u in urls:
-            parts = urlsplit(u)
-            name = posixpath.basename(parts.path) or "index.html"
-            futs.append(proto.get(parts.path or "/", os.path.join(downloads, name)))
+            name = posixpath.basename(urlsplit(u).path) or "index.html"
+            futs.append(proto.get(u, os.path.join(downloads, name)))
         await asyncio.gather(*futs)
         log.info("downloads done: %s", describe(proto._quic))
         if early and not getattr(proto._quic.tls, "early_data_accepted", False):
@@ -263,7 +358,7 @@ async def session(case, host, port, server_name, urls, downloads, ticket_box, ea
         if ticket_box.get("ticket") is None and not early:
             # Give a session ticket sent right after the handshake time to arrive.
             await asyncio.sleep(0.1)
-        proto.close(error_code=0)
+        proto.close(error_code=H3_NO_ERROR if ALPN == ALPN_H3 else 0)
         await proto.wait_closed()
 
 
@@ -309,12 +404,17 @@ def main() -> int:
     )
     role = env("ROLE", "")
     case = env("TESTCASE", "")
-    alpn = env("ALPN", "h3")
+    alpn = env("ALPN", ALPN_H3)
     if role == "prepare":
         return 0
-    if alpn != ALPN:
-        log.error("ALPN %s not supported (only %s)", alpn, ALPN)
+    if alpn not in (ALPN_H3, ALPN_HQ):
+        log.error("ALPN %s not supported (only %s and %s)", alpn, ALPN_H3, ALPN_HQ)
         return EXIT_UNSUPPORTED
+    if case == "http3" and alpn != ALPN_H3:
+        log.error("test case http3 needs ALPN h3, not %s", alpn)
+        return EXIT_UNSUPPORTED
+    global ALPN
+    ALPN = alpn
     if role == "server":
         if case not in SERVER_CASES:
             log.error("test case %r not supported as server", case)

@@ -1,6 +1,7 @@
 // Command quic-go-endpoint wraps quic-go as an interop endpoint following MISSION.md §7:
 // configured by environment variables (ROLE, TESTCASE, LISTEN, WWW, CERTS, SERVER, REQUESTS,
-// DOWNLOADS, SSLKEYLOGFILE, QLOGDIR), speaking HTTP/0.9 over QUIC (ALPN hq-interop).
+// DOWNLOADS, SSLKEYLOGFILE, QLOGDIR), speaking HTTP/3 (ALPN h3, the default, with quic-go's
+// http3 package) or HTTP/0.9 over QUIC (ALPN hq-interop).
 // Exit codes: 0 success, 1 failure, 127 test case not supported.
 package main
 
@@ -13,6 +14,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path"
@@ -23,10 +25,17 @@ import (
 	_ "unsafe" // for go:linkname
 
 	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
 	"github.com/quic-go/quic-go/qlog"
 )
 
-const alpnHQ = "hq-interop"
+const (
+	alpnHQ = "hq-interop"
+	alpnH3 = "h3"
+)
+
+// The ALPN of this run (ALPN env): alpnH3 or alpnHQ.
+var alpn string
 
 const exitUnsupported = 127
 
@@ -52,6 +61,7 @@ var serverCases = map[string]bool{
 	"retry": true, "resumption": true, "zerortt": true, "keyupdate": true, "v2": true,
 	"ecn": true, "amplificationlimit": true, "handshakeloss": true, "transferloss": true,
 	"blackhole": true, "rebind-port": true, "rebind-addr": true, "goodput": true,
+	"http3": true,
 }
 
 // The client side: keyupdate relies on quic-go's built-in first key update (after ~100
@@ -70,7 +80,7 @@ func main() {
 	log.SetPrefix("quic-go-endpoint: ")
 	role := os.Getenv("ROLE")
 	tc := os.Getenv("TESTCASE")
-	alpn := getenv("ALPN", "h3")
+	alpn = getenv("ALPN", alpnH3)
 	if role == "prepare" {
 		os.Exit(0)
 	}
@@ -79,8 +89,12 @@ func main() {
 	if os.Getenv("QUIC_GO_DISABLE_GSO") == "" {
 		os.Setenv("QUIC_GO_DISABLE_GSO", "true")
 	}
-	if alpn != alpnHQ {
-		log.Printf("ALPN %q not supported (only %s)", alpn, alpnHQ)
+	if alpn != alpnHQ && alpn != alpnH3 {
+		log.Printf("ALPN %q not supported (only %s and %s)", alpn, alpnH3, alpnHQ)
+		os.Exit(exitUnsupported)
+	}
+	if tc == "http3" && alpn != alpnH3 {
+		log.Printf("test case http3 needs ALPN h3, not %q", alpn)
 		os.Exit(exitUnsupported)
 	}
 	var err error
@@ -169,7 +183,7 @@ func runServer(tc string) error {
 	}
 	tlsConf := &tls.Config{
 		Certificates: []tls.Certificate{cert},
-		NextProtos:   []string{alpnHQ},
+		NextProtos:   []string{alpn},
 		MinVersion:   tls.VersionTLS13,
 		KeyLogWriter: kl,
 	}
@@ -191,7 +205,10 @@ func runServer(tc string) error {
 	if err != nil {
 		return err
 	}
-	log.Printf("server listening on %s, test case %s, serving %s", udp.LocalAddr(), tc, www)
+	log.Printf("server listening on %s, ALPN %s, test case %s, serving %s", udp.LocalAddr(), alpn, tc, www)
+	if alpn == alpnH3 {
+		return serveH3(ln, www)
+	}
 	for {
 		conn, err := ln.Accept(context.Background())
 		if err != nil {
@@ -201,8 +218,25 @@ func runServer(tc string) error {
 	}
 }
 
-func serveConn(conn *quic.Conn, www string) {
-	// Accept returns early connections (0-RTT); wait for the handshake for the log line only.
+// serveH3 serves the files of www over HTTP/3 on every connection of ln.
+func serveH3(ln *quic.EarlyListener, www string) error {
+	files := http.FileServer(http.Dir(www))
+	srv := &http3.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			log.Printf("%s %s %s from %s", r.Proto, r.Method, r.URL.Path, r.RemoteAddr)
+			files.ServeHTTP(w, r)
+		}),
+		ConnContext: func(ctx context.Context, conn *quic.Conn) context.Context {
+			logHandshake(conn)
+			return ctx
+		},
+	}
+	return srv.ServeListener(ln)
+}
+
+// logHandshake logs the connection's version, cipher suite, resumption and 0-RTT once its
+// handshake completes (Accept returns early connections, before that).
+func logHandshake(conn *quic.Conn) {
 	go func() {
 		select {
 		case <-conn.HandshakeComplete():
@@ -213,6 +247,10 @@ func serveConn(conn *quic.Conn, www string) {
 		case <-conn.Context().Done():
 		}
 	}()
+}
+
+func serveConn(conn *quic.Conn, www string) {
+	logHandshake(conn)
 	for {
 		str, err := conn.AcceptStream(context.Background())
 		if err != nil {
@@ -301,7 +339,7 @@ func runClient(tc string) error {
 	tlsConf := &tls.Config{
 		ServerName:         reqs[0].url.Hostname(),
 		InsecureSkipVerify: true,
-		NextProtos:         []string{alpnHQ},
+		NextProtos:         []string{alpn},
 		MinVersion:         tls.VersionTLS13,
 		KeyLogWriter:       kl,
 		ClientSessionCache: tls.NewLRUClientSessionCache(8),
@@ -353,13 +391,23 @@ func session(ctx context.Context, tr *quic.Transport, raddr net.Addr, tlsConf *t
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", raddr, err)
 	}
+	var h3conn *http3.ClientConn
+	if alpn == alpnH3 {
+		h3conn = (&http3.Transport{}).NewClientConn(conn)
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, len(reqs))
 	for _, r := range reqs {
 		wg.Add(1)
 		go func(r request) {
 			defer wg.Done()
-			if err := download(ctx, conn, r, downloads); err != nil {
+			var err error
+			if h3conn != nil {
+				err = downloadH3(ctx, h3conn, r, downloads, early)
+			} else {
+				err = download(ctx, conn, r, downloads)
+			}
+			if err != nil {
 				errs <- fmt.Errorf("%s: %w", r.url, err)
 			}
 		}(r)
@@ -372,15 +420,41 @@ func session(ctx context.Context, tr *quic.Transport, raddr net.Addr, tlsConf *t
 	if early && !st.Used0RTT {
 		log.Printf("warning: 0-RTT was not used")
 	}
+	// Application error codes: H3_NO_ERROR / H3_INTERNAL_ERROR for HTTP/3, 0 / 1 for hq.
+	var ok, failed quic.ApplicationErrorCode = 0, 1
+	if h3conn != nil {
+		ok, failed = quic.ApplicationErrorCode(http3.ErrCodeNoError), quic.ApplicationErrorCode(http3.ErrCodeInternalError)
+	}
 	if err := <-errs; err != nil {
-		conn.CloseWithError(1, "download failed")
+		conn.CloseWithError(failed, "download failed")
 		return err
 	}
 	// Wait briefly so that a session ticket sent after the handshake is surely processed.
 	if !early && !st.TLS.DidResume {
 		time.Sleep(50 * time.Millisecond)
 	}
-	return conn.CloseWithError(0, "")
+	return conn.CloseWithError(ok, "")
+}
+
+// downloadH3 GETs r over HTTP/3 (in 0-RTT when early) and saves the body.
+func downloadH3(ctx context.Context, cc *http3.ClientConn, r request, downloads string, early bool) error {
+	method := http.MethodGet
+	if early {
+		method = http3.MethodGet0RTT
+	}
+	req, err := http.NewRequestWithContext(ctx, method, r.url.String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := cc.RoundTrip(req)
+	if err != nil {
+		return fmt.Errorf("request: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %s", resp.Status)
+	}
+	return saveBody(resp.Body, filepath.Join(downloads, r.name))
 }
 
 func download(ctx context.Context, conn *quic.Conn, r request, downloads string) error {
@@ -398,12 +472,16 @@ func download(ctx context.Context, conn *quic.Conn, r request, downloads string)
 	if err := str.Close(); err != nil {
 		return err
 	}
-	f, err := os.Create(filepath.Join(downloads, r.name))
+	return saveBody(str, filepath.Join(downloads, r.name))
+}
+
+func saveBody(body io.Reader, name string) error {
+	f, err := os.Create(name)
 	if err != nil {
 		return err
 	}
 	w := bufio.NewWriterSize(f, 64<<10)
-	if _, err := io.Copy(w, str); err != nil {
+	if _, err := io.Copy(w, body); err != nil {
 		f.Close()
 		return fmt.Errorf("reading response: %w", err)
 	}

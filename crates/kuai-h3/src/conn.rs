@@ -74,6 +74,8 @@ pub(crate) struct State {
     pub error: Option<H3Error>,
     /// Server: the lowest request stream ID not yet seen (for GOAWAY).
     pub next_request_id: u64,
+    /// Which critical unidirectional stream types the peer has opened (indexed by type).
+    pub seen_critical: [bool; 4],
 }
 
 /// Shared per-connection HTTP/3 state.
@@ -165,7 +167,9 @@ impl Shared {
             }
             match r {
                 Ok(qpack::Decoded::Fields(f)) => return Ok(f),
-                Ok(qpack::Decoded::Blocked) => {}
+                Ok(qpack::Decoded::Blocked) => {
+                    tracing::trace!(stream_id, "header block waits for encoder instructions");
+                }
                 // Too large a section is a problem of this message only (RFC 9114 §4.2.2).
                 Err(e) if e.code == Code::MESSAGE_ERROR.0 => {
                     return Err(crate::Error::Malformed(e.reason));
@@ -235,6 +239,7 @@ pub(crate) async fn start(
             goaway_sent: None,
             error: None,
             next_request_id: 0,
+            seen_critical: [false; 4],
         }),
         quic,
         side,
@@ -321,55 +326,54 @@ fn write_err(e: kuai::WriteError) -> crate::Error {
     }
 }
 
-/// Accepts the peer's unidirectional streams and dispatches them by type.
+/// Accepts the peer's unidirectional streams. Each one is read on its own task: a stream can
+/// be opened implicitly by a higher-numbered one (RFC 9000 §3.2) and carry no byte for a long
+/// time (a lazily used QPACK decoder stream), which must not hold up the streams after it.
 async fn accept_uni(shared: Arc<Shared>) {
-    let mut seen = [false; 4];
-    while let Ok(mut recv) = shared.quic.accept_uni().await {
-        // The stream type is the first varint.
-        let ty = match read_varint(&mut recv).await {
-            Some(t) => t,
-            None => continue,
-        };
-        let critical = match ty {
-            stream_type::CONTROL | stream_type::QPACK_ENCODER | stream_type::QPACK_DECODER => {
-                let i = ty as usize;
-                if seen[i] {
-                    shared.fail(H3Error::new(
-                        Code::STREAM_CREATION_ERROR,
-                        "second critical stream of one type",
-                    ));
-                    return;
-                }
-                seen[i] = true;
-                true
-            }
-            stream_type::PUSH => {
-                // We never send MAX_PUSH_ID, so a push stream is an error (RFC 9114 §4.6).
+    while let Ok(recv) = shared.quic.accept_uni().await {
+        let s = shared.clone();
+        tokio::spawn(async move { dispatch_uni(s, recv).await });
+    }
+}
+
+/// Reads a unidirectional stream's type and hands it to its reader (RFC 9114 §6.2).
+async fn dispatch_uni(shared: Arc<Shared>, mut recv: RecvStream) {
+    // The stream type is the first varint.
+    let Some(ty) = read_varint(&mut recv).await else {
+        return;
+    };
+    match ty {
+        stream_type::CONTROL | stream_type::QPACK_ENCODER | stream_type::QPACK_DECODER => {
+            let first = !std::mem::replace(&mut shared.lock().seen_critical[ty as usize], true);
+            if !first {
                 shared.fail(H3Error::new(
-                    Code::ID_ERROR,
-                    "push stream without MAX_PUSH_ID",
+                    Code::STREAM_CREATION_ERROR,
+                    "second critical stream of one type",
                 ));
                 return;
             }
-            _ => {
-                // Unknown or reserved types are ignored (RFC 9114 §6.2).
-                let _ = recv.stop(Code::STREAM_CREATION_ERROR.0);
-                false
-            }
-        };
-        if critical {
-            let s = shared.clone();
-            tokio::spawn(async move {
-                let e = match ty {
-                    stream_type::CONTROL => read_control(&s, recv).await,
-                    stream_type::QPACK_ENCODER => read_encoder(&s, recv).await,
-                    _ => read_decoder(&s, recv).await,
-                };
-                if let Err(e) = e {
-                    s.fail(e);
-                }
-            });
         }
+        stream_type::PUSH => {
+            // We never send MAX_PUSH_ID, so a push stream is an error (RFC 9114 §4.6).
+            shared.fail(H3Error::new(
+                Code::ID_ERROR,
+                "push stream without MAX_PUSH_ID",
+            ));
+            return;
+        }
+        _ => {
+            // Unknown or reserved types are ignored (RFC 9114 §6.2).
+            let _ = recv.stop(Code::STREAM_CREATION_ERROR.0);
+            return;
+        }
+    }
+    let e = match ty {
+        stream_type::CONTROL => read_control(&shared, recv).await,
+        stream_type::QPACK_ENCODER => read_encoder(&shared, recv).await,
+        _ => read_decoder(&shared, recv).await,
+    };
+    if let Err(e) = e {
+        shared.fail(e);
     }
 }
 
@@ -467,6 +471,7 @@ async fn read_encoder(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
             Err(kuai::ReadError::ConnectionLost(_)) => return Ok(()),
             Err(_) => return Err(closed_critical()),
         };
+        tracing::trace!(len = chunk.len(), "QPACK encoder stream data");
         let mut out = Vec::new();
         let r = shared.lock().decoder.on_encoder_stream(&chunk, &mut out);
         if !out.is_empty() {

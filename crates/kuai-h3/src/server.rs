@@ -71,6 +71,7 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
             _ = tx.closed() => return,
         };
         let id = recv.id().0;
+        tracing::trace!(id, "request stream accepted");
         let mut stream = RequestStream::new(shared.clone(), send, recv);
         {
             let mut s = shared.lock();

@@ -215,3 +215,36 @@ async fn goaway_rejects_new_requests() {
     assert_eq!(s.recv_response().await.unwrap().status(), 200);
     assert_eq!(&s.recv_body(100).await.unwrap()[..], b"last");
 }
+
+/// A peer's uni stream that is opened (implicitly, by a higher-numbered one) but carries no
+/// byte yet must not hold up the streams after it: here the QPACK encoder stream, which a
+/// request depends on (Chromium opens its decoder stream lazily in just this way).
+#[tokio::test]
+async fn an_empty_uni_stream_does_not_hold_up_later_ones() {
+    let (_ep, conn, _s) = raw_client().await;
+    let silent = conn.open_uni().await.unwrap(); // stream 2: never written
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let mut enc = conn.open_uni().await.unwrap();
+    // Encoder stream: Set Dynamic Table Capacity 4096; Insert With Name Reference to the
+    // static ":path" (index 1), value "/" (RFC 9204 §4.3).
+    enc.write_all(&[0x02, 0x3f, 0xe1, 0x1f, 0xc1, 0x01, b'/'])
+        .await
+        .unwrap();
+    // A request whose :path is dynamic entry 0: Required Insert Count 1 (encoded 2), base 1.
+    let mut block = vec![0x02, 0x00, 0xd1, 0xd7, 0x50, 0x09];
+    block.extend_from_slice(b"localhost");
+    block.push(0x80);
+    let mut req = vec![0x01, block.len() as u8];
+    req.extend_from_slice(&block);
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&req).await.unwrap();
+    send.finish().unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(64 * 1024))
+        .await
+        .expect("response within 5 s")
+        .unwrap();
+    // HEADERS frame first, then DATA "ok".
+    assert_eq!(resp[0], 0x01, "response starts with HEADERS");
+    assert!(resp.ends_with(b"ok"));
+    drop((silent, enc));
+}

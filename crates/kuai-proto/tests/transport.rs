@@ -381,6 +381,36 @@ fn keep_alive_prevents_idle_timeout() {
     assert!(p.client_conn().is_established());
 }
 
+/// An idle connection with a stream the peer may still send on (an HTTP/3 control stream)
+/// stays quiet: the receiver's stall probe fires once per quiet spell, not every second.
+#[test]
+fn idle_open_stream_does_not_ping_forever() {
+    let mut t = TransportConfig::default();
+    t.max_idle_timeout = Duration::from_secs(60);
+    let ccfg = quic::client_config(t.clone());
+    let mut p = pair(
+        63,
+        quic::server_config(t),
+        &ccfg,
+        Client::with_requests([100]),
+    );
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    let ch = p.ch;
+    let conn = p.client_mut().ep.connection_mut(ch).unwrap();
+    let id = conn.open_stream(kuai_proto::Dir::Uni).unwrap();
+    conn.write(id, bytes::Bytes::from_static(b"control"))
+        .unwrap();
+    p.net.run_for(Duration::from_secs(2));
+    let before = p.server_conn().unwrap().stats().packets_sent;
+    p.net.run_for(Duration::from_secs(30));
+    let during = p.server_conn().unwrap().stats().packets_sent - before;
+    assert!(
+        during <= 2,
+        "server sent {during} packets in 30 idle seconds"
+    );
+    assert!(p.client_conn().is_established());
+}
+
 #[test]
 fn application_close_reaches_the_peer() {
     let ccfg = quic::client_config(TransportConfig::default());

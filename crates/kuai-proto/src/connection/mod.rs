@@ -277,6 +277,8 @@ pub struct Connection {
     handshake_done_pending: bool,
     new_token_pending: bool,
     ping_pending: bool,
+    /// Stream data arrived since the last stall probe (one probe per quiet spell).
+    stall_probe_armed: bool,
     immediate_ack_pending: bool,
     ack_policy: AckPolicy,
     /// Our ACK_FREQUENCY request to the peer: sequence and whether it must be (re)sent.
@@ -600,6 +602,7 @@ impl Connection {
             handshake_done_pending: false,
             new_token_pending: false,
             ping_pending: false,
+            stall_probe_armed: false,
             immediate_ack_pending: false,
             ack_policy,
             ack_frequency_seq: 0,
@@ -1542,7 +1545,10 @@ impl Connection {
         // so has nothing to retransmit; if its address changed (NAT rebinding, a network
         // switch) the peer keeps sending to the dead address. A PING after a quiet spell
         // reaches the peer from the new address and restarts the exchange (RFC 9000 §9.3).
-        if self.handshake_confirmed
+        // One probe per spell: an idle connection with streams open for the peer's later
+        // use (HTTP/3 control streams) must not ping forever.
+        if self.stall_probe_armed
+            && self.handshake_confirmed
             && !self.spaces[SpaceId::Data.index()]
                 .sent
                 .has_ack_eliciting_in_flight()
@@ -1550,7 +1556,12 @@ impl Connection {
         {
             let quiet = (self.path.rtt.pto_base() * 3).max(Duration::from_secs(1));
             let stall = self.last_rx + quiet;
-            due = Some(due.map_or(stall, |d| d.min(stall)));
+            if stall <= now {
+                self.stall_probe_armed = false;
+                self.ping_pending = true;
+            } else {
+                due = Some(due.map_or(stall, |d| d.min(stall)));
+            }
         }
         if let Some(due) = due {
             if due <= now {

@@ -505,9 +505,11 @@ impl Connection {
                 server_only(self.side, "client sent NEW_TOKEN")?;
                 self.events.push_back(Event::NewToken(token));
             }
-            Frame::Stream(s) => self
-                .streams
-                .on_stream_frame(s.id, s.offset, s.data, s.fin)?,
+            Frame::Stream(s) => {
+                self.stall_probe_armed = true;
+                self.streams
+                    .on_stream_frame(s.id, s.offset, s.data, s.fin)?
+            }
             Frame::ResetStream {
                 id,
                 error_code,
