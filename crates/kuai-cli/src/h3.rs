@@ -120,7 +120,7 @@ async fn respond(
     Ok((StatusCode::OK, if head_only { 0 } else { len }))
 }
 
-fn content_type(path: &str) -> &'static str {
+pub(crate) fn content_type(path: &str) -> &'static str {
     let ext = path.rsplit('.').next().unwrap_or("");
     match ext {
         "html" | "htm" => "text/html; charset=utf-8",

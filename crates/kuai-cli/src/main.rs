@@ -8,6 +8,7 @@ mod hq;
 mod interop;
 mod keylog;
 mod server;
+mod tcp;
 mod tls;
 mod url;
 

@@ -34,6 +34,9 @@ pub struct Args {
     /// Write a qlog trace of every connection into this directory.
     #[arg(long)]
     qlog_dir: Option<PathBuf>,
+    /// Do not serve HTTP/1.1 and HTTP/2 over TCP on the same port.
+    #[arg(long)]
+    no_tcp: bool,
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -46,12 +49,12 @@ pub async fn run(args: Args) -> ExitCode {
     }
 }
 
-/// Builds the TLS and transport configuration shared by `kuai server` and the interop server.
-pub fn server_config(
+/// The rustls server configuration (TLS 1.3 only) for `alpn`, shared by QUIC and TCP.
+pub fn rustls_server_config(
     identity: &Identity,
     alpn: &[&[u8]],
     keylog: Option<&std::path::Path>,
-) -> Result<ServerConfig, String> {
+) -> Result<rustls::ServerConfig, String> {
     let mut tls = rustls::ServerConfig::builder_with_provider(kuai::crypto_provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?
@@ -64,7 +67,18 @@ pub fn server_config(
             FileKeyLog::create(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?,
         );
     }
-    Ok(ServerConfig::from_rustls(tls))
+    Ok(tls)
+}
+
+/// Builds the TLS and transport configuration shared by `kuai server` and the interop server.
+pub fn server_config(
+    identity: &Identity,
+    alpn: &[&[u8]],
+    keylog: Option<&std::path::Path>,
+) -> Result<ServerConfig, String> {
+    Ok(ServerConfig::from_rustls(rustls_server_config(
+        identity, alpn, keylog,
+    )?))
 }
 
 async fn serve(args: Args) -> Result<(), String> {
@@ -99,6 +113,16 @@ async fn serve(args: Args) -> Result<(), String> {
     let local = ep.local_addr().map_err(|e| e.to_string())?;
     let port = local.port();
     println!("kuai server listening on udp {local} (HTTP/3, and HTTP/0.9 as hq-interop)");
+    let tcp = if args.no_tcp {
+        None
+    } else {
+        let addr = SocketAddr::new(local.ip(), port);
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot bind tcp {addr}: {e} (--no-tcp serves UDP only)"))?;
+        println!("kuai server listening on tcp {addr} (HTTP/2 and HTTP/1.1, Alt-Svc: h3)");
+        Some(l)
+    };
     match &args.root {
         Some(dir) => println!("serving {}", dir.display()),
         None => println!("serving the built-in demo site"),
@@ -122,6 +146,11 @@ async fn serve(args: Args) -> Result<(), String> {
     }
     println!("or: cargo run --release -- get --insecure -v https://localhost:{port}/hello.txt");
     let site = Arc::new(site);
+    if let Some(l) = tcp {
+        let tls = crate::tcp::server_tls(&identity, args.keylog.as_deref())?;
+        let alt_svc = Some(format!("h3=\":{port}\"; ma=86400"));
+        tokio::spawn(crate::tcp::serve(l, tls, site.clone(), alt_svc));
+    }
     let serve = async {
         while let Some(connecting) = ep.accept().await {
             let site = site.clone();

@@ -1,0 +1,191 @@
+//! The `kuai` binary end to end on loopback: `kuai server` serving a directory, fetched by
+//! `kuai get` over HTTP/3, HTTP/2 and HTTP/1.1; the measurement loop; clear failures.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const KUAI: &str = env!("CARGO_BIN_EXE_kuai");
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kuai-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Starts `kuai server --root root` on a free port and waits until it listens.
+fn server(root: &Path) -> Server {
+    let mut child = Command::new(KUAI)
+        .args(["server", "--listen", "127.0.0.1:0", "--root"])
+        .arg(root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    let mut port = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let Some(Ok(line)) = lines.next() else { break };
+        if let Some(addr) = line.strip_prefix("kuai server listening on udp ") {
+            let addr = addr.split_whitespace().next().unwrap();
+            port = addr.rsplit(':').next().unwrap().parse().unwrap();
+        }
+        if line.starts_with("kuai server listening on tcp") {
+            break;
+        }
+    }
+    assert!(port != 0, "server did not start");
+    // Keep draining stdout so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Server { child, port }
+}
+
+fn get(args: &[&str]) -> std::process::Output {
+    let mut child = Command::new(KUAI)
+        .arg("get")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("kuai get {args:?} did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn every_protocol_fetches_the_same_bytes() {
+    let root = temp_dir("root");
+    let big = pattern(3 << 20, 7);
+    let small = pattern(1000, 9);
+    std::fs::write(root.join("big.bin"), &big).unwrap();
+    std::fs::write(root.join("small.txt"), &small).unwrap();
+    let srv = server(&root);
+    for proto in ["--http3", "--http2", "--http1.1", "--hq"] {
+        let out_dir = temp_dir(&format!("out{}", proto.trim_start_matches('-')));
+        let big_url = format!("https://localhost:{}/big.bin", srv.port);
+        let small_url = format!("https://localhost:{}/small.txt", srv.port);
+        let out = get(&[
+            "--insecure",
+            proto,
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+            &big_url,
+            &small_url,
+        ]);
+        assert!(
+            out.status.success(),
+            "{proto}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read(out_dir.join("big.bin")).unwrap(),
+            big,
+            "{proto}"
+        );
+        assert_eq!(
+            std::fs::read(out_dir.join("small.txt")).unwrap(),
+            small,
+            "{proto}"
+        );
+        let _ = std::fs::remove_dir_all(&out_dir);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn repeat_prints_one_json_line_per_run_and_0rtt_is_used() {
+    let root = temp_dir("repeat");
+    std::fs::write(root.join("a.txt"), pattern(10_000, 1)).unwrap();
+    let srv = server(&root);
+    let url = format!("https://localhost:{}/a.txt", srv.port);
+    let out = get(&["--insecure", "--http3", "--0rtt", "--repeat", "4", &url]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    for l in &lines {
+        assert!(
+            l.contains("\"ok\":true") && l.contains("\"bytes\":10000"),
+            "{l}"
+        );
+    }
+    // The first run has no ticket; later ones resume and send their request in 0-RTT.
+    assert!(lines[0].contains("\"zero_rtt\":\"none\""), "{}", lines[0]);
+    assert!(
+        lines[3].contains("\"zero_rtt\":\"accepted\""),
+        "{}",
+        lines[3]
+    );
+    // Warm connection over HTTP/2: one connect, then none.
+    let out = get(&["--insecure", "--http2", "--reuse", "--repeat", "3", &url]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.matches("\"new_connection\":true").count(), 1, "{text}");
+    assert_eq!(text.matches("\"ok\":true").count(), 3, "{text}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn failures_are_one_clear_line_and_a_nonzero_exit() {
+    let root = temp_dir("fail");
+    let srv = server(&root);
+    // 404
+    let url = format!("https://localhost:{}/missing", srv.port);
+    for proto in ["--http3", "--http2", "--http1.1"] {
+        let out = get(&["--insecure", proto, &url]);
+        assert!(!out.status.success(), "{proto}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("404"), "{proto}: {err}");
+    }
+    // Nobody listening (a port just freed): a bounded wait, then an error.
+    let port = {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap().port()
+    };
+    let url = format!("https://localhost:{port}/x");
+    let t = Instant::now();
+    let out = get(&["--insecure", "--connect-timeout", "2", &url]);
+    assert!(!out.status.success());
+    assert!(t.elapsed() < Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // A name that does not resolve.
+    let out = get(&["--insecure", "https://no-such-host.invalid/x"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-host.invalid"));
+    let _ = std::fs::remove_dir_all(&root);
+}
