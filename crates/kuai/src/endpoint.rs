@@ -533,6 +533,7 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
                 t.segment_size,
             ) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = Some((t, buf)),
+                Ok(n) if n < t.size => blocked = Some(remainder(t, &buf, n)),
                 _ => {}
             }
         }
@@ -552,11 +553,24 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     blocked = Some((t, tx[..t.size].to_vec()));
                 }
+                Ok(n) if n < t.size => blocked = Some(remainder(t, &tx, n)),
                 _ => {}
             }
         }
         dispatch(&mut s);
     }
+}
+
+/// What is left of a batch of datagrams after the socket took the first `sent` bytes.
+fn remainder(t: kuai_proto::Transmit, buf: &[u8], sent: usize) -> (kuai_proto::Transmit, Vec<u8>) {
+    let rest = buf[sent..t.size].to_vec();
+    (
+        kuai_proto::Transmit {
+            size: t.size - sent,
+            ..t
+        },
+        rest,
+    )
 }
 
 /// Hands endpoint events to the application's wakers.

@@ -1,6 +1,6 @@
 //! The UDP layer: a tokio socket with Linux offloads through `quinn-udp` (GSO on send, GRO and
-//! `recvmmsg` on receive, ECN and destination-address control messages). Features the kernel
-//! lacks are probed once and fall back cleanly.
+//! `recvmmsg` on receive, ECN and destination-address control messages), and `sendmmsg` batches
+//! where GSO is absent or off. Features the kernel lacks are probed once and fall back cleanly.
 
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
@@ -91,10 +91,16 @@ impl Default for SocketOptions {
 pub struct UdpSocket {
     io: tokio::net::UdpSocket,
     state: UdpSocketState,
+    /// Datagrams per send call: GSO segments, or a `sendmmsg` batch without GSO.
     max_segments: usize,
+    gso: bool,
     gro_segments: usize,
     local: SocketAddr,
 }
+
+/// Datagrams per `sendmmsg` call when GSO is not available.
+#[cfg(target_os = "linux")]
+pub const MMSG_BATCH: usize = 32;
 
 impl UdpSocket {
     /// Binds `addr`. An IPv6 unspecified address is bound dual-stack.
@@ -145,11 +151,16 @@ impl UdpSocket {
                 _ => {}
             }
         }
-        let max_segments = if opts.gso {
+        let gso_segments = if opts.gso {
             state.max_gso_segments().max(1)
         } else {
             1
         };
+        let gso = gso_segments > 1;
+        #[cfg(target_os = "linux")]
+        let max_segments = if gso { gso_segments } else { MMSG_BATCH };
+        #[cfg(not(target_os = "linux"))]
+        let max_segments = gso_segments;
         let gro_segments = if opts.gro {
             state.gro_segments().max(1)
         } else {
@@ -161,6 +172,7 @@ impl UdpSocket {
             io,
             state,
             max_segments,
+            gso,
             gro_segments,
             local,
         })
@@ -171,9 +183,14 @@ impl UdpSocket {
         self.local
     }
 
-    /// Datagrams one send call may carry (1 without GSO).
+    /// Datagrams one send call may carry (GSO segments, or a `sendmmsg` batch).
     pub fn max_segments(&self) -> usize {
         self.max_segments
+    }
+
+    /// Whether sends use GSO.
+    pub fn gso(&self) -> bool {
+        self.gso
     }
 
     /// Datagrams the kernel may coalesce into one received buffer (1 without GRO).
@@ -181,9 +198,10 @@ impl UdpSocket {
         self.gro_segments
     }
 
-    /// Sends `contents` (one datagram, or `segment_size`-sized datagrams via GSO). Returns
-    /// `WouldBlock` when the socket buffer is full; other errors are counted and swallowed
-    /// (UDP is lossy anyway, and the transport will retransmit).
+    /// Sends `contents`: one datagram, or `segment_size`-sized datagrams (the last may be
+    /// shorter) with GSO or `sendmmsg`. Returns how many bytes went out — whole datagrams; the
+    /// rest is for a later call — or `WouldBlock` when none did. Other errors are counted and
+    /// swallowed (UDP is lossy anyway, and the transport will retransmit).
     pub fn try_send(
         &self,
         stats: &UdpStats,
@@ -192,36 +210,98 @@ impl UdpSocket {
         src_ip: Option<IpAddr>,
         contents: &[u8],
         segment_size: Option<usize>,
-    ) -> io::Result<()> {
-        let ecn = ecn.and_then(quinn_udp::EcnCodepoint::from_bits);
-        let seg = segment_size.filter(|&s| s < contents.len());
-        if seg.is_some() && self.max_segments > 1 {
-            let t = quinn_udp::Transmit {
-                destination,
-                ecn,
-                contents,
-                segment_size: seg,
-                src_ip,
-            };
-            return self.send_one(
-                stats,
-                &t,
-                contents.len().div_ceil(seg.unwrap_or(contents.len())),
-            );
+    ) -> io::Result<usize> {
+        let ecn_cp = ecn.and_then(quinn_udp::EcnCodepoint::from_bits);
+        let seg = segment_size.filter(|&s| s > 0 && s < contents.len());
+        if let Some(seg) = seg {
+            if self.gso {
+                let t = quinn_udp::Transmit {
+                    destination,
+                    ecn: ecn_cp,
+                    contents,
+                    segment_size: Some(seg),
+                    src_ip,
+                };
+                self.send_one(stats, &t, contents.len().div_ceil(seg))?;
+                return Ok(contents.len());
+            }
+            #[cfg(target_os = "linux")]
+            return self.send_mmsg(stats, destination, ecn, src_ip, contents, seg);
         }
-        // No GSO: one call per datagram.
+        // One call per datagram.
         let seg = seg.unwrap_or(contents.len());
+        let mut sent = 0;
         for chunk in contents.chunks(seg) {
             let t = quinn_udp::Transmit {
                 destination,
-                ecn,
+                ecn: ecn_cp,
                 contents: chunk,
                 segment_size: None,
                 src_ip,
             };
-            self.send_one(stats, &t, 1)?;
+            match self.send_one(stats, &t, 1) {
+                Ok(()) => sent += chunk.len(),
+                Err(e) if sent == 0 => return Err(e),
+                Err(_) => break,
+            }
         }
-        Ok(())
+        Ok(sent)
+    }
+
+    /// Sends each `seg`-sized piece of `contents` as its own datagram, up to [`MMSG_BATCH`]
+    /// per `sendmmsg(2)` call.
+    #[cfg(target_os = "linux")]
+    fn send_mmsg(
+        &self,
+        stats: &UdpStats,
+        destination: SocketAddr,
+        ecn: Option<u8>,
+        src_ip: Option<IpAddr>,
+        contents: &[u8],
+        seg: usize,
+    ) -> io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        // A dual-stack IPv6 socket reaches IPv4 peers through mapped addresses.
+        let destination = match destination {
+            SocketAddr::V4(a) if self.local.is_ipv6() => {
+                SocketAddr::new(IpAddr::V6(a.ip().to_ipv6_mapped()), a.port())
+            }
+            d => d,
+        };
+        let dst = socket2::SockAddr::from(destination);
+        let ipv4 = match destination.ip() {
+            IpAddr::V4(_) => true,
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some(),
+        };
+        let mut ctrl = mmsg::Control::default();
+        let ctrl_len = ctrl.encode(ipv4, ecn.unwrap_or(0), src_ip);
+        let fd = self.io.as_raw_fd();
+        let mut sent = 0;
+        while sent < contents.len() {
+            let r = self.io.try_io(Interest::WRITABLE, || {
+                mmsg::send(fd, &dst, &mut ctrl, ctrl_len, &contents[sent..], seg)
+            });
+            match r {
+                Ok((datagrams, bytes)) => {
+                    stats.send_calls.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .sent_datagrams
+                        .fetch_add(datagrams as u64, Ordering::Relaxed);
+                    stats.sent_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+                    sent += bytes;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return if sent == 0 { Err(e) } else { Ok(sent) };
+                }
+                Err(e) => {
+                    // As in send_one: the transport sees the loss and recovers.
+                    stats.send_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(error = %e, dst = %destination, "UDP sendmmsg failed");
+                    return Ok(contents.len());
+                }
+            }
+        }
+        Ok(sent)
     }
 
     fn send_one(
@@ -283,5 +363,135 @@ impl UdpSocket {
             stats.recv_bytes.fetch_add(m.len as u64, Ordering::Relaxed);
         }
         Ok(n)
+    }
+}
+
+/// `sendmmsg(2)` with one destination and one set of control messages for the whole batch.
+/// The only unsafe code of the crate: the system call and its C structures.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+mod mmsg {
+    use std::io;
+    use std::net::IpAddr;
+    use std::os::fd::RawFd;
+
+    use super::MMSG_BATCH;
+
+    /// Room for IP_TOS/IPV6_TCLASS and an IP_PKTINFO/IPV6_PKTINFO, aligned as `cmsghdr`
+    /// needs.
+    #[repr(C, align(8))]
+    pub struct Control([u8; 96]);
+
+    impl Default for Control {
+        fn default() -> Self {
+            Control([0; 96])
+        }
+    }
+
+    impl Control {
+        /// Writes the ECN codepoint and source-address control messages; returns their length.
+        pub fn encode(&mut self, ipv4: bool, ecn: u8, src_ip: Option<IpAddr>) -> usize {
+            let buf = &mut self.0;
+            let mut at = 0;
+            let tos = libc::c_int::from(ecn);
+            if ipv4 {
+                at += put(
+                    &mut buf[at..],
+                    libc::IPPROTO_IP,
+                    libc::IP_TOS,
+                    &tos.to_ne_bytes(),
+                );
+            } else {
+                at += put(
+                    &mut buf[at..],
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_TCLASS,
+                    &tos.to_ne_bytes(),
+                );
+            }
+            match src_ip {
+                Some(IpAddr::V4(v4)) => {
+                    // struct in_pktinfo { int ifindex; in_addr spec_dst; in_addr addr; }
+                    let mut info = [0u8; 12];
+                    info[4..8].copy_from_slice(&v4.octets());
+                    at += put(&mut buf[at..], libc::IPPROTO_IP, libc::IP_PKTINFO, &info);
+                }
+                Some(IpAddr::V6(v6)) => {
+                    // struct in6_pktinfo { in6_addr addr; unsigned int ifindex; }
+                    let mut info = [0u8; 20];
+                    info[..16].copy_from_slice(&v6.octets());
+                    at += put(
+                        &mut buf[at..],
+                        libc::IPPROTO_IPV6,
+                        libc::IPV6_PKTINFO,
+                        &info,
+                    );
+                }
+                None => {}
+            }
+            at
+        }
+    }
+
+    /// Writes one control message (header, data, padding) at the start of `buf`; returns
+    /// the space it takes (CMSG_SPACE).
+    fn put(buf: &mut [u8], level: libc::c_int, ty: libc::c_int, data: &[u8]) -> usize {
+        let hdr = std::mem::size_of::<libc::cmsghdr>();
+        let align = std::mem::size_of::<usize>();
+        let len = hdr + data.len();
+        let space = hdr + data.len().div_ceil(align) * align;
+        assert!(buf.len() >= space, "control buffer too small");
+        let h = libc::cmsghdr {
+            cmsg_len: len as _,
+            cmsg_level: level,
+            cmsg_type: ty,
+        };
+        // SAFETY: `buf` has room for `space` >= size_of::<cmsghdr>() bytes (checked above);
+        // write_unaligned has no alignment requirement.
+        unsafe { std::ptr::write_unaligned(buf.as_mut_ptr().cast::<libc::cmsghdr>(), h) };
+        buf[hdr..len].copy_from_slice(data);
+        buf[len..space].fill(0);
+        space
+    }
+
+    /// One `sendmmsg` call for up to MMSG_BATCH `seg`-sized datagrams from `contents`;
+    /// returns (datagrams, bytes) sent.
+    pub fn send(
+        fd: RawFd,
+        dst: &socket2::SockAddr,
+        ctrl: &mut Control,
+        ctrl_len: usize,
+        contents: &[u8],
+        seg: usize,
+    ) -> io::Result<(usize, usize)> {
+        // SAFETY: iovec and mmsghdr are plain C structs for which all-zero bytes are valid.
+        let mut iov: [libc::iovec; MMSG_BATCH] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut msgs: [libc::mmsghdr; MMSG_BATCH] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        for (i, chunk) in contents.chunks(seg).take(MMSG_BATCH).enumerate() {
+            iov[i].iov_base = chunk.as_ptr() as *mut libc::c_void;
+            iov[i].iov_len = chunk.len();
+            let h = &mut msgs[i].msg_hdr;
+            // sendmmsg only reads the name, the iovecs and the control data.
+            h.msg_name = dst.as_ptr() as *mut libc::c_void;
+            h.msg_namelen = dst.len();
+            h.msg_iov = &mut iov[i];
+            h.msg_iovlen = 1;
+            if ctrl_len > 0 {
+                h.msg_control = ctrl.0.as_mut_ptr().cast::<libc::c_void>();
+                h.msg_controllen = ctrl_len as _;
+            }
+            n += 1;
+        }
+        // SAFETY: `msgs[..n]` point at `iov`, `dst` and `ctrl`, all alive for the call;
+        // every iovec covers a slice of `contents`; `n` <= MMSG_BATCH entries are passed.
+        let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), n as libc::c_uint, 0) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let done = r as usize;
+        let bytes = contents.chunks(seg).take(done).map(<[u8]>::len).sum();
+        Ok((done, bytes))
     }
 }

@@ -15,7 +15,10 @@ fn localhost() -> SocketAddr {
 /// A server that answers each bidi stream "GET n" with n patterned bytes, and echoes
 /// datagrams.
 async fn start_server(cfg: ServerConfig) -> (Endpoint, SocketAddr) {
-    let server = Endpoint::server(cfg, localhost()).unwrap();
+    start_server_on(Endpoint::server(cfg, localhost()).unwrap())
+}
+
+fn start_server_on(server: Endpoint) -> (Endpoint, SocketAddr) {
     let addr = server.local_addr().unwrap();
     let ep = server.clone();
     tokio::spawn(async move {
@@ -137,6 +140,39 @@ async fn transfer_100mb_intact_and_batched() {
         );
     }
     assert!(c.recv_datagrams >= c.recv_calls, "GRO/recvmmsg counted");
+}
+
+/// Without GSO, datagrams still leave in batches: one sendmmsg(2) per batch (Linux).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_gso_sendmmsg_batches_datagrams() {
+    let (scfg, cert) = server_config();
+    let server = Endpoint::builder()
+        .server(scfg)
+        .gso(false)
+        .bind(localhost())
+        .unwrap();
+    let (server, addr) = start_server_on(server);
+    let client = Endpoint::client(localhost()).unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(fetch(&conn, 20 << 20).await, 20 << 20);
+    let s = server.udp_stats();
+    eprintln!(
+        "GSO off: {} datagrams in {} send calls",
+        s.sent_datagrams, s.send_calls
+    );
+    assert!(
+        s.sent_datagrams > s.send_calls * 2,
+        "sendmmsg batches more than one datagram per call: {s:?}"
+    );
 }
 
 #[tokio::test]
