@@ -383,6 +383,29 @@ fn keep_alive_prevents_idle_timeout() {
 
 /// An idle connection with a stream the peer may still send on (an HTTP/3 control stream)
 /// stays quiet: the receiver's stall probe fires once per quiet spell, not every second.
+/// A client that only downloads sends nothing but ACKs after the handshake, and ACK-only
+/// packets are never acknowledged: its first key update must not wait for an
+/// acknowledgment (RFC 9001 §6.1 asks one only before a subsequent update).
+#[test]
+fn receiver_that_only_acks_can_update_keys() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = pair(
+        64,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([100]),
+    );
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    p.net.run_for(Duration::from_millis(500));
+    let ch = p.ch;
+    let conn = p.client_mut().ep.connection_mut(ch).unwrap();
+    assert!(conn.initiate_key_update(), "first key update refused");
+    assert!(
+        !conn.initiate_key_update(),
+        "a second update before the first is acknowledged"
+    );
+}
+
 #[test]
 fn idle_open_stream_does_not_ping_forever() {
     let mut t = TransportConfig::default();

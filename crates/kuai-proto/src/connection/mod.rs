@@ -882,7 +882,7 @@ impl Connection {
     /// Starts a 1-RTT key update (RFC 9001 §6). Fails while the previous update is not yet
     /// acknowledged or the handshake is not confirmed.
     pub fn initiate_key_update(&mut self) -> bool {
-        if !self.handshake_confirmed || !self.key_update.phase_acked || self.one_rtt.is_none() {
+        if !self.may_update_keys() || self.one_rtt.is_none() {
             return false;
         }
         self.update_keys(false);
@@ -1301,7 +1301,6 @@ impl Connection {
         self.peer_validated_address = true;
         self.discard_space(SpaceId::Handshake, now);
         self.events.push_back(Event::HandshakeConfirmed);
-        self.key_update.phase_acked = false;
     }
 
     /// Drops a space's keys and in-flight packets (RFC 9001 §4.9, RFC 9002 §6.4).
@@ -1329,6 +1328,13 @@ impl Connection {
         self.pto_count = 0;
         self.trace(TraceEvent::KeyDiscarded { space });
         self.set_loss_timer(now);
+    }
+
+    /// RFC 9001 §6.1: the first update needs a confirmed handshake; each later one an
+    /// acknowledgment of a packet sent in the current key phase. (A receiver that only sends
+    /// ACKs never gets one acknowledged, so the first must not wait for it.)
+    fn may_update_keys(&self) -> bool {
+        self.handshake_confirmed && (self.key_update.phase_acked || self.key_update.generation == 0)
     }
 
     fn update_keys(&mut self, remote_initiated: bool) {

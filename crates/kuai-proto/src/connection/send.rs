@@ -259,8 +259,7 @@ impl Connection {
         if space == SpaceId::Data
             && !zero_rtt
             && self.key_update.packets_in_phase >= self.config.key_update_interval
-            && self.key_update.phase_acked
-            && self.handshake_confirmed
+            && self.may_update_keys()
         {
             self.update_keys(false);
         }
