@@ -77,6 +77,9 @@ pub struct Args {
     /// With --repeat: keep one connection for all runs (warm) instead of a new one per run.
     #[arg(long)]
     reuse: bool,
+    /// Load the URLs like a page: the first one (the HTML) alone, then the others in parallel.
+    #[arg(long)]
+    page: bool,
     /// Milliseconds to wait between runs.
     #[arg(long, default_value_t = 0)]
     interval_ms: u64,
@@ -160,9 +163,12 @@ enum Session {
     H3 {
         conn: kuai::Connection,
         client: kuai_h3::Client,
+        /// The requests went out in 0-RTT.
+        early: bool,
     },
     Hq {
         conn: kuai::Connection,
+        early: bool,
     },
     Tcp(TcpClient),
 }
@@ -184,7 +190,7 @@ impl Session {
     ) -> Result<u64, String> {
         let (status, n) = match self {
             Session::H3 { client, .. } => crate::h3::get_to(client, url, out, progress).await?,
-            Session::Hq { conn } => (
+            Session::Hq { conn, .. } => (
                 http::StatusCode::OK,
                 hq::get_to(conn, &url.path, out, progress).await?,
             ),
@@ -199,7 +205,8 @@ impl Session {
     /// 0-RTT: "accepted", "rejected" or "none".
     fn zero_rtt(&self) -> &'static str {
         match self {
-            Session::H3 { conn, .. } | Session::Hq { conn } => {
+            Session::H3 { early: false, .. } | Session::Hq { early: false, .. } => "none",
+            Session::H3 { conn, .. } | Session::Hq { conn, .. } => {
                 let st = conn.stats();
                 if st.zero_rtt_accepted {
                     "accepted"
@@ -215,14 +222,14 @@ impl Session {
 
     fn resumed(&self) -> bool {
         match self {
-            Session::H3 { conn, .. } | Session::Hq { conn } => conn.stats().resumed,
+            Session::H3 { conn, .. } | Session::Hq { conn, .. } => conn.stats().resumed,
             Session::Tcp(c) => c.info.resumed,
         }
     }
 
     fn close(&self) {
         match self {
-            Session::H3 { conn, .. } | Session::Hq { conn } => conn.close(0, b"done"),
+            Session::H3 { conn, .. } | Session::Hq { conn, .. } => conn.close(0, b"done"),
             // The TCP connections close when the client is dropped.
             Session::Tcp(_) => {}
         }
@@ -230,7 +237,7 @@ impl Session {
 
     fn print_stats(&self) {
         match self {
-            Session::H3 { conn, .. } | Session::Hq { conn } => {
+            Session::H3 { conn, .. } | Session::Hq { conn, .. } => {
                 let st = conn.stats();
                 eprintln!(
                     "* {:?}, {}, ALPN {}, 0-RTT {}, resumed {}",
@@ -340,23 +347,28 @@ impl Origin {
         let connecting = ep
             .connect_with(cfg.clone(), self.addr, &self.host)
             .map_err(|e| e.to_string())?;
-        let conn = if self.zero_rtt {
+        let (conn, early) = if self.zero_rtt {
             match connecting.into_0rtt() {
-                Ok((conn, _accepted)) => conn,
-                Err(c) => c.await.map_err(|e| format!("{}: {e}", self.addr))?,
+                Ok((conn, _accepted)) => (conn, true),
+                Err(c) => (c.await.map_err(|e| format!("{}: {e}", self.addr))?, false),
             }
         } else {
-            connecting
+            let c = connecting
                 .await
-                .map_err(|e| format!("{}: {e}", self.addr))?
+                .map_err(|e| format!("{}: {e}", self.addr))?;
+            (c, false)
         };
         if self.mode == Mode::Hq {
-            return Ok(Session::Hq { conn });
+            return Ok(Session::Hq { conn, early });
         }
         let client = kuai_h3::Client::new(conn.clone(), kuai_h3::Config::default())
             .await
             .map_err(|e| format!("HTTP/3: {e}"))?;
-        Ok(Session::H3 { conn, client })
+        Ok(Session::H3 {
+            conn,
+            client,
+            early,
+        })
     }
 
     async fn connect_tcp(&self, proto: Proto) -> Result<Session, String> {
@@ -522,7 +534,14 @@ async fn fetch_urls(
         && (args.output.is_some() || args.remote_name || args.output_dir.is_some()))
     .then(indicatif::MultiProgress::new);
     let mut tasks = Vec::new();
-    for url in urls {
+    let mut page_html = None;
+    for (i, url) in urls.iter().enumerate() {
+        if args.page && i == 1 {
+            // The page's resources are known once its HTML is in.
+            let t: tokio::task::JoinHandle<Result<(u64, Vec<u8>), String>> =
+                tasks.pop().expect("the HTML task");
+            page_html = Some(t.await.map_err(|e| e.to_string())??);
+        }
         let url = url.clone();
         let session = session.clone();
         let dest = match (&args.output, args.remote_name, &args.output_dir) {
@@ -581,7 +600,7 @@ async fn fetch_urls(
             Ok::<_, String>((n, body))
         }));
     }
-    let mut results = Vec::new();
+    let mut results: Vec<(u64, Vec<u8>)> = page_html.into_iter().collect();
     let mut failure = None;
     for t in tasks {
         match t.await.map_err(|e| e.to_string()).and_then(|r| r) {
