@@ -160,11 +160,15 @@ impl Shared {
                 if let Some(e) = &s.error {
                     return Err(crate::Error::Protocol(e.clone()));
                 }
-                s.decoder.decode(stream_id, block, &mut out)
+                let r = s.decoder.decode(stream_id, block, &mut out);
+                // Queued under the lock, so decoder instructions leave in the order the
+                // decoder made them: a Section Acknowledgment overtaking the Insert Count
+                // Increment for the same entries would count them twice (RFC 9204 §4.4).
+                if !out.is_empty() {
+                    let _ = self.decoder_tx.send(Bytes::from(out));
+                }
+                r
             };
-            if !out.is_empty() {
-                let _ = self.decoder_tx.send(Bytes::from(out));
-            }
             match r {
                 Ok(qpack::Decoded::Fields(f)) => return Ok(f),
                 Ok(qpack::Decoded::Blocked) => {
@@ -195,10 +199,12 @@ impl Shared {
     ) -> Result<Vec<u8>, crate::Error> {
         let mut block = Vec::new();
         let mut enc = Vec::new();
-        self.lock()
-            .encoder
+        let mut s = self.lock();
+        s.encoder
             .encode(stream_id, fields, &mut block, &mut enc)
             .map_err(|e| crate::Error::Protocol(H3Error::new(Code(e.code), e.reason)))?;
+        // Queued under the lock: two requests encoded at once must put their insertions on
+        // the encoder stream in the order the table numbered them.
         if !enc.is_empty() {
             let _ = self.encoder_tx.send(Bytes::from(enc));
         }
@@ -208,7 +214,8 @@ impl Shared {
     /// A request stream went away before its headers were decoded (RFC 9204 §4.4.2).
     pub fn cancel_stream(&self, stream_id: u64) {
         let mut out = Vec::new();
-        self.lock().decoder.cancel_stream(stream_id, &mut out);
+        let mut s = self.lock();
+        s.decoder.cancel_stream(stream_id, &mut out);
         if !out.is_empty() {
             let _ = self.decoder_tx.send(Bytes::from(out));
         }
@@ -473,10 +480,15 @@ async fn read_encoder(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
         };
         tracing::trace!(len = chunk.len(), "QPACK encoder stream data");
         let mut out = Vec::new();
-        let r = shared.lock().decoder.on_encoder_stream(&chunk, &mut out);
-        if !out.is_empty() {
-            let _ = shared.decoder_tx.send(Bytes::from(out));
-        }
+        let r = {
+            let mut s = shared.lock();
+            let r = s.decoder.on_encoder_stream(&chunk, &mut out);
+            // Under the lock: see decode_fields.
+            if !out.is_empty() {
+                let _ = shared.decoder_tx.send(Bytes::from(out));
+            }
+            r
+        };
         r.map_err(|e| H3Error::new(Code(e.code), e.reason))?;
         shared.qpack_progress.notify_waiters();
     }
