@@ -38,6 +38,8 @@ enum Command {
     Interop,
     /// Measure throughput, request and handshake rates, memory and CPU (perf protocol).
     Bench(bench::Args),
+    /// Two network namespaces joined by an emulated link (delay, loss, rate, outages, traces).
+    Netsim(Box<kuai_netsim::cli::Args>),
 }
 
 fn init_logging(default: &str) {
@@ -80,6 +82,7 @@ fn main() -> ExitCode {
             init_logging("info");
             rt.block_on(interop::run())
         }
+        Command::Netsim(args) => kuai_netsim::cli::run(*args),
     }
 }
 
