@@ -165,7 +165,12 @@ async fn server(case: &str, alpn: &str) -> Result<(), String> {
         let site = site.clone();
         let h3 = alpn == "h3";
         tokio::spawn(async move {
-            match connecting.await {
+            // Serve at once: a 0-RTT request is answered in 0.5-RTT.
+            let conn = match connecting.into_0rtt() {
+                Ok((conn, _)) => Ok(conn),
+                Err(c) => c.await,
+            };
+            match conn {
                 Ok(conn) if h3 => crate::h3::serve_connection(conn, site, None).await,
                 Ok(conn) => hq::serve_connection(conn, site).await,
                 Err(e) => tracing::info!(error = %e, "handshake failed"),

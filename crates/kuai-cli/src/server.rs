@@ -157,7 +157,12 @@ async fn serve(args: Args) -> Result<(), String> {
             let alt_svc = Some(format!("h3=\":{port}\"; ma=86400"));
             tokio::spawn(async move {
                 let remote = connecting.remote_address();
-                match connecting.await {
+                // Serve at once: a 0-RTT request is answered in 0.5-RTT.
+                let conn = match connecting.into_0rtt() {
+                    Ok((conn, _)) => Ok(conn),
+                    Err(c) => c.await,
+                };
+                match conn {
                     Ok(conn) if conn.alpn().as_deref() == Some(hq::ALPN) => {
                         hq::serve_connection(conn, site).await
                     }

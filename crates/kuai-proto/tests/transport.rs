@@ -406,6 +406,28 @@ fn receiver_that_only_acks_can_update_keys() {
     );
 }
 
+/// A 10 KB response fits the initial window: it arrives one round trip after the handshake,
+/// not held back by an MTU probe taking part of that window.
+#[test]
+fn small_response_arrives_in_one_flight() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = quic::pair_with(
+        65,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([10_000]),
+        |n| n.set_default_link(link(50, 0.0)),
+    );
+    let start = p.net.now();
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    let took = p.client_app().requests[0].done_at.unwrap() - start;
+    // Handshake (1 RTT) + request and response (1 RTT), plus a little processing.
+    assert!(
+        took < Duration::from_millis(230),
+        "10 KB took {took:?} at 100 ms RTT"
+    );
+}
+
 #[test]
 fn idle_open_stream_does_not_ping_forever() {
     let mut t = TransportConfig::default();

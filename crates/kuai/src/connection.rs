@@ -66,13 +66,19 @@ impl Connecting {
         Self { inner: Some(inner) }
     }
 
-    /// Client: use the connection at once, sending in 0-RTT, when a resumed session allows it.
-    /// `Err(self)` when 0-RTT is not possible. The returned [`ZeroRttAccepted`] resolves to
-    /// whether the server accepted the early data; if not, streams opened before were reset
-    /// and their data must be sent again.
+    /// Use the connection before the handshake completes. Client: send in 0-RTT when a
+    /// resumed session allows it; the returned [`ZeroRttAccepted`] resolves to whether the
+    /// server accepted the early data (if not, streams opened before were reset and their data
+    /// must be sent again). Server: read 0-RTT requests and answer in 0.5-RTT, a round trip
+    /// before the client's Finished arrives (RFC 9001 §4.1.1); [`ZeroRttAccepted`] resolves
+    /// to `true` once the handshake completes. The client's address is not validated yet, so
+    /// until then the anti-amplification limit applies. `Err(self)` when not possible yet.
     pub fn into_0rtt(mut self) -> Result<(Connection, ZeroRttAccepted), Self> {
         let inner = self.inner.take().expect("not consumed");
-        let ok = inner.with(|s, h| s.ep.connection(h).is_some_and(|c| c.is_0rtt_available()));
+        let ok = inner.with(|s, h| {
+            s.ep.connection(h)
+                .is_some_and(|c| c.is_0rtt_available() || c.is_half_rtt_available())
+        });
         if !ok {
             return Err(Self { inner: Some(inner) });
         }
@@ -128,8 +134,15 @@ impl Future for ZeroRttAccepted {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
         self.inner.with(|s, h| {
+            let server = s.ep.connection(h).is_some_and(|c| c.side().is_server());
             let accepted = s.ep.connection(h).and_then(|c| c.zero_rtt_accepted());
             match (accepted, s.conns.get_mut(&h)) {
+                // Server: the handshake completed (the client's address and Finished check out).
+                (_, Some(st)) if server && st.connected => Poll::Ready(true),
+                (_, Some(st)) if server && st.error.is_none() => {
+                    register(&mut st.handshake, cx);
+                    Poll::Pending
+                }
                 (Some(a), _) => Poll::Ready(a),
                 (None, Some(st)) if st.error.is_none() => {
                     register(&mut st.handshake, cx);

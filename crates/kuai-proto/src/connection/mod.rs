@@ -277,6 +277,8 @@ pub struct Connection {
     handshake_done_pending: bool,
     new_token_pending: bool,
     ping_pending: bool,
+    /// When the handshake was confirmed.
+    confirmed_at: Option<Instant>,
     /// Stream data arrived since the last stall probe (one probe per quiet spell).
     stall_probe_armed: bool,
     immediate_ack_pending: bool,
@@ -602,6 +604,7 @@ impl Connection {
             handshake_done_pending: false,
             new_token_pending: false,
             ping_pending: false,
+            confirmed_at: None,
             stall_probe_armed: false,
             immediate_ack_pending: false,
             ack_policy,
@@ -695,6 +698,16 @@ impl Connection {
         self.zero_rtt == ZeroRtt::Attempting && !self.handshake_complete
     }
 
+    /// Server: whether 0.5-RTT data may go out now, before the client's Finished arrives: the
+    /// 1-RTT keys are in and the client's transport parameters known (RFC 9001 §4.1.1). A
+    /// response to a 0-RTT request then leaves one round trip earlier.
+    pub fn is_half_rtt_available(&self) -> bool {
+        self.side.is_server()
+            && self.one_rtt.is_some()
+            && self.peer_params.is_some()
+            && !self.is_closed()
+    }
+
     /// Client: whether the server accepted our 0-RTT data (`None` while unknown or not tried).
     pub fn zero_rtt_accepted(&self) -> Option<bool> {
         match self.zero_rtt {
@@ -775,8 +788,12 @@ impl Connection {
         if self.is_closed() {
             return Err(StreamError::ClosedStream);
         }
-        if !self.handshake_complete && self.zero_rtt != ZeroRtt::Attempting {
-            // Before the handshake only 0-RTT streams exist; the limits are not known yet.
+        if !self.handshake_complete
+            && self.zero_rtt != ZeroRtt::Attempting
+            && !self.is_half_rtt_available()
+        {
+            // Before the handshake only 0-RTT (client) and 0.5-RTT (server) streams exist;
+            // otherwise the limits are not known yet.
             return Err(StreamError::Blocked);
         }
         self.streams.open(dir).ok_or(StreamError::Blocked)
@@ -1298,6 +1315,7 @@ impl Connection {
             return;
         }
         self.handshake_confirmed = true;
+        self.confirmed_at = Some(now);
         self.peer_validated_address = true;
         self.discard_space(SpaceId::Handshake, now);
         self.events.push_back(Event::HandshakeConfirmed);
