@@ -1,0 +1,510 @@
+#!/usr/bin/env python3
+"""The weak-network lab: kuai's HTTP/3 against TCP + TLS (HTTP/2, HTTP/1.1) on an emulated link.
+
+    lab/lab.py exp1|exp2|exp3|exp4|exp5|exp6|all [--quick] [--runs N] [--out DIR]
+
+Every experiment runs `kuai server` in the server namespace of `kuai netsim` and `kuai get`
+in the client namespace (the same program on both sides, for every protocol), reads the JSON
+line `kuai get --repeat` prints per run, prints a Markdown table and writes a PNG plot and
+the raw results (JSON) to lab/results/ (or --out). Needs root (network namespaces) and a
+release build of kuai (built when missing); matplotlib for the plots.
+
+The experiments (see LAB.md for the results beside the seeds' figures):
+  exp1  10 KB responses, loss 0/5/15/30 %, RTT 40 ms, warm and new connections: CDF of the
+        completion time, share within 200 ms (seed 001).
+  exp2  16 images of 20-200 KB on three mobile links x loss 0-30 %: total time (seed 003).
+  exp3  a page (HTML + 12 resources, and + 60) on a 4G-like link: load time with HTTP/3,
+        HTTP/2 and HTTP/1.1 (seed 000).
+  exp4  5 % loss, 20 +- 5 ms delay, 10 % reordering: handshake and 1 MB transfer times over
+        1,000 connections (seed 004).
+  exp5  handshake latency at 50, 200 and 500 ms RTT: TCP + TLS 1.3, QUIC 1-RTT, QUIC 0-RTT.
+  exp6  goodput of 10 MiB over 10 Mbit/s, 30 ms RTT, a 25-packet queue; recovery across
+        5 s on / 2 s off outages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SERVER_IP = "10.77.0.1"
+PORT = 4433
+
+
+def kuai_bin() -> Path:
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    b = target / "release" / "kuai"
+    if not b.exists():
+        print("lab: building kuai (cargo build --release -p kuai-cli)", file=sys.stderr)
+        subprocess.run(["cargo", "build", "--release", "-p", "kuai-cli"], cwd=ROOT, check=True)
+    return b
+
+
+# ---------------------------------------------------------------------------------------------
+# The site: files with fixed sizes, made once per run of the lab.
+
+def make_site(d: Path) -> dict:
+    """Writes the lab's files; returns the URL paths per workload."""
+    rng = random.Random(2026)
+    d.mkdir(parents=True, exist_ok=True)
+
+    def put(name: str, size: int) -> str:
+        p = d / name
+        if not p.exists() or p.stat().st_size != size:
+            p.write_bytes(rng.randbytes(size))
+        return "/" + name
+
+    site = {"10k": [put("10k.bin", 10 * 1024)], "1m": [put("1m.bin", 1 << 20)],
+            "10m": [put("10m.bin", 10 << 20)], "30m": [put("30m.bin", 30 << 20)]}
+    # Seed 003: 16 images between 20 and 200 KB.
+    sizes = [20, 32, 45, 58, 70, 84, 96, 110, 122, 135, 148, 160, 172, 185, 193, 200]
+    site["images"] = [put(f"img{i:02d}.jpg", s * 1024) for i, s in enumerate(sizes)]
+    # Seed 000: a page shaped like the HTTP Archive median (an HTML document, then its
+    # resources: scripts, stylesheets, images and fonts of typical sizes).
+    page = [put("page.html", 30 * 1024)]
+    kinds = [("js", 25), ("css", 12), ("jpg", 40), ("png", 18), ("woff2", 22), ("js", 60)]
+    res = [put(f"r{i:02d}.{kinds[i % len(kinds)][0]}",
+               int(kinds[i % len(kinds)][1] * 1024 * (0.5 + rng.random())))
+           for i in range(60)]
+    site["page12"] = page + res[:12]
+    site["page60"] = page + res
+    return site
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a condition
+
+def link_args(link: dict) -> list[str]:
+    """kuai netsim options for a link: one-way delay, jitter, loss, rate and queue per
+    direction; keys prefixed up_/down_ apply to one direction only."""
+    a = ["--seed", str(link.get("seed", 1))]
+    for key, flag in [("delay", "delay"), ("jitter", "jitter"), ("loss", "loss"),
+                      ("rate", "rate"), ("queue", "queue"), ("reorder", "reorder"),
+                      ("blackhole", "blackhole")]:
+        for prefix in ("", "up_", "down_"):
+            v = link.get(prefix + key)
+            if v is not None:
+                a += [f"--{prefix.replace('_', '-')}{flag}", str(v)]
+    return a
+
+
+def run_condition(kuai: Path, site_dir: Path, link: dict, client_cmds: list[list[str]],
+                  limit: float) -> list[dict]:
+    """Starts the link, the server and each client command in turn (one shell in the client
+    namespace); returns every JSON line the clients printed."""
+    server = [str(kuai), "server", "--listen", f"{SERVER_IP}:{PORT}", "--root", str(site_dir)]
+    script = " ; ".join(" ".join(shlex.quote(x) for x in c) for c in client_cmds)
+    client = ["sh", "-c", script]
+    cmd = [str(kuai), "netsim", "--name", "kuailab", "--quiet", "--wait-port", str(PORT), *link_args(link), "--",
+           *server, "--", *client]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+        out = p.stdout
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        print(f"lab: condition {link} hit the {limit:.0f} s limit", file=sys.stderr)
+    rows = []
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"run"' in line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows
+
+
+def get_cmd(kuai: Path, proto: str, paths: list[str], repeat: int, *, reuse=False, zero_rtt=False,
+            page=False, max_time=None) -> list[str]:
+    c = [str(kuai), "get", "--insecure", f"--{proto}", "--repeat", str(repeat),
+         "--connect-timeout", "30"]
+    if reuse:
+        c.append("--reuse")
+    if zero_rtt:
+        c.append("--0rtt")
+    if page:
+        c.append("--page")
+    if max_time:
+        c += ["--max-time", str(max_time)]
+    return c + [f"https://{SERVER_IP}:{PORT}{p}" for p in paths]
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics and output
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    i = min(len(xs) - 1, max(0, int(round(q / 100 * (len(xs) - 1)))))
+    return xs[i]
+
+
+def fmt(x: float, unit: str = "") -> str:
+    return "—" if x != x else f"{x:.0f}{unit}" if x >= 100 else f"{x:.1f}{unit}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def save(out: Path, name: str, data, md: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{name}.md").write_text(md + "\n")
+    print(md)
+
+
+def plot(out: Path, name: str, draw) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("lab: matplotlib missing (pip install matplotlib): no plot", file=sys.stderr)
+        return
+    fig = draw(plt)
+    fig.savefig(out / f"{name}.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    print(f"plot: {out / (name + '.png')}")
+
+
+PROTO_LABEL = {"http3": "kuai HTTP/3", "http2": "TCP+TLS HTTP/2", "http1.1": "TCP+TLS HTTP/1.1"}
+
+
+def times(rows: list[dict], n: int, limit_ms: float) -> list[float]:
+    """Completion times in ms; failed or missing runs count as `limit_ms` (not done)."""
+    t = [r["total_ms"] if r.get("ok") else limit_ms for r in rows]
+    return t + [limit_ms] * max(0, n - len(t))
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiments
+
+def exp1(a, kuai, site_dir, site, out):
+    runs = a.runs or (100 if a.quick else 1000)
+    losses = [0, 5, 15, 30]
+    limit_ms = 5000.0
+    data = {}
+    for loss in losses:
+        for proto in ("http3", "http2"):
+            for warm in (True, False):
+                link = {"delay": "20ms", "loss": f"{loss}%", "seed": 1 + loss}
+                # Warm: the connection is set up first and reused; the first run (the
+                # handshake) is left out of the statistics.
+                n = runs + 1 if warm else runs
+                cmd = get_cmd(kuai, proto, site["10k"], n, reuse=warm, max_time=limit_ms / 1000)
+                rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 6 + 120)
+                if warm:
+                    rows = [r for r in rows if not r.get("new_connection")]
+                data[f"{loss}/{proto}/{'warm' if warm else 'new'}"] = times(rows, runs, limit_ms)
+                print(f"exp1 loss {loss}% {proto} {'warm' if warm else 'new'}: {len(rows)} runs",
+                      file=sys.stderr)
+    hdr = ["loss", "connection", "protocol", "within 200 ms", "median ms", "p90 ms", "p99 ms"]
+    rows = []
+    for loss in losses:
+        for mode in ("warm", "new"):
+            for proto in ("http3", "http2"):
+                t = data[f"{loss}/{proto}/{mode}"]
+                share = 100 * sum(1 for x in t if x <= 200) / len(t)
+                rows.append([f"{loss} %", mode, PROTO_LABEL[proto], f"{share:.1f} %",
+                             fmt(pct(t, 50)), fmt(pct(t, 90)), fmt(pct(t, 99))])
+    md = (f"### Experiment 1: 10 KB responses, RTT 40 ms, {runs} runs per cell\n\n"
+          + table(hdr, rows))
+    save(out, "exp1", data, md)
+
+    def draw(plt):
+        fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharey=True)
+        for j, loss in enumerate(losses):
+            for i, mode in enumerate(("warm", "new")):
+                ax = axes[i][j]
+                for proto in ("http3", "http2"):
+                    t = sorted(data[f"{loss}/{proto}/{mode}"])
+                    ax.plot(t, [(k + 1) / len(t) for k in range(len(t))],
+                            label=PROTO_LABEL[proto])
+                ax.axvline(200, color="grey", ls=":")
+                ax.set_xscale("log")
+                ax.set_title(f"loss {loss} %, {mode} connection")
+                ax.set_xlabel("completion time (ms)")
+                ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("CDF")
+        axes[1][0].set_ylabel("CDF")
+        axes[0][0].legend()
+        return fig
+
+    plot(out, "exp1", draw)
+
+
+def exp2(a, kuai, site_dir, site, out):
+    runs = a.runs or (2 if a.quick else 5)
+    links = [("5.7 Mbit/s, 466 ms", "5.7mbit", 233), ("2.3 Mbit/s, 68 ms", "2.3mbit", 34),
+             ("6.3 Mbit/s, 123 ms", "6.3mbit", 61)]
+    losses = [0, 5, 10, 15, 20, 30] if not a.quick else [0, 10, 30]
+    limit_s = 120
+    data = {}
+    for name, rate, owd in links:
+        for loss in losses:
+            for proto in ("http3", "http2"):
+                link = {"delay": f"{owd}ms", "rate": rate, "queue": "100",
+                        "loss": f"{loss}%", "seed": 3 + loss}
+                cmd = get_cmd(kuai, proto, site["images"], runs, max_time=limit_s)
+                rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * (limit_s + 30) + 60)
+                data[f"{name}/{loss}/{proto}"] = times(rows, runs, float("inf"))
+                print(f"exp2 {name} loss {loss}% {proto}: {len(rows)} runs", file=sys.stderr)
+    hdr = ["link", "loss"] + [f"{PROTO_LABEL[p]} median s (done)" for p in ("http3", "http2")]
+    rows = []
+    for name, _, _ in links:
+        for loss in losses:
+            r = [name, f"{loss} %"]
+            for proto in ("http3", "http2"):
+                t = data[f"{name}/{loss}/{proto}"]
+                done = [x for x in t if x != float("inf")]
+                med = pct(done, 50) / 1000 if len(done) * 2 > len(t) else float("nan")
+                r.append(f"{fmt(med)} ({len(done)}/{len(t)})")
+            rows.append(r)
+    md = (f"### Experiment 2: 16 images (20–200 KB, 1.9 MB), {runs} runs per cell, "
+          f"limit {limit_s} s\n\n" + table(hdr, rows))
+    save(out, "exp2", {k: [x if x != float("inf") else None for x in v] for k, v in data.items()},
+         md)
+
+    def draw(plt):
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        for ax, (name, _, _) in zip(axes, links):
+            for proto in ("http3", "http2"):
+                ys = []
+                for loss in losses:
+                    done = [x for x in data[f"{name}/{loss}/{proto}"] if x != float("inf")]
+                    ys.append(pct(done, 50) / 1000 if done else float("nan"))
+                ax.plot(losses, ys, marker="o", label=PROTO_LABEL[proto])
+            ax.set_title(name)
+            ax.set_xlabel("loss (%)")
+            ax.set_ylabel("total time (s), median")
+            ax.grid(alpha=0.3)
+        axes[0].legend()
+        return fig
+
+    plot(out, "exp2", draw)
+
+
+def exp3(a, kuai, site_dir, site, out):
+    runs = a.runs or (3 if a.quick else 20)
+    # A 4G-like link: 12 Mbit/s down, 4 Mbit/s up, 70 ms RTT (jitter 5 ms), 0.5 % loss.
+    link = {"delay": "35ms", "jitter": "5ms", "down_rate": "12mbit", "up_rate": "4mbit",
+            "queue": "100", "loss": "0.5%", "seed": 30}
+    data = {}
+    for page in ("page12", "page60"):
+        for proto in ("http3", "http2", "http1.1"):
+            cmd = get_cmd(kuai, proto, site[page], runs, page=True, max_time=60)
+            rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 70 + 60)
+            data[f"{page}/{proto}"] = [r["total_ms"] for r in rows if r.get("ok")]
+            print(f"exp3 {page} {proto}: {len(rows)} runs", file=sys.stderr)
+    hdr = ["page", "protocol", "median ms", "mean ms", "p90 ms", "vs HTTP/3"]
+    rows = []
+    for page in ("page12", "page60"):
+        h3 = statistics.median(data[f"{page}/http3"]) if data[f"{page}/http3"] else float("nan")
+        for proto in ("http3", "http2", "http1.1"):
+            t = data[f"{page}/{proto}"]
+            med = statistics.median(t) if t else float("nan")
+            rows.append([f"HTML + {page[4:]}", PROTO_LABEL[proto], fmt(med),
+                         fmt(statistics.mean(t) if t else float("nan")), fmt(pct(t, 90)),
+                         f"{(med / h3 - 1) * 100:+.0f} %" if proto != "http3" else "—"])
+    md = (f"### Experiment 3: page loads on a 4G-like link (12/4 Mbit/s, 70 ms RTT, "
+          f"0.5 % loss), new connection per load, {runs} loads per cell\n\n" + table(hdr, rows))
+    save(out, "exp3", data, md)
+
+    def draw(plt):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        labels = []
+        for k, page in enumerate(("page12", "page60")):
+            for i, proto in enumerate(("http3", "http2", "http1.1")):
+                t = data[f"{page}/{proto}"]
+                ax.bar(k * 4 + i, statistics.median(t) if t else 0,
+                       color=f"C{i}", label=PROTO_LABEL[proto] if k == 0 else None)
+            labels.append((k * 4 + 1, f"HTML + {page[4:]}"))
+        ax.set_xticks([x for x, _ in labels], [l for _, l in labels])
+        ax.set_ylabel("page load time (ms), median")
+        ax.legend()
+        return fig
+
+    plot(out, "exp3", draw)
+
+
+def exp4(a, kuai, site_dir, site, out):
+    conns = a.runs or (100 if a.quick else 1000)
+    concurrency = 10
+    # As netem on the server's egress: 5 % loss, 20 +- 5 ms, 10 % of packets reordered.
+    link = {"down_delay": "20ms", "down_jitter": "5ms", "down_loss": "5%",
+            "down_reorder": "10%", "seed": 4}
+    data = {}
+    for proto in ("http3", "http2"):
+        per = conns // concurrency
+        cmd = get_cmd(kuai, proto, site["1m"], per, max_time=30)
+        shell = " & ".join(" ".join(shlex.quote(x) for x in cmd) for _ in range(concurrency))
+        rows = run_condition(kuai, site_dir, link, [["sh", "-c", shell + " & wait"]],
+                             limit=per * 40 + 120)
+        data[proto] = rows
+        print(f"exp4 {proto}: {len(rows)} connections", file=sys.stderr)
+    hdr = ["protocol", "connections (ok)", "handshake mean ms", "handshake p99 ms",
+           "1 MB transfer mean ms", "1 MB transfer p99 ms"]
+    rows = []
+    for proto in ("http3", "http2"):
+        ok = [r for r in data[proto] if r.get("ok")]
+        hs = [r["connect_ms"] for r in ok if r.get("connect_ms") is not None]
+        tr = [r["total_ms"] - r["connect_ms"] for r in ok if r.get("connect_ms") is not None]
+        rows.append([PROTO_LABEL[proto], f"{len(data[proto])} ({len(ok)})",
+                     fmt(statistics.mean(hs) if hs else float("nan")), fmt(pct(hs, 99)),
+                     fmt(statistics.mean(tr) if tr else float("nan")), fmt(pct(tr, 99))])
+    md = (f"### Experiment 4: 5 % loss, 20 ± 5 ms delay, 10 % reordering (server to client), "
+          f"{conns} connections, {concurrency} at a time\n\n" + table(hdr, rows))
+    save(out, "exp4", data, md)
+
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+        for proto in ("http3", "http2"):
+            ok = [r for r in data[proto] if r.get("ok") and r.get("connect_ms") is not None]
+            for ax, vals in zip(axes, ([r["connect_ms"] for r in ok],
+                                       [r["total_ms"] - r["connect_ms"] for r in ok])):
+                v = sorted(vals)
+                ax.plot(v, [(k + 1) / len(v) for k in range(len(v))], label=PROTO_LABEL[proto])
+        axes[0].set_xlabel("handshake (ms)")
+        axes[1].set_xlabel("1 MB transfer (ms)")
+        for ax in axes:
+            ax.set_ylabel("CDF")
+            ax.grid(alpha=0.3)
+        axes[0].legend()
+        return fig
+
+    plot(out, "exp4", draw)
+
+
+def exp5(a, kuai, site_dir, site, out):
+    runs = a.runs or (5 if a.quick else 30)
+    data = {}
+    for rtt in (50, 200, 500):
+        link = {"delay": f"{rtt // 2}ms", "seed": rtt}
+        for name, proto, zero in (("TCP + TLS 1.3", "http2", False),
+                                  ("QUIC 1-RTT", "http3", False),
+                                  ("QUIC 0-RTT", "http3", True)):
+            # One extra run first: it fetches the session ticket 0-RTT needs.
+            cmd = get_cmd(kuai, proto, site["10k"], runs + 1, zero_rtt=zero, max_time=20)
+            rows = run_condition(kuai, site_dir, link, [cmd], limit=(runs + 1) * 25 + 60)[1:]
+            data[f"{rtt}/{name}"] = rows
+            print(f"exp5 rtt {rtt} {name}: {len(rows)} runs", file=sys.stderr)
+    hdr = ["RTT", "handshake", "connected ms (median)", "first byte ms (median)",
+           "first byte in RTTs", "0-RTT accepted"]
+    rows = []
+    for rtt in (50, 200, 500):
+        for name in ("TCP + TLS 1.3", "QUIC 1-RTT", "QUIC 0-RTT"):
+            ok = [r for r in data[f"{rtt}/{name}"] if r.get("ok")]
+            c = [r["connect_ms"] for r in ok if r.get("connect_ms") is not None]
+            fb = [r["first_byte_ms"] for r in ok if r.get("first_byte_ms") is not None]
+            acc = sum(1 for r in ok if r.get("zero_rtt") == "accepted")
+            mfb = statistics.median(fb) if fb else float("nan")
+            rows.append([f"{rtt} ms", name, fmt(statistics.median(c) if c else float("nan")),
+                         fmt(mfb), f"{mfb / rtt:.2f}",
+                         f"{acc}/{len(ok)}" if "0-RTT" in name else "—"])
+    md = f"### Experiment 5: handshake latency, {runs} connections per cell\n\n" + table(hdr, rows)
+    save(out, "exp5", data, md)
+
+    def draw(plt):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        names = ("TCP + TLS 1.3", "QUIC 1-RTT", "QUIC 0-RTT")
+        for i, name in enumerate(names):
+            ys = []
+            for rtt in (50, 200, 500):
+                fb = [r["first_byte_ms"] for r in data[f"{rtt}/{name}"]
+                      if r.get("ok") and r.get("first_byte_ms") is not None]
+                ys.append(statistics.median(fb) if fb else 0)
+            ax.bar([k * 4 + i for k in range(3)], ys, label=name, color=f"C{i}")
+        ax.set_xticks([1, 5, 9], ["50 ms", "200 ms", "500 ms"])
+        ax.set_xlabel("RTT")
+        ax.set_ylabel("time to first byte of a 10 KB response (ms)")
+        ax.legend()
+        return fig
+
+    plot(out, "exp5", draw)
+
+
+def exp6(a, kuai, site_dir, site, out):
+    runs = a.runs or (1 if a.quick else 3)
+    data = {}
+    base = {"delay": "15ms", "rate": "10mbit", "queue": "25", "seed": 6}
+    outage = dict(base, blackhole="5s/2s")
+    for name, link, paths in (("steady", base, site["10m"]), ("outages", outage, site["30m"])):
+        for proto in ("http3", "http2"):
+            cmd = get_cmd(kuai, proto, paths, runs, max_time=180)
+            rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 200 + 60)
+            data[f"{name}/{proto}"] = rows
+            print(f"exp6 {name} {proto}: {len(rows)} runs", file=sys.stderr)
+    hdr = ["link", "protocol", "runs ok", "time s (median)", "goodput Mbit/s (median)"]
+    rows = []
+    for name in ("steady", "outages"):
+        for proto in ("http3", "http2"):
+            ok = [r for r in data[f"{name}/{proto}"] if r.get("ok")]
+            t = [r["total_ms"] / 1000 for r in ok]
+            g = [r["bytes"] * 8 / 1e6 / (r["total_ms"] / 1000) for r in ok]
+            rows.append([name, PROTO_LABEL[proto], f"{len(ok)}/{runs}",
+                         fmt(statistics.median(t) if t else float("nan")),
+                         f"{statistics.median(g):.2f}" if g else "—"])
+    md = ("### Experiment 6: 10 MiB over 10 Mbit/s, 30 ms RTT, 25-packet queue; 30 MiB across "
+          "5 s on / 2 s off outages\n\n" + table(hdr, rows))
+    save(out, "exp6", data, md)
+
+    def draw(plt):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for i, proto in enumerate(("http3", "http2")):
+            ys = []
+            for name in ("steady", "outages"):
+                ok = [r for r in data[f"{name}/{proto}"] if r.get("ok")]
+                g = [r["bytes"] * 8 / 1e6 / (r["total_ms"] / 1000) for r in ok]
+                ys.append(statistics.median(g) if g else 0)
+            ax.bar([i, 3 + i], ys, label=PROTO_LABEL[proto], color=f"C{i}")
+        ax.set_xticks([0.5, 3.5], ["10 Mbit/s steady", "5 s on / 2 s off"])
+        ax.set_ylabel("goodput (Mbit/s)")
+        ax.axhline(10, color="grey", ls=":")
+        ax.legend()
+        return fig
+
+    plot(out, "exp6", draw)
+
+
+EXPERIMENTS = {"exp1": exp1, "exp2": exp2, "exp3": exp3, "exp4": exp4, "exp5": exp5,
+               "exp6": exp6}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
+    ap.add_argument("--quick", action="store_true", help="fewer runs and conditions")
+    ap.add_argument("--runs", type=int, default=0, help="runs per cell (default per experiment)")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("lab: network namespaces need root", file=sys.stderr)
+        return 1
+    kuai = kuai_bin()
+    site_dir = Path(os.environ.get("LAB_SITE", "/tmp/kuai-lab-site"))
+    site = make_site(site_dir)
+    todo = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
+    for name in todo:
+        t0 = time.monotonic()
+        EXPERIMENTS[name](a, kuai, site_dir, site, a.out)
+        print(f"lab: {name} took {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
