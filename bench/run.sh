@@ -5,12 +5,14 @@
 #
 #   bench/run.sh [--write] [--no-build] [--quick] [--rounds N] [--idle-connections N]
 #                [--seconds S] [--bulk-bytes N] [--only bulk-1,bulk-8,requests,hs-1,hs-64,idle]
-#                [--impls kuai,quinn,quic-go,ngtcp2,tcp] [--port P]
+#                [--impls kuai,quinn,quic-go,ngtcp2,tcp] [--port P] [--cross]
 #
 #   --write     also put the table into BENCHMARKS.md (between the bench:begin / bench:end
 #               markers) and every run's JSON into bench/results/latest.jsonl
 #   --no-build  use the binaries already built
 #   --quick     smoke run: 100 MiB bulk, 2 s rate workloads, 1,000 idle connections, 1 round
+#   --cross     add bulk-1-cross: kuai's server with quinn's and quic-go's clients and back
+#               (which side of a pair limits it)
 #
 # Needs: cargo, Go (PATH or /usr/local/go/bin), python3, and for the ngtcp2 rows Debian's
 # ngtcp2-server and ngtcp2-client packages (gtlsserver, gtlsclient) plus openssl.
@@ -29,7 +31,7 @@ for a in "$@"; do
     case "$a" in
         --write) write=1 ;;
         --no-build) build=0 ;;
-        -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) args+=("$a") ;;
     esac
 done

@@ -33,6 +33,17 @@ GB = 1e9
 
 # name -> (label, server argv, client argv prefix, extra client args)
 def implementations(bins: dict[str, str]) -> dict[str, dict]:
+    impls = same_pairs(bins)
+    # Mixed pairs (--cross): "S>C" is S's server with C's client.
+    for peer in ("quinn", "quic-go"):
+        for srv, cli in (("kuai", peer), (peer, "kuai")):
+            impls[f"{srv}>{cli}"] = {
+                "label": f"{impls[srv]['label']} server, {impls[cli]['label']} client",
+                "server": impls[srv]["server"], "client": impls[cli]["client"]}
+    return impls
+
+
+def same_pairs(bins: dict[str, str]) -> dict[str, dict]:
     k = bins["kuai"]
     return {
         "kuai": {"label": "kuai", "server": [k, "bench", "server"], "client": [k, "bench", "client"]},
@@ -84,7 +95,13 @@ def workloads(a: argparse.Namespace) -> list[dict]:
          "impls": ["kuai", "quinn", "quic-go"], "timeout": 600,
          "na": {"tcp": "kuai bench has no TCP idle workload",
                 "ngtcp2": "gtlsclient: one connection per process"}},
-    ]
+    ] + ([
+        {"id": "bulk-1-cross", "title": f"bulk {human(bulk)}, 1 stream, mixed pairs",
+         "kind": "bulk", "cross": True,
+         "args": ["--workload", "bulk", "--bytes", str(bulk), "--streams", "1"],
+         "impls": ["kuai", "kuai>quinn", "quinn>kuai", "quinn", "kuai>quic-go", "quic-go>kuai",
+                   "quic-go"], "timeout": 300},
+    ] if a.cross else [])
 
 
 def human(n: int) -> str:
@@ -391,7 +408,7 @@ def report(a: argparse.Namespace, wls: list[dict], impls: dict, results: dict,
                 out.append(row[1])
                 continue
             name, cells, text, runs, label = row
-            if name == "kuai":
+            if name == "kuai" or wl.get("cross"):
                 ratio = ""
             elif not kuai_med:
                 ratio = "– (kuai failed)"
@@ -426,6 +443,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--port", type=int, default=14443, help="first of 32 ports used in turn")
     ap.add_argument("--only", default="", help="comma-separated workload ids")
+    ap.add_argument("--cross", action="store_true",
+                    help="also bulk with kuai's server against the peers' clients and back")
     ap.add_argument("--impls", default="", help="comma-separated implementations")
     ap.add_argument("--raw", default="", help="append every run's JSON here")
     ap.add_argument("--bin", action="append", default=[], help="NAME=PATH")
@@ -449,7 +468,7 @@ def main() -> int:
     if a.impls:
         keep = set(a.impls.split(","))
         for w in wls:
-            w["impls"] = [i for i in w["impls"] if i in keep]
+            w["impls"] = [i for i in w["impls"] if set(i.split(">")) <= keep]
             w["na"] = {k: v for k, v in w.get("na", {}).items() if k in keep}
     # Every client holds its connections on one UDP socket, but leave room anyway.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
