@@ -98,6 +98,11 @@ def link_args(link: dict) -> list[str]:
     return a
 
 
+# Every run's JSON line is also appended here as it comes in (with its link), so that a long
+# experiment cut short keeps what it measured.
+RAW_LOG: Path | None = None
+
+
 def run_condition(kuai: Path, site_dir: Path, link: dict, client_cmds: list[list[str]],
                   limit: float) -> list[dict]:
     """Starts the link, the server and each client command in turn (one shell in the client
@@ -121,6 +126,10 @@ def run_condition(kuai: Path, site_dir: Path, link: dict, client_cmds: list[list
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 pass
+    if RAW_LOG is not None:
+        with RAW_LOG.open("a") as f:
+            for r in rows:
+                f.write(json.dumps({"link": link, "cmd": client_cmds[0][2:6], **r}) + "\n")
     return rows
 
 
@@ -499,7 +508,11 @@ def main() -> int:
     site_dir = Path(os.environ.get("LAB_SITE", "/tmp/kuai-lab-site"))
     site = make_site(site_dir)
     todo = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
+    global RAW_LOG
+    a.out.mkdir(parents=True, exist_ok=True)
     for name in todo:
+        RAW_LOG = a.out / f"{name}.runs.jsonl"
+        RAW_LOG.unlink(missing_ok=True)
         t0 = time.monotonic()
         EXPERIMENTS[name](a, kuai, site_dir, site, a.out)
         print(f"lab: {name} took {time.monotonic() - t0:.0f} s", file=sys.stderr)
