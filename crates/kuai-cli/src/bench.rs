@@ -308,13 +308,7 @@ fn quic_client(w: &Workload) -> Result<(Endpoint, ClientConfig), String> {
     tls.resumption = rustls::client::Resumption::disabled();
     let mut cfg = ClientConfig::from_rustls(tls);
     cfg.transport(transport_config());
-    let bind: SocketAddr = if w.server.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    }
-    .parse()
-    .expect("literal");
+    let bind = crate::get::any_port_for(w.server);
     let ep = Endpoint::builder()
         .gso(!w.no_offload)
         .gro(!w.no_offload)

@@ -148,6 +148,15 @@ pub async fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{host}: no address"))
 }
 
+/// An ephemeral local address of `peer`'s family, for a client socket.
+pub fn any_port_for(peer: SocketAddr) -> SocketAddr {
+    if peer.is_ipv4() {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    } else {
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0))
+    }
+}
+
 /// Which protocols a run may use.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -274,7 +283,7 @@ struct Origin {
     addr: SocketAddr,
     host: String,
     ep: Option<Endpoint>,
-    quic: Option<ClientConfig>,
+    quic: ClientConfig,
     tcp_tls: Arc<rustls::ClientConfig>,
     connect_timeout: Duration,
     fallback_after: Duration,
@@ -341,11 +350,11 @@ impl Origin {
     }
 
     async fn connect_quic(&self) -> Result<Session, String> {
-        let (Some(ep), Some(cfg)) = (&self.ep, &self.quic) else {
+        let Some(ep) = &self.ep else {
             return Err("QUIC is not enabled".into());
         };
         let connecting = ep
-            .connect_with(cfg.clone(), self.addr, &self.host)
+            .connect_with(self.quic.clone(), self.addr, &self.host)
             .map_err(|e| e.to_string())?;
         let (conn, early) = if self.zero_rtt {
             match connecting.into_0rtt() {
@@ -440,13 +449,7 @@ async fn fetch_all(args: Args) -> Result<(), String> {
     let ep = if matches!(mode, Mode::Tcp(_)) {
         None
     } else {
-        let bind: SocketAddr = if addr.is_ipv4() {
-            "0.0.0.0:0"
-        } else {
-            "[::]:0"
-        }
-        .parse()
-        .expect("literal");
+        let bind = any_port_for(addr);
         let mut builder = Endpoint::builder();
         if let Some(d) = &args.qlog_dir {
             builder = builder.qlog_dir(d);
@@ -462,7 +465,7 @@ async fn fetch_all(args: Args) -> Result<(), String> {
         addr,
         host: first.host.clone(),
         ep,
-        quic: Some(cfg),
+        quic: cfg,
         tcp_tls,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(0.001)),
         fallback_after: Duration::from_millis(args.fallback_after_ms),
@@ -690,7 +693,7 @@ async fn repeat(
 fn run_json(run: u64, new_connection: bool, session: Option<&Session>, r: &RunReport) -> String {
     let opt = |d: Option<Duration>| d.map_or("null".to_string(), |d| format!("{:.3}", ms(d)));
     let error = match &r.error {
-        Some(e) => format!("\"{}\"", json_escape(e)),
+        Some(e) => format!("\"{}\"", kuai::qlog::json_escape(e)),
         None => "null".into(),
     };
     format!(
@@ -705,19 +708,6 @@ fn run_json(run: u64, new_connection: bool, session: Option<&Session>, r: &RunRe
         session.map_or("none", |s| s.zero_rtt()),
         session.is_some_and(|s| s.resumed()),
     )
-}
-
-fn json_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 fn ms(d: Duration) -> f64 {

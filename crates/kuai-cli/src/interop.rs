@@ -296,13 +296,7 @@ async fn client(case: &str, alpn: &str) -> Result<(), String> {
         None => crate::get::resolve(&first.host, first.port).await?,
     };
     let cfg = client_config(case, alpn)?;
-    let bind: SocketAddr = if server.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    }
-    .parse()
-    .expect("literal");
+    let bind = crate::get::any_port_for(server);
     let mut builder = Endpoint::builder().client(cfg).max_segments(1);
     if let Some(d) = env("QLOGDIR") {
         builder = builder.qlog_dir(d);

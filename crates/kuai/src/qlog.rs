@@ -62,7 +62,8 @@ fn frames_json(out: &mut String, frames: &[&str]) {
     out.push(']');
 }
 
-fn escape(s: &str) -> String {
+/// `s` escaped for the inside of a JSON string (quotes, backslashes, control characters).
+pub fn json_escape(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -185,7 +186,7 @@ impl Tracer for QlogWriter {
                     l,
                     "\"name\":\"quic:parameters_set\",\"data\":{{\"owner\":\"{}\",\"kuai_summary\":\"{}\"}}",
                     if *owner_local { "local" } else { "remote" },
-                    escape(summary)
+                    json_escape(summary)
                 );
             }
             TraceEvent::ConnectionStateUpdated { new } => {
