@@ -86,6 +86,13 @@ pub struct Args {
     /// Give up on a fetch (one run with --repeat) after this many seconds (0: no limit).
     #[arg(long, default_value_t = 0.0)]
     max_time: f64,
+    /// QUIC congestion control: newreno, bbr (BBRv3) or bbr-loss-tolerant.
+    #[arg(long, default_value = "newreno")]
+    cc: kuai::CongestionAlgorithm,
+    /// On a lossy path (2 % or more of packets lost), send a second copy of the last packets
+    /// of each flight (up to 16) when there is nothing new to send.
+    #[arg(long)]
+    redundancy: bool,
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -439,12 +446,13 @@ async fn fetch_all(args: Args) -> Result<(), String> {
     } else {
         crate::h3::ALPN
     };
-    let cfg = client_config(
+    let mut cfg = client_config(
         args.insecure,
         args.ca.as_deref(),
         &[quic_alpn],
         args.keylog.as_deref(),
     )?;
+    crate::set_transport(cfg.proto_mut(), &args.cc, args.redundancy);
     let tcp_tls = cfg.proto_tls();
     let ep = if matches!(mode, Mode::Tcp(_)) {
         None

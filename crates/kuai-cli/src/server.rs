@@ -37,6 +37,13 @@ pub struct Args {
     /// Do not serve HTTP/1.1 and HTTP/2 over TCP on the same port.
     #[arg(long)]
     no_tcp: bool,
+    /// QUIC congestion control: newreno, bbr (BBRv3) or bbr-loss-tolerant.
+    #[arg(long, default_value = "newreno")]
+    cc: kuai::CongestionAlgorithm,
+    /// On a lossy path (2 % or more of packets lost), send a second copy of the last packets
+    /// of each flight (up to 16) when there is nothing new to send.
+    #[arg(long)]
+    redundancy: bool,
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -103,6 +110,7 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
+    crate::set_transport(cfg.proto_mut(), &args.cc, args.redundancy);
     let mut builder = Endpoint::builder().server(cfg);
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);

@@ -65,6 +65,34 @@ pub struct TransportConfig {
     pub grease_quic_bit: bool,
     /// Forbid the peer from migrating (disable_active_migration).
     pub disable_active_migration: bool,
+    /// Redundant copies of short flights on lossy paths; `None` (the default) sends none.
+    pub redundancy: Option<Redundancy>,
+}
+
+/// Send a second copy of a short flight when the path is lossy, so that a lost packet of a
+/// small response or request does not cost a loss-detection delay and a round trip (seed 001's
+/// "add FEC packets dynamically under loss", as a repetition code: the copies are ordinary
+/// retransmissions, so the peer needs no extension to use them).
+///
+/// When the sender has nothing new to send, every ack-eliciting packet still in flight that
+/// was sent within the last smoothed RTT gets its frames queued once more, up to
+/// `max_packets`, provided the path's recent loss rate is at least `min_loss_permille`.
+/// Bulk transfers are not doubled: only the last flight, when the sender runs dry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redundancy {
+    /// Loss rate (per mille of ack-eliciting packets) from which copies are sent.
+    pub min_loss_permille: u32,
+    /// Most packets copied per flight.
+    pub max_packets: usize,
+}
+
+impl Default for Redundancy {
+    fn default() -> Self {
+        Self {
+            min_loss_permille: 20,
+            max_packets: 16,
+        }
+    }
 }
 
 impl Default for TransportConfig {
@@ -96,6 +124,7 @@ impl Default for TransportConfig {
             zero_rtt_hold: Duration::from_millis(2),
             grease_quic_bit: true,
             disable_active_migration: false,
+            redundancy: None,
         }
     }
 }

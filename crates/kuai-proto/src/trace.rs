@@ -147,6 +147,8 @@ pub struct ConnectionStats {
     pub bytes_lost: u64,
     /// Stream bytes sent again after loss.
     pub stream_bytes_retransmitted: u64,
+    /// Packets whose frames were sent a second time as redundancy on a lossy path.
+    pub redundant_packets: u64,
     pub stream_bytes_sent: u64,
     pub packets_dropped: u64,
     pub spurious_losses: u64,

@@ -4,12 +4,14 @@
 //! path); a user's own algorithm plugs in through [`CongestionController`] and
 //! [`ControllerFactory`] and lives in the `Custom` variant.
 
+mod bbr;
 mod new_reno;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use bbr::{Bbr, BbrOptions};
 pub use new_reno::NewReno;
 
 use crate::recovery::RttEstimator;
@@ -133,14 +135,36 @@ pub enum CongestionAlgorithm {
     /// NewReno as in RFC 9002 §7.
     #[default]
     NewReno,
+    /// BBR version 3 (draft-ietf-ccwg-bbr): paces at the measured bottleneck rate and does
+    /// not halve its window on random loss.
+    Bbr(BbrOptions),
     /// A user-supplied algorithm.
     Custom(Arc<dyn ControllerFactory>),
+}
+
+impl std::str::FromStr for CongestionAlgorithm {
+    type Err = String;
+
+    /// Parses a built-in algorithm's name: `newreno`, `bbr` or `bbr-loss-tolerant`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "newreno" | "reno" => Ok(Self::NewReno),
+            "bbr" | "bbr3" | "bbrv3" => Ok(Self::Bbr(BbrOptions::default())),
+            "bbr-loss-tolerant" => Ok(Self::Bbr(BbrOptions {
+                loss_tolerant: true,
+            })),
+            _ => Err(format!(
+                "unknown congestion control {s:?} (known: newreno, bbr, bbr-loss-tolerant)"
+            )),
+        }
+    }
 }
 
 impl CongestionAlgorithm {
     pub fn build(&self, now: Instant, max_datagram_size: u64) -> Congestion {
         match self {
             Self::NewReno => Congestion::NewReno(NewReno::new(max_datagram_size)),
+            Self::Bbr(o) => Congestion::Bbr(Box::new(Bbr::new(max_datagram_size, *o))),
             Self::Custom(f) => Congestion::Custom(f.build(now, max_datagram_size)),
         }
     }
@@ -150,6 +174,8 @@ impl CongestionAlgorithm {
 #[derive(Debug)]
 pub enum Congestion {
     NewReno(NewReno),
+    /// Boxed: its state is several times NewReno's, and most connections idle.
+    Bbr(Box<Bbr>),
     Custom(Box<dyn CongestionController>),
 }
 
@@ -157,6 +183,7 @@ macro_rules! dispatch {
     ($self:ident, $c:ident => $e:expr) => {
         match $self {
             Congestion::NewReno($c) => $e,
+            Congestion::Bbr($c) => $e,
             Congestion::Custom($c) => $e,
         }
     };

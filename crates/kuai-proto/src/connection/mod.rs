@@ -268,6 +268,8 @@ pub struct Connection {
     idle_timeout: Option<Duration>,
     /// An ack-eliciting packet was sent since the last packet received (idle timer rule).
     sent_eliciting_since_rx: bool,
+    /// Redundant copies are queued and not all sent yet; packets sent meanwhile are copies.
+    sending_copies: bool,
     pto_count: u32,
     timers: [Option<Instant>; TIMER_COUNT],
     /// Close frame to send while closing.
@@ -596,6 +598,7 @@ impl Connection {
             endpoint_events: VecDeque::new(),
             idle_timeout: (!config.max_idle_timeout.is_zero()).then_some(config.max_idle_timeout),
             sent_eliciting_since_rx: false,
+            sending_copies: false,
             pto_count: 0,
             timers: [None; TIMER_COUNT],
             close_frame: None,

@@ -245,6 +245,10 @@ pub struct Path {
     pub time_threshold_eighths: u32,
     /// Congestion events that reduced the window.
     pub congestion_events: u64,
+    /// Recent ack-eliciting packets sent and declared lost, halved together as they grow:
+    /// a decaying loss-rate estimate for [`crate::config::Redundancy`].
+    pub recent_sent: u32,
+    pub recent_lost: u32,
 }
 
 impl Path {
@@ -283,6 +287,24 @@ impl Path {
             reorder_threshold: crate::recovery::PACKET_THRESHOLD,
             time_threshold_eighths: 9,
             congestion_events: 0,
+            recent_sent: 0,
+            recent_lost: 0,
+        }
+    }
+
+    /// Recent loss rate in per mille of ack-eliciting packets; 0 before 32 were sent.
+    pub fn recent_loss_permille(&self) -> u32 {
+        if self.recent_sent < 32 {
+            return 0;
+        }
+        (u64::from(self.recent_lost) * 1000 / u64::from(self.recent_sent)) as u32
+    }
+
+    pub fn count_sent_for_loss_rate(&mut self) {
+        self.recent_sent += 1;
+        if self.recent_sent >= 1024 {
+            self.recent_sent /= 2;
+            self.recent_lost /= 2;
         }
     }
 

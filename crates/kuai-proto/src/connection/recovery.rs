@@ -314,6 +314,9 @@ impl Connection {
             }
             self.stats.packets_lost += 1;
             self.stats.bytes_lost += u64::from(p.size);
+            if space == SpaceId::Data && p.ack_eliciting && !p.mtu_probe && p.path == self.path.id {
+                self.path.recent_lost = (self.path.recent_lost + 1).min(self.path.recent_sent);
+            }
             self.trace(TraceEvent::PacketLost {
                 space,
                 pn,
@@ -615,6 +618,53 @@ impl Connection {
         for f in &frames {
             self.on_frame_lost(space, f);
         }
+    }
+
+    /// Redundancy (see [`crate::config::Redundancy`]): when everything new has been sent on
+    /// a lossy path, queue the frames of the flight's recent packets once more. The copies
+    /// are ordinary retransmissions (RFC 9000 §13.3 lets data be sent again in any packet);
+    /// the originals stay in flight and are acknowledged or declared lost as usual.
+    pub(super) fn queue_redundant_copies(&mut self, now: Instant) {
+        let Some(r) = self.config.redundancy else {
+            return;
+        };
+        if self.streams.has_stream_data() {
+            return; // originals or queued copies still to send
+        }
+        self.sending_copies = false;
+        if self.one_rtt.is_none() || self.path.recent_loss_permille() < r.min_loss_permille {
+            return;
+        }
+        let si = SpaceId::Data.index();
+        let horizon = self.path.rtt.smoothed();
+        let path = self.path.id;
+        // The newest packets, back to one smoothed RTT ago: the end of a flight is where a
+        // loss costs a timeout. Send times grow with packet numbers, so the scan stops early.
+        let mut pns = Vec::new();
+        for (pn, p) in self.spaces[si].sent.iter().rev() {
+            if now.saturating_duration_since(p.time_sent) > horizon || pns.len() >= r.max_packets {
+                break;
+            }
+            if !p.copied && p.ack_eliciting && p.in_flight && !p.mtu_probe && p.path == path {
+                pns.push(pn);
+            }
+        }
+        if pns.is_empty() {
+            return;
+        }
+        let n = pns.len();
+        let mut frames = Vec::new();
+        for pn in pns {
+            if let Some(p) = self.spaces[si].sent.get_mut(pn) {
+                p.copied = true;
+                frames.extend(p.frames.iter().cloned());
+            }
+        }
+        for f in &frames {
+            self.on_frame_lost(SpaceId::Data, f);
+        }
+        self.sending_copies = true;
+        self.stats.redundant_packets += n as u64;
     }
 
     /// Declares lost every packet in flight on the old path after a migration; used when the

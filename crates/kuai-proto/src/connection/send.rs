@@ -65,6 +65,7 @@ impl Connection {
         if let Some(t) = self.send_off_path_response(now, buf) {
             return Some(t);
         }
+        self.queue_redundant_copies(now);
         if let Some(t) = self.send_mtu_probe(now, buf) {
             return Some(t);
         }
@@ -522,6 +523,9 @@ impl Connection {
         if ecn_marked {
             self.spaces[si].ecn_marked_sent += 1;
         }
+        if space == SpaceId::Data && ack_eliciting && in_flight && !mtu_probe {
+            self.path.count_sent_for_loss_rate();
+        }
         let packet = SentPacket {
             time_sent: now,
             size: size.min(usize::from(u16::MAX)) as u16,
@@ -535,6 +539,7 @@ impl Connection {
             delivered_time,
             first_sent_time,
             is_app_limited,
+            copied: self.sending_copies,
         };
         self.spaces[si].sent.insert(pn, packet);
         if ack_eliciting || in_flight {

@@ -73,6 +73,8 @@ pub struct SentPacket {
     pub delivered_time: Instant,
     pub first_sent_time: Instant,
     pub is_app_limited: bool,
+    /// A redundant copy of this packet's frames was queued, or it is itself such a copy.
+    pub copied: bool,
 }
 
 /// Sent packets of one packet-number space, indexed by packet number.
@@ -115,6 +117,11 @@ impl SentPackets {
         self.packets.get(usize::try_from(i).ok()?)?.as_ref()
     }
 
+    pub fn get_mut(&mut self, pn: u64) -> Option<&mut SentPacket> {
+        let i = pn.checked_sub(self.base)?;
+        self.packets.get_mut(usize::try_from(i).ok()?)?.as_mut()
+    }
+
     pub fn remove(&mut self, pn: u64) -> Option<SentPacket> {
         let i = usize::try_from(pn.checked_sub(self.base)?).ok()?;
         let p = self.packets.get_mut(i)?.take()?;
@@ -153,7 +160,7 @@ impl SentPackets {
     }
 
     /// Packets present, ascending.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, &SentPacket)> + '_ {
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (u64, &SentPacket)> + '_ {
         let base = self.base;
         self.packets
             .iter()
@@ -302,6 +309,7 @@ mod tests {
             delivered_time: t,
             first_sent_time: t,
             is_app_limited: false,
+            copied: false,
         }
     }
 
