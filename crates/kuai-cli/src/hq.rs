@@ -134,14 +134,24 @@ pub async fn get_to(
     out: &mut (dyn std::io::Write + Send),
     mut progress: impl FnMut(u64),
 ) -> Result<u64, String> {
-    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-    send.write_all(format!("GET {path}\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    send.finish().map_err(|e| e.to_string())?;
+    let request = || async {
+        let (mut send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        send.write_all(format!("GET {path}\r\n").as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        send.finish().map_err(|e| e.to_string())?;
+        Ok::<_, String>(recv)
+    };
+    let mut recv = request().await?;
     let mut total = 0u64;
+    let mut resent = false;
     loop {
         match recv.read_chunk(usize::MAX).await {
+            // Sent in 0-RTT and rejected: the server never saw it; send it again in 1-RTT.
+            Err(kuai::ReadError::ZeroRttRejected) if !resent && total == 0 => {
+                resent = true;
+                recv = request().await?;
+            }
             Ok(Some(chunk)) => {
                 out.write_all(&chunk)
                     .map_err(|e| format!("write failed: {e}"))?;

@@ -304,6 +304,11 @@ fn rand_seed() -> u64 {
 }
 
 /// Opens one of our unidirectional streams, writes `first`, then forwards queued bytes.
+///
+/// A client's stream opened in 0-RTT is void if the server rejects the early data: it is
+/// then opened again and `first` (the stream type, and SETTINGS on the control stream) sent
+/// again. Nothing else can have been lost with it: until the server's SETTINGS arrive, which
+/// is after the rejection is known, the QPACK encoder uses no dynamic table.
 async fn open_uni(
     shared: &Arc<Shared>,
     first: Vec<u8>,
@@ -311,22 +316,55 @@ async fn open_uni(
 ) -> Result<(), crate::Error> {
     let mut stream = shared.quic.open_uni().await?;
     stream.write_all(&first).await.map_err(write_err)?;
+    let quic = shared.quic.clone();
     // The task ends when the connection state (holding the sender) goes away, after the
     // connection closed; the stream stays open until then, as critical streams must.
     tokio::spawn(async move {
-        while let Some(b) = rx.recv().await {
-            if stream.write_chunk(b).await.is_err() {
-                break;
+        let mut outcome = Some(quic.early_data_outcome());
+        loop {
+            let next = tokio::select! {
+                b = rx.recv() => b,
+                accepted = async { outcome.as_mut().expect("guarded").await }, if outcome.is_some() => {
+                    outcome = None;
+                    if !accepted && stream.is_0rtt_rejected() {
+                        match reopen_uni(&quic, &first).await {
+                            Some(s) => stream = s,
+                            None => break,
+                        }
+                    }
+                    continue;
+                }
+            };
+            let Some(b) = next else { break };
+            match stream.write_chunk(b.clone()).await {
+                Ok(()) => {}
+                Err(kuai::WriteError::ZeroRttRejected) => {
+                    let Some(s) = reopen_uni(&quic, &first).await else {
+                        break;
+                    };
+                    stream = s;
+                    if stream.write_chunk(b).await.is_err() {
+                        break;
+                    }
+                }
+                Err(_) => break,
             }
         }
     });
     Ok(())
 }
 
+async fn reopen_uni(quic: &Connection, first: &[u8]) -> Option<kuai::SendStream> {
+    let mut s = quic.open_uni().await.ok()?;
+    s.write_all(first).await.ok()?;
+    Some(s)
+}
+
 fn write_err(e: kuai::WriteError) -> crate::Error {
     match e {
         kuai::WriteError::ConnectionLost(c) => crate::Error::Connection(c),
         kuai::WriteError::Stopped(c) => crate::Error::Stopped(Code(c)),
+        kuai::WriteError::ZeroRttRejected => crate::Error::ZeroRttRejected,
         kuai::WriteError::ClosedStream => {
             crate::Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream closed"))
         }

@@ -107,6 +107,9 @@ pub enum Error {
     GoingAway,
     /// A body or header section exceeded a configured limit.
     TooLarge,
+    /// The request went out in 0-RTT and the server rejected the early data, so it never
+    /// saw it: send it again (the connection is usable; RFC 9114 §4.1, RFC 9001 §4.6.2).
+    ZeroRttRejected,
 }
 
 impl fmt::Display for Error {
@@ -119,6 +122,9 @@ impl fmt::Display for Error {
             Error::Malformed(r) => write!(f, "malformed message: {r}"),
             Error::GoingAway => f.write_str("server is going away"),
             Error::TooLarge => f.write_str("message too large"),
+            Error::ZeroRttRejected => {
+                f.write_str("the server rejected 0-RTT; send the request again")
+            }
         }
     }
 }

@@ -198,6 +198,7 @@ impl RecvHalf {
                 }
                 Err(kuai::ReadError::Reset(code)) => return Err(Error::StreamReset(Code(code))),
                 Err(kuai::ReadError::ConnectionLost(e)) => return Err(self.conn_error(e)),
+                Err(kuai::ReadError::ZeroRttRejected) => return Err(Error::ZeroRttRejected),
                 Err(_) => return Err(Error::StreamReset(Code::REQUEST_CANCELLED)),
             }
         }
@@ -450,6 +451,7 @@ pub(crate) fn write_error(e: kuai::WriteError) -> Error {
     match e {
         kuai::WriteError::Stopped(c) => Error::Stopped(Code(c)),
         kuai::WriteError::ConnectionLost(c) => Error::Connection(c),
+        kuai::WriteError::ZeroRttRejected => Error::ZeroRttRejected,
         kuai::WriteError::ClosedStream => {
             Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream closed"))
         }

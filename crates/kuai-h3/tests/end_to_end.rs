@@ -158,3 +158,95 @@ async fn many_parallel_requests_and_large_bodies() {
         .unwrap();
     assert_eq!(r.body().len(), big.len());
 }
+
+/// A server that refuses 0-RTT: the client's early requests and its control and QPACK
+/// streams never reach it. The requests fail with `ZeroRttRejected`, go again on the same
+/// connection, and the session keeps working, QPACK dynamic table included (its encoder
+/// stream was opened again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_0rtt_requests_go_again_on_the_same_connection() {
+    use std::time::Duration;
+    let (mut scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    scfg.proto_mut().accept_0rtt = false;
+    let server = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = server.local_addr().unwrap();
+    let ep = server.clone();
+    tokio::spawn(async move {
+        while let Some(c) = ep.accept().await {
+            tokio::spawn(async move {
+                if let Ok(conn) = c.await {
+                    let _ = kuai_h3::serve(conn, Config::default(), handler).await;
+                }
+            });
+        }
+    });
+    let ccfg = ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap();
+    let client_ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    // First connection: a session ticket that allows early data.
+    let conn = client_ep
+        .connect_with(ccfg.clone(), addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    let client = Client::new(conn.clone(), Config::default()).await.unwrap();
+    client
+        .get("https://localhost/bytes/10", 1024)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    conn.close(0, b"bye");
+    drop(client);
+
+    let connecting = client_ep.connect_with(ccfg, addr, "localhost").unwrap();
+    let Ok((conn, accepted)) = connecting.into_0rtt() else {
+        panic!("the ticket should allow 0-RTT");
+    };
+    let client = Client::new(conn.clone(), Config::default()).await.unwrap();
+    let echo = |client: Client, ct: String| async move {
+        let req = || {
+            Request::post("https://localhost/echo")
+                .header("content-type", ct.clone())
+                .body(Bytes::from_static(b"early"))
+                .unwrap()
+        };
+        match client.request(req(), 1024).await {
+            Err(kuai_h3::Error::ZeroRttRejected) => (true, client.request(req(), 1024).await),
+            r => (false, r),
+        }
+    };
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        tasks.push(tokio::spawn(echo(
+            client.clone(),
+            format!("text/x-early-{i}"),
+        )));
+    }
+    let mut resent = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (again, r) = tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .expect("bounded")
+            .unwrap();
+        resent += usize::from(again);
+        let r = r.unwrap();
+        assert_eq!(
+            r.headers()["content-type"],
+            format!("text/x-early-{i}").as_str()
+        );
+        assert_eq!(&r.body()[..], b"early");
+    }
+    assert!(!accepted.await);
+    assert_eq!(conn.zero_rtt_accepted(), Some(false));
+    assert_eq!(resent, 3, "every early request was rejected and sent again");
+    // The session goes on: the same long header again and again, which the QPACK encoder
+    // puts in the dynamic table through its reopened encoder stream.
+    let long = format!("text/x-{}", "k".repeat(200));
+    for _ in 0..10 {
+        let (again, r) =
+            tokio::time::timeout(Duration::from_secs(5), echo(client.clone(), long.clone()))
+                .await
+                .expect("a request must not wait for lost QPACK instructions");
+        assert!(!again);
+        assert_eq!(r.unwrap().headers()["content-type"], long.as_str());
+    }
+}

@@ -170,14 +170,17 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
-    async fn open(&self, dir: Dir) -> Result<StreamId, ConnectionError> {
+    /// Opens a stream; also says whether it is a client's 0-RTT stream (void if the server
+    /// rejects the early data).
+    async fn open(&self, dir: Dir) -> Result<(StreamId, bool), ConnectionError> {
         poll_fn(|cx| {
             self.inner.with(|s, h| {
                 let Some(c) = s.ep.connection_mut(h) else {
                     return Poll::Ready(Err(conn_error(s.conns.get(&h))));
                 };
+                let early = c.side().is_client() && !c.is_established();
                 match c.open_stream(dir) {
-                    Ok(id) => Poll::Ready(Ok(id)),
+                    Ok(id) => Poll::Ready(Ok((id, early))),
                     Err(StreamError::Blocked) => {
                         if let Some(st) = s.conns.get_mut(&h) {
                             if let Some(e) = st.error.clone() {
@@ -196,17 +199,26 @@ impl Connection {
 
     /// Opens a bidirectional stream, waiting while the peer's stream limit is reached.
     pub async fn open_bi(&self) -> Result<(SendStream, RecvStream), ConnectionError> {
-        let id = self.open(Dir::Bi).await?;
+        let (id, early) = self.open(Dir::Bi).await?;
         Ok((
-            SendStream::new(self.inner.clone(), id),
-            RecvStream::new(self.inner.clone(), id),
+            SendStream::new(self.inner.clone(), id).early(early),
+            RecvStream::new(self.inner.clone(), id).early(early),
         ))
     }
 
     /// Opens a unidirectional stream.
     pub async fn open_uni(&self) -> Result<SendStream, ConnectionError> {
-        let id = self.open(Dir::Uni).await?;
-        Ok(SendStream::new(self.inner.clone(), id))
+        let (id, early) = self.open(Dir::Uni).await?;
+        Ok(SendStream::new(self.inner.clone(), id).early(early))
+    }
+
+    /// Resolves once the handshake finished: `true` unless the server rejected the 0-RTT
+    /// data this client sent (then streams opened before are void: reopen and send again).
+    /// Never resolves on a server or a client that did not try 0-RTT.
+    pub fn early_data_outcome(&self) -> ZeroRttAccepted {
+        ZeroRttAccepted {
+            inner: self.inner.clone(),
+        }
     }
 
     async fn accept(&self, dir: Dir) -> Result<StreamId, ConnectionError> {
@@ -398,6 +410,9 @@ pub enum WriteError {
     ConnectionLost(ConnectionError),
     /// The stream was finished or reset already.
     ClosedStream,
+    /// The stream was opened in 0-RTT and the server rejected the early data: it never
+    /// existed for the server. Open a new stream and send again (RFC 9001 §4.6.2).
+    ZeroRttRejected,
 }
 
 impl std::fmt::Display for WriteError {
@@ -406,6 +421,7 @@ impl std::fmt::Display for WriteError {
             WriteError::Stopped(c) => write!(f, "peer stopped the stream with code {c}"),
             WriteError::ConnectionLost(e) => write!(f, "connection lost: {e}"),
             WriteError::ClosedStream => f.write_str("stream already finished or reset"),
+            WriteError::ZeroRttRejected => f.write_str(REJECTED),
         }
     }
 }
@@ -418,6 +434,7 @@ impl From<WriteError> for io::Error {
             WriteError::Stopped(_) => io::ErrorKind::ConnectionReset,
             WriteError::ConnectionLost(_) => io::ErrorKind::ConnectionAborted,
             WriteError::ClosedStream => io::ErrorKind::NotConnected,
+            WriteError::ZeroRttRejected => io::ErrorKind::ConnectionReset,
         };
         io::Error::new(kind, e)
     }
@@ -434,7 +451,12 @@ pub enum ReadError {
     TooLong,
     /// The stream was stopped or finished already.
     ClosedStream,
+    /// The stream was opened in 0-RTT and the server rejected the early data (see
+    /// [`WriteError::ZeroRttRejected`]).
+    ZeroRttRejected,
 }
+
+const REJECTED: &str = "the server rejected 0-RTT; the stream must be opened again";
 
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -443,6 +465,7 @@ impl std::fmt::Display for ReadError {
             ReadError::ConnectionLost(e) => write!(f, "connection lost: {e}"),
             ReadError::TooLong => f.write_str("stream longer than the limit"),
             ReadError::ClosedStream => f.write_str("stream already closed"),
+            ReadError::ZeroRttRejected => f.write_str(REJECTED),
         }
     }
 }
@@ -456,6 +479,7 @@ impl From<ReadError> for io::Error {
             ReadError::ConnectionLost(_) => io::ErrorKind::ConnectionAborted,
             ReadError::TooLong => io::ErrorKind::InvalidData,
             ReadError::ClosedStream => io::ErrorKind::NotConnected,
+            ReadError::ZeroRttRejected => io::ErrorKind::ConnectionReset,
         };
         io::Error::new(kind, e)
     }
@@ -467,6 +491,14 @@ pub struct SendStream {
     inner: Arc<ConnectionInner>,
     id: StreamId,
     done: bool,
+    /// Opened by a client in 0-RTT.
+    early: bool,
+}
+
+/// Whether a stream opened in 0-RTT was voided by the server's rejection of the early data:
+/// the transport started its streams over, so the ID may now name a new stream.
+fn voided(early: bool, s: &crate::endpoint::State, h: ConnectionHandle) -> bool {
+    early && s.conns.get(&h).is_some_and(|st| st.zero_rtt_rejected)
 }
 
 impl SendStream {
@@ -475,7 +507,19 @@ impl SendStream {
             inner,
             id,
             done: false,
+            early: false,
         }
+    }
+
+    fn early(mut self, early: bool) -> Self {
+        self.early = early;
+        self
+    }
+
+    /// Whether this stream went out in 0-RTT that the server rejected; every operation on
+    /// it then fails with [`WriteError::ZeroRttRejected`].
+    pub fn is_0rtt_rejected(&self) -> bool {
+        self.early && self.inner.with(|s, h| voided(true, s, h))
     }
 
     /// The stream's ID.
@@ -490,7 +534,11 @@ impl SendStream {
         data: &Bytes,
     ) -> Poll<Result<usize, WriteError>> {
         let id = self.id;
+        let early = self.early;
         let r = self.inner.with(|s, h| {
+            if voided(early, s, h) {
+                return Poll::Ready(Err(WriteError::ZeroRttRejected));
+            }
             let Some(c) = s.ep.connection_mut(h) else {
                 return Poll::Ready(Err(WriteError::ConnectionLost(conn_error(s.conns.get(&h)))));
             };
@@ -538,7 +586,11 @@ impl SendStream {
             return Ok(());
         }
         let id = self.id;
+        let early = self.early;
         let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
+            _ if early && s.conns.get(&h).is_some_and(|st| st.zero_rtt_rejected) => {
+                Err(WriteError::ZeroRttRejected)
+            }
             Some(c) => c.finish(id).map_err(|e| match e {
                 StreamError::Stopped(code) => WriteError::Stopped(code),
                 _ => WriteError::ClosedStream,
@@ -553,8 +605,12 @@ impl SendStream {
     /// Abandons the stream with an application error code (RESET_STREAM).
     pub fn reset(&mut self, code: u64) -> Result<(), WriteError> {
         let id = self.id;
+        let early = self.early;
         self.done = true;
         let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
+            _ if early && s.conns.get(&h).is_some_and(|st| st.zero_rtt_rejected) => {
+                Err(WriteError::ZeroRttRejected)
+            }
             Some(c) => c
                 .reset_stream(id, code)
                 .map_err(|_| WriteError::ClosedStream),
@@ -567,7 +623,11 @@ impl SendStream {
     /// Sets the stream's priority (RFC 9218 urgency 0–7 and incremental).
     pub fn set_priority(&self, p: Priority) {
         let id = self.id;
+        let early = self.early;
         self.inner.with(|s, h| {
+            if voided(early, s, h) {
+                return;
+            }
             if let Some(c) = s.ep.connection_mut(h) {
                 let _ = c.set_priority(id, p);
             }
@@ -578,8 +638,12 @@ impl SendStream {
     /// (`Err(Stopped)`).
     pub async fn stopped(&mut self) -> Result<(), WriteError> {
         let id = self.id;
+        let early = self.early;
         poll_fn(|cx| {
             self.inner.with(|s, h| {
+                if voided(early, s, h) {
+                    return Poll::Ready(Err(WriteError::ZeroRttRejected));
+                }
                 let Some(st) = s.conns.get_mut(&h) else {
                     return Poll::Ready(Err(WriteError::ConnectionLost(
                         ConnectionError::LocallyClosed,
@@ -635,6 +699,8 @@ pub struct RecvStream {
     inner: Arc<ConnectionInner>,
     id: StreamId,
     done: bool,
+    /// Opened by a client in 0-RTT.
+    early: bool,
 }
 
 impl RecvStream {
@@ -643,7 +709,13 @@ impl RecvStream {
             inner,
             id,
             done: false,
+            early: false,
         }
+    }
+
+    fn early(mut self, early: bool) -> Self {
+        self.early = early;
+        self
     }
 
     /// The stream's ID.
@@ -658,7 +730,11 @@ impl RecvStream {
         max: usize,
     ) -> Poll<Result<Option<Bytes>, ReadError>> {
         let id = self.id;
+        let early = self.early;
         let r = self.inner.with(|s, h| {
+            if voided(early, s, h) {
+                return Poll::Ready(Err(ReadError::ZeroRttRejected));
+            }
             let Some(c) = s.ep.connection_mut(h) else {
                 return Poll::Ready(Err(ReadError::ConnectionLost(conn_error(s.conns.get(&h)))));
             };
@@ -710,8 +786,12 @@ impl RecvStream {
     /// Asks the peer to stop sending (STOP_SENDING) with an application error code.
     pub fn stop(&mut self, code: u64) -> Result<(), ReadError> {
         let id = self.id;
+        let early = self.early;
         self.done = true;
         let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
+            _ if early && s.conns.get(&h).is_some_and(|st| st.zero_rtt_rejected) => {
+                Err(ReadError::ZeroRttRejected)
+            }
             Some(c) => c.stop_stream(id, code).map_err(|_| ReadError::ClosedStream),
             None => Err(ReadError::ConnectionLost(conn_error(s.conns.get(&h)))),
         });
