@@ -40,6 +40,11 @@ fn handshake_completes() {
     assert!(p.run_until(Duration::from_secs(1), |p| {
         p.server_conn().is_some_and(|s| s.is_handshake_confirmed())
     }));
+    // The server freed its TLS state after the handshake; what it knew stays available.
+    let s = p.server_conn().unwrap();
+    assert_eq!(s.alpn(), Some(quic::ALPN));
+    assert_eq!(s.server_name(), Some("localhost"));
+    assert!(s.stats().cipher_suite.is_some());
 }
 
 #[test]

@@ -211,7 +211,10 @@ pub struct Connection {
     server_config: Option<Arc<ServerConfig>>,
     server_name: Option<String>,
     state: State,
-    tls: Option<Tls>,
+    /// Boxed (it is large, and a server frees it after the handshake: see `release_tls`).
+    tls: Option<Box<Tls>>,
+    /// Server: TLS was released after the handshake; no further CRYPTO data is expected.
+    tls_released: bool,
     /// Server: ClientHello bytes gathered before TLS starts (to pick the version first).
     client_hello: Vec<u8>,
     /// The version rustls derives keys for; differs from `version` after a client switched
@@ -255,7 +258,8 @@ pub struct Connection {
     peer_params: Option<TransportParameters>,
     path: Path,
     /// The path before the latest migration, kept in case the new one fails validation.
-    prev_path: Option<Path>,
+    /// Boxed: most connections never migrate.
+    prev_path: Option<Box<Path>>,
     next_path_id: u32,
     /// PATH_RESPONSE frames owed, with the address each challenge came from.
     path_responses: VecDeque<(SocketAddr, [u8; 8])>,
@@ -447,7 +451,7 @@ impl Connection {
         conn.client_config = Some(cfg.clone());
         conn.server_name = Some(server_name.to_owned());
         conn.token = token;
-        conn.tls = Some(tls);
+        conn.tls = Some(Box::new(tls));
         conn.spaces[SpaceId::Initial.index()].keys =
             Some(crypto::initial_keys(cfg.version, &dcid, Side::Client));
         conn.drive_tls(now)?;
@@ -560,6 +564,7 @@ impl Connection {
             server_name: None,
             state: State::Handshake,
             tls: None,
+            tls_released: false,
             client_hello: Vec::new(),
             tls_version: version,
             secret_capture: None,
@@ -680,14 +685,18 @@ impl Connection {
 
     /// Negotiated ALPN protocol.
     pub fn alpn(&self) -> Option<&[u8]> {
-        self.tls.as_ref()?.alpn()
+        match &self.tls {
+            Some(tls) => tls.alpn(),
+            None => self.stats.alpn.as_deref(),
+        }
     }
 
     /// Server: the SNI the client sent.
     pub fn server_name(&self) -> Option<&str> {
-        match self.side {
-            Side::Server => self.tls.as_ref()?.server_name(),
-            Side::Client => self.server_name.as_deref(),
+        match (self.side, &self.tls) {
+            (Side::Server, Some(tls)) => tls.server_name(),
+            // Client: the name it connected to; server: remembered when TLS was released.
+            _ => self.server_name.as_deref(),
         }
     }
 
@@ -934,7 +943,7 @@ impl Connection {
         let new = self.new_path(remote, local_ip, now, true);
         let old = std::mem::replace(&mut self.path, new);
         self.retire_path_packets(&old);
-        self.prev_path = Some(old);
+        self.prev_path = Some(Box::new(old));
         self.start_challenge(now);
         self.stats.migrations += 1;
         self.trace(TraceEvent::PathUpdated {
@@ -1062,7 +1071,37 @@ impl Connection {
             self.zero_rtt = ZeroRtt::Attempting;
             self.retry_undecryptable(now);
         }
+        self.release_tls();
         Ok(())
+    }
+
+    /// Server, handshake complete: the session tickets are out of TLS and the 1-RTT secrets
+    /// (for key updates) are kuai's own, so rustls's state (several KB per connection) is
+    /// freed. What is asked of it later (ALPN, SNI) was copied. Kept when the client
+    /// presented certificates, which the application may still ask for.
+    fn release_tls(&mut self) {
+        if !self.side.is_server() || !self.handshake_complete || self.tls_released {
+            return;
+        }
+        let Some(tls) = self.tls.as_mut() else {
+            return;
+        };
+        if tls.is_handshaking() || tls.peer_certificates().is_some() {
+            return;
+        }
+        let mut out = Vec::new();
+        tls.poll_output(&mut out);
+        for o in out {
+            if let HandshakeOutput::Data(space, data) = o {
+                self.spaces[space.index()]
+                    .crypto_send
+                    .write(Bytes::from(data));
+            }
+        }
+        if let Some(tls) = self.tls.take() {
+            self.server_name = tls.server_name().map(str::to_owned);
+        }
+        self.tls_released = true;
     }
 
     /// Keys for our current version derived from the captured TLS secrets (client after a
@@ -1337,6 +1376,12 @@ impl Connection {
         s.time_of_last_ack_eliciting = None;
         s.ack = Default::default();
         s.probes = 0;
+        // Nothing is sent or received in this space any more: free its buffers (they held
+        // the handshake's CRYPTO data and packets), which an idle connection would carry.
+        s.sent = Default::default();
+        s.crypto_send = Default::default();
+        s.crypto_recv = Default::default();
+        s.recently_lost = Default::default();
         for (_, p) in drained {
             if p.in_flight && p.path == self.path.id {
                 self.path.bytes_in_flight =
@@ -1510,7 +1555,7 @@ impl Connection {
             self.events.push_back(Event::PathValidationFailed(failed));
             if let Some(prev) = self.prev_path.take() {
                 // RFC 9000 §9.3.2: go back to the last validated path.
-                let bad = std::mem::replace(&mut self.path, prev);
+                let bad = std::mem::replace(&mut self.path, *prev);
                 self.retire_path_packets(&bad);
                 self.trace(TraceEvent::PathUpdated {
                     path: self.path.id,

@@ -657,6 +657,14 @@ impl Connection {
             );
         }
         recv.insert(offset, data);
+        if self.tls_released {
+            // RFC 9001 §4.1.3: a client sends no TLS message after its Finished in QUIC
+            // (no KeyUpdate, no post-handshake authentication).
+            return Err(TransportError::PROTOCOL_VIOLATION(
+                "CRYPTO data from the client after the handshake",
+            )
+            .with_frame(FrameType::CRYPTO));
+        }
         if self.tls.is_none() {
             // Server: gather the ClientHello first to choose the version (RFC 9368).
             while let Some(chunk) = self.spaces[si].crypto_recv.read(usize::MAX) {
@@ -718,7 +726,7 @@ impl Connection {
             tls.reject_early_data();
         }
         tls.read(&ch)?;
-        self.tls = Some(tls);
+        self.tls = Some(Box::new(tls));
         // Anything after the ClientHello in the Initial CRYPTO stream.
         while let Some(chunk) = self.spaces[SpaceId::Initial.index()]
             .crypto_recv
@@ -791,7 +799,7 @@ impl Connection {
         let same_host = from.ip() == remote.ip();
         let mut new = if let Some(prev) = self.prev_path.take().filter(|p| p.remote == remote) {
             // Back to the previous path (e.g. a spurious rebinding).
-            prev
+            *prev
         } else {
             let mut p = self.new_path(remote, local_ip, now, false);
             if same_host {
@@ -808,7 +816,7 @@ impl Connection {
         let old = std::mem::replace(&mut self.path, new);
         self.retire_path_packets(&old);
         if old.validated {
-            self.prev_path = Some(old);
+            self.prev_path = Some(Box::new(old));
         }
         self.stats.migrations += 1;
         self.events
@@ -899,7 +907,7 @@ impl Connection {
         self.zero_rtt = ZeroRtt::None;
         self.zero_rtt_keys = None;
         self.pto_count = 0;
-        self.tls = Some(tls);
+        self.tls = Some(Box::new(tls));
         self.process_tls(now)?;
         self.start_0rtt();
         self.trace(TraceEvent::VersionChosen { version: v });

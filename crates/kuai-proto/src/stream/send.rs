@@ -165,6 +165,15 @@ impl SendBuffer {
                 }
             }
         }
+        if self.chunks.is_empty() && self.acked.is_empty() {
+            // All acknowledged: let go of the buffers' memory (a long-lived stream such as a
+            // control stream, or the CRYPTO stream after the tickets, then idles).
+            self.chunks = VecDeque::new();
+            self.acked.clear();
+            if self.retransmit.is_empty() {
+                self.retransmit.clear();
+            }
+        }
     }
 
     /// The packet carrying `range` was lost: queue whatever of it is still unacknowledged.
