@@ -176,7 +176,7 @@ impl Connection {
         poll_fn(|cx| {
             self.inner.with(|s, h| {
                 let Some(c) = s.ep.connection_mut(h) else {
-                    return Poll::Ready(Err(conn_error(s.conns.get(&h))));
+                    return Poll::Ready(Err(conn_error(s.conns.get(&h).map(Box::as_ref))));
                 };
                 let early = c.side().is_client() && !c.is_established();
                 match c.open_stream(dir) {
@@ -190,7 +190,7 @@ impl Connection {
                         }
                         Poll::Pending
                     }
-                    Err(_) => Poll::Ready(Err(conn_error(s.conns.get(&h)))),
+                    Err(_) => Poll::Ready(Err(conn_error(s.conns.get(&h).map(Box::as_ref)))),
                 }
             })
         })
@@ -225,7 +225,7 @@ impl Connection {
         poll_fn(|cx| {
             self.inner.with(|s, h| {
                 let Some(c) = s.ep.connection_mut(h) else {
-                    return Poll::Ready(Err(conn_error(s.conns.get(&h))));
+                    return Poll::Ready(Err(conn_error(s.conns.get(&h).map(Box::as_ref))));
                 };
                 if let Some(id) = c.accept_stream(dir) {
                     return Poll::Ready(Ok(id));
@@ -540,7 +540,9 @@ impl SendStream {
                 return Poll::Ready(Err(WriteError::ZeroRttRejected));
             }
             let Some(c) = s.ep.connection_mut(h) else {
-                return Poll::Ready(Err(WriteError::ConnectionLost(conn_error(s.conns.get(&h)))));
+                return Poll::Ready(Err(WriteError::ConnectionLost(conn_error(
+                    s.conns.get(&h).map(Box::as_ref),
+                ))));
             };
             match c.write(id, data.clone()) {
                 Ok(0) => {
@@ -595,7 +597,9 @@ impl SendStream {
                 StreamError::Stopped(code) => WriteError::Stopped(code),
                 _ => WriteError::ClosedStream,
             }),
-            None => Err(WriteError::ConnectionLost(conn_error(s.conns.get(&h)))),
+            None => Err(WriteError::ConnectionLost(conn_error(
+                s.conns.get(&h).map(Box::as_ref),
+            ))),
         });
         self.done = true;
         self.inner.shared.kick();
@@ -614,7 +618,9 @@ impl SendStream {
             Some(c) => c
                 .reset_stream(id, code)
                 .map_err(|_| WriteError::ClosedStream),
-            None => Err(WriteError::ConnectionLost(conn_error(s.conns.get(&h)))),
+            None => Err(WriteError::ConnectionLost(conn_error(
+                s.conns.get(&h).map(Box::as_ref),
+            ))),
         });
         self.inner.shared.kick();
         r
@@ -736,7 +742,9 @@ impl RecvStream {
                 return Poll::Ready(Err(ReadError::ZeroRttRejected));
             }
             let Some(c) = s.ep.connection_mut(h) else {
-                return Poll::Ready(Err(ReadError::ConnectionLost(conn_error(s.conns.get(&h)))));
+                return Poll::Ready(Err(ReadError::ConnectionLost(conn_error(
+                    s.conns.get(&h).map(Box::as_ref),
+                ))));
             };
             match c.read(id, max) {
                 Ok(x) => Poll::Ready(Ok(x)),
@@ -793,7 +801,9 @@ impl RecvStream {
                 Err(ReadError::ZeroRttRejected)
             }
             Some(c) => c.stop_stream(id, code).map_err(|_| ReadError::ClosedStream),
-            None => Err(ReadError::ConnectionLost(conn_error(s.conns.get(&h)))),
+            None => Err(ReadError::ConnectionLost(conn_error(
+                s.conns.get(&h).map(Box::as_ref),
+            ))),
         });
         self.inner.shared.kick();
         r

@@ -76,7 +76,9 @@ impl ConnState {
 pub(crate) struct State {
     pub ep: kuai_proto::Endpoint,
     pub socket: Arc<UdpSocket>,
-    pub conns: HashMap<ConnectionHandle, ConnState>,
+    /// Boxed: the map grows by doubling, and a slot the size of a `ConnState` in each of its
+    /// spare buckets cost about a kilobyte per connection.
+    pub conns: HashMap<ConnectionHandle, Box<ConnState>>,
     incoming: VecDeque<ConnectionHandle>,
     accept_wakers: Vec<Waker>,
     client_config: Option<ClientConfig>,
@@ -306,7 +308,7 @@ impl Endpoint {
             server_name: Some(server_name.to_owned()),
             ..ConnState::default()
         };
-        s.conns.insert(h, st);
+        s.conns.insert(h, Box::new(st));
         attach_qlog(&mut s, h, now);
         drop(s);
         self.shared.kick();

@@ -1,6 +1,6 @@
 //! Connection-ID bookkeeping (RFC 9000 §5.1): the IDs we issued and the IDs the peer issued.
 
-use std::collections::BTreeMap;
+use super::seq_map::SeqMap;
 
 use crate::cid::ConnectionId;
 use crate::error::TransportError;
@@ -18,7 +18,7 @@ pub struct LocalCid {
 /// IDs we issued, by sequence number.
 #[derive(Debug, Default)]
 pub struct LocalCids {
-    pub issued: BTreeMap<u64, LocalCid>,
+    pub issued: SeqMap<LocalCid>,
     pub next_seq: u64,
     /// Everything below this was asked to be retired (retire_prior_to we send).
     pub retire_prior_to: u64,
@@ -78,7 +78,7 @@ pub struct RemoteCid {
 /// IDs the peer issued, by sequence number; one of them is in use as our DCID.
 #[derive(Debug)]
 pub struct RemoteCids {
-    pub cids: BTreeMap<u64, RemoteCid>,
+    pub cids: SeqMap<RemoteCid>,
     pub active_seq: u64,
     retire_prior_to: u64,
     /// Sequence numbers to retire with RETIRE_CONNECTION_ID.
@@ -91,7 +91,7 @@ pub struct RemoteCids {
 
 impl RemoteCids {
     pub fn new(initial: ConnectionId, limit: u64) -> Self {
-        let mut cids = BTreeMap::new();
+        let mut cids = SeqMap::new();
         cids.insert(
             0,
             RemoteCid {
@@ -153,11 +153,7 @@ impl RemoteCids {
         );
         if f.retire_prior_to > self.retire_prior_to {
             self.retire_prior_to = f.retire_prior_to;
-            let old: Vec<u64> = self
-                .cids
-                .range(..f.retire_prior_to)
-                .map(|(&s, _)| s)
-                .collect();
+            let old: Vec<u64> = self.cids.keys_below(f.retire_prior_to).collect();
             for s in old {
                 self.cids.remove(&s);
                 self.to_retire.push(s);

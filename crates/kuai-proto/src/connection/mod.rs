@@ -11,6 +11,7 @@ mod paths;
 mod recovery;
 mod recv;
 mod send;
+mod seq_map;
 mod spaces;
 
 use std::collections::VecDeque;
@@ -215,6 +216,8 @@ pub struct Connection {
     tls: Option<Box<Tls>>,
     /// Server: TLS was released after the handshake; no further CRYPTO data is expected.
     tls_released: bool,
+    /// The buffers grown during the handshake were given back once it was all acknowledged.
+    trimmed_after_handshake: bool,
     /// Server: ClientHello bytes gathered before TLS starts (to pick the version first).
     client_hello: Vec<u8>,
     /// The version rustls derives keys for; differs from `version` after a client switched
@@ -565,6 +568,7 @@ impl Connection {
             state: State::Handshake,
             tls: None,
             tls_released: false,
+            trimmed_after_handshake: false,
             client_hello: Vec::new(),
             tls_version: version,
             secret_capture: None,

@@ -145,6 +145,17 @@ impl Connection {
             self.spaces[si].sent.recycle(p.frames);
         }
         self.acked_scratch = newly;
+        if space == SpaceId::Data
+            && self.handshake_confirmed
+            && !self.trimmed_after_handshake
+            && !self.spaces[si].sent.has_ack_eliciting_in_flight()
+        {
+            // Everything of the handshake period is acknowledged: give back what it grew
+            // (a connection that now idles would keep it for its whole life).
+            self.trimmed_after_handshake = true;
+            self.spaces[si].sent.release_memory();
+            self.acked_scratch = Vec::new();
+        }
         // RFC 9002 §6.2.1: reset the backoff, except a client not yet sure the server
         // validated its address.
         if self.peer_validated_address {

@@ -140,6 +140,13 @@ impl SentPackets {
         self.len
     }
 
+    /// Gives back the frame pool and the queue's spare capacity (what is left is typically a
+    /// few ACK-only packets that wait for an ACK of an ACK).
+    pub fn release_memory(&mut self) {
+        self.packets.shrink_to_fit();
+        self.spare = Vec::new();
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
