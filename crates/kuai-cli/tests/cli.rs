@@ -189,3 +189,76 @@ fn failures_are_one_clear_line_and_a_nonzero_exit() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-host.invalid"));
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A network that blocks UDP (kuai netsim --block-udp, between two namespaces; needs root):
+/// `kuai get` without a protocol flag gives up waiting on QUIC after --fallback-after-ms and
+/// fetches over HTTP/2 on the same port, every run.
+#[test]
+fn blocked_udp_falls_back_to_http2() {
+    if let Some(why) = kuai_netsim::lab::unavailable() {
+        eprintln!("blocked_udp_falls_back_to_http2: skipped: {why}");
+        return;
+    }
+    let root = temp_dir("blocked-udp");
+    std::fs::write(root.join("a.txt"), pattern(50_000, 3)).unwrap();
+    let root_s = root.to_str().unwrap();
+    let url = "https://10.77.0.1:4433/a.txt";
+    let mut child = Command::new(KUAI)
+        .args(["netsim", "--name", "kuaitest-udp", "--quiet", "--block-udp"])
+        .args([
+            "--delay",
+            "5ms",
+            "--wait-port",
+            "4433",
+            "--",
+            KUAI,
+            "server",
+        ])
+        .args([
+            "--listen",
+            "10.77.0.1:4433",
+            "--root",
+            root_s,
+            "--",
+            KUAI,
+            "get",
+        ])
+        .args([
+            "--insecure",
+            "--fallback-after-ms",
+            "300",
+            "--repeat",
+            "2",
+            url,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("kuai netsim did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let runs: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{') && l.contains("\"run\""))
+        .collect();
+    assert_eq!(
+        runs.len(),
+        2,
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in runs {
+        assert!(r.contains("\"ok\":true"), "{r}");
+        assert!(r.contains("\"protocol\":\"h2\""), "{r}");
+        assert!(r.contains("\"bytes\":50000"), "{r}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

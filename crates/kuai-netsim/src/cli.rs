@@ -143,6 +143,10 @@ pub struct Args {
     #[arg(long, value_name = "UP/DOWN", value_parser = parse::blackhole)]
     pub down_blackhole: Option<Blackhole>,
 
+    /// Drop every UDP packet in both directions (a network that blocks UDP; TCP passes).
+    #[arg(long)]
+    pub block_udp: bool,
+
     /// Seed of every random choice (printed when not given), for repeatable runs.
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
@@ -216,6 +220,7 @@ impl Args {
                 trace: if rate.is_some() { None } else { trace },
                 queue: queue.or(self.queue).unwrap_or(DEFAULT_QUEUE),
                 blackhole: blackhole.or(self.blackhole),
+                block_udp: self.block_udp,
             };
             link.validate().map_err(|e| format!("{dir}: {e}"))?;
             Ok::<_, String>(link)
@@ -575,6 +580,13 @@ fn print_direction(
         },
         s.reordered,
     )?;
+    if r.blocked_udp > 0 {
+        writeln!(
+            out,
+            "netsim: {name}:   UDP packets blocked: {}",
+            r.blocked_udp
+        )?;
+    }
     if s.delivered > 0 {
         writeln!(out, "netsim: {name}:   time in link: {}", s.delay)?;
         writeln!(

@@ -36,6 +36,8 @@ pub struct DirectionReport {
     pub lateness: Histogram,
     /// Packets the output device refused.
     pub write_errors: u64,
+    /// UDP packets dropped by `block_udp`.
+    pub blocked_udp: u64,
     /// Why the loop ended early, if it did.
     pub error: Option<String>,
 }
@@ -67,6 +69,7 @@ fn forward(
     let _ = nix::sys::prctl::set_timerslack(1_000);
     let mut scratch = vec![0u8; 65_536];
     let mut pool: Vec<Vec<u8>> = Vec::with_capacity(POOL);
+    let block_udp = pipe.model().config().block_udp;
     loop {
         let now = Instant::now();
         while let Some((packet, due)) = pipe.pop_due(now) {
@@ -97,6 +100,10 @@ fn forward(
         for _ in 0..READ_BATCH {
             match input.recv(&mut scratch) {
                 Ok(n) => {
+                    if block_udp && crate::model::is_udp(&scratch[..n]) {
+                        report.blocked_udp += 1;
+                        continue;
+                    }
                     let arrived = Instant::now();
                     let mut packet = pool.pop().unwrap_or_default();
                     packet.clear();

@@ -107,6 +107,9 @@ pub struct LinkConfig {
     pub queue: QueueLimit,
     /// The outage schedule.
     pub blackhole: Option<Blackhole>,
+    /// Drop every UDP packet (IPv4 or IPv6), like a network that blocks UDP; TCP and
+    /// everything else pass. Applied by the forwarder before the model sees the packet.
+    pub block_udp: bool,
 }
 
 /// The reorder hold-back when none is given.
@@ -127,7 +130,18 @@ impl Default for LinkConfig {
             trace: None,
             queue: DEFAULT_QUEUE,
             blackhole: None,
+            block_udp: false,
         }
+    }
+}
+
+/// Whether an IP packet (as read from a TUN device) carries UDP.
+pub fn is_udp(packet: &[u8]) -> bool {
+    match packet.first().map(|b| b >> 4) {
+        Some(4) => packet.get(9) == Some(&17),
+        // The first next-header only: extension headers before UDP are rare enough here.
+        Some(6) => packet.get(6) == Some(&17),
+        _ => false,
     }
 }
 
@@ -176,6 +190,7 @@ impl LinkConfig {
             && self.rate.is_none()
             && self.trace.is_none()
             && self.blackhole.is_none()
+            && !self.block_udp
     }
 }
 
@@ -563,5 +578,28 @@ impl<P> Pipe<P> {
     /// The model.
     pub fn model(&self) -> &Impairment {
         &self.model
+    }
+}
+
+#[cfg(test)]
+mod udp_tests {
+    use super::is_udp;
+
+    #[test]
+    fn tells_udp_from_tcp_in_both_ip_versions() {
+        let mut v4 = [0u8; 28];
+        v4[0] = 0x45;
+        v4[9] = 17;
+        assert!(is_udp(&v4));
+        v4[9] = 6;
+        assert!(!is_udp(&v4));
+        let mut v6 = [0u8; 48];
+        v6[0] = 0x60;
+        v6[6] = 17;
+        assert!(is_udp(&v6));
+        v6[6] = 6;
+        assert!(!is_udp(&v6));
+        assert!(!is_udp(&[]));
+        assert!(!is_udp(&[0x45]));
     }
 }
