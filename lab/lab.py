@@ -38,7 +38,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SERVER_IP = "10.77.0.1"
+# The namespaces' name; LAB_NAME lets two experiments run at once (each link is its own pair
+# of namespaces, so the addresses do not clash).
+NETSIM_NAME = os.environ.get("LAB_NAME", "kuailab")
 PORT = 4433
+# kuai's weak-network profile, for server and client alike: BBRv3 without its loss response
+# (random loss is not congestion) and redundant copies of short flights once the path's loss
+# rate reaches 2 %. TCP in the lab runs Linux's default here, BBR, so the congestion controls
+# compare like for like. "http3w" in the tables is kuai with this profile.
+WEAK = ["--cc", "bbr-loss-tolerant", "--redundancy"]
 
 
 def kuai_bin() -> Path:
@@ -104,13 +112,14 @@ RAW_LOG: Path | None = None
 
 
 def run_condition(kuai: Path, site_dir: Path, link: dict, client_cmds: list[list[str]],
-                  limit: float) -> list[dict]:
+                  limit: float, server_args: list[str] | None = None) -> list[dict]:
     """Starts the link, the server and each client command in turn (one shell in the client
     namespace); returns every JSON line the clients printed."""
-    server = [str(kuai), "server", "--listen", f"{SERVER_IP}:{PORT}", "--root", str(site_dir)]
+    server = [str(kuai), "server", "--listen", f"{SERVER_IP}:{PORT}", "--root", str(site_dir),
+              *(server_args or [])]
     script = " ; ".join(" ".join(shlex.quote(x) for x in c) for c in client_cmds)
     client = ["sh", "-c", script]
-    cmd = [str(kuai), "netsim", "--name", "kuailab", "--quiet", "--wait-port", str(PORT), *link_args(link), "--",
+    cmd = [str(kuai), "netsim", "--name", NETSIM_NAME, "--quiet", "--wait-port", str(PORT), *link_args(link), "--",
            *server, "--", *client]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
@@ -135,8 +144,9 @@ def run_condition(kuai: Path, site_dir: Path, link: dict, client_cmds: list[list
 
 def get_cmd(kuai: Path, proto: str, paths: list[str], repeat: int, *, reuse=False, zero_rtt=False,
             page=False, max_time=None) -> list[str]:
-    c = [str(kuai), "get", "--insecure", f"--{proto}", "--repeat", str(repeat),
-         "--connect-timeout", "30"]
+    weak = proto == "http3w"
+    c = [str(kuai), "get", "--insecure", "--http3" if weak else f"--{proto}", "--repeat",
+         str(repeat), "--connect-timeout", "30", *(WEAK if weak else [])]
     if reuse:
         c.append("--reuse")
     if zero_rtt:
@@ -190,7 +200,8 @@ def plot(out: Path, name: str, draw) -> None:
     print(f"plot: {out / (name + '.png')}")
 
 
-PROTO_LABEL = {"http3": "kuai HTTP/3", "http2": "TCP+TLS HTTP/2", "http1.1": "TCP+TLS HTTP/1.1"}
+PROTO_LABEL = {"http3": "kuai HTTP/3 (defaults)", "http3w": "kuai HTTP/3 (weak-network profile)",
+               "http2": "TCP+TLS HTTP/2", "http1.1": "TCP+TLS HTTP/1.1"}
 
 
 def times(rows: list[dict], n: int, limit_ms: float) -> list[float]:
@@ -202,33 +213,56 @@ def times(rows: list[dict], n: int, limit_ms: float) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 # Experiments
 
+EXP1_PROTOS = ("http3w", "http3", "http2")
+EXP2_PROTOS = ("http3w", "http2")
+EXP3_PROTOS = ("http3w", "http3", "http2", "http1.1")
+EXP4_PROTOS = ("http3w", "http3", "http2")
+EXP6_PROTOS = ("http3w", "http3", "http2")
+
+
+def server_args(proto: str) -> list[str] | None:
+    return WEAK if proto == "http3w" else None
+
+# Seed 001's shares within 200 ms (QUIC, TCP) at 5, 15 and 30 % loss.
+SEED001 = {5: (95, 78), 15: (90, 50), 30: (62, 22)}
+
+
 def exp1(a, kuai, site_dir, site, out):
     runs = a.runs or (100 if a.quick else 1000)
     losses = [0, 5, 15, 30]
     limit_ms = 5000.0
     data = {}
     for loss in losses:
-        for proto in ("http3", "http2"):
+        for proto in EXP1_PROTOS:
             for warm in (True, False):
+                if proto == "http3" and not warm:
+                    continue  # the defaults on warm connections only: a reference point
                 link = {"delay": "20ms", "loss": f"{loss}%", "seed": 1 + loss}
                 # Warm: the connection is set up first and reused; the first run (the
                 # handshake) is left out of the statistics.
                 n = runs + 1 if warm else runs
                 cmd = get_cmd(kuai, proto, site["10k"], n, reuse=warm, max_time=limit_ms / 1000)
-                rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 6 + 120)
+                rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 6 + 120,
+                                     server_args=WEAK if proto == "http3w" else None)
                 if warm:
                     rows = [r for r in rows if not r.get("new_connection")]
                 data[f"{loss}/{proto}/{'warm' if warm else 'new'}"] = times(rows, runs, limit_ms)
                 print(f"exp1 loss {loss}% {proto} {'warm' if warm else 'new'}: {len(rows)} runs",
                       file=sys.stderr)
-    hdr = ["loss", "connection", "protocol", "within 200 ms", "median ms", "p90 ms", "p99 ms"]
+    hdr = ["loss", "connection", "protocol", "within 200 ms", "seed 001", "median ms", "p90 ms",
+           "p99 ms"]
     rows = []
     for loss in losses:
         for mode in ("warm", "new"):
-            for proto in ("http3", "http2"):
-                t = data[f"{loss}/{proto}/{mode}"]
+            for proto in EXP1_PROTOS:
+                t = data.get(f"{loss}/{proto}/{mode}")
+                if t is None:
+                    continue
                 share = 100 * sum(1 for x in t if x <= 200) / len(t)
-                rows.append([f"{loss} %", mode, PROTO_LABEL[proto], f"{share:.1f} %",
+                seed = SEED001.get(loss)
+                seed_s = "—" if seed is None else (f"QUIC {seed[0]} %" if proto != "http2"
+                                                   else f"TCP {seed[1]} %")
+                rows.append([f"{loss} %", mode, PROTO_LABEL[proto], f"{share:.1f} %", seed_s,
                              fmt(pct(t, 50)), fmt(pct(t, 90)), fmt(pct(t, 99))])
     md = (f"### Experiment 1: 10 KB responses, RTT 40 ms, {runs} runs per cell\n\n"
           + table(hdr, rows))
@@ -239,7 +273,9 @@ def exp1(a, kuai, site_dir, site, out):
         for j, loss in enumerate(losses):
             for i, mode in enumerate(("warm", "new")):
                 ax = axes[i][j]
-                for proto in ("http3", "http2"):
+                for proto in EXP1_PROTOS:
+                    if f"{loss}/{proto}/{mode}" not in data:
+                        continue
                     t = sorted(data[f"{loss}/{proto}/{mode}"])
                     ax.plot(t, [(k + 1) / len(t) for k in range(len(t))],
                             label=PROTO_LABEL[proto])
@@ -265,19 +301,20 @@ def exp2(a, kuai, site_dir, site, out):
     data = {}
     for name, rate, owd in links:
         for loss in losses:
-            for proto in ("http3", "http2"):
+            for proto in EXP2_PROTOS:
                 link = {"delay": f"{owd}ms", "rate": rate, "queue": "100",
                         "loss": f"{loss}%", "seed": 3 + loss}
                 cmd = get_cmd(kuai, proto, site["images"], runs, max_time=limit_s)
-                rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * (limit_s + 30) + 60)
+                rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * (limit_s + 30) + 60,
+                                     server_args=server_args(proto))
                 data[f"{name}/{loss}/{proto}"] = times(rows, runs, float("inf"))
                 print(f"exp2 {name} loss {loss}% {proto}: {len(rows)} runs", file=sys.stderr)
-    hdr = ["link", "loss"] + [f"{PROTO_LABEL[p]} median s (done)" for p in ("http3", "http2")]
+    hdr = ["link", "loss"] + [f"{PROTO_LABEL[p]} median s (done)" for p in EXP2_PROTOS]
     rows = []
     for name, _, _ in links:
         for loss in losses:
             r = [name, f"{loss} %"]
-            for proto in ("http3", "http2"):
+            for proto in EXP2_PROTOS:
                 t = data[f"{name}/{loss}/{proto}"]
                 done = [x for x in t if x != float("inf")]
                 med = pct(done, 50) / 1000 if len(done) * 2 > len(t) else float("nan")
@@ -291,7 +328,7 @@ def exp2(a, kuai, site_dir, site, out):
     def draw(plt):
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
         for ax, (name, _, _) in zip(axes, links):
-            for proto in ("http3", "http2"):
+            for proto in EXP2_PROTOS:
                 ys = []
                 for loss in losses:
                     done = [x for x in data[f"{name}/{loss}/{proto}"] if x != float("inf")]
@@ -314,21 +351,22 @@ def exp3(a, kuai, site_dir, site, out):
             "queue": "100", "loss": "0.5%", "seed": 30}
     data = {}
     for page in ("page12", "page60"):
-        for proto in ("http3", "http2", "http1.1"):
+        for proto in EXP3_PROTOS:
             cmd = get_cmd(kuai, proto, site[page], runs, page=True, max_time=60)
-            rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 70 + 60)
+            rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 70 + 60,
+                                 server_args=server_args(proto))
             data[f"{page}/{proto}"] = [r["total_ms"] for r in rows if r.get("ok")]
             print(f"exp3 {page} {proto}: {len(rows)} runs", file=sys.stderr)
-    hdr = ["page", "protocol", "median ms", "mean ms", "p90 ms", "vs HTTP/3"]
+    hdr = ["page", "protocol", "median ms", "mean ms", "p90 ms", "vs kuai HTTP/3 (profile)"]
     rows = []
     for page in ("page12", "page60"):
-        h3 = statistics.median(data[f"{page}/http3"]) if data[f"{page}/http3"] else float("nan")
-        for proto in ("http3", "http2", "http1.1"):
+        h3 = statistics.median(data[f"{page}/http3w"]) if data[f"{page}/http3w"] else float("nan")
+        for proto in EXP3_PROTOS:
             t = data[f"{page}/{proto}"]
             med = statistics.median(t) if t else float("nan")
             rows.append([f"HTML + {page[4:]}", PROTO_LABEL[proto], fmt(med),
                          fmt(statistics.mean(t) if t else float("nan")), fmt(pct(t, 90)),
-                         f"{(med / h3 - 1) * 100:+.0f} %" if proto != "http3" else "—"])
+                         f"{(med / h3 - 1) * 100:+.0f} %" if proto != "http3w" else "—"])
     md = (f"### Experiment 3: page loads on a 4G-like link (12/4 Mbit/s, 70 ms RTT, "
           f"0.5 % loss), new connection per load, {runs} loads per cell\n\n" + table(hdr, rows))
     save(out, "exp3", data, md)
@@ -337,11 +375,11 @@ def exp3(a, kuai, site_dir, site, out):
         fig, ax = plt.subplots(figsize=(8, 4))
         labels = []
         for k, page in enumerate(("page12", "page60")):
-            for i, proto in enumerate(("http3", "http2", "http1.1")):
+            for i, proto in enumerate(EXP3_PROTOS):
                 t = data[f"{page}/{proto}"]
-                ax.bar(k * 4 + i, statistics.median(t) if t else 0,
+                ax.bar(k * 5 + i, statistics.median(t) if t else 0,
                        color=f"C{i}", label=PROTO_LABEL[proto] if k == 0 else None)
-            labels.append((k * 4 + 1, f"HTML + {page[4:]}"))
+            labels.append((k * 5 + 1.5, f"HTML + {page[4:]}"))
         ax.set_xticks([x for x, _ in labels], [l for _, l in labels])
         ax.set_ylabel("page load time (ms), median")
         ax.legend()
@@ -357,18 +395,18 @@ def exp4(a, kuai, site_dir, site, out):
     link = {"down_delay": "20ms", "down_jitter": "5ms", "down_loss": "5%",
             "down_reorder": "10%", "seed": 4}
     data = {}
-    for proto in ("http3", "http2"):
+    for proto in EXP4_PROTOS:
         per = conns // concurrency
         cmd = get_cmd(kuai, proto, site["1m"], per, max_time=30)
         shell = " & ".join(" ".join(shlex.quote(x) for x in cmd) for _ in range(concurrency))
         rows = run_condition(kuai, site_dir, link, [["sh", "-c", shell + " & wait"]],
-                             limit=per * 40 + 120)
+                             limit=per * 40 + 120, server_args=server_args(proto))
         data[proto] = rows
         print(f"exp4 {proto}: {len(rows)} connections", file=sys.stderr)
     hdr = ["protocol", "connections (ok)", "handshake mean ms", "handshake p99 ms",
            "1 MB transfer mean ms", "1 MB transfer p99 ms"]
     rows = []
-    for proto in ("http3", "http2"):
+    for proto in EXP4_PROTOS:
         ok = [r for r in data[proto] if r.get("ok")]
         hs = [r["connect_ms"] for r in ok if r.get("connect_ms") is not None]
         tr = [r["total_ms"] - r["connect_ms"] for r in ok if r.get("connect_ms") is not None]
@@ -381,7 +419,7 @@ def exp4(a, kuai, site_dir, site, out):
 
     def draw(plt):
         fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-        for proto in ("http3", "http2"):
+        for proto in EXP4_PROTOS:
             ok = [r for r in data[proto] if r.get("ok") and r.get("connect_ms") is not None]
             for ax, vals in zip(axes, ([r["connect_ms"] for r in ok],
                                        [r["total_ms"] - r["connect_ms"] for r in ok])):
@@ -452,15 +490,16 @@ def exp6(a, kuai, site_dir, site, out):
     base = {"delay": "15ms", "rate": "10mbit", "queue": "25", "seed": 6}
     outage = dict(base, blackhole="5s/2s")
     for name, link, paths in (("steady", base, site["10m"]), ("outages", outage, site["30m"])):
-        for proto in ("http3", "http2"):
+        for proto in EXP6_PROTOS:
             cmd = get_cmd(kuai, proto, paths, runs, max_time=180)
-            rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 200 + 60)
+            rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 200 + 60,
+                                 server_args=server_args(proto))
             data[f"{name}/{proto}"] = rows
             print(f"exp6 {name} {proto}: {len(rows)} runs", file=sys.stderr)
     hdr = ["link", "protocol", "runs ok", "time s (median)", "goodput Mbit/s (median)"]
     rows = []
     for name in ("steady", "outages"):
-        for proto in ("http3", "http2"):
+        for proto in EXP6_PROTOS:
             ok = [r for r in data[f"{name}/{proto}"] if r.get("ok")]
             t = [r["total_ms"] / 1000 for r in ok]
             g = [r["bytes"] * 8 / 1e6 / (r["total_ms"] / 1000) for r in ok]
@@ -473,14 +512,14 @@ def exp6(a, kuai, site_dir, site, out):
 
     def draw(plt):
         fig, ax = plt.subplots(figsize=(7, 4))
-        for i, proto in enumerate(("http3", "http2")):
+        for i, proto in enumerate(EXP6_PROTOS):
             ys = []
             for name in ("steady", "outages"):
                 ok = [r for r in data[f"{name}/{proto}"] if r.get("ok")]
                 g = [r["bytes"] * 8 / 1e6 / (r["total_ms"] / 1000) for r in ok]
                 ys.append(statistics.median(g) if g else 0)
-            ax.bar([i, 3 + i], ys, label=PROTO_LABEL[proto], color=f"C{i}")
-        ax.set_xticks([0.5, 3.5], ["10 Mbit/s steady", "5 s on / 2 s off"])
+            ax.bar([i, 4 + i], ys, label=PROTO_LABEL[proto], color=f"C{i}")
+        ax.set_xticks([1, 5], ["10 Mbit/s steady", "5 s on / 2 s off"])
         ax.set_ylabel("goodput (Mbit/s)")
         ax.axhline(10, color="grey", ls=":")
         ax.legend()
