@@ -1648,7 +1648,12 @@ impl Connection {
         }
         // MTU probe timer.
         self.timers[Timer::Mtu as usize] = if self.handshake_confirmed {
-            self.path.mtud.next_probe.filter(|&t| t > now)
+            let wait = self.mtu_probe_wait_until(now);
+            self.path
+                .mtud
+                .next_probe
+                .map(|t| wait.map_or(t, |w| t.max(w)))
+                .filter(|&t| t > now)
         } else {
             None
         };

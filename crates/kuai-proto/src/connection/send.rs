@@ -312,7 +312,7 @@ impl Connection {
             buf.truncate(packet_start);
             return None;
         }
-        let payload_max = max_end - TAG_LEN;
+        let mut payload_max = max_end - TAG_LEN;
         let mut frames = self.spaces[si].sent.take_frame_vec();
         let mut names: [&'static str; 16] = [""; 16];
         let mut n_names = 0usize;
@@ -326,7 +326,24 @@ impl Connection {
         let probing = self.spaces[si].probes > 0;
         let (cwnd_ok, pacing_ok) = if space == SpaceId::Data {
             let mtu = u64::from(self.path.mtu());
-            let cwnd_ok = probing || self.path.window_room() >= mtu.min(self.path.cc.window());
+            let room = self.path.window_room();
+            let mut cwnd_ok = probing || room >= mtu.min(self.path.cc.window());
+            // RFC 9002 §7: bytes in flight must stay within the window, which a packet smaller
+            // than a full datagram may do. When what is left to send (the end of a response,
+            // a FIN) fits in the room the window has, send it now in a short packet rather
+            // than a round trip later when an ACK frees a full datagram's worth.
+            let header = (buf.len() - packet_start) as u64;
+            if !cwnd_ok
+                && room >= header + TAG_LEN as u64 + 32
+                && !self.ping_pending
+                && !self.streams.has_control()
+                && self
+                    .streams
+                    .stream_data_within(room - header - TAG_LEN as u64 - 16)
+            {
+                cwnd_ok = true;
+                payload_max = payload_max.min(packet_start + (room as usize) - TAG_LEN);
+            }
             let mut pacing_ok = true;
             if cwnd_ok && !probing && self.handshake_complete {
                 let rate = self.path.pacing_rate();
@@ -719,6 +736,12 @@ impl Connection {
     }
 
     /// A DPLPMTUD probe: PING padded to the probe size, in its own datagram.
+    /// End of the wait for the first DPLPMTUD probe after the handshake, while it lasts.
+    pub(super) fn mtu_probe_wait_until(&self, now: Instant) -> Option<Instant> {
+        let end = self.confirmed_at? + self.path.rtt.smoothed();
+        (now < end).then_some(end)
+    }
+
     fn send_mtu_probe(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
         if !self.handshake_confirmed || self.one_rtt.is_none() || !self.path.validated {
             return None;
@@ -731,15 +754,12 @@ impl Connection {
         if u64::from(size) > max_udp {
             return None;
         }
-        // In the first round trip after the handshake, application data goes first: a probe
-        // taking 1.4 KB of a 12 KB initial window pushes the tail of a small response a round
-        // trip later.
-        if !self.path.mtud.confirm
-            && self.streams.wants_to_send()
-            && self
-                .confirmed_at
-                .is_some_and(|t| now < t + self.path.rtt.smoothed())
-        {
+        // No probe in the first round trip after the handshake: a probe taking 1.4 KB of a
+        // 12 KB initial window pushes the tail of a small response a round trip later. The
+        // request may not even have arrived when the handshake completes (it follows the
+        // client's Finished), so the wait does not depend on data being queued; the MTU
+        // timer brings the probe back when it ends.
+        if !self.path.mtud.confirm && self.mtu_probe_wait_until(now).is_some() {
             return None;
         }
         // A confirmation probe (suspected black hole) goes out whatever the window says: the

@@ -912,7 +912,23 @@ impl Streams {
         self.sched.iter().any(|q| !q.is_empty())
     }
 
-    fn has_control(&self) -> bool {
+    /// Whether all stream data waiting to be sent (FINs included) amounts to at most `limit`
+    /// bytes; gives up early past the limit.
+    pub fn stream_data_within(&self, limit: u64) -> bool {
+        let mut total = 0u64;
+        for id in self.sched.iter().flatten() {
+            if let Some(s) = self.send.get(id) {
+                // A frame header per stream, roughly.
+                total += s.buf.sendable_len() + 16;
+                if total > limit {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    pub fn has_control(&self) -> bool {
         let p = &self.pending;
         p.max_data
             || !p.max_stream_data.is_empty()

@@ -64,6 +64,12 @@ impl SendBuffer {
         self.retransmit.min().unwrap_or(self.unsent)
     }
 
+    /// Bytes waiting to be sent: new data plus data to send again.
+    pub fn sendable_len(&self) -> u64 {
+        let lost: u64 = self.retransmit.iter().map(|r| r.end - r.start).sum();
+        (self.end - self.unsent) + lost
+    }
+
     pub fn has_retransmit(&self) -> bool {
         !self.retransmit.is_empty()
     }
