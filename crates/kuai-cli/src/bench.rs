@@ -38,6 +38,9 @@ enum Mode {
         /// Disable UDP GSO/GRO.
         #[arg(long)]
         no_offload: bool,
+        /// QUIC congestion control: newreno, bbr or bbr-loss-tolerant.
+        #[arg(long, default_value = "newreno")]
+        cc: kuai::CongestionAlgorithm,
     },
     /// Run one workload against a perf server and print its result as one JSON line.
     Client {
@@ -65,6 +68,9 @@ enum Mode {
         seconds: u64,
         #[arg(long)]
         no_offload: bool,
+        /// QUIC congestion control: newreno, bbr or bbr-loss-tolerant.
+        #[arg(long, default_value = "newreno")]
+        cc: kuai::CongestionAlgorithm,
     },
 }
 
@@ -74,7 +80,8 @@ pub async fn run(args: Args) -> ExitCode {
             listen,
             transport,
             no_offload,
-        } => server(listen, &transport, no_offload).await,
+            cc,
+        } => server(listen, &transport, no_offload, cc).await,
         Mode::Client {
             server,
             transport,
@@ -85,6 +92,7 @@ pub async fn run(args: Args) -> ExitCode {
             response,
             seconds,
             no_offload,
+            cc,
         } => {
             client(Workload {
                 server,
@@ -96,6 +104,7 @@ pub async fn run(args: Args) -> ExitCode {
                 response,
                 seconds,
                 no_offload,
+                cc,
             })
             .await
         }
@@ -109,9 +118,10 @@ pub async fn run(args: Args) -> ExitCode {
     }
 }
 
-fn transport_config() -> TransportConfig {
+fn transport_config(cc: &kuai::CongestionAlgorithm) -> TransportConfig {
     // Large windows so flow control never limits a loopback transfer.
     TransportConfig {
+        congestion: cc.clone(),
         stream_receive_window: 8 << 20,
         max_stream_receive_window: 64 << 20,
         receive_window: 16 << 20,
@@ -155,7 +165,12 @@ pub fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-async fn server(listen: SocketAddr, transport: &str, no_offload: bool) -> Result<(), String> {
+async fn server(
+    listen: SocketAddr,
+    transport: &str,
+    no_offload: bool,
+    cc: kuai::CongestionAlgorithm,
+) -> Result<(), String> {
     let id = Identity::self_signed(&["localhost"])?;
     let served = Arc::new(AtomicU64::new(0));
     // Report CPU and memory on request (SIGUSR1-free: a tiny UDP status port is overkill);
@@ -175,7 +190,7 @@ async fn server(listen: SocketAddr, transport: &str, no_offload: bool) -> Result
     match transport {
         "quic" => {
             let mut cfg = crate::server::server_config(&id, &[ALPN], None)?;
-            cfg.transport(transport_config());
+            cfg.transport(transport_config(&cc));
             cfg.proto_mut().max_connections = 200_000;
             cfg.proto_mut().max_handshakes = 200_000;
             let ep = Endpoint::builder()
@@ -297,6 +312,7 @@ struct Workload {
     response: u64,
     seconds: u64,
     no_offload: bool,
+    cc: kuai::CongestionAlgorithm,
 }
 
 fn quic_client(w: &Workload) -> Result<(Endpoint, ClientConfig), String> {
@@ -307,7 +323,7 @@ fn quic_client(w: &Workload) -> Result<(Endpoint, ClientConfig), String> {
     .clone();
     tls.resumption = rustls::client::Resumption::disabled();
     let mut cfg = ClientConfig::from_rustls(tls);
-    cfg.transport(transport_config());
+    cfg.transport(transport_config(&w.cc));
     let bind = crate::get::any_port_for(w.server);
     let ep = Endpoint::builder()
         .gso(!w.no_offload)
