@@ -243,7 +243,7 @@ def exp1(a, kuai, site_dir, site, out):
                 n = runs + 1 if warm else runs
                 cmd = get_cmd(kuai, proto, site["10k"], n, reuse=warm, max_time=limit_ms / 1000)
                 rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 6 + 120,
-                                     server_args=WEAK if proto == "http3w" else None)
+                                     server_args=server_args(proto))
                 if warm:
                     rows = [r for r in rows if not r.get("new_connection")]
                 data[f"{loss}/{proto}/{'warm' if warm else 'new'}"] = times(rows, runs, limit_ms)

@@ -452,7 +452,7 @@ async fn fetch_all(args: Args) -> Result<(), String> {
         &[quic_alpn],
         args.keylog.as_deref(),
     )?;
-    crate::set_transport(cfg.proto_mut(), &args.cc, args.redundancy);
+    crate::set_transport(&mut cfg.proto_mut().transport, &args.cc, args.redundancy);
     let tcp_tls = cfg.proto_tls();
     let ep = if matches!(mode, Mode::Tcp(_)) {
         None

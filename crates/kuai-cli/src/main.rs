@@ -90,24 +90,12 @@ fn main() -> ExitCode {
 pub type PathArg = PathBuf;
 
 /// Sets the congestion controller and redundancy of a client's or server's transport.
-trait HasTransport {
-    fn transport_arc(&mut self) -> &mut std::sync::Arc<kuai::TransportConfig>;
-}
-
-impl HasTransport for kuai::kuai_proto::ServerConfig {
-    fn transport_arc(&mut self) -> &mut std::sync::Arc<kuai::TransportConfig> {
-        &mut self.transport
-    }
-}
-
-impl HasTransport for kuai::kuai_proto::ClientConfig {
-    fn transport_arc(&mut self) -> &mut std::sync::Arc<kuai::TransportConfig> {
-        &mut self.transport
-    }
-}
-
-fn set_transport(cfg: &mut impl HasTransport, cc: &kuai::CongestionAlgorithm, redundancy: bool) {
-    let t = std::sync::Arc::make_mut(cfg.transport_arc());
+fn set_transport(
+    t: &mut std::sync::Arc<kuai::TransportConfig>,
+    cc: &kuai::CongestionAlgorithm,
+    redundancy: bool,
+) {
+    let t = std::sync::Arc::make_mut(t);
     t.congestion = cc.clone();
     t.redundancy = redundancy.then(kuai::kuai_proto::config::Redundancy::default);
 }

@@ -110,7 +110,7 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
-    crate::set_transport(cfg.proto_mut(), &args.cc, args.redundancy);
+    crate::set_transport(&mut cfg.proto_mut().transport, &args.cc, args.redundancy);
     let mut builder = Endpoint::builder().server(cfg);
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);

@@ -44,8 +44,8 @@ async fn handler(req: Request<RecvHalf>) -> Response<Body> {
         .unwrap()
 }
 
-async fn setup() -> (Endpoint, Client) {
-    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+/// Serves `handler` over HTTP/3 with `scfg` on a free loopback port.
+fn start_server(scfg: ServerConfig) -> (Endpoint, SocketAddr) {
     let server = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
     let addr: SocketAddr = server.local_addr().unwrap();
     let ep = server.clone();
@@ -59,6 +59,12 @@ async fn setup() -> (Endpoint, Client) {
             });
         }
     });
+    (server, addr)
+}
+
+async fn setup() -> (Endpoint, Client) {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    let (_server, addr) = start_server(scfg);
     let client_ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let conn = client_ep
         .connect_with(
@@ -171,18 +177,7 @@ async fn rejected_0rtt_requests_go_again_on_the_same_connection() {
     use std::time::Duration;
     let (mut scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
     scfg.proto_mut().accept_0rtt = false;
-    let server = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = server.local_addr().unwrap();
-    let ep = server.clone();
-    tokio::spawn(async move {
-        while let Some(c) = ep.accept().await {
-            tokio::spawn(async move {
-                if let Ok(conn) = c.await {
-                    let _ = kuai_h3::serve(conn, Config::default(), handler).await;
-                }
-            });
-        }
-    });
+    let (_server, addr) = start_server(scfg);
     let ccfg = ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap();
     let client_ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     // First connection: a session ticket that allows early data.

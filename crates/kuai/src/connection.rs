@@ -497,8 +497,12 @@ pub struct SendStream {
 
 /// Whether a stream opened in 0-RTT was voided by the server's rejection of the early data:
 /// the transport started its streams over, so the ID may now name a new stream.
-fn voided(early: bool, s: &crate::endpoint::State, h: ConnectionHandle) -> bool {
-    early && s.conns.get(&h).is_some_and(|st| st.zero_rtt_rejected)
+fn voided(
+    early: bool,
+    conns: &std::collections::HashMap<ConnectionHandle, Box<ConnState>>,
+    h: ConnectionHandle,
+) -> bool {
+    early && conns.get(&h).is_some_and(|st| st.zero_rtt_rejected)
 }
 
 impl SendStream {
@@ -519,7 +523,7 @@ impl SendStream {
     /// Whether this stream went out in 0-RTT that the server rejected; every operation on
     /// it then fails with [`WriteError::ZeroRttRejected`].
     pub fn is_0rtt_rejected(&self) -> bool {
-        self.early && self.inner.with(|s, h| voided(true, s, h))
+        self.early && self.inner.with(|s, h| voided(true, &s.conns, h))
     }
 
     /// The stream's ID.
@@ -536,7 +540,7 @@ impl SendStream {
         let id = self.id;
         let early = self.early;
         let r = self.inner.with(|s, h| {
-            if voided(early, s, h) {
+            if voided(early, &s.conns, h) {
                 return Poll::Ready(Err(WriteError::ZeroRttRejected));
             }
             let Some(c) = s.ep.connection_mut(h) else {
@@ -590,9 +594,7 @@ impl SendStream {
         let id = self.id;
         let early = self.early;
         let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
-            _ if early && s.conns.get(&h).is_some_and(|st| st.zero_rtt_rejected) => {
-                Err(WriteError::ZeroRttRejected)
-            }
+            _ if voided(early, &s.conns, h) => Err(WriteError::ZeroRttRejected),
             Some(c) => c.finish(id).map_err(|e| match e {
                 StreamError::Stopped(code) => WriteError::Stopped(code),
                 _ => WriteError::ClosedStream,
@@ -612,9 +614,7 @@ impl SendStream {
         let early = self.early;
         self.done = true;
         let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
-            _ if early && s.conns.get(&h).is_some_and(|st| st.zero_rtt_rejected) => {
-                Err(WriteError::ZeroRttRejected)
-            }
+            _ if voided(early, &s.conns, h) => Err(WriteError::ZeroRttRejected),
             Some(c) => c
                 .reset_stream(id, code)
                 .map_err(|_| WriteError::ClosedStream),
@@ -631,7 +631,7 @@ impl SendStream {
         let id = self.id;
         let early = self.early;
         self.inner.with(|s, h| {
-            if voided(early, s, h) {
+            if voided(early, &s.conns, h) {
                 return;
             }
             if let Some(c) = s.ep.connection_mut(h) {
@@ -647,7 +647,7 @@ impl SendStream {
         let early = self.early;
         poll_fn(|cx| {
             self.inner.with(|s, h| {
-                if voided(early, s, h) {
+                if voided(early, &s.conns, h) {
                     return Poll::Ready(Err(WriteError::ZeroRttRejected));
                 }
                 let Some(st) = s.conns.get_mut(&h) else {
@@ -738,7 +738,7 @@ impl RecvStream {
         let id = self.id;
         let early = self.early;
         let r = self.inner.with(|s, h| {
-            if voided(early, s, h) {
+            if voided(early, &s.conns, h) {
                 return Poll::Ready(Err(ReadError::ZeroRttRejected));
             }
             let Some(c) = s.ep.connection_mut(h) else {
@@ -797,9 +797,7 @@ impl RecvStream {
         let early = self.early;
         self.done = true;
         let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
-            _ if early && s.conns.get(&h).is_some_and(|st| st.zero_rtt_rejected) => {
-                Err(ReadError::ZeroRttRejected)
-            }
+            _ if voided(early, &s.conns, h) => Err(ReadError::ZeroRttRejected),
             Some(c) => c.stop_stream(id, code).map_err(|_| ReadError::ClosedStream),
             None => Err(ReadError::ConnectionLost(conn_error(
                 s.conns.get(&h).map(Box::as_ref),
