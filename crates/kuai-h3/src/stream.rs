@@ -366,6 +366,10 @@ impl SendHalf {
     }
 
     pub(crate) async fn send_fields(&mut self, fields: &Fields) -> Result<(), Error> {
+        // Encoding for a voided stream would leave the QPACK encoder a section no one acks.
+        if self.send.as_ref().is_some_and(SendStream::is_0rtt_rejected) {
+            return Err(Error::ZeroRttRejected);
+        }
         let block = self.shared.encode_fields(self.id, fields)?;
         let mut buf = Vec::with_capacity(block.len() + 8);
         frame::write_header(frame::HEADERS, block.len() as u64, &mut buf);
@@ -436,6 +440,12 @@ impl SendHalf {
 
 impl Drop for RecvHalf {
     fn drop(&mut self) {
+        // A request voided by a 0-RTT rejection left no state here, and its stream ID may
+        // already name the request sent again: a QPACK Stream Cancellation for it would
+        // cancel that one's sections (RFC 9204 §4.4.2).
+        if self.recv.is_0rtt_rejected() {
+            return;
+        }
         if !self.decoded {
             self.shared.cancel_stream(self.id);
         }

@@ -507,6 +507,11 @@ fn voided(
 
 impl SendStream {
     fn new(inner: Arc<ConnectionInner>, id: StreamId) -> Self {
+        inner.with(|s, h| {
+            if let Some(st) = s.conns.get_mut(&h) {
+                st.send_handles.insert(id);
+            }
+        });
         Self {
             inner,
             id,
@@ -560,10 +565,7 @@ impl SendStream {
                 }
                 Ok(n) => Poll::Ready(Ok(n)),
                 Err(StreamError::Stopped(code)) => Poll::Ready(Err(WriteError::Stopped(code))),
-                Err(_) => match s.conns.get(&h).and_then(|c| c.error.clone()) {
-                    Some(e) => Poll::Ready(Err(WriteError::ConnectionLost(e))),
-                    None => Poll::Ready(Err(WriteError::ClosedStream)),
-                },
+                Err(_) => Poll::Ready(Err(closed_or_stopped(s.conns.get(&h).map(Box::as_ref), id))),
             }
         });
         if matches!(r, Poll::Ready(Ok(_))) {
@@ -597,7 +599,7 @@ impl SendStream {
             _ if voided(early, &s.conns, h) => Err(WriteError::ZeroRttRejected),
             Some(c) => c.finish(id).map_err(|e| match e {
                 StreamError::Stopped(code) => WriteError::Stopped(code),
-                _ => WriteError::ClosedStream,
+                _ => closed_or_stopped(s.conns.get(&h).map(Box::as_ref), id),
             }),
             None => Err(WriteError::ConnectionLost(conn_error(
                 s.conns.get(&h).map(Box::as_ref),
@@ -677,6 +679,33 @@ impl Drop for SendStream {
         if !self.done {
             let _ = self.finish();
         }
+        let (id, early) = (self.id, self.early);
+        self.inner.with(|s, h| {
+            // A voided stream's ID may name a new stream now, whose state this is.
+            if voided(early, &s.conns, h) {
+                return;
+            }
+            if let Some(st) = s.conns.get_mut(&h) {
+                st.send_handles.remove(&id);
+                st.finished_streams.remove(&id);
+                st.stopped.remove(&id);
+            }
+        });
+    }
+}
+
+/// A write on a stream the transport no longer knows: if the peer had stopped it
+/// (STOP_SENDING), the stream was reset and then forgotten, and that is what to report.
+fn closed_or_stopped(st: Option<&ConnState>, id: StreamId) -> WriteError {
+    let Some(st) = st else {
+        return WriteError::ClosedStream;
+    };
+    if let Some(e) = &st.error {
+        return WriteError::ConnectionLost(e.clone());
+    }
+    match st.stopped.get(&id) {
+        Some(&code) => WriteError::Stopped(code),
+        None => WriteError::ClosedStream,
     }
 }
 
@@ -722,6 +751,13 @@ impl RecvStream {
     fn early(mut self, early: bool) -> Self {
         self.early = early;
         self
+    }
+
+    /// Whether this stream went out in 0-RTT that the server rejected; every operation on
+    /// it then fails with [`ReadError::ZeroRttRejected`], and its ID may already name a new
+    /// stream.
+    pub fn is_0rtt_rejected(&self) -> bool {
+        self.early && self.inner.with(|s, h| voided(true, &s.conns, h))
     }
 
     /// The stream's ID.

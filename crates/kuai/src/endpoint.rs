@@ -1,6 +1,6 @@
 //! The async endpoint: one UDP socket, one driver task, many connections.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::poll_fn;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
@@ -36,7 +36,10 @@ pub(crate) struct ConnState {
     pub read: HashMap<StreamId, Waker>,
     pub write: HashMap<StreamId, Waker>,
     pub finished: HashMap<StreamId, Waker>,
-    pub finished_streams: Vec<StreamId>,
+    /// Streams with a live `SendStream` handle: only their outcomes below are kept, and
+    /// dropping the handle forgets them, so a long connection does not pile them up.
+    pub send_handles: HashSet<StreamId>,
+    pub finished_streams: HashSet<StreamId>,
     pub stopped: HashMap<StreamId, u64>,
     pub accept: [Vec<Waker>; 2],
     pub open: [Vec<Waker>; 2],
@@ -602,17 +605,25 @@ fn dispatch(s: &mut State) {
             }
             Event::ZeroRttRejected => {
                 st.zero_rtt_rejected = true;
+                // Every stream so far was voided; their IDs start over.
+                st.send_handles.clear();
+                st.finished_streams.clear();
+                st.stopped.clear();
                 st.wake_all();
             }
             Event::Stream(se) => match se {
                 StreamEvent::Readable(id) => wake(&mut st.read, id),
                 StreamEvent::Writable(id) => wake(&mut st.write, id),
                 StreamEvent::Finished(id) => {
-                    st.finished_streams.push(id);
+                    if st.send_handles.contains(&id) {
+                        st.finished_streams.insert(id);
+                    }
                     wake(&mut st.finished, id);
                 }
                 StreamEvent::Stopped(id, code) => {
-                    st.stopped.insert(id, code);
+                    if st.send_handles.contains(&id) {
+                        st.stopped.insert(id, code);
+                    }
                     wake(&mut st.write, id);
                     wake(&mut st.finished, id);
                 }

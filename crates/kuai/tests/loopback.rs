@@ -362,3 +362,48 @@ async fn qlog_traces_are_written() {
     assert!(text.contains("quic:packet_sent") && text.contains("quic:packet_received"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The peer stops reading (STOP_SENDING) and answers; once the reset that follows is
+/// acknowledged the transport forgets the stream, and a late write or finish must still
+/// say that the peer stopped it, with its code (an HTTP/3 server may stop a request's
+/// stream with H3_NO_ERROR before the request's FIN, RFC 9114 §4.1).
+#[tokio::test]
+async fn stopped_stream_reports_the_code_after_it_is_forgotten() {
+    let (scfg, cert) = server_config();
+    let server = Endpoint::server(scfg, localhost()).unwrap();
+    let addr = server.local_addr().unwrap();
+    let ep = server.clone();
+    tokio::spawn(async move {
+        let conn = ep.accept().await.unwrap().await.unwrap();
+        let (mut send, mut recv) = conn.accept_bi().await.unwrap();
+        let _ = recv.read_chunk(1024).await;
+        recv.stop(7).unwrap();
+        send.write_all(b"done").await.unwrap();
+        send.finish().unwrap();
+        let _ = conn.closed().await;
+    });
+    let client = Endpoint::client(localhost()).unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(b"request without its end").await.unwrap();
+    assert_eq!(recv.read_to_end(1024).await.unwrap(), b"done");
+    assert!(matches!(
+        send.stopped().await,
+        Err(kuai::WriteError::Stopped(7))
+    ));
+    // Time for the RESET_STREAM to be acknowledged and the stream forgotten.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(matches!(
+        send.write_all(b"more").await,
+        Err(kuai::WriteError::Stopped(7))
+    ));
+    assert!(matches!(send.finish(), Err(kuai::WriteError::Stopped(7))));
+}
