@@ -65,6 +65,9 @@ pub struct TransportConfig {
     pub grease_quic_bit: bool,
     /// Forbid the peer from migrating (disable_active_migration).
     pub disable_active_migration: bool,
+    /// Client: move to the server's preferred address once the handshake is confirmed and
+    /// the address answers a path challenge (RFC 9000 §9.6.1).
+    pub migrate_to_preferred_address: bool,
     /// Redundant copies of short flights on lossy paths; `None` (the default) sends none.
     pub redundancy: Option<Redundancy>,
 }
@@ -124,6 +127,7 @@ impl Default for TransportConfig {
             zero_rtt_hold: Duration::from_millis(2),
             grease_quic_bit: true,
             disable_active_migration: false,
+            migrate_to_preferred_address: true,
             redundancy: None,
         }
     }

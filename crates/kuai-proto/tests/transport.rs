@@ -612,6 +612,107 @@ fn client_migration_with_a_new_connection_id() {
     assert_eq!(p.client_conn().stats().migrations, 1);
 }
 
+/// A server behind an address clients reach first (say an anycast or load-balanced one)
+/// that prefers its own address for the rest of the connection.
+fn preferred_address_pair(
+    seed: u64,
+    client_transport: TransportConfig,
+) -> (quic::Pair, std::net::SocketAddr) {
+    let preferred: std::net::SocketAddr = "10.0.9.1:4434".parse().unwrap();
+    let mut scfg = quic::server_config(TransportConfig::default());
+    scfg.preferred_address = Some(kuai_proto::config::PreferredAddressConfig {
+        v4: match preferred {
+            std::net::SocketAddr::V4(a) => Some(a),
+            _ => None,
+        },
+        v6: None,
+    });
+    let ccfg = quic::client_config(client_transport);
+    let p = pair(seed, scfg, &ccfg, Client::with_requests([4 << 20]));
+    (p, preferred)
+}
+
+#[test]
+fn client_moves_to_the_server_preferred_address() {
+    let (mut p, preferred) = preferred_address_pair(84, TransportConfig::default());
+    let s = p.server;
+    p.net.add_address(s, preferred);
+    p.net.record(true);
+    assert!(p.run_until_done(Duration::from_secs(20)));
+    p.client_app().assert_all_intact();
+    // RFC 9000 §9.6.1: the client validated the address, then moved all its traffic there,
+    // with the connection ID the server gave for it (sequence 1).
+    let c = p.client_conn();
+    assert_eq!(c.remote_address(), preferred);
+    assert_eq!(c.stats().migrations, 1);
+    assert!(
+        p.client()
+            .saw(|e| matches!(e, kuai_proto::Event::PathValidated(a) if *a == preferred))
+    );
+    // The server validated the path from its preferred address and answers from it.
+    assert!(
+        p.server()
+            .saw(|e| matches!(e, kuai_proto::Event::PathValidated(a) if *a == quic::client_addr()))
+    );
+    let log = p.net.log();
+    let last_from_server = log
+        .iter()
+        .rev()
+        .find(|e| e.to_addr == quic::client_addr())
+        .unwrap();
+    assert_eq!(last_from_server.from_addr, preferred);
+    let to_preferred = log.iter().filter(|e| e.to_addr == preferred).count();
+    assert!(
+        to_preferred > 100,
+        "the transfer went on at the preferred address"
+    );
+    // Nothing but probes crossed to the preferred address before the handshake was
+    // confirmed, and the original address saw no traffic from the client at the end.
+    let last_to_original = log
+        .iter()
+        .rev()
+        .find(|e| e.to_addr == quic::server_addr())
+        .unwrap()
+        .time;
+    let first_to_preferred = log.iter().find(|e| e.to_addr == preferred).unwrap().time;
+    assert!(last_to_original < log.last().unwrap().time);
+    assert!(first_to_preferred > log[0].time);
+}
+
+#[test]
+fn unreachable_preferred_address_keeps_the_original_one() {
+    // The server advertises an address nothing answers on.
+    let (mut p, preferred) = preferred_address_pair(85, TransportConfig::default());
+    assert!(p.run_until_done(Duration::from_secs(20)));
+    p.client_app().assert_all_intact();
+    let c = p.client_conn();
+    assert_eq!(c.remote_address(), quic::server_addr());
+    assert_eq!(c.stats().migrations, 0);
+    // Keep the connection alive past the probe's deadline.
+    p.net.run_for(Duration::from_secs(3));
+    assert!(
+        p.client()
+            .saw(|e| matches!(e, kuai_proto::Event::PathValidationFailed(a) if *a == preferred))
+    );
+    assert_eq!(p.client_conn().remote_address(), quic::server_addr());
+}
+
+#[test]
+fn client_can_decline_the_preferred_address() {
+    let transport = TransportConfig {
+        migrate_to_preferred_address: false,
+        ..TransportConfig::default()
+    };
+    let (mut p, preferred) = preferred_address_pair(86, transport);
+    let s = p.server;
+    p.net.add_address(s, preferred);
+    p.net.record(true);
+    assert!(p.run_until_done(Duration::from_secs(20)));
+    p.client_app().assert_all_intact();
+    assert_eq!(p.client_conn().remote_address(), quic::server_addr());
+    assert!(!p.net.log().iter().any(|e| e.to_addr == preferred));
+}
+
 #[test]
 fn stateless_reset_after_server_restart() {
     let ccfg = quic::client_config(TransportConfig::default());

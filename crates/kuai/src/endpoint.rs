@@ -79,6 +79,9 @@ impl ConnState {
 pub(crate) struct State {
     pub ep: kuai_proto::Endpoint,
     pub socket: Arc<UdpSocket>,
+    /// Server: a second socket on the preferred address (RFC 9000 §9.6), on an IP of its
+    /// own, so a datagram's local IP tells which address a client used.
+    preferred: Option<Arc<UdpSocket>>,
     /// Boxed: the map grows by doubling, and a slot the size of a `ConnState` in each of its
     /// spare buckets cost about a kilobyte per connection.
     pub conns: HashMap<ConnectionHandle, Box<ConnState>>,
@@ -119,6 +122,7 @@ pub struct EndpointBuilder {
     socket: SocketOptions,
     max_segments: Option<usize>,
     qlog_dir: Option<std::path::PathBuf>,
+    preferred_address: Option<SocketAddr>,
 }
 
 impl EndpointBuilder {
@@ -172,6 +176,14 @@ impl EndpointBuilder {
         self
     }
 
+    /// Server: also listen on `addr` and offer it to clients as the preferred address
+    /// (RFC 9000 §9.6): they move there once the handshake is confirmed. Its IP must differ
+    /// from the main socket's (port 0 picks a free port).
+    pub fn preferred_address(mut self, addr: SocketAddr) -> Self {
+        self.preferred_address = Some(addr);
+        self
+    }
+
     /// Binds the socket and starts the endpoint's driver on the current tokio runtime.
     pub fn bind(self, addr: SocketAddr) -> io::Result<Endpoint> {
         let socket = UdpSocket::bind(addr, self.socket)?;
@@ -209,8 +221,28 @@ impl Endpoint {
         Self::builder().bind(addr)
     }
 
-    fn from_socket(socket: UdpSocket, b: EndpointBuilder) -> io::Result<Self> {
+    fn from_socket(socket: UdpSocket, mut b: EndpointBuilder) -> io::Result<Self> {
         let now = Instant::now();
+        let preferred = match b.preferred_address {
+            Some(addr) => {
+                let main = socket.local_addr();
+                if addr.ip() == main.ip() || addr.ip().is_unspecified() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "the preferred address {addr} needs an IP address of its own \
+                             (the endpoint listens on {main})"
+                        ),
+                    ));
+                }
+                let s = UdpSocket::bind(addr, b.socket)?;
+                if let Some(server) = b.server.as_mut() {
+                    server.proto.preferred_address = Some(preferred_config(s.local_addr()));
+                }
+                Some(Arc::new(s))
+            }
+            None => None,
+        };
         let unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -231,6 +263,7 @@ impl Endpoint {
             state: Mutex::new(State {
                 ep,
                 socket: Arc::new(socket),
+                preferred,
                 conns: HashMap::new(),
                 incoming: VecDeque::new(),
                 accept_wakers: Vec::new(),
@@ -265,10 +298,26 @@ impl Endpoint {
 
     /// Starts accepting connections with `c` (or stops, with `None`).
     pub fn set_server_config(&self, c: Option<ServerConfig>) {
+        let mut s = self.shared.lock();
+        let preferred = s
+            .preferred
+            .as_ref()
+            .map(|p| preferred_config(p.local_addr()));
+        s.ep.set_server_config(c.map(|mut c| {
+            if preferred.is_some() {
+                c.proto.preferred_address = preferred;
+            }
+            Arc::new(c.proto)
+        }));
+    }
+
+    /// The preferred address clients are offered, if the endpoint has one.
+    pub fn preferred_address(&self) -> Option<SocketAddr> {
         self.shared
             .lock()
-            .ep
-            .set_server_config(c.map(|s| Arc::new(s.proto)));
+            .preferred
+            .as_ref()
+            .map(|p| p.local_addr())
     }
 
     /// Connects to `addr`, presenting `server_name` for SNI and certificate checks.
@@ -452,13 +501,14 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
     let mut metas = [RecvMeta::default(); RECV_BATCH];
     let mut tx = Vec::with_capacity(MAX_GSO * 1500);
     // A transmit the socket could not take yet (send buffer full).
-    let mut blocked: Option<(kuai_proto::Transmit, Vec<u8>)> = None;
+    let mut blocked: Option<(Arc<UdpSocket>, kuai_proto::Transmit, Vec<u8>)> = None;
     loop {
-        let (socket, deadline, finished) = {
+        let (socket, preferred, deadline, finished) = {
             let s = shared.lock();
             let finished = s.closed && s.ep.connection_count() == 0;
             (
                 s.socket.clone(),
+                s.preferred.clone(),
                 {
                     let mut s = s;
                     s.ep.poll_timeout()
@@ -476,14 +526,20 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
             }
         };
         let writable = async {
-            if blocked.is_some() {
-                socket.writable().await
-            } else {
-                std::future::pending().await
+            match &blocked {
+                Some((sock, ..)) => sock.writable().await,
+                None => std::future::pending().await,
+            }
+        };
+        let preferred_readable = async {
+            match &preferred {
+                Some(p) => p.readable().await,
+                None => std::future::pending().await,
             }
         };
         tokio::select! {
             r = socket.readable() => r?,
+            r = preferred_readable => r?,
             _ = sleep => {}
             _ = shared.notify.notified() => {}
             r = writable => r?,
@@ -493,43 +549,48 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
         // Receive everything queued, in batches. Each datagram is copied once out of the
         // reusable receive area into a shared pool buffer: one allocation per 256 KiB rather
         // than per datagram, and unread stream data never pins a large receive area.
-        for _ in 0..64 {
-            let n = {
-                let mut slices: Vec<IoSliceMut<'_>> = rx
-                    .chunks_mut(slot)
-                    .take(RECV_BATCH)
-                    .map(IoSliceMut::new)
-                    .collect();
-                match socket.try_recv(&shared.udp, &mut slices, &mut metas) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        // ICMP errors surface here on some kernels; the transport copes.
-                        tracing::debug!(error = %e, "UDP receive error");
-                        break;
+        for sock in std::iter::once(&socket).chain(preferred.as_ref()) {
+            for _ in 0..64 {
+                let n = {
+                    let mut slices: Vec<IoSliceMut<'_>> = rx
+                        .chunks_mut(slot)
+                        .take(RECV_BATCH)
+                        .map(IoSliceMut::new)
+                        .collect();
+                    match sock.try_recv(&shared.udp, &mut slices, &mut metas) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => {
+                            // ICMP errors surface here on some kernels; the transport copes.
+                            tracing::debug!(error = %e, "UDP receive error");
+                            break;
+                        }
+                    }
+                };
+                // The local IP tells the transport which of our addresses the peer used.
+                let local = sock.local_addr().ip();
+                for (i, m) in metas[..n].iter().enumerate() {
+                    let data = &rx[i * slot..i * slot + m.len];
+                    let stride = m.stride.max(1);
+                    let ecn = m.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8));
+                    let dst_ip = m.dst_ip.or(Some(local).filter(|ip| !ip.is_unspecified()));
+                    for seg in data.chunks(stride) {
+                        if pool.capacity() - pool.len() < seg.len() {
+                            pool = BytesMut::with_capacity(POOL_BUF.max(seg.len()));
+                        }
+                        pool.extend_from_slice(seg);
+                        s.ep.handle_datagram(now, m.addr, dst_ip, ecn, pool.split());
                     }
                 }
-            };
-            for (i, m) in metas[..n].iter().enumerate() {
-                let data = &rx[i * slot..i * slot + m.len];
-                let stride = m.stride.max(1);
-                let ecn = m.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8));
-                for seg in data.chunks(stride) {
-                    if pool.capacity() - pool.len() < seg.len() {
-                        pool = BytesMut::with_capacity(POOL_BUF.max(seg.len()));
-                    }
-                    pool.extend_from_slice(seg);
-                    s.ep.handle_datagram(now, m.addr, m.dst_ip, ecn, pool.split());
+                if n < RECV_BATCH {
+                    break;
                 }
-            }
-            if n < RECV_BATCH {
-                break;
             }
         }
         s.ep.handle_timeout(now);
         // Send.
-        if let Some((t, buf)) = blocked.take() {
-            match socket.try_send(
+        if let Some((sock, t, buf)) = blocked.take() {
+            match sock.try_send(
                 &shared.udp,
                 t.destination,
                 t.ecn.map(|e| e as u8),
@@ -537,8 +598,11 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
                 &buf[..t.size],
                 t.segment_size,
             ) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = Some((t, buf)),
-                Ok(n) if n < t.size => blocked = Some(remainder(t, &buf, n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = Some((sock, t, buf)),
+                Ok(n) if n < t.size => {
+                    let (t, rest) = remainder(t, &buf, n);
+                    blocked = Some((sock, t, rest));
+                }
                 _ => {}
             }
         }
@@ -547,7 +611,12 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
             let Some(t) = s.ep.poll_transmit(now, max, &mut tx) else {
                 break;
             };
-            match socket.try_send(
+            // From the preferred address when the path is on it.
+            let sock = match (&preferred, t.src_ip) {
+                (Some(p), Some(ip)) if p.local_addr().ip() == ip => p,
+                _ => &socket,
+            };
+            match sock.try_send(
                 &shared.udp,
                 t.destination,
                 t.ecn.map(|e| e as u8),
@@ -556,9 +625,12 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
                 t.segment_size,
             ) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    blocked = Some((t, tx[..t.size].to_vec()));
+                    blocked = Some((sock.clone(), t, tx[..t.size].to_vec()));
                 }
-                Ok(n) if n < t.size => blocked = Some(remainder(t, &tx, n)),
+                Ok(n) if n < t.size => {
+                    let (t, rest) = remainder(t, &tx, n);
+                    blocked = Some((sock.clone(), t, rest));
+                }
                 _ => {}
             }
         }
@@ -579,6 +651,19 @@ fn remainder(t: kuai_proto::Transmit, buf: &[u8], sent: usize) -> (kuai_proto::T
 }
 
 /// Hands endpoint events to the application's wakers.
+fn preferred_config(addr: SocketAddr) -> kuai_proto::config::PreferredAddressConfig {
+    match addr {
+        SocketAddr::V4(a) => kuai_proto::config::PreferredAddressConfig {
+            v4: Some(a),
+            v6: None,
+        },
+        SocketAddr::V6(a) => kuai_proto::config::PreferredAddressConfig {
+            v4: None,
+            v6: Some(a),
+        },
+    }
+}
+
 fn dispatch(s: &mut State) {
     while let Some(h) = s.ep.accept() {
         s.conns.entry(h).or_default();

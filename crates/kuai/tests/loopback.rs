@@ -407,3 +407,48 @@ async fn stopped_stream_reports_the_code_after_it_is_forgotten() {
     ));
     assert!(matches!(send.finish(), Err(kuai::WriteError::Stopped(7))));
 }
+
+/// The server listens on 127.0.0.1 and offers 127.0.0.2 as its preferred address: the
+/// client checks it with a PATH_CHALLENGE once the handshake is confirmed and finishes the
+/// transfer there (RFC 9000 §9.6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_moves_to_the_server_preferred_address() {
+    let (scfg, cert) = server_config();
+    let server = Endpoint::builder()
+        .server(scfg)
+        .preferred_address("127.0.0.2:0".parse().unwrap())
+        .bind(localhost())
+        .unwrap();
+    let preferred = server.preferred_address().unwrap();
+    assert_eq!(preferred.ip().to_string(), "127.0.0.2");
+    let (_server, addr) = start_server_on(server);
+    let client = Endpoint::client(localhost()).unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(conn.remote_address(), addr);
+    assert_eq!(fetch(&conn, 8 << 20).await, 8 << 20);
+    assert_eq!(conn.remote_address(), preferred);
+    assert_eq!(conn.stats().migrations, 1);
+    // More requests after the move.
+    assert_eq!(fetch(&conn, 1000).await, 1000);
+}
+
+#[test]
+fn preferred_address_needs_its_own_ip() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _g = rt.enter();
+    let (scfg, _) = server_config();
+    let e = Endpoint::builder()
+        .server(scfg)
+        .preferred_address("127.0.0.1:0".parse().unwrap())
+        .bind(localhost())
+        .unwrap_err();
+    assert!(e.to_string().contains("IP address of its own"), "{e}");
+}

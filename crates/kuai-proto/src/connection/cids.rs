@@ -185,6 +185,19 @@ impl RemoteCids {
         true
     }
 
+    /// Moves to the ID of sequence `seq` and retires the active one (the preferred address's
+    /// ID, RFC 9000 §9.6.1). False if `seq` is unknown (retired meanwhile) or active already.
+    pub fn switch_to(&mut self, seq: u64) -> bool {
+        if seq == self.active_seq || self.cids.get(&seq).is_none() {
+            return false;
+        }
+        let old = self.active_seq;
+        self.cids.remove(&old);
+        self.to_retire.push(old);
+        self.active_seq = seq;
+        true
+    }
+
     /// Whether `token` is the stateless reset token of one of the peer's IDs.
     pub fn is_reset_token(&self, token: &[u8; 16]) -> bool {
         self.cids

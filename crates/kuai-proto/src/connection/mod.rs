@@ -264,8 +264,9 @@ pub struct Connection {
     /// Boxed: most connections never migrate.
     prev_path: Option<Box<Path>>,
     next_path_id: u32,
-    /// PATH_RESPONSE frames owed, with the address each challenge came from.
-    path_responses: VecDeque<(SocketAddr, [u8; 8])>,
+    /// PATH_RESPONSE frames owed, with the path each challenge came on: the peer's address
+    /// and our local IP (a server's preferred address is a local IP of its own).
+    path_responses: VecDeque<(SocketAddr, Option<IpAddr>, [u8; 8])>,
     streams: Streams,
     datagrams_in: VecDeque<Bytes>,
     datagrams_in_bytes: usize,
@@ -311,8 +312,9 @@ pub struct Connection {
     unix_ms_at_start: u64,
     /// Server: reset key to derive reset tokens for new CIDs.
     reset_key: [u8; 32],
-    /// Preferred address to migrate to (client), from the server's transport parameters.
-    preferred_address: Option<PreferredAddress>,
+    /// Client: the server's preferred address, probed once the handshake is confirmed.
+    /// Boxed: few servers offer one.
+    preferred: Option<Box<paths::PreferredProbe>>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -636,7 +638,7 @@ impl Connection {
             grease_quic_bit: false,
             unix_ms_at_start: 0,
             reset_key: [0; 32],
-            preferred_address: None,
+            preferred: None,
             config,
         }
     }
@@ -1189,7 +1191,9 @@ impl Connection {
                         "server accepted 0-RTT but lowered a remembered limit",
                     ));
                 }
-                self.preferred_address = tp.preferred_address;
+                if let Some(pa) = &tp.preferred_address {
+                    self.on_preferred_address(pa)?;
+                }
             }
             Side::Server => {
                 tp.validate_client_cids(&self.remote_cids.cids[&0].cid)?;
@@ -1365,6 +1369,98 @@ impl Connection {
         self.peer_validated_address = true;
         self.discard_space(SpaceId::Handshake, now);
         self.events.push_back(Event::HandshakeConfirmed);
+        if let Some(p) = self.preferred.as_mut() {
+            // RFC 9000 §9.6.1: probe the preferred address once the handshake is confirmed.
+            let mut data = [0u8; 8];
+            self.rng.fill(&mut data);
+            let timeout = (self.path.rtt.pto_base() * 3).max(self.config.initial_rtt * 6);
+            p.challenge = Some(paths::Challenge {
+                data,
+                resend_at: now,
+                deadline: now + timeout,
+                sent: false,
+            });
+            self.stats.path_validations += 1;
+        }
+    }
+
+    /// Client: the server offered a preferred address (RFC 9000 §9.6, §18.2). Its connection
+    /// ID is the peer's sequence 1, usable on any path; the address of our path's family is
+    /// kept for a probe after the handshake.
+    fn on_preferred_address(&mut self, pa: &PreferredAddress) -> Result<(), TransportError> {
+        self.remote_cids
+            .on_new(&crate::frame::NewConnectionId {
+                seq: 1,
+                retire_prior_to: 0,
+                cid: pa.cid,
+                reset_token: pa.reset_token,
+            })
+            .map_err(|_| {
+                TransportError::TRANSPORT_PARAMETER_ERROR("preferred_address connection ID")
+            })?;
+        if !self.config.migrate_to_preferred_address {
+            return Ok(());
+        }
+        let current = self.path.remote;
+        let target = match current {
+            SocketAddr::V4(_) => pa.v4.map(SocketAddr::V4),
+            // A dual-stack socket reaches IPv4 servers at mapped addresses.
+            SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some() => pa
+                .v4
+                .map(|v4| SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())),
+            SocketAddr::V6(_) => pa.v6.map(SocketAddr::V6),
+        };
+        // An all-zero address means "none of this family" (RFC 9000 §18.2).
+        if let Some(remote) =
+            target.filter(|a| a.port() != 0 && !a.ip().is_unspecified() && *a != current)
+        {
+            self.preferred = Some(Box::new(paths::PreferredProbe {
+                remote,
+                cid_seq: 1,
+                challenge: None,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Client: the preferred address answered our challenge: all packets go there from now
+    /// on, with the connection ID meant for it (RFC 9000 §9.6.1).
+    fn migrate_to_preferred(&mut self, now: Instant) {
+        let Some(probe) = self.preferred.take() else {
+            return;
+        };
+        if !self.remote_cids.switch_to(probe.cid_seq) {
+            // Its ID was retired meanwhile: any unused one will do (RFC 9000 §9.5).
+            let _ = self.remote_cids.rotate();
+        }
+        let from = self.path.remote;
+        let local_ip = self.path.local_ip;
+        // A new server address: fresh RTT and congestion state (RFC 9000 §9.4).
+        let new = self.new_path(probe.remote, local_ip, now, true);
+        let old = std::mem::replace(&mut self.path, new);
+        self.retire_path_packets(&old);
+        self.prev_path = None;
+        self.stats.migrations += 1;
+        self.events.push_back(Event::PathValidated(probe.remote));
+        self.events.push_back(Event::PathMigrated {
+            from,
+            to: probe.remote,
+        });
+        self.trace(TraceEvent::PathUpdated {
+            path: self.path.id,
+            remote: probe.remote,
+            event: "preferred_address",
+        });
+        self.set_loss_timer(now);
+    }
+
+    /// Whether a datagram from `remote` to our `local_ip` belongs to the active path. An
+    /// unknown local IP (a socket that does not report it) matches any.
+    fn on_active_path(&self, remote: SocketAddr, local_ip: Option<IpAddr>) -> bool {
+        remote == self.path.remote
+            && (local_ip.is_none()
+                || self.path.local_ip.is_none()
+                || local_ip == self.path.local_ip)
     }
 
     /// Drops a space's keys and in-flight packets (RFC 9001 §4.9, RFC 9002 §6.4).
@@ -1549,6 +1645,24 @@ impl Connection {
     }
 
     fn on_challenge_timeout(&mut self, now: Instant) {
+        if let Some(p) = self.preferred.as_mut()
+            && let Some(ch) = p.challenge.as_mut()
+        {
+            if now >= ch.deadline {
+                // RFC 9000 §9.6.1: the client stays on the server's original address.
+                let failed = p.remote;
+                self.preferred = None;
+                self.stats.path_validation_failures += 1;
+                self.events.push_back(Event::PathValidationFailed(failed));
+                self.trace(TraceEvent::PathUpdated {
+                    path: self.path.id,
+                    remote: failed,
+                    event: "preferred_address_failed",
+                });
+            } else if now >= ch.resend_at {
+                ch.sent = false;
+            }
+        }
         let Some(ch) = self.path.challenge.as_mut() else {
             return;
         };
@@ -1600,12 +1714,13 @@ impl Connection {
             _ => None,
         };
         // Path validation: an unsent challenge goes out at the next transmit.
-        self.timers[Timer::PathChallenge as usize] = self
-            .path
-            .challenge
-            .as_ref()
+        let preferred = self.preferred.as_ref().and_then(|p| p.challenge.as_ref());
+        self.timers[Timer::PathChallenge as usize] = [self.path.challenge.as_ref(), preferred]
+            .into_iter()
+            .flatten()
             .filter(|c| c.sent)
-            .map(|c| c.resend_at.min(c.deadline));
+            .map(|c| c.resend_at.min(c.deadline))
+            .min();
         // Keep-alive: PING when nothing ack-eliciting went out for the interval.
         self.timers[Timer::KeepAlive as usize] = None;
         let mut due: Option<Instant> = None;

@@ -217,6 +217,16 @@ pub struct Challenge {
     pub sent: bool,
 }
 
+/// Client: a probe of the server's preferred address (RFC 9000 §9.6.1).
+#[derive(Debug)]
+pub struct PreferredProbe {
+    pub remote: SocketAddr,
+    /// The peer's connection ID for the new path (sequence 1, from the transport parameter).
+    pub cid_seq: u64,
+    /// Set once the handshake is confirmed.
+    pub challenge: Option<Challenge>,
+}
+
 /// One network path.
 #[derive(Debug)]
 pub struct Path {

@@ -49,7 +49,7 @@ impl Connection {
         self.stats.udp_rx_datagrams += 1;
         self.stats.udp_rx_bytes += data.len() as u64;
         let len = data.len() as u64;
-        let known_path = remote == self.path.remote;
+        let known_path = self.on_active_path(remote, local_ip);
         if known_path && !self.path.validated {
             self.path.amp_received += len;
         }
@@ -117,7 +117,7 @@ impl Connection {
         self.sent_eliciting_since_rx = false;
         self.last_rx = now;
         self.reset_idle_timer(now);
-        if remote != self.path.remote && migrate_hint {
+        if !self.on_active_path(remote, local_ip) && migrate_hint {
             self.on_peer_address_change(now, remote, local_ip, len);
         }
         self.update_timers(now);
@@ -339,7 +339,7 @@ impl Connection {
             largest: is_largest,
             ..Default::default()
         };
-        match self.process_frames(now, remote, space, is_0rtt, &pkt) {
+        match self.process_frames(now, (remote, local_ip), space, is_0rtt, &pkt) {
             Ok((non_probing, eliciting)) => {
                 res.non_probing = non_probing;
                 if eliciting {
@@ -364,7 +364,6 @@ impl Connection {
                 frames: &names,
             });
         }
-        let _ = local_ip;
         res
     }
 
@@ -436,7 +435,7 @@ impl Connection {
     fn process_frames(
         &mut self,
         now: Instant,
-        remote: SocketAddr,
+        path: (SocketAddr, Option<IpAddr>),
         space: SpaceId,
         is_0rtt: bool,
         pkt: &DecryptedPacket,
@@ -469,7 +468,7 @@ impl Connection {
             ) {
                 non_probing = true;
             }
-            self.process_frame(now, remote, space, pkt, frame)?;
+            self.process_frame(now, path, space, pkt, frame)?;
             if self.is_closed() {
                 break;
             }
@@ -484,7 +483,7 @@ impl Connection {
     fn process_frame(
         &mut self,
         now: Instant,
-        remote: SocketAddr,
+        (remote, local_ip): (SocketAddr, Option<IpAddr>),
         space: SpaceId,
         pkt: &DecryptedPacket,
         frame: Frame,
@@ -548,7 +547,7 @@ impl Connection {
             }
             Frame::PathChallenge(data) => {
                 if self.path_responses.len() < 8 {
-                    self.path_responses.push_back((remote, data));
+                    self.path_responses.push_back((remote, local_ip, data));
                 }
             }
             Frame::PathResponse(data) => self.on_path_response(now, remote, data),
@@ -758,6 +757,15 @@ impl Connection {
     }
 
     fn on_path_response(&mut self, now: Instant, remote: SocketAddr, data: [u8; 8]) {
+        if self
+            .preferred
+            .as_ref()
+            .and_then(|p| p.challenge.as_ref())
+            .is_some_and(|c| c.data == data)
+        {
+            self.migrate_to_preferred(now);
+            return;
+        }
         let Some(ch) = self.path.challenge.as_ref() else {
             return;
         };
@@ -797,7 +805,11 @@ impl Connection {
         }
         let from = self.path.remote;
         let same_host = from.ip() == remote.ip();
-        let mut new = if let Some(prev) = self.prev_path.take().filter(|p| p.remote == remote) {
+        let mut new = if let Some(prev) = self
+            .prev_path
+            .take()
+            .filter(|p| p.remote == remote && (local_ip.is_none() || p.local_ip == local_ip))
+        {
             // Back to the previous path (e.g. a spurious rebinding).
             *prev
         } else {

@@ -65,6 +65,9 @@ impl Connection {
         if let Some(t) = self.send_off_path_response(now, buf) {
             return Some(t);
         }
+        if let Some(t) = self.send_preferred_probe(now, buf) {
+            return Some(t);
+        }
         self.queue_redundant_copies(now);
         if let Some(t) = self.send_mtu_probe(now, buf) {
             return Some(t);
@@ -183,7 +186,7 @@ impl Connection {
                 || self
                     .path_responses
                     .iter()
-                    .any(|(a, _)| *a == self.path.remote)
+                    .any(|&(a, l, _)| self.on_active_path(a, l))
                 || self.local_cids.issued.values().any(|c| c.announce)
                 || !self.remote_cids.to_retire.is_empty()
                 || self.ack_frequency_pending.is_some()))
@@ -606,12 +609,15 @@ impl Connection {
         let before_len = buf.len();
         if !zero_rtt {
             // PATH_RESPONSE to the active path's peer.
-            let remote = self.path.remote;
             while buf.len() + 9 <= payload_max {
-                let Some(i) = self.path_responses.iter().position(|(a, _)| *a == remote) else {
+                let Some(i) = self
+                    .path_responses
+                    .iter()
+                    .position(|&(a, l, _)| self.on_active_path(a, l))
+                else {
                     break;
                 };
-                let (_, data) = self.path_responses.remove(i).expect("index valid");
+                let (_, _, data) = self.path_responses.remove(i).expect("index valid");
                 Frame::PathResponse(data).encode(buf);
                 frames.push(SentFrame::PathResponse);
             }
@@ -817,20 +823,76 @@ impl Connection {
         })
     }
 
-    /// PATH_RESPONSE to an address other than the active path's (a peer probing a new path),
-    /// padded to 1200 bytes (RFC 9000 §8.2.2).
+    /// PATH_RESPONSE on a path other than the active one (a peer probing a new path), sent
+    /// back the way the challenge came (RFC 9000 §8.2.2).
     fn send_off_path_response(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
-        let one_rtt = self.one_rtt.as_ref()?;
+        self.one_rtt.as_ref()?;
         let i = self
             .path_responses
             .iter()
-            .position(|(a, _)| *a != self.path.remote)?;
-        let (addr, data) = self.path_responses.remove(i).expect("index valid");
+            .position(|&(a, l, _)| !self.on_active_path(a, l))?;
+        let (addr, local_ip, data) = self.path_responses.remove(i).expect("index valid");
+        // Client: the server's preferred address gets the connection ID meant for it.
+        let dcid = self
+            .preferred
+            .as_ref()
+            .filter(|p| p.remote == addr)
+            .and_then(|p| self.remote_cids.cids.get(&p.cid_seq))
+            .map_or_else(|| self.remote_cids.active().cid, |c| c.cid);
+        let _ = now;
+        self.send_probing_packet(
+            buf,
+            dcid,
+            Frame::PathResponse(data),
+            addr,
+            local_ip.or(self.path.local_ip),
+        )
+    }
+
+    /// Client: PATH_CHALLENGE to the server's preferred address (RFC 9000 §9.6.1), with the
+    /// connection ID the server gave for it.
+    fn send_preferred_probe(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        self.one_rtt.as_ref()?;
+        let p = self.preferred.as_ref()?;
+        let ch = p.challenge.as_ref().filter(|c| !c.sent)?;
+        let (remote, data) = (p.remote, ch.data);
+        let Some(dcid) = self.remote_cids.cids.get(&p.cid_seq).map(|c| c.cid) else {
+            // The server retired that ID before we could use it: stay where we are.
+            self.preferred = None;
+            return None;
+        };
+        let t = self.send_probing_packet(
+            buf,
+            dcid,
+            Frame::PathChallenge(data),
+            remote,
+            self.path.local_ip,
+        )?;
+        let resend = self.path.rtt.pto_base();
+        if let Some(ch) = self.preferred.as_mut().and_then(|p| p.challenge.as_mut()) {
+            ch.sent = true;
+            ch.resend_at = now + resend;
+        }
+        self.update_timers(now);
+        Some(t)
+    }
+
+    /// One 1-RTT packet holding a single probing frame, padded to 1200 bytes (RFC 9000
+    /// §8.2.1), off the active path: not in flight there and not retransmitted (a
+    /// challenge is resent on its own timer, a response never).
+    fn send_probing_packet(
+        &mut self,
+        buf: &mut Vec<u8>,
+        dcid: crate::ConnectionId,
+        frame: Frame,
+        destination: std::net::SocketAddr,
+        src_ip: Option<std::net::IpAddr>,
+    ) -> Option<Transmit> {
+        let one_rtt = self.one_rtt.as_ref()?;
         let pn = self.spaces[SpaceId::Data.index()].next_pn;
         let pn_len = packet::pn_len_for(pn, self.spaces[SpaceId::Data.index()].largest_acked);
-        let dcid = self.remote_cids.active().cid;
         let pos = packet::write_short_header(buf, &dcid, self.spin, one_rtt.phase, pn, pn_len);
-        Frame::PathResponse(data).encode(buf);
+        frame.encode(buf);
         buf.put_bytes(0, MIN_DATAGRAM - TAG_LEN - buf.len());
         if packet::seal_packet(
             buf,
@@ -848,15 +910,12 @@ impl Connection {
         self.stats.packets_sent += 1;
         self.stats.udp_tx_datagrams += 1;
         self.stats.udp_tx_bytes += buf.len() as u64;
-        // Not in flight on the active path; not tracked for loss (PATH_RESPONSE is not
-        // retransmitted).
-        let _ = now;
         Some(Transmit {
-            destination: addr,
+            destination,
             ecn: None,
             size: buf.len(),
             segment_size: None,
-            src_ip: self.path.local_ip,
+            src_ip,
         })
     }
 

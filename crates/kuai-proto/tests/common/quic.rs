@@ -29,10 +29,14 @@ pub trait App: Any {
 }
 
 /// An endpoint plus an application, as a simulator node.
+/// A datagram to send: destination, ECN bits, payload, and the source IP asked for.
+type Outgoing = (SocketAddr, Option<u8>, Vec<u8>, Option<std::net::IpAddr>);
+
 pub struct QuicNode {
     pub ep: Endpoint,
     pub app: Box<dyn App>,
-    pending: VecDeque<(SocketAddr, Option<u8>, Vec<u8>)>,
+    pending: VecDeque<Outgoing>,
+    last_src_ip: Option<std::net::IpAddr>,
     buf: Vec<u8>,
     next: Option<Instant>,
     /// Datagrams per poll_transmit (GSO batch size).
@@ -46,6 +50,7 @@ impl QuicNode {
             ep,
             app: Box::new(app),
             pending: VecDeque::new(),
+            last_src_ip: None,
             buf: Vec::new(),
             next: None,
             gso: 10,
@@ -101,12 +106,19 @@ impl Node for QuicNode {
                 let seg = t.segment_size.unwrap_or(t.size);
                 let ecn = t.ecn.map(|e| e as u8);
                 for chunk in self.buf[..t.size].chunks(seg) {
-                    self.pending.push_back((t.destination, ecn, chunk.to_vec()));
+                    self.pending
+                        .push_back((t.destination, ecn, chunk.to_vec(), t.src_ip));
                 }
             }
             self.after(now);
         }
-        self.pending.pop_front()
+        let (to, ecn, data, src_ip) = self.pending.pop_front()?;
+        self.last_src_ip = src_ip;
+        Some((to, ecn, data))
+    }
+
+    fn last_source_ip(&self) -> Option<std::net::IpAddr> {
+        self.last_src_ip
     }
 
     fn next_timeout(&self) -> Option<Instant> {

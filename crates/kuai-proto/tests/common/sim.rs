@@ -42,6 +42,11 @@ pub trait Node {
     /// The next datagram this node wants to send: (destination, ECN bits to set, payload). The
     /// source address is the node's current address. Called repeatedly until None.
     fn transmit(&mut self, now: Instant) -> Option<(SocketAddr, Option<u8>, Vec<u8>)>;
+    /// The IP the last datagram from [`Node::transmit`] asked to be sent from, if the node
+    /// has several addresses (a server's preferred address); `None` means the current one.
+    fn last_source_ip(&self) -> Option<std::net::IpAddr> {
+        None
+    }
     /// Earliest time the node wants `timeout` called.
     fn next_timeout(&self) -> Option<Instant>;
     fn timeout(&mut self, now: Instant);
@@ -797,13 +802,29 @@ impl Network {
                         self.now
                     );
                 }
-                self.send(NodeId(i), to, ecn, data);
+                let src_ip = self.nodes[i].node.last_source_ip();
+                self.send(NodeId(i), src_ip, to, ecn, data);
             }
         }
     }
 
-    fn send(&mut self, from_node: NodeId, to: SocketAddr, mut ecn: Option<u8>, mut data: Vec<u8>) {
-        let from = self.addr(from_node);
+    fn send(
+        &mut self,
+        from_node: NodeId,
+        src_ip: Option<std::net::IpAddr>,
+        to: SocketAddr,
+        mut ecn: Option<u8>,
+        mut data: Vec<u8>,
+    ) {
+        let from = src_ip
+            .and_then(|ip| {
+                self.nodes[from_node.0]
+                    .addrs
+                    .iter()
+                    .copied()
+                    .find(|a| a.ip() == ip)
+            })
+            .unwrap_or_else(|| self.addr(from_node));
         let len = data.len();
         self.nodes[from_node.0].stats.sent.add(len);
         let Some(to_node) = self.node_at(to) else {
