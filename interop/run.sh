@@ -36,7 +36,7 @@ ROOT=$(cd "$HERE/.." && pwd)
 
 ALL_IMPLS="kuai quic-go aioquic ngtcp2 chromium"
 SERVER_IMPLS="kuai quic-go aioquic ngtcp2"  # chromium is a client only
-DEFAULT_CASES="handshake transfer multiplexing chacha20 retry resumption zerortt http3 keyupdate v2 ecn amplificationlimit goodput"
+DEFAULT_CASES="handshake transfer multiplexing chacha20 retry resumption zerortt http3 keyupdate v2 ecn amplificationlimit connectionmigration goodput"
 # Cases that need an impairment (loss, black hole, rebinding) between client and server.
 IMPAIRED_CASES="handshakeloss transferloss blackhole rebind-port rebind-addr"
 
@@ -166,6 +166,7 @@ make_files() {
         transferloss) set -- 2097152 1048576 ;;
         blackhole) set -- 5242880 ;;  # the proxy blacks out after 1 MB
         rebind-port|rebind-addr) set -- 3145728 ;;  # the proxy rebinds every 300 datagrams
+        connectionmigration) set -- 3145728 1048576 ;;  # long enough to move mid-transfer
         multiplexing|handshakeloss)
             n=200; [ "$case" = handshakeloss ] && n=50
             for i in $(seq 1 "$n"); do

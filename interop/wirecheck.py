@@ -29,6 +29,8 @@ FIELDS = [
     "frame.number",
     "ip.src",
     "udp.srcport",
+    "ip.dst",
+    "udp.dstport",
     "udp.length",
     "ip.dsfield.ecn",
     "quic.header_form",
@@ -61,6 +63,7 @@ class Datagram:
     size: int  # UDP payload bytes
     ecn: int
     src: str = ""
+    dst: str = ""
     packets: list[Packet] = field(default_factory=list)
     frame_types: list[int] = field(default_factory=list)
     hs_types: list[int] = field(default_factory=list)
@@ -104,6 +107,7 @@ def read(pcap: str, keylog: str | None, port: int) -> list[Datagram]:
             size=int(row["udp.length"]) - 8,
             ecn=(ints(row["ip.dsfield.ecn"]) or [0])[0],
             src=f'{row["ip.src"]}:{row["udp.srcport"]}',
+            dst=f'{row["ip.dst"]}:{row["udp.dstport"]}',
         )
         forms = ints(row["quic.header_form"])
         versions = ints(row["quic.version"], 16)
@@ -200,6 +204,13 @@ def main() -> int:
     # server sends. The client's PATH_RESPONSE (decryptable: it carries the server's CID)
     # answers a PATH_CHALLENGE the server sent on the new path.
     responses_cli = sum(d.frame_types.count(0x1B) for d in cli)
+    # connectionmigration: the client starts at the server's address and moves to its
+    # preferred one (RFC 9000 9.6) after validating it with PATH_CHALLENGE.
+    first_server_addr = cli[0].dst if cli else ""
+    to_other = [d for d in cli if d.dst != first_server_addr]
+    from_other = [d for d in srv if d.src != first_server_addr]
+    challenges_cli = sum(d.frame_types.count(0x1A) for d in cli)
+    last_1rtt_cli = next((d for d in reversed(cli) if any(not p.long for p in d.packets)), None)
     # The protocols the server selected (its EncryptedExtensions, once decrypted).
     server_alpns = sorted({x for d in srv for x in d.alpns})
 
@@ -297,6 +308,17 @@ def main() -> int:
             failures.append("the server never validated the new path (no PATH_CHALLENGE)")
         if case == "rebind-addr" and len({a.rsplit(":", 1)[0] for a in client_addrs}) < 2:
             failures.append("the client's IP address never changed")
+    if case == "connectionmigration":
+        print(f"server address {first_server_addr}; client datagrams to other addresses: "
+              f"{len(to_other)} ({sorted({d.dst for d in to_other})}); server datagrams from "
+              f"them: {len(from_other)}; client PATH_CHALLENGE frames: {challenges_cli}")
+        if not to_other:
+            failures.append("the client never sent to another server address")
+        elif len(from_other) < 10:
+            failures.append(f"only {len(from_other)} datagrams came from the preferred address: "
+                            "the transfer did not move there")
+        if last_1rtt_cli is not None and last_1rtt_cli.dst == first_server_addr:
+            failures.append("the client's last datagrams went to the original address again")
     if a.alpn and server_alpns and server_alpns != [a.alpn]:
         failures.append(f"the server selected ALPN {server_alpns}, expected {a.alpn}")
     if case == "http3" and server_alpns != ["h3"]:

@@ -48,8 +48,10 @@ ALL_CASES = {
     "rebind-port", "rebind-addr", "goodput", "http3",
 }
 # aioquic neither marks outgoing packets with ECN nor reads ECN marks: "ecn" is unsupported.
+# Its client moves to a server's preferred address by itself (connectionmigration); its
+# server has no way to offer one.
 SERVER_CASES = ALL_CASES
-CLIENT_CASES = ALL_CASES
+CLIENT_CASES = ALL_CASES | {"connectionmigration"}
 
 log = logging.getLogger("aioquic-endpoint")
 
@@ -417,12 +419,15 @@ def main() -> int:
     ALPN = alpn
     if role == "server":
         if case not in SERVER_CASES:
-            log.error("test case %r not supported as server", case)
+            why = {"connectionmigration": ": aioquic's server cannot offer a preferred address",
+                   "ecn": ": aioquic does not use ECN"}.get(case, "")
+            log.error("test case %r not supported as server%s", case, why)
             return EXIT_UNSUPPORTED
         runner = run_server
     elif role == "client":
         if case not in CLIENT_CASES:
-            log.error("test case %r not supported as client", case)
+            why = {"ecn": ": aioquic does not use ECN"}.get(case, "")
+            log.error("test case %r not supported as client%s", case, why)
             return EXIT_UNSUPPORTED
         runner = run_client
     else:

@@ -43,6 +43,7 @@ EXIT_UNSUPPORTED = 127
 CASES = {
     "handshake", "transfer", "multiplexing", "retry", "http3", "amplificationlimit", "goodput",
     "handshakeloss", "transferloss", "blackhole", "rebind-port", "rebind-addr",
+    "connectionmigration",
 }
 WHY = {
     "chacha20": "Chromium offers its own TLS 1.3 cipher suites; they cannot be restricted",

@@ -20,6 +20,8 @@ What the Debian programs can do decides the cases (exit 127 for the others):
   - chacha20: GnuTLS priority strings restrict both sides to CHACHA20-POLY1305 (--ciphers);
   - retry: the server validates addresses with Retry (-V);
   - handshakeloss (multiconnect): one client run per URL;
+  - connectionmigration: the server offers 127.0.0.2 (same port) as its preferred address
+    (--preferred-ipv4-addr); the client moves to a server's preferred address by default;
   - the server sends one datagram per sendmsg (--max-gso-dgrams=1); the client does not use
     GSO.
 gtlsclient exits 0 whatever happens to the requests, so this wrapper reads the response
@@ -41,7 +43,7 @@ EXIT_UNSUPPORTED = 127
 CASES = {
     "handshake", "transfer", "multiplexing", "chacha20", "retry", "resumption", "zerortt",
     "http3", "keyupdate", "ecn", "amplificationlimit", "handshakeloss", "transferloss",
-    "blackhole", "rebind-port", "rebind-addr", "goodput",
+    "blackhole", "rebind-port", "rebind-addr", "goodput", "connectionmigration",
 }
 UNSUPPORTED_WHY = {
     "v2": "ngtcp2 0.12 (Debian) implements only the QUIC v2 draft 0x709a50c4, not RFC 9369 v2",
@@ -80,6 +82,11 @@ def server(case: str) -> int:
         args.append("--ciphers=" + CHACHA)
     if case == "retry":
         args.append("-V")
+    if case == "connectionmigration":
+        # The listening port on another loopback IP (the capture filters on the port);
+        # gtlsserver listens there too. The client moves there by itself.
+        last = "3" if host == "127.0.0.2" else "2"
+        args.append(f"--preferred-ipv4-addr=127.0.0.{last}:{port}")
     if env("QLOGDIR"):
         os.makedirs(env("QLOGDIR"), exist_ok=True)
         args.append("--qlog-dir=" + env("QLOGDIR"))

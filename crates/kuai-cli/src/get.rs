@@ -273,6 +273,11 @@ impl Session {
                     st.packets_received,
                     st.packets_lost
                 );
+                eprintln!(
+                    "* server address {}, path migrations {}",
+                    conn.remote_address(),
+                    st.migrations
+                );
             }
             Session::Tcp(c) => eprintln!(
                 "* TCP + TLS 1.3, {}, ALPN {}, resumed {}",

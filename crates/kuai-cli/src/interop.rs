@@ -36,6 +36,7 @@ const SERVER_CASES: &[&str] = &[
     "blackhole",
     "rebind-port",
     "rebind-addr",
+    "connectionmigration",
     "goodput",
     "http3",
 ];
@@ -56,6 +57,7 @@ const CLIENT_CASES: &[&str] = &[
     "blackhole",
     "rebind-port",
     "rebind-addr",
+    "connectionmigration",
     "goodput",
     "http3",
 ];
@@ -153,9 +155,14 @@ async fn server(case: &str, alpn: &str) -> Result<(), String> {
     if let Some(d) = env("QLOGDIR") {
         builder = builder.qlog_dir(d);
     }
+    if case == "connectionmigration" {
+        let preferred = preferred_address(listen)?;
+        tracing::info!("offering {preferred} as the preferred address");
+        builder = builder.preferred_address(preferred);
+    }
     let ep = builder
         .bind(listen)
-        .map_err(|e| format!("cannot bind {listen}: {e}"))?;
+        .map_err(|e| format!("cannot bind {listen} (and the preferred address): {e}"))?;
     tracing::info!(
         "interop server on {listen}, test case {case}, serving {}",
         www.display()
@@ -178,6 +185,25 @@ async fn server(case: &str, alpn: &str) -> Result<(), String> {
         });
     }
     Ok(())
+}
+
+/// The preferred address for `connectionmigration`: `PREFERRED_ADDRESS` if set, else the
+/// listening port on another loopback IP (127.0.0.2, or 127.0.0.3 when listening on that),
+/// which a capture filtered on the port still sees.
+fn preferred_address(listen: SocketAddr) -> Result<SocketAddr, String> {
+    if let Some(a) = env("PREFERRED_ADDRESS") {
+        return a.parse().map_err(|e| format!("bad PREFERRED_ADDRESS: {e}"));
+    }
+    match listen.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_loopback() => {
+            let other = if ip.octets()[3] == 2 { 3 } else { 2 };
+            Ok(SocketAddr::from(([127, 0, 0, other], listen.port())))
+        }
+        _ => Err(format!(
+            "connectionmigration: set PREFERRED_ADDRESS (an address of this host other than \
+             {listen})"
+        )),
+    }
 }
 
 /// Accepts the server's certificate if its SPKI hash matches `CERT_SPKI_SHA256`, or any
@@ -330,6 +356,12 @@ async fn client(case: &str, alpn: &str) -> Result<(), String> {
             _ => {
                 let conn = connect(&ep, server, &first.host, false).await?;
                 fetch(&conn, &requests, &downloads, case == "keyupdate", h3).await?;
+                if case == "connectionmigration" && conn.remote_address() == server {
+                    return Err(format!(
+                        "still talking to {server}: the client did not move to a preferred \
+                         address"
+                    ));
+                }
                 conn.close(0, b"");
                 Ok(())
             }

@@ -44,6 +44,11 @@ pub struct Args {
     /// of each flight (up to 16) when there is nothing new to send.
     #[arg(long)]
     redundancy: bool,
+    /// Also listen on this address and offer it to clients as the server's preferred address
+    /// (RFC 9000 §9.6): they move to it after the handshake. It needs an IP address other
+    /// than the one of --listen.
+    #[arg(long)]
+    preferred_address: Option<SocketAddr>,
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -115,12 +120,19 @@ async fn serve(args: Args) -> Result<(), String> {
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);
     }
-    let ep = builder
-        .bind(args.listen)
-        .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
+    if let Some(a) = args.preferred_address {
+        builder = builder.preferred_address(a);
+    }
+    let ep = builder.bind(args.listen).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput => e.to_string(),
+        _ => format!("cannot bind {}: {e}", args.listen),
+    })?;
     let local = ep.local_addr().map_err(|e| e.to_string())?;
     let port = local.port();
     println!("kuai server listening on udp {local} (HTTP/3, and HTTP/0.9 as hq-interop)");
+    if let Some(p) = ep.preferred_address() {
+        println!("kuai server preferred address: udp {p} (clients move there after the handshake)");
+    }
     let tcp = if args.no_tcp {
         None
     } else {

@@ -29,9 +29,14 @@ fn temp_dir(name: &str) -> PathBuf {
 
 /// Starts `kuai server --root root` on a free port and waits until it listens.
 fn server(root: &Path) -> Server {
+    server_with(root, &[])
+}
+
+fn server_with(root: &Path, extra: &[&str]) -> Server {
     let mut child = Command::new(KUAI)
         .args(["server", "--listen", "127.0.0.1:0", "--root"])
         .arg(root)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -187,6 +192,44 @@ fn failures_are_one_clear_line_and_a_nonzero_exit() {
     let out = get(&["--insecure", "https://no-such-host.invalid/x"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-host.invalid"));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `--preferred-address`: the client moves to it after the handshake and the download
+/// finishes there; an address on the listening IP is refused with one clear line.
+#[test]
+fn server_preferred_address() {
+    let root = temp_dir("preferred");
+    let body = pattern(2 << 20, 7);
+    std::fs::write(root.join("big.bin"), &body).unwrap();
+    let srv = server_with(&root, &["--preferred-address", "127.0.0.2:0"]);
+    let out_file = root.join("got.bin");
+    let url = format!("https://localhost:{}/big.bin", srv.port);
+    let out = get(&[
+        "--insecure",
+        "--http3",
+        "-v",
+        "-o",
+        out_file.to_str().unwrap(),
+        &url,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(std::fs::read(&out_file).unwrap(), body);
+    assert!(
+        err.contains("server address 127.0.0.2:") && err.contains("path migrations 1"),
+        "{err}"
+    );
+    drop(srv);
+    let out = Command::new(KUAI)
+        .args(["server", "--listen", "127.0.0.1:0", "--no-tcp"])
+        .args(["--preferred-address", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("IP address of its own"), "{err}");
     let _ = std::fs::remove_dir_all(&root);
 }
 

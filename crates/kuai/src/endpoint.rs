@@ -235,7 +235,9 @@ impl Endpoint {
                         ),
                     ));
                 }
-                let s = UdpSocket::bind(addr, b.socket)?;
+                let s = UdpSocket::bind(addr, b.socket).map_err(|e| {
+                    io::Error::new(e.kind(), format!("preferred address {addr}: {e}"))
+                })?;
                 if let Some(server) = b.server.as_mut() {
                     server.proto.preferred_address = Some(preferred_config(s.local_addr()));
                 }
