@@ -132,8 +132,13 @@ fn transport_config(cc: &kuai::CongestionAlgorithm) -> TransportConfig {
     }
 }
 
+/// The response body's bytes: one block for the whole process, sliced per response (a
+/// fresh 256 KiB buffer per request made the request workload a memset benchmark).
 fn pattern() -> Bytes {
-    Bytes::from(vec![0x5au8; 256 * 1024])
+    static BLOCK: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    BLOCK
+        .get_or_init(|| Bytes::from(vec![0x5au8; 256 * 1024]))
+        .clone()
 }
 
 /// CPU seconds this process used so far (user + system).
