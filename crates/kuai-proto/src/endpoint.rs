@@ -79,6 +79,8 @@ pub struct Endpoint {
     cid_gen: Box<dyn ConnectionIdGenerator>,
     conns: Vec<Slot>,
     free: Vec<usize>,
+    /// Connections forgotten since the application last asked ([`Endpoint::poll_removed`]).
+    removed: Vec<ConnectionHandle>,
     by_cid: HashMap<ConnectionId, ConnectionHandle>,
     by_initial: HashMap<(SocketAddr, ConnectionId), ConnectionHandle>,
     /// Peers' stateless reset tokens, to find the connection a reset is meant for.
@@ -118,6 +120,7 @@ impl Endpoint {
             server,
             conns: Vec::new(),
             free: Vec::new(),
+            removed: Vec::new(),
             by_cid: HashMap::new(),
             by_initial: HashMap::new(),
             by_reset_token: HashMap::new(),
@@ -286,6 +289,13 @@ impl Endpoint {
     /// Takes the next connection a client opened to us.
     pub fn accept(&mut self) -> Option<ConnectionHandle> {
         self.incoming.pop_front()
+    }
+
+    /// Takes the next connection the endpoint forgot (drained, or dropped by
+    /// [`Endpoint::forget_all_connections`]), so the application can release what it keeps
+    /// per connection without scanning them all.
+    pub fn poll_removed(&mut self) -> Option<ConnectionHandle> {
+        self.removed.pop()
     }
 
     /// Takes the next connection event.
@@ -725,6 +735,7 @@ impl Endpoint {
             self.by_reset_token.remove(&t);
         }
         self.free.push(h.idx());
+        self.removed.push(h);
     }
 
     /// Drops every connection without a trace, as if the process had restarted (the

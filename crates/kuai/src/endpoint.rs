@@ -748,8 +748,10 @@ fn dispatch(s: &mut State) {
     }
     // Connections that drained: wake anyone still waiting. Their state stays until the last
     // application handle goes (ConnectionInner::drop), so late callers still learn why.
-    for (h, st) in s.conns.iter_mut() {
-        if !st.drained && s.ep.connection(*h).is_none() {
+    while let Some(h) = s.ep.poll_removed() {
+        if let Some(st) = s.conns.get_mut(&h)
+            && !st.drained
+        {
             st.drained = true;
             if st.error.is_none() {
                 st.error = Some(ConnectionError::LocallyClosed);
