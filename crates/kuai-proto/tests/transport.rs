@@ -618,7 +618,14 @@ fn preferred_address_pair(
     seed: u64,
     client_transport: TransportConfig,
 ) -> (quic::Pair, std::net::SocketAddr) {
-    let preferred: std::net::SocketAddr = "10.0.9.1:4434".parse().unwrap();
+    preferred_address_pair_at(seed, client_transport, "10.0.9.1:4434".parse().unwrap())
+}
+
+fn preferred_address_pair_at(
+    seed: u64,
+    client_transport: TransportConfig,
+    preferred: std::net::SocketAddr,
+) -> (quic::Pair, std::net::SocketAddr) {
     let mut scfg = quic::server_config(TransportConfig::default());
     scfg.preferred_address = Some(kuai_proto::config::PreferredAddressConfig {
         v4: match preferred {
@@ -695,6 +702,32 @@ fn unreachable_preferred_address_keeps_the_original_one() {
             .saw(|e| matches!(e, kuai_proto::Event::PathValidationFailed(a) if *a == preferred))
     );
     assert_eq!(p.client_conn().remote_address(), quic::server_addr());
+}
+
+/// RFC 9000 §21.5.6: a server that is not on loopback cannot point the client at a loopback
+/// address (or a multicast or broadcast one) and make it send there.
+#[test]
+fn suspicious_preferred_addresses_are_not_probed() {
+    for (i, addr) in ["127.0.0.1:4434", "224.0.0.1:4434", "255.255.255.255:4434"]
+        .iter()
+        .enumerate()
+    {
+        let (mut p, preferred) = preferred_address_pair_at(
+            87 + i as u64,
+            TransportConfig::default(),
+            addr.parse().unwrap(),
+        );
+        let s = p.server;
+        p.net.add_address(s, preferred);
+        p.net.record(true);
+        assert!(p.run_until_done(Duration::from_secs(20)));
+        p.client_app().assert_all_intact();
+        assert_eq!(p.client_conn().remote_address(), quic::server_addr());
+        assert!(
+            !p.net.log().iter().any(|e| e.to_addr == preferred),
+            "{addr}"
+        );
+    }
 }
 
 #[test]
@@ -1209,4 +1242,33 @@ fn bbr_fills_a_bottleneck_without_flooding_its_queue() {
         "BBR lost {bbr_lost}, NewReno {reno_lost}"
     );
     let _ = reno;
+}
+
+/// Several streams share a small connection window, so frames often use up the last of the
+/// connection's credit. A stream whose frame did that still had data within its own limit,
+/// left the send schedule and was not among those woken by MAX_DATA: the transfer stalled
+/// until the idle timeout (seen on loopback with 8 streams at gigabit rates).
+#[test]
+fn streams_sharing_a_small_connection_window_all_finish() {
+    // The client's windows stay small and the server's send buffers fill up, so a stream can
+    // be left with unsent data, a full send buffer (its writer waiting) and no credit.
+    let ccfg = quic::client_config(TransportConfig {
+        receive_window: 256 << 10,
+        max_receive_window: 256 << 10,
+        ..TransportConfig::default()
+    });
+    let mut p = pair(
+        91,
+        quic::server_config(TransportConfig {
+            send_buffer: 64 << 10,
+            ..TransportConfig::default()
+        }),
+        &ccfg,
+        Client::with_requests([1 << 20; 8]),
+    );
+    let (s, c) = (p.server, p.client);
+    p.net
+        .set_link_both(s, c, LinkConfig::with_delay(Duration::from_micros(50)));
+    assert!(p.run_until_done(Duration::from_secs(60)));
+    p.client_app().assert_all_intact();
 }

@@ -1410,10 +1410,7 @@ impl Connection {
                 .map(|v4| SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())),
             SocketAddr::V6(_) => pa.v6.map(SocketAddr::V6),
         };
-        // An all-zero address means "none of this family" (RFC 9000 §18.2).
-        if let Some(remote) =
-            target.filter(|a| a.port() != 0 && !a.ip().is_unspecified() && *a != current)
-        {
+        if let Some(remote) = target.filter(|a| usable_preferred_address(*a, current)) {
             self.preferred = Some(Box::new(paths::PreferredProbe {
                 remote,
                 cid_seq: 1,
@@ -1810,6 +1807,25 @@ impl Connection {
     fn unix_ms(&self, now: Instant) -> u64 {
         self.unix_ms_at_start + now.saturating_duration_since(self.started).as_millis() as u64
     }
+}
+
+/// Whether a client may probe `preferred` while talking to `current` (RFC 9000 §9.6, §21.5.6):
+/// an all-zero address means "none of this family"; multicast and broadcast addresses, a
+/// loopback address offered by a server that is not on loopback, and an IPv4-mapped address in
+/// the IPv6 field would turn the client's probes into requests to someone else.
+fn usable_preferred_address(preferred: SocketAddr, current: SocketAddr) -> bool {
+    let ip = preferred.ip().to_canonical();
+    let from_loopback = current.ip().to_canonical().is_loopback();
+    let mapped_in_v6 = matches!(preferred, SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some())
+        && matches!(current, SocketAddr::V6(c) if c.ip().to_ipv4_mapped().is_none());
+    let broadcast = matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
+    preferred.port() != 0
+        && preferred != current
+        && !ip.is_unspecified()
+        && !ip.is_multicast()
+        && !broadcast
+        && !mapped_in_v6
+        && (from_loopback || !ip.is_loopback())
 }
 
 /// Why a datagram could not be queued.
