@@ -68,6 +68,24 @@ fn server_config() -> (ServerConfig, rustls::pki_types::CertificateDer<'static>)
     ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap()
 }
 
+/// A client endpoint on an ephemeral port, connected to `addr` and trusting `cert`.
+async fn connect(
+    cert: rustls::pki_types::CertificateDer<'static>,
+    addr: SocketAddr,
+) -> (Endpoint, kuai::Connection) {
+    let client = Endpoint::client(localhost()).unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    (client, conn)
+}
+
 async fn fetch(conn: &kuai::Connection, n: u64) -> u64 {
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     send.write_all(format!("GET {n}").as_bytes()).await.unwrap();
@@ -91,16 +109,7 @@ async fn fetch(conn: &kuai::Connection, n: u64) -> u64 {
 async fn handshake_and_small_request() {
     let (scfg, cert) = server_config();
     let (_server, addr) = start_server(scfg).await;
-    let client = Endpoint::client(localhost()).unwrap();
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let (_client, conn) = connect(cert, addr).await;
     assert_eq!(conn.alpn().as_deref(), Some(ALPN));
     assert_eq!(fetch(&conn, 1000).await, 1000);
 }
@@ -109,16 +118,7 @@ async fn handshake_and_small_request() {
 async fn transfer_100mb_intact_and_batched() {
     let (scfg, cert) = server_config();
     let (server, addr) = start_server(scfg).await;
-    let client = Endpoint::client(localhost()).unwrap();
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let (client, conn) = connect(cert, addr).await;
     let start = Instant::now();
     assert_eq!(fetch(&conn, 100 << 20).await, 100 << 20);
     let secs = start.elapsed().as_secs_f64();
@@ -153,16 +153,7 @@ async fn without_gso_sendmmsg_batches_datagrams() {
         .bind(localhost())
         .unwrap();
     let (server, addr) = start_server_on(server);
-    let client = Endpoint::client(localhost()).unwrap();
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let (_client, conn) = connect(cert, addr).await;
     assert_eq!(fetch(&conn, 20 << 20).await, 20 << 20);
     let s = server.udp_stats();
     eprintln!(
@@ -228,16 +219,7 @@ async fn client_migrates_by_rebinding_its_socket_mid_transfer() {
 async fn datagrams_round_trip() {
     let (scfg, cert) = server_config();
     let (_server, addr) = start_server(scfg).await;
-    let client = Endpoint::client(localhost()).unwrap();
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let (_client, conn) = connect(cert, addr).await;
     let max = conn.max_datagram_size().unwrap();
     assert!(max > 1000);
     for i in 0..50u8 {
@@ -382,16 +364,7 @@ async fn stopped_stream_reports_the_code_after_it_is_forgotten() {
         send.finish().unwrap();
         let _ = conn.closed().await;
     });
-    let client = Endpoint::client(localhost()).unwrap();
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let (_client, conn) = connect(cert, addr).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     send.write_all(b"request without its end").await.unwrap();
     assert_eq!(recv.read_to_end(1024).await.unwrap(), b"done");
@@ -422,16 +395,7 @@ async fn client_moves_to_the_server_preferred_address() {
     let preferred = server.preferred_address().unwrap();
     assert_eq!(preferred.ip().to_string(), "127.0.0.2");
     let (_server, addr) = start_server_on(server);
-    let client = Endpoint::client(localhost()).unwrap();
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let (_client, conn) = connect(cert, addr).await;
     assert_eq!(conn.remote_address(), addr);
     assert_eq!(fetch(&conn, 8 << 20).await, 8 << 20);
     assert_eq!(conn.remote_address(), preferred);
