@@ -676,14 +676,14 @@ impl SendStream {
 
 impl Drop for SendStream {
     fn drop(&mut self) {
-        if !self.done {
-            let _ = self.finish();
-        }
-        let (id, early) = (self.id, self.early);
+        let (id, early, finish) = (self.id, self.early, !self.done);
         self.inner.with(|s, h| {
             // A voided stream's ID may name a new stream now, whose state this is.
             if voided(early, &s.conns, h) {
                 return;
+            }
+            if finish && let Some(c) = s.ep.connection_mut(h) {
+                let _ = c.finish(id);
             }
             if let Some(st) = s.conns.get_mut(&h) {
                 st.send_handles.remove(&id);
@@ -691,6 +691,9 @@ impl Drop for SendStream {
                 st.stopped.remove(&id);
             }
         });
+        if finish {
+            self.inner.shared.kick();
+        }
     }
 }
 

@@ -652,7 +652,6 @@ fn remainder(t: kuai_proto::Transmit, buf: &[u8], sent: usize) -> (kuai_proto::T
     )
 }
 
-/// Hands endpoint events to the application's wakers.
 fn preferred_config(addr: SocketAddr) -> kuai_proto::config::PreferredAddressConfig {
     match addr {
         SocketAddr::V4(a) => kuai_proto::config::PreferredAddressConfig {
@@ -666,6 +665,7 @@ fn preferred_config(addr: SocketAddr) -> kuai_proto::config::PreferredAddressCon
     }
 }
 
+/// Hands endpoint events to the application's wakers.
 fn dispatch(s: &mut State) {
     while let Some(h) = s.ep.accept() {
         s.conns.entry(h).or_default();

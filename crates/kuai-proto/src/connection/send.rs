@@ -62,7 +62,7 @@ impl Connection {
             }
             self.timers[Timer::FirstFlight as usize] = None;
         }
-        if let Some(t) = self.send_off_path_response(now, buf) {
+        if let Some(t) = self.send_off_path_response(buf) {
             return Some(t);
         }
         if let Some(t) = self.send_preferred_probe(now, buf) {
@@ -825,7 +825,7 @@ impl Connection {
 
     /// PATH_RESPONSE on a path other than the active one (a peer probing a new path), sent
     /// back the way the challenge came (RFC 9000 §8.2.2).
-    fn send_off_path_response(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+    fn send_off_path_response(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
         self.one_rtt.as_ref()?;
         let i = self
             .path_responses
@@ -839,7 +839,6 @@ impl Connection {
             .filter(|p| p.remote == addr)
             .and_then(|p| self.remote_cids.cids.get(&p.cid_seq))
             .map_or_else(|| self.remote_cids.active().cid, |c| c.cid);
-        let _ = now;
         self.send_probing_packet(
             buf,
             dcid,

@@ -1144,23 +1144,13 @@ impl Streams {
                     len: len as u32,
                     fin,
                 });
+                // A stream with data left stays scheduled even when this frame used the last
+                // of its credit: its next turn finds it blocked and files it where MAX_DATA or
+                // MAX_STREAM_DATA will wake it (dropping it here lost it for good).
                 let more = s.buf.has_sendable()
-                    && (s.buf.has_retransmit() || s.buf.unsent() < max_new_end)
                     || (matches!(s.state, SendState::Open { fin: true }) && !s.fin_sent);
                 let incremental = s.priority.incremental;
                 if !more {
-                    // New data left within the stream's limit: this frame used the last of
-                    // the connection's credit, so the stream waits for MAX_DATA with the
-                    // others (it would otherwise never be scheduled again).
-                    if s.buf.unsent() < s.buf.end() && s.buf.unsent() < s.max_data {
-                        push_unique(&mut self.conn_blocked, id);
-                        if self.data_sent >= self.send_max_data
-                            && self.data_blocked_sent != Some(self.send_max_data)
-                        {
-                            self.data_blocked_sent = Some(self.send_max_data);
-                            self.pending.data_blocked = Some(self.send_max_data);
-                        }
-                    }
                     self.sched[urgency].pop_front();
                 } else if incremental {
                     self.sched[urgency].rotate_left(1);
