@@ -258,7 +258,7 @@ impl Session {
                 eprintln!(
                     "* {:?}, {}, ALPN {}, 0-RTT {}, resumed {}",
                     st.version.unwrap_or(kuai::Version::V1),
-                    st.cipher_suite.as_deref().unwrap_or("?"),
+                    st.cipher_suite.unwrap_or("?"),
                     String::from_utf8_lossy(st.alpn.as_deref().unwrap_or(b"?")),
                     self.zero_rtt(),
                     st.resumed,

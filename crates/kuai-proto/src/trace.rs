@@ -159,7 +159,8 @@ pub struct ConnectionStats {
     pub zero_rtt_attempted: bool,
     pub zero_rtt_accepted: bool,
     pub resumed: bool,
-    pub cipher_suite: Option<String>,
+    /// The TLS 1.3 cipher suite's IANA name, e.g. `TLS13_AES_128_GCM_SHA256`.
+    pub cipher_suite: Option<&'static str>,
     pub alpn: Option<Vec<u8>>,
     pub version: Option<Version>,
     pub migrations: u64,

@@ -433,6 +433,30 @@ fn small_response_arrives_in_one_flight() {
     );
 }
 
+/// After a quiet spell a connection gives back its buffers and drops the records of packets
+/// not in flight; when traffic resumes (here after a keep-alive PING) it carries on through
+/// loss as before.
+#[test]
+fn traffic_resumes_after_a_quiet_spell() {
+    let mut t = TransportConfig::default();
+    t.keep_alive_interval = Some(Duration::from_secs(3));
+    let ccfg = quic::client_config(t.clone());
+    let mut p = quic::pair_with(
+        66,
+        quic::server_config(t),
+        &ccfg,
+        Client::with_requests([40_000, 3_000]),
+        |n| n.set_default_link(link(20, 0.05)),
+    );
+    assert!(p.run_until_done(Duration::from_secs(10)));
+    // Quiet for longer than the spell (1 s) but shorter than the keep-alive interval.
+    p.net.run_for(Duration::from_millis(2500));
+    let more: Vec<_> = Client::with_requests([200_000, 100, 60_000]).requests;
+    p.client_mut().app_mut::<Client>().requests.extend(more);
+    assert!(p.run_until_done(Duration::from_secs(20)));
+    p.client_app().assert_all_intact();
+}
+
 #[test]
 fn idle_open_stream_does_not_ping_forever() {
     let mut t = TransportConfig::default();

@@ -676,12 +676,12 @@ fn dispatch(s: &mut State) {
         }
     }
     while let Some((h, ev)) = s.ep.poll_event() {
-        let server_name = s.conns.get(&h).and_then(|c| c.server_name.clone());
         let st = s.conns.entry(h).or_default();
         match ev {
             Event::Connected => {
                 st.connected = true;
-                for w in st.handshake.drain(..) {
+                // Taken, not drained: an established connection keeps no waker list for it.
+                for w in std::mem::take(&mut st.handshake) {
                     w.wake();
                 }
                 for v in st.open.iter_mut() {
@@ -731,7 +731,7 @@ fn dispatch(s: &mut State) {
                 }
             }
             Event::NewToken(t) => {
-                if let Some(name) = server_name {
+                if let Some(name) = st.server_name.clone() {
                     s.tokens.insert(name, t);
                 }
             }

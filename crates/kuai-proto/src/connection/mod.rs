@@ -28,7 +28,7 @@ pub use spaces::MAX_ACK_RANGES;
 
 use self::cids::{LocalCids, RemoteCids};
 use self::paths::Path;
-use self::spaces::PacketSpace;
+use self::spaces::Spaces;
 use crate::cid::ConnectionId;
 use crate::config::{ClientConfig, ServerConfig, TransportConfig};
 use crate::crypto::{self, HandshakeOutput, Keys, OneRttKeys, Tls};
@@ -169,9 +169,15 @@ enum Timer {
     Mtu,
     /// Client: the first flight waits briefly for 0-RTT data to ride along.
     FirstFlight,
+    /// A quiet spell: give back the buffers the last burst of activity grew.
+    Quiet,
 }
 
-const TIMER_COUNT: usize = 10;
+const TIMER_COUNT: usize = 11;
+
+/// The min_ack_delay we advertise with ACK_FREQUENCY, in microseconds
+/// (draft-ietf-quic-ack-frequency §3).
+const LOCAL_MIN_ACK_DELAY_US: u64 = 1000;
 
 /// Peer's request about how we acknowledge (ACK_FREQUENCY), or the defaults.
 #[derive(Debug, Clone, Copy)]
@@ -236,7 +242,7 @@ pub struct Connection {
     last_rx: Instant,
     /// Datagrams received while closing (CONNECTION_CLOSE is repeated at a decaying rate).
     closing_rx: u64,
-    spaces: [PacketSpace; 3],
+    spaces: Spaces,
     /// Server: keys of the client's original version, while it may still send Initials in it.
     original_initial_keys: Option<crypto::KeyPair>,
     zero_rtt_keys: Option<Keys>,
@@ -257,7 +263,7 @@ pub struct Connection {
     retry_scid: Option<ConnectionId>,
     /// Client: the token to put in Initials (from Retry or NEW_TOKEN).
     token: Bytes,
-    local_params: TransportParameters,
+    local_params: Option<Box<TransportParameters>>,
     peer_params: Option<TransportParameters>,
     path: Path,
     /// The path before the latest migration, kept in case the new one fails validation.
@@ -291,6 +297,8 @@ pub struct Connection {
     confirmed_at: Option<Instant>,
     /// Stream data arrived since the last stall probe (one probe per quiet spell).
     stall_probe_armed: bool,
+    /// Buffers were given back after the last quiet spell (reset by every packet received).
+    memory_released: bool,
     immediate_ack_pending: bool,
     ack_policy: AckPolicy,
     /// Our ACK_FREQUENCY request to the peer: sequence and whether it must be (re)sent.
@@ -302,7 +310,7 @@ pub struct Connection {
     undecryptable: Vec<(Instant, SocketAddr, Option<EcnCodepoint>, bytes::BytesMut)>,
     stats: ConnectionStats,
     tracer: Option<Box<dyn Tracer>>,
-    rng: StdRng,
+    rng: ConnRng,
     started: Instant,
     now: Instant,
     spin: bool,
@@ -315,6 +323,26 @@ pub struct Connection {
     /// Client: the server's preferred address, probed once the handshake is confirmed.
     /// Boxed: few servers offer one.
     preferred: Option<Box<paths::PreferredProbe>>,
+}
+
+/// The connection's randomness (path challenges, connection IDs, transport parameter grease):
+/// a seed and a count of draws, with a generator built for each draw. These draws are rare, and
+/// this keeps 320 bytes of generator state out of every idle connection.
+struct ConnRng {
+    seed: u64,
+    draws: u64,
+}
+
+impl ConnRng {
+    fn new(seed: u64) -> Self {
+        Self { seed, draws: 0 }
+    }
+
+    /// A generator no earlier draw has used.
+    fn draw(&mut self) -> StdRng {
+        self.draws += 1;
+        StdRng::seed_from_u64(self.seed ^ self.draws.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
 }
 
 impl std::fmt::Debug for Connection {
@@ -391,7 +419,7 @@ fn local_transport_params(c: &TransportConfig, streams: &Streams) -> TransportPa
         active_connection_id_limit: c.active_connection_id_limit.max(2),
         max_datagram_frame_size: c.max_datagram_frame_size,
         grease_quic_bit: c.grease_quic_bit,
-        min_ack_delay: c.ack_frequency.then_some(1000),
+        min_ack_delay: c.ack_frequency.then_some(LOCAL_MIN_ACK_DELAY_US),
         ..TransportParameters::default()
     };
     streams.local_params(&mut tp);
@@ -449,7 +477,7 @@ impl Connection {
             dcid,
             dcid,
             now,
-            rng,
+            seed,
         );
         conn.versions = cfg.versions.clone();
         conn.secret_capture = cfg.secret_capture.clone();
@@ -471,7 +499,6 @@ impl Connection {
     }
 
     pub(crate) fn new_server(p: ServerConnectionParams, now: Instant) -> Self {
-        let rng = StdRng::seed_from_u64(p.seed);
         let config = p.config.transport.clone();
         let streams = Streams::new(Side::Server, stream_config(&config));
         let mut tp = local_transport_params(&config, &streams);
@@ -502,7 +529,7 @@ impl Connection {
             p.client_cid,
             p.original_dcid,
             now,
-            rng,
+            p.seed,
         );
         conn.local_cids
             .issued
@@ -514,10 +541,13 @@ impl Connection {
         conn.reset_key = p.reset_key;
         if let Some(pa) = p.config.preferred_address {
             // The preferred address gets its own CID (sequence 1) and reset token.
-            let cid = ConnectionId::random(&mut conn.rng, p.local_cid.len().max(8));
+            let cid = ConnectionId::random(&mut conn.rng.draw(), p.local_cid.len().max(8));
             let token = crate::token::reset_token(&p.reset_key, &cid);
             conn.local_cids.add(cid, token, false);
-            conn.local_params.preferred_address = Some(PreferredAddress {
+            conn.local_params
+                .as_mut()
+                .expect("set at creation")
+                .preferred_address = Some(PreferredAddress {
                 v4: pa.v4,
                 v6: pa.v6,
                 cid,
@@ -548,7 +578,7 @@ impl Connection {
         remote_cid: ConnectionId,
         original_dcid: ConnectionId,
         now: Instant,
-        rng: StdRng,
+        seed: u64,
     ) -> Self {
         let mut local_cids = LocalCids::default();
         local_cids.add(local_cid, [0; 16], false);
@@ -580,7 +610,7 @@ impl Connection {
             acked_scratch: Vec::new(),
             last_rx: now,
             closing_rx: 0,
-            spaces: Default::default(),
+            spaces: Spaces::new(),
             original_initial_keys: None,
             zero_rtt_keys: None,
             zero_rtt: ZeroRtt::None,
@@ -595,7 +625,7 @@ impl Connection {
             original_dcid,
             retry_scid: None,
             token: Bytes::new(),
-            local_params,
+            local_params: Some(Box::new(local_params)),
             peer_params: None,
             path,
             prev_path: None,
@@ -620,6 +650,7 @@ impl Connection {
             ping_pending: false,
             confirmed_at: None,
             stall_probe_armed: false,
+            memory_released: false,
             immediate_ack_pending: false,
             ack_policy,
             ack_frequency_seq: 0,
@@ -631,7 +662,7 @@ impl Connection {
                 ..Default::default()
             },
             tracer: None,
-            rng,
+            rng: ConnRng::new(seed),
             started: now,
             now,
             spin: false,
@@ -984,7 +1015,7 @@ impl Connection {
 
     fn start_challenge(&mut self, now: Instant) {
         let mut data = [0u8; 8];
-        self.rng.fill(&mut data);
+        self.rng.draw().fill(&mut data);
         let pto = self.path.rtt.pto_base();
         // RFC 9000 §8.2.4: give up after max(3 PTO, 6 kInitialRtt-based PTOs).
         let timeout = (pto * 3).max(self.config.initial_rtt * 6);
@@ -1212,11 +1243,13 @@ impl Connection {
         };
         self.streams.apply_peer_params(&tp);
         self.grease_quic_bit = tp.grease_quic_bit && self.config.grease_quic_bit;
-        let summary = format!("{tp:?}");
-        self.trace(TraceEvent::ParametersSet {
-            owner_local: false,
-            summary,
-        });
+        if self.tracer.is_some() {
+            let summary = format!("{tp:?}");
+            self.trace(TraceEvent::ParametersSet {
+                owner_local: false,
+                summary,
+            });
+        }
         self.peer_params = Some(tp);
         // Issue more CIDs up to the peer's limit.
         let want = self
@@ -1303,7 +1336,7 @@ impl Connection {
         self.state = State::Established;
         self.stats.handshake_duration = Some(now.saturating_duration_since(self.started));
         let tls = self.tls.as_ref().expect("handshake complete implies TLS");
-        self.stats.cipher_suite = tls.cipher_suite().map(|s| format!("{s:?}"));
+        self.stats.cipher_suite = tls.cipher_suite().and_then(|s| s.as_str());
         self.stats.alpn = tls.alpn().map(<[u8]>::to_vec);
         self.stats.resumed = tls.resumed();
         self.stats.version = Some(self.version);
@@ -1368,11 +1401,13 @@ impl Connection {
         self.confirmed_at = Some(now);
         self.peer_validated_address = true;
         self.discard_space(SpaceId::Handshake, now);
+        // Our transport parameters served the handshake (and a version or Retry restart).
+        self.local_params = None;
         self.events.push_back(Event::HandshakeConfirmed);
         if let Some(p) = self.preferred.as_mut() {
             // RFC 9000 §9.6.1: probe the preferred address once the handshake is confirmed.
             let mut data = [0u8; 8];
-            self.rng.fill(&mut data);
+            self.rng.draw().fill(&mut data);
             let timeout = (self.path.rtt.pto_base() * 3).max(self.config.initial_rtt * 6);
             p.challenge = Some(paths::Challenge {
                 data,
@@ -1462,10 +1497,10 @@ impl Connection {
 
     /// Drops a space's keys and in-flight packets (RFC 9001 §4.9, RFC 9002 §6.4).
     fn discard_space(&mut self, space: SpaceId, now: Instant) {
-        let s = &mut self.spaces[space.index()];
-        if s.discarded {
+        if self.spaces[space.index()].discarded {
             return;
         }
+        let s = &mut self.spaces[space.index()];
         s.discarded = true;
         s.keys = None;
         let drained: Vec<_> = s.sent.drain().collect();
@@ -1488,6 +1523,7 @@ impl Connection {
         if space == SpaceId::Initial {
             self.original_initial_keys = None;
         }
+        self.spaces.release_discarded();
         self.pto_count = 0;
         self.trace(TraceEvent::KeyDiscarded { space });
         self.set_loss_timer(now);
@@ -1635,6 +1671,7 @@ impl Connection {
                 }
                 x if x == Timer::Mtu as usize => {}
                 x if x == Timer::FirstFlight as usize => {}
+                x if x == Timer::Quiet as usize => self.release_idle_memory(),
                 _ => {}
             }
         }
@@ -1758,6 +1795,9 @@ impl Connection {
                 self.timers[Timer::KeepAlive as usize] = Some(due);
             }
         }
+        // Quiet spell: nothing received for a while (and so nothing of ours acknowledged).
+        self.timers[Timer::Quiet as usize] = (self.handshake_confirmed && !self.memory_released)
+            .then(|| self.last_rx + (self.path.rtt.pto_base() * 3).max(Duration::from_secs(1)));
         // MTU probe timer.
         self.timers[Timer::Mtu as usize] = if self.handshake_confirmed {
             let wait = self.mtu_probe_wait_until(now);
@@ -1769,6 +1809,34 @@ impl Connection {
         } else {
             None
         };
+    }
+
+    /// After a quiet spell, frees what an idle connection does not need: sent-packet records
+    /// that are not in flight (ACK-only packets, kept only to learn which of our ACKs the peer
+    /// saw, RFC 9000 §13.2.4), and the spare capacity of queues and scratch space the last
+    /// burst of activity grew. A connection that idles for minutes keeps only its state.
+    fn release_idle_memory(&mut self) {
+        self.memory_released = true;
+        let space = &mut self.spaces[SpaceId::Data.index()];
+        if space.sent.has_ack_eliciting_in_flight() {
+            return;
+        }
+        for (_, p) in space.sent.drain() {
+            if p.in_flight && p.path == self.path.id {
+                self.path.bytes_in_flight =
+                    self.path.bytes_in_flight.saturating_sub(u64::from(p.size));
+            }
+        }
+        space.sent.release_memory();
+        space.recently_lost.shrink_to_fit();
+        self.acked_scratch = Vec::new();
+        self.events.shrink_to_fit();
+        self.endpoint_events.shrink_to_fit();
+        self.path_responses.shrink_to_fit();
+        self.datagrams_in.shrink_to_fit();
+        self.datagrams_out.shrink_to_fit();
+        self.undecryptable.shrink_to_fit();
+        self.streams.release_idle_memory();
     }
 
     fn reset_idle_timer(&mut self, now: Instant) {

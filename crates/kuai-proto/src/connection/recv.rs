@@ -116,6 +116,7 @@ impl Connection {
         }
         self.sent_eliciting_since_rx = false;
         self.last_rx = now;
+        self.memory_released = false;
         self.reset_idle_timer(now);
         if !self.on_active_path(remote, local_ip) && migrate_hint {
             self.on_peer_address_change(now, remote, local_ip, len);
@@ -342,7 +343,9 @@ impl Connection {
         match self.process_frames(now, (remote, local_ip), space, is_0rtt, &pkt) {
             Ok((non_probing, eliciting)) => {
                 res.non_probing = non_probing;
-                if eliciting {
+                // The packet may have completed the handshake and discarded its own space
+                // (RFC 9001 §4.9.2): then nothing is owed an acknowledgment there.
+                if eliciting && !self.spaces[si].discarded {
                     self.on_eliciting_received(now, space, pn, prev_largest);
                 }
             }
@@ -604,7 +607,7 @@ impl Connection {
                     )
                     .with_frame(ty));
                 }
-                let min = self.local_params.min_ack_delay.unwrap_or(0);
+                let min = super::LOCAL_MIN_ACK_DELAY_US;
                 if af.request_max_ack_delay < min {
                     return Err(TransportError::PROTOCOL_VIOLATION(
                         "requested max ack delay below min_ack_delay",
@@ -712,12 +715,16 @@ impl Connection {
                 self.switch_version(v);
             }
         }
-        self.local_params.version_information = Some(crate::transport_params::VersionInformation {
-            chosen: self.version.wire(),
+        let version = self.version;
+        let lp = self.local_params.as_mut().ok_or_else(|| {
+            TransportError::INTERNAL_ERROR("transport parameters already released")
+        })?;
+        lp.version_information = Some(crate::transport_params::VersionInformation {
+            chosen: version.wire(),
             available: cfg.versions.iter().map(|v| v.wire()).collect(),
         });
         let mut tp = Vec::new();
-        self.local_params.encode_with_rng(&mut tp, &mut self.rng);
+        lp.encode_with_rng(&mut tp, &mut self.rng.draw());
         let mut tls = super::Tls::server(cfg.tls.clone(), self.version, tp)
             .map_err(|e| TransportError::INTERNAL_ERROR(format!("TLS setup: {e}")))?;
         self.tls_version = self.version;
@@ -745,7 +752,8 @@ impl Connection {
             Side::Client => self.original_dcid,
             Side::Server => self
                 .local_params
-                .retry_source_connection_id
+                .as_ref()
+                .and_then(|p| p.retry_source_connection_id)
                 .unwrap_or(self.original_dcid),
         };
         let keys = super::crypto::initial_keys(v, &initial_dcid, self.side);
@@ -897,16 +905,19 @@ impl Connection {
         self.original_version = v;
         self.tls_version = v;
         self.stats.version = Some(v);
-        self.local_params.version_information = Some(crate::transport_params::VersionInformation {
+        let lp = self.local_params.as_mut().ok_or_else(|| {
+            TransportError::INTERNAL_ERROR("transport parameters already released")
+        })?;
+        lp.version_information = Some(crate::transport_params::VersionInformation {
             chosen: v.wire(),
             available: self.versions.iter().map(|x| x.wire()).collect(),
         });
         let mut tp = Vec::new();
-        self.local_params.encode_with_rng(&mut tp, &mut self.rng);
+        lp.encode_with_rng(&mut tp, &mut self.rng.draw());
         let tls = super::Tls::client(cfg.tls.clone(), v, name, tp)
             .map_err(|e| TransportError::INTERNAL_ERROR(format!("TLS: {e}")))?;
         // Everything of the first attempt goes: packets, handshake data, path state.
-        self.spaces = Default::default();
+        self.spaces = super::Spaces::new();
         self.spaces[SpaceId::Initial.index()].keys = Some(super::crypto::initial_keys(
             v,
             &self.original_dcid,

@@ -123,3 +123,72 @@ impl AckState {
         }
     }
 }
+
+/// The three packet-number spaces, indexed by [`crate::SpaceId::index`]. The Initial and
+/// Handshake spaces live in one allocation that is freed once both are discarded (at
+/// handshake confirmation, RFC 9001 §4.9), so an established connection carries only the
+/// Data space. Reading a freed space sees an empty, discarded one.
+#[derive(Default)]
+pub struct Spaces {
+    handshake: Option<Box<[PacketSpace; 2]>>,
+    data: PacketSpace,
+}
+
+impl Spaces {
+    /// A fresh set: all three spaces empty, none discarded.
+    pub fn new() -> Self {
+        Self {
+            handshake: Some(Box::default()),
+            data: PacketSpace::default(),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &PacketSpace> {
+        (0..3).map(move |i| &self[i])
+    }
+
+    /// Frees the Initial and Handshake spaces if both are discarded.
+    pub fn release_discarded(&mut self) {
+        if self
+            .handshake
+            .as_ref()
+            .is_some_and(|h| h.iter().all(|s| s.discarded))
+        {
+            self.handshake = None;
+        }
+    }
+}
+
+fn discarded_space() -> PacketSpace {
+    PacketSpace {
+        discarded: true,
+        ..Default::default()
+    }
+}
+
+static DISCARDED: std::sync::LazyLock<PacketSpace> = std::sync::LazyLock::new(discarded_space);
+
+impl std::ops::Index<usize> for Spaces {
+    type Output = PacketSpace;
+
+    fn index(&self, i: usize) -> &PacketSpace {
+        match (i, &self.handshake) {
+            (2, _) => &self.data,
+            (_, Some(h)) => &h[i],
+            (_, None) => &DISCARDED,
+        }
+    }
+}
+
+impl std::ops::IndexMut<usize> for Spaces {
+    /// A write to a freed space brings back an empty, discarded one (nothing on an
+    /// established connection's paths writes there; this keeps a stray write harmless).
+    fn index_mut(&mut self, i: usize) -> &mut PacketSpace {
+        if i == 2 {
+            return &mut self.data;
+        }
+        &mut self
+            .handshake
+            .get_or_insert_with(|| Box::new([discarded_space(), discarded_space()]))[i]
+    }
+}

@@ -1160,6 +1160,22 @@ impl Streams {
     }
 
     /// Whether a receive stream still expects data from the peer.
+    /// Gives back the spare capacity of the stream tables and queues (a quiet connection).
+    pub fn release_idle_memory(&mut self) {
+        self.send.shrink_to_fit();
+        self.recv.shrink_to_fit();
+        self.conn_blocked.shrink_to_fit();
+        for q in &mut self.sched {
+            q.shrink_to_fit();
+        }
+        self.events.shrink_to_fit();
+        let p = &mut self.pending;
+        p.max_stream_data.shrink_to_fit();
+        p.reset.shrink_to_fit();
+        p.stop.shrink_to_fit();
+        p.stream_data_blocked.shrink_to_fit();
+    }
+
     pub fn waiting_for_data(&self) -> bool {
         self.recv.values().any(|s| {
             s.state == RecvState::Open
