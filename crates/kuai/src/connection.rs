@@ -509,7 +509,7 @@ impl SendStream {
     fn new(inner: Arc<ConnectionInner>, id: StreamId) -> Self {
         inner.with(|s, h| {
             if let Some(st) = s.conns.get_mut(&h) {
-                st.send_handles.insert(id);
+                st.stream(id).send_handle = true;
             }
         });
         Self {
@@ -559,7 +559,7 @@ impl SendStream {
                         if let Some(e) = st.error.clone() {
                             return Poll::Ready(Err(WriteError::ConnectionLost(e)));
                         }
-                        st.write.insert(id, cx.waker().clone());
+                        st.stream(id).write = Some(cx.waker().clone());
                     }
                     Poll::Pending
                 }
@@ -657,16 +657,16 @@ impl SendStream {
                         ConnectionError::LocallyClosed,
                     )));
                 };
-                if let Some(&code) = st.stopped.get(&id) {
+                if let Some(code) = st.stopped(id) {
                     return Poll::Ready(Err(WriteError::Stopped(code)));
                 }
-                if st.finished_streams.contains(&id) {
+                if st.all_acked(id) {
                     return Poll::Ready(Ok(()));
                 }
                 if let Some(e) = st.error.clone() {
                     return Poll::Ready(Err(WriteError::ConnectionLost(e)));
                 }
-                st.finished.insert(id, cx.waker().clone());
+                st.stream(id).finished = Some(cx.waker().clone());
                 Poll::Pending
             })
         })
@@ -686,9 +686,7 @@ impl Drop for SendStream {
                 let _ = c.finish(id);
             }
             if let Some(st) = s.conns.get_mut(&h) {
-                st.send_handles.remove(&id);
-                st.finished_streams.remove(&id);
-                st.stopped.remove(&id);
+                st.drop_send_handle(id);
             }
         });
         if finish {
@@ -706,8 +704,8 @@ fn closed_or_stopped(st: Option<&ConnState>, id: StreamId) -> WriteError {
     if let Some(e) = &st.error {
         return WriteError::ConnectionLost(e.clone());
     }
-    match st.stopped.get(&id) {
-        Some(&code) => WriteError::Stopped(code),
+    match st.stopped(id) {
+        Some(code) => WriteError::Stopped(code),
         None => WriteError::ClosedStream,
     }
 }
@@ -792,7 +790,7 @@ impl RecvStream {
                         if let Some(e) = st.error.clone() {
                             return Poll::Ready(Err(ReadError::ConnectionLost(e)));
                         }
-                        st.read.insert(id, cx.waker().clone());
+                        st.stream(id).read = Some(cx.waker().clone());
                     }
                     Poll::Pending
                 }

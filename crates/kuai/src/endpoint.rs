@@ -1,6 +1,6 @@
 //! The async endpoint: one UDP socket, one driver task, many connections.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
@@ -27,20 +27,34 @@ const POOL_BUF: usize = 256 * 1024;
 /// Largest batch handed to one GSO send.
 const MAX_GSO: usize = 32;
 
+/// What the endpoint keeps for one stream: the tasks waiting on it, and, while a `SendStream`
+/// handle lives, how its sending ended. An entry goes when none of that is left.
+#[derive(Default)]
+pub(crate) struct StreamWaiters {
+    pub read: Option<Waker>,
+    pub write: Option<Waker>,
+    pub finished: Option<Waker>,
+    pub send_handle: bool,
+    /// All sent data was acknowledged (kept only for a live handle).
+    pub all_acked: bool,
+    /// The peer sent STOP_SENDING with this code (kept only for a live handle).
+    pub stopped: Option<u64>,
+}
+
+impl StreamWaiters {
+    fn is_empty(&self) -> bool {
+        self.read.is_none() && self.write.is_none() && self.finished.is_none() && !self.send_handle
+    }
+}
+
 /// Wakers and status of one connection, kept by the endpoint.
 #[derive(Default)]
 pub(crate) struct ConnState {
     pub connected: bool,
     pub error: Option<ConnectionError>,
     pub handshake: Vec<Waker>,
-    pub read: HashMap<StreamId, Waker>,
-    pub write: HashMap<StreamId, Waker>,
-    pub finished: HashMap<StreamId, Waker>,
-    /// Streams with a live `SendStream` handle: only their outcomes below are kept, and
-    /// dropping the handle forgets them, so a long connection does not pile them up.
-    pub send_handles: HashSet<StreamId>,
-    pub finished_streams: HashSet<StreamId>,
-    pub stopped: HashMap<StreamId, u64>,
+    /// Per stream; a connection with nothing waiting and no send handles has none.
+    pub streams: HashMap<StreamId, StreamWaiters>,
     pub accept: [Vec<Waker>; 2],
     pub open: [Vec<Waker>; 2],
     pub datagram: Vec<Waker>,
@@ -52,19 +66,60 @@ pub(crate) struct ConnState {
 }
 
 impl ConnState {
+    /// The entry of stream `id`, made if needed.
+    pub fn stream(&mut self, id: StreamId) -> &mut StreamWaiters {
+        self.streams.entry(id).or_default()
+    }
+
+    /// Wakes the waker `which` picks from stream `id`'s entry, dropping the entry if that
+    /// leaves it empty.
+    fn wake_stream(&mut self, id: StreamId, which: impl Fn(&mut StreamWaiters) -> Option<Waker>) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if let Some(w) = which(s) {
+            w.wake();
+        }
+        if s.is_empty() {
+            self.streams.remove(&id);
+        }
+    }
+
+    /// The STOP_SENDING code of a stream with a live send handle.
+    pub fn stopped(&self, id: StreamId) -> Option<u64> {
+        self.streams.get(&id).and_then(|s| s.stopped)
+    }
+
+    /// Whether a stream with a live send handle had all its data acknowledged.
+    pub fn all_acked(&self, id: StreamId) -> bool {
+        self.streams.get(&id).is_some_and(|s| s.all_acked)
+    }
+
+    /// A `SendStream` handle went away: forget how its sending ended.
+    pub fn drop_send_handle(&mut self, id: StreamId) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.send_handle = false;
+            s.all_acked = false;
+            s.stopped = None;
+            if s.is_empty() {
+                self.streams.remove(&id);
+            }
+        }
+    }
+
     fn wake_all(&mut self) {
         for w in self.handshake.drain(..) {
             w.wake();
         }
-        for (_, w) in self.read.drain() {
-            w.wake();
+        for s in self.streams.values_mut() {
+            for w in [s.read.take(), s.write.take(), s.finished.take()]
+                .into_iter()
+                .flatten()
+            {
+                w.wake();
+            }
         }
-        for (_, w) in self.write.drain() {
-            w.wake();
-        }
-        for (_, w) in self.finished.drain() {
-            w.wake();
-        }
+        self.streams.retain(|_, s| s.send_handle);
         for v in self.accept.iter_mut().chain(self.open.iter_mut()) {
             for w in v.drain(..) {
                 w.wake();
@@ -693,26 +748,28 @@ fn dispatch(s: &mut State) {
             Event::ZeroRttRejected => {
                 st.zero_rtt_rejected = true;
                 // Every stream so far was voided; their IDs start over.
-                st.send_handles.clear();
-                st.finished_streams.clear();
-                st.stopped.clear();
                 st.wake_all();
+                st.streams.clear();
             }
             Event::Stream(se) => match se {
-                StreamEvent::Readable(id) => wake(&mut st.read, id),
-                StreamEvent::Writable(id) => wake(&mut st.write, id),
+                StreamEvent::Readable(id) => st.wake_stream(id, |s| s.read.take()),
+                StreamEvent::Writable(id) => st.wake_stream(id, |s| s.write.take()),
                 StreamEvent::Finished(id) => {
-                    if st.send_handles.contains(&id) {
-                        st.finished_streams.insert(id);
+                    if let Some(s) = st.streams.get_mut(&id)
+                        && s.send_handle
+                    {
+                        s.all_acked = true;
                     }
-                    wake(&mut st.finished, id);
+                    st.wake_stream(id, |s| s.finished.take());
                 }
                 StreamEvent::Stopped(id, code) => {
-                    if st.send_handles.contains(&id) {
-                        st.stopped.insert(id, code);
+                    if let Some(s) = st.streams.get_mut(&id)
+                        && s.send_handle
+                    {
+                        s.stopped = Some(code);
                     }
-                    wake(&mut st.write, id);
-                    wake(&mut st.finished, id);
+                    st.wake_stream(id, |s| s.write.take());
+                    st.wake_stream(id, |s| s.finished.take());
                 }
                 StreamEvent::Opened(d) => {
                     for w in st.accept[d as usize].drain(..) {
@@ -777,12 +834,6 @@ fn attach_qlog(s: &mut State, h: ConnectionHandle, now: Instant) {
     match crate::qlog::QlogWriter::create(&dir, &c.original_dcid(), c.side(), now) {
         Ok(w) => c.set_tracer(Box::new(w)),
         Err(e) => tracing::warn!(error = %e, dir = %dir.display(), "cannot write qlog"),
-    }
-}
-
-fn wake(map: &mut HashMap<StreamId, Waker>, id: StreamId) {
-    if let Some(w) = map.remove(&id) {
-        w.wake();
     }
 }
 

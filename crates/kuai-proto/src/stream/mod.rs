@@ -171,6 +171,44 @@ pub struct StreamConfig {
 
 /// All streams of a connection.
 #[derive(Debug)]
+/// The send queues, one per urgency level (RFC 9218 §4), allocated when a stream first
+/// queues and given back when a quiet connection has nothing queued. Reading an absent
+/// queue sees an empty one.
+#[derive(Default)]
+struct SendQueues(Option<Box<[VecDeque<StreamId>; 8]>>);
+
+static NO_QUEUE: VecDeque<StreamId> = VecDeque::new();
+
+impl SendQueues {
+    fn iter(&self) -> impl Iterator<Item = &VecDeque<StreamId>> {
+        (0..8).map(move |i| &self[i])
+    }
+
+    fn release_if_empty(&mut self) {
+        if self
+            .0
+            .as_ref()
+            .is_some_and(|q| q.iter().all(VecDeque::is_empty))
+        {
+            self.0 = None;
+        }
+    }
+}
+
+impl std::ops::Index<usize> for SendQueues {
+    type Output = VecDeque<StreamId>;
+
+    fn index(&self, urgency: usize) -> &VecDeque<StreamId> {
+        self.0.as_ref().map_or(&NO_QUEUE, |q| &q[urgency])
+    }
+}
+
+impl std::ops::IndexMut<usize> for SendQueues {
+    fn index_mut(&mut self, urgency: usize) -> &mut VecDeque<StreamId> {
+        &mut self.0.get_or_insert_with(Default::default)[urgency]
+    }
+}
+
 pub struct Streams {
     side: Side,
     cfg: StreamConfig,
@@ -202,7 +240,7 @@ pub struct Streams {
     peer_stream_window_bidi_remote: u64,
     peer_stream_window_uni: u64,
     /// Streams with data to send, by urgency.
-    sched: [VecDeque<StreamId>; 8],
+    sched: SendQueues,
     pending: Pending,
     events: VecDeque<StreamEvent>,
 }
@@ -1159,15 +1197,12 @@ impl Streams {
         }
     }
 
-    /// Whether a receive stream still expects data from the peer.
     /// Gives back the spare capacity of the stream tables and queues (a quiet connection).
     pub fn release_idle_memory(&mut self) {
         self.send.shrink_to_fit();
         self.recv.shrink_to_fit();
         self.conn_blocked.shrink_to_fit();
-        for q in &mut self.sched {
-            q.shrink_to_fit();
-        }
+        self.sched.release_if_empty();
         self.events.shrink_to_fit();
         let p = &mut self.pending;
         p.max_stream_data.shrink_to_fit();
@@ -1176,6 +1211,7 @@ impl Streams {
         p.stream_data_blocked.shrink_to_fit();
     }
 
+    /// Whether a receive stream still expects data from the peer.
     pub fn waiting_for_data(&self) -> bool {
         self.recv.values().any(|s| {
             s.state == RecvState::Open
