@@ -134,39 +134,65 @@ pub struct PathStats {
     pub congestion_algorithm: &'static str,
 }
 
-/// Connection statistics.
-#[derive(Debug, Clone, Default)]
-pub struct ConnectionStats {
-    pub udp_tx_datagrams: u64,
-    pub udp_tx_bytes: u64,
-    pub udp_rx_datagrams: u64,
-    pub udp_rx_bytes: u64,
-    pub packets_sent: u64,
-    pub packets_received: u64,
-    pub packets_lost: u64,
-    pub bytes_lost: u64,
+/// Declares [`ConnectionStats`] and the crate's `Counters`: the same fields without the path
+/// figures, which a connection reads from its path when asked instead of keeping a copy.
+macro_rules! connection_stats {
+    ($($(#[$meta:meta])* $field:ident: $ty:ty,)*) => {
+        /// Connection statistics.
+        #[derive(Debug, Clone, Default)]
+        pub struct ConnectionStats {
+            $($(#[$meta])* pub $field: $ty,)*
+            pub path: PathStats,
+        }
+
+        /// What a connection counts as it goes.
+        #[derive(Debug, Clone, Default)]
+        pub(crate) struct Counters {
+            $(pub $field: $ty,)*
+        }
+
+        impl Counters {
+            pub(crate) fn with_path(&self, path: PathStats) -> ConnectionStats {
+                ConnectionStats {
+                    $($field: self.$field.clone(),)*
+                    path,
+                }
+            }
+        }
+    };
+}
+
+connection_stats! {
+
+    udp_tx_datagrams: u64,
+    udp_tx_bytes: u64,
+    udp_rx_datagrams: u64,
+    udp_rx_bytes: u64,
+    packets_sent: u64,
+    packets_received: u64,
+    packets_lost: u64,
+    bytes_lost: u64,
     /// Stream bytes sent again after loss.
-    pub stream_bytes_retransmitted: u64,
+    stream_bytes_retransmitted: u64,
     /// Packets whose frames were sent a second time as redundancy on a lossy path.
-    pub redundant_packets: u64,
-    pub stream_bytes_sent: u64,
-    pub packets_dropped: u64,
-    pub spurious_losses: u64,
-    pub pto_count: u64,
-    pub key_updates: u64,
+    redundant_packets: u64,
+    stream_bytes_sent: u64,
+    packets_dropped: u64,
+    spurious_losses: u64,
+    pto_count: u64,
+    key_updates: u64,
     /// Set once the handshake completes.
-    pub handshake_duration: Option<Duration>,
-    pub zero_rtt_attempted: bool,
-    pub zero_rtt_accepted: bool,
-    pub resumed: bool,
+    handshake_duration: Option<Duration>,
+    zero_rtt_attempted: bool,
+    zero_rtt_accepted: bool,
+    resumed: bool,
     /// The TLS 1.3 cipher suite's IANA name, e.g. `TLS13_AES_128_GCM_SHA256`.
-    pub cipher_suite: Option<&'static str>,
-    pub alpn: Option<Vec<u8>>,
-    pub version: Option<Version>,
-    pub migrations: u64,
-    pub path_validations: u64,
-    pub path_validation_failures: u64,
-    pub retry_received: bool,
-    pub max_concurrent_streams: usize,
-    pub path: PathStats,
+    cipher_suite: Option<&'static str>,
+    alpn: Option<Vec<u8>>,
+    version: Option<Version>,
+    migrations: u64,
+    path_validations: u64,
+    path_validation_failures: u64,
+    retry_received: bool,
+    max_concurrent_streams: usize,
 }

@@ -36,7 +36,7 @@ use crate::error::TransportError;
 use crate::frame::{AckFrequency, Close};
 use crate::recovery::PathId;
 use crate::stream::{Priority, StreamConfig, StreamError, StreamEvent, Streams};
-use crate::trace::{ConnectionStats, TraceEvent, Tracer};
+use crate::trace::{ConnectionStats, Counters, PathStats, TraceEvent, Tracer};
 use crate::transport_params::{PreferredAddress, TransportParameters, VersionInformation};
 use crate::types::{Dir, Side, SpaceId, StreamId, Version};
 
@@ -175,6 +175,53 @@ enum Timer {
 
 const TIMER_COUNT: usize = 11;
 
+/// The connection's deadlines, as nanoseconds after its start (0: unset): half the size of
+/// an array of `Option<Instant>`.
+struct Timers {
+    base: Instant,
+    at: [u64; TIMER_COUNT],
+}
+
+impl Timers {
+    fn new(base: Instant) -> Self {
+        Self {
+            base,
+            at: [0; TIMER_COUNT],
+        }
+    }
+
+    fn get_at(&self, i: usize) -> Option<Instant> {
+        match self.at[i] {
+            0 => None,
+            n => Some(self.base + Duration::from_nanos(n - 1)),
+        }
+    }
+
+    fn get(&self, t: Timer) -> Option<Instant> {
+        self.get_at(t as usize)
+    }
+
+    fn set(&mut self, t: Timer, v: Option<Instant>) {
+        self.at[t as usize] = v.map_or(0, |v| {
+            let n = v.saturating_duration_since(self.base).as_nanos();
+            u64::try_from(n).unwrap_or(u64::MAX - 1) + 1
+        });
+    }
+
+    fn unset_at(&mut self, i: usize) {
+        self.at[i] = 0;
+    }
+
+    fn clear(&mut self) {
+        self.at = [0; TIMER_COUNT];
+    }
+
+    fn earliest(&self) -> Option<Instant> {
+        let n = self.at.iter().copied().filter(|&n| n != 0).min()?;
+        Some(self.base + Duration::from_nanos(n - 1))
+    }
+}
+
 /// The min_ack_delay we advertise with ACK_FREQUENCY, in microseconds
 /// (draft-ietf-quic-ack-frequency §3).
 const LOCAL_MIN_ACK_DELAY_US: u64 = 1000;
@@ -214,7 +261,7 @@ pub struct Connection {
     /// Versions we may switch to (client: the config's list; server: its preference list).
     versions: Vec<Version>,
     config: Arc<TransportConfig>,
-    client_config: Option<ClientConfig>,
+    client_config: Option<Box<ClientConfig>>,
     server_config: Option<Arc<ServerConfig>>,
     server_name: Option<String>,
     state: State,
@@ -244,8 +291,8 @@ pub struct Connection {
     closing_rx: u64,
     spaces: Spaces,
     /// Server: keys of the client's original version, while it may still send Initials in it.
-    original_initial_keys: Option<crypto::KeyPair>,
-    zero_rtt_keys: Option<Keys>,
+    original_initial_keys: Option<Box<crypto::KeyPair>>,
+    zero_rtt_keys: Option<Box<Keys>>,
     zero_rtt: ZeroRtt,
     one_rtt: Option<Box<OneRttKeys>>,
     key_update: KeyUpdateState,
@@ -285,9 +332,9 @@ pub struct Connection {
     /// Redundant copies are queued and not all sent yet; packets sent meanwhile are copies.
     sending_copies: bool,
     pto_count: u32,
-    timers: [Option<Instant>; TIMER_COUNT],
+    timers: Timers,
     /// Close frame to send while closing.
-    close_frame: Option<Close>,
+    close_frame: Option<Box<Close>>,
     close_pending: bool,
     error: Option<ConnectionError>,
     handshake_done_pending: bool,
@@ -308,7 +355,7 @@ pub struct Connection {
     ack_frequency_sent: Option<(u64, Duration, Instant)>,
     /// Received packets we cannot decrypt yet (keys not available), bounded.
     undecryptable: Vec<(Instant, SocketAddr, Option<EcnCodepoint>, bytes::BytesMut)>,
-    stats: ConnectionStats,
+    stats: Counters,
     tracer: Option<Box<dyn Tracer>>,
     rng: ConnRng,
     started: Instant,
@@ -481,16 +528,20 @@ impl Connection {
         );
         conn.versions = cfg.versions.clone();
         conn.secret_capture = cfg.secret_capture.clone();
-        conn.client_config = Some(cfg.clone());
+        conn.client_config = Some(Box::new(cfg.clone()));
         conn.server_name = Some(server_name.to_owned());
         conn.token = token;
         conn.tls = Some(Box::new(tls));
-        conn.spaces[SpaceId::Initial.index()].keys =
-            Some(crypto::initial_keys(cfg.version, &dcid, Side::Client));
+        conn.spaces[SpaceId::Initial.index()].keys = Some(Box::new(crypto::initial_keys(
+            cfg.version,
+            &dcid,
+            Side::Client,
+        )));
         conn.drive_tls(now)?;
         conn.start_0rtt();
         if conn.zero_rtt == ZeroRtt::Attempting && !conn.config.zero_rtt_hold.is_zero() {
-            conn.timers[Timer::FirstFlight as usize] = Some(now + conn.config.zero_rtt_hold);
+            conn.timers
+                .set(Timer::FirstFlight, Some(now + conn.config.zero_rtt_hold));
         }
         conn.trace(TraceEvent::ConnectionStateUpdated {
             new: "handshake_started",
@@ -555,11 +606,11 @@ impl Connection {
             });
         }
         conn.server_config = Some(p.config);
-        conn.spaces[SpaceId::Initial.index()].keys = Some(crypto::initial_keys(
+        conn.spaces[SpaceId::Initial.index()].keys = Some(Box::new(crypto::initial_keys(
             p.version,
             &p.initial_dcid,
             Side::Server,
-        ));
+        )));
         conn.trace(TraceEvent::ConnectionStateUpdated {
             new: "handshake_started",
         });
@@ -641,7 +692,7 @@ impl Connection {
             sent_eliciting_since_rx: false,
             sending_copies: false,
             pto_count: 0,
-            timers: [None; TIMER_COUNT],
+            timers: Timers::new(now),
             close_frame: None,
             close_pending: false,
             error: None,
@@ -657,7 +708,7 @@ impl Connection {
             ack_frequency_pending: None,
             ack_frequency_sent: None,
             undecryptable: Vec::new(),
-            stats: ConnectionStats {
+            stats: Counters {
                 version: Some(version),
                 ..Default::default()
             },
@@ -787,20 +838,20 @@ impl Connection {
     }
 
     pub fn stats(&self) -> ConnectionStats {
-        let mut s = self.stats.clone();
         let p = &self.path;
-        s.path.rtt = p.rtt.smoothed();
-        s.path.congestion_events = p.congestion_events;
-        s.path.min_rtt = p.rtt.min();
-        s.path.rtt_var = p.rtt.var();
-        s.path.cwnd = crate::cc::CongestionController::window(&p.cc);
-        s.path.ssthresh = crate::cc::CongestionController::ssthresh(&p.cc);
-        s.path.bytes_in_flight = p.bytes_in_flight;
-        s.path.mtu = p.mtu();
-        s.path.ecn_capable = p.ecn == EcnState::Capable;
-        s.path.pacing_rate = p.pacing_rate();
-        s.path.congestion_algorithm = crate::cc::CongestionController::name(&p.cc);
-        s
+        self.stats.with_path(PathStats {
+            rtt: p.rtt.smoothed(),
+            congestion_events: p.congestion_events,
+            min_rtt: p.rtt.min(),
+            rtt_var: p.rtt.var(),
+            cwnd: crate::cc::CongestionController::window(&p.cc),
+            ssthresh: crate::cc::CongestionController::ssthresh(&p.cc),
+            bytes_in_flight: p.bytes_in_flight,
+            mtu: p.mtu(),
+            ecn_capable: p.ecn == EcnState::Capable,
+            pacing_rate: p.pacing_rate(),
+            congestion_algorithm: crate::cc::CongestionController::name(&p.cc),
+        })
     }
 
     /// Connection-level flow control: (bytes sent, the peer's limit, bytes received, our
@@ -1070,7 +1121,7 @@ impl Connection {
                     } else {
                         keys
                     };
-                    self.spaces[SpaceId::Handshake.index()].keys = Some(keys);
+                    self.spaces[SpaceId::Handshake.index()].keys = Some(Box::new(keys));
                     self.retry_undecryptable(now);
                 }
                 HandshakeOutput::OneRttKeys(keys) => {
@@ -1104,7 +1155,7 @@ impl Connection {
             && self.zero_rtt_keys.is_none()
             && let Some(k) = self.tls.as_ref().and_then(|t| t.zero_rtt_keys())
         {
-            self.zero_rtt_keys = Some(k);
+            self.zero_rtt_keys = Some(Box::new(k));
             self.zero_rtt = ZeroRtt::Attempting;
             self.retry_undecryptable(now);
         }
@@ -1177,7 +1228,7 @@ impl Connection {
         let Ok(remembered) = TransportParameters::decode(Side::Server, raw) else {
             return;
         };
-        self.zero_rtt_keys = Some(keys);
+        self.zero_rtt_keys = Some(Box::new(keys));
         self.zero_rtt = ZeroRtt::Attempting;
         self.stats.zero_rtt_attempted = true;
         // RFC 9000 §7.4.1: 0-RTT uses the remembered limits.
@@ -1552,7 +1603,7 @@ impl Connection {
         self.stats.key_updates += 1;
         // Keep the previous remote key for reordered packets for 3 PTO (RFC 9001 §6.5).
         let pto = self.pto_duration(SpaceId::Data);
-        self.timers[Timer::KeyDiscard as usize] = Some(self.now + pto * 3);
+        self.timers.set(Timer::KeyDiscard, Some(self.now + pto * 3));
         let generation = self.key_update.generation;
         self.events.push_back(Event::KeyUpdated { generation });
         self.trace(TraceEvent::KeyUpdated {
@@ -1574,10 +1625,10 @@ impl Connection {
         }
         let pto = self.pto_duration(SpaceId::Data);
         self.state = State::Closing;
-        self.close_frame = Some(frame);
+        self.close_frame = Some(Box::new(frame));
         self.close_pending = true;
-        self.timers = [None; TIMER_COUNT];
-        self.timers[Timer::Close as usize] = Some(now + pto * 3);
+        self.timers.clear();
+        self.timers.set(Timer::Close, Some(now + pto * 3));
         self.trace(TraceEvent::ConnectionStateUpdated { new: "closing" });
     }
 
@@ -1605,8 +1656,8 @@ impl Connection {
         let was_closing = self.state == State::Closing;
         let pto = self.pto_duration(SpaceId::Data);
         self.state = State::Draining;
-        self.timers = [None; TIMER_COUNT];
-        self.timers[Timer::Close as usize] = Some(now + pto * 3);
+        self.timers.clear();
+        self.timers.set(Timer::Close, Some(now + pto * 3));
         if !was_closing {
             self.error = Some(err.clone());
             self.events.push_back(Event::ConnectionLost(err));
@@ -1618,7 +1669,7 @@ impl Connection {
         self.forget_secrets();
         if self.state != State::Drained {
             self.state = State::Drained;
-            self.timers = [None; TIMER_COUNT];
+            self.timers.clear();
             self.endpoint_events.push_back(EndpointEvent::Drained);
             self.trace(TraceEvent::ConnectionStateUpdated { new: "closed" });
         }
@@ -1629,18 +1680,20 @@ impl Connection {
 
     /// The earliest time [`handle_timeout`](Self::handle_timeout) should be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.iter().flatten().min().copied()
+        self.timers.earliest()
     }
 
     /// Processes expired timers.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.now = now;
         for i in 0..TIMER_COUNT {
-            let Some(t) = self.timers[i] else { continue };
+            let Some(t) = self.timers.get_at(i) else {
+                continue;
+            };
             if t > now {
                 continue;
             }
-            self.timers[i] = None;
+            self.timers.unset_at(i);
             match i {
                 x if x == Timer::Idle as usize => {
                     if !self.is_closed() {
@@ -1739,24 +1792,30 @@ impl Connection {
         // Delayed ACK deadline (Data space only; the handshake spaces acknowledge at once).
         // An expired deadline turns into "acknowledge at the next transmit".
         let ack = &mut self.spaces[SpaceId::Data.index()].ack;
-        self.timers[Timer::Ack as usize] = match ack.deadline {
-            Some(d) if ack.new_since_ack && d > now => Some(d),
-            Some(_) if ack.new_since_ack => {
-                ack.immediate = true;
-                None
-            }
-            _ => None,
-        };
+        self.timers.set(
+            Timer::Ack,
+            match ack.deadline {
+                Some(d) if ack.new_since_ack && d > now => Some(d),
+                Some(_) if ack.new_since_ack => {
+                    ack.immediate = true;
+                    None
+                }
+                _ => None,
+            },
+        );
         // Path validation: an unsent challenge goes out at the next transmit.
         let preferred = self.preferred.as_ref().and_then(|p| p.challenge.as_ref());
-        self.timers[Timer::PathChallenge as usize] = [self.path.challenge.as_ref(), preferred]
-            .into_iter()
-            .flatten()
-            .filter(|c| c.sent)
-            .map(|c| c.resend_at.min(c.deadline))
-            .min();
+        self.timers.set(
+            Timer::PathChallenge,
+            [self.path.challenge.as_ref(), preferred]
+                .into_iter()
+                .flatten()
+                .filter(|c| c.sent)
+                .map(|c| c.resend_at.min(c.deadline))
+                .min(),
+        );
         // Keep-alive: PING when nothing ack-eliciting went out for the interval.
-        self.timers[Timer::KeepAlive as usize] = None;
+        self.timers.set(Timer::KeepAlive, None);
         let mut due: Option<Instant> = None;
         if let Some(i) = self.config.keep_alive_interval
             && self.handshake_complete
@@ -1792,23 +1851,29 @@ impl Connection {
             if due <= now {
                 self.ping_pending = true;
             } else {
-                self.timers[Timer::KeepAlive as usize] = Some(due);
+                self.timers.set(Timer::KeepAlive, Some(due));
             }
         }
         // Quiet spell: nothing received for a while (and so nothing of ours acknowledged).
-        self.timers[Timer::Quiet as usize] = (self.handshake_confirmed && !self.memory_released)
-            .then(|| self.last_rx + (self.path.rtt.pto_base() * 3).max(Duration::from_secs(1)));
+        self.timers.set(
+            Timer::Quiet,
+            (self.handshake_confirmed && !self.memory_released)
+                .then(|| self.last_rx + (self.path.rtt.pto_base() * 3).max(Duration::from_secs(1))),
+        );
         // MTU probe timer.
-        self.timers[Timer::Mtu as usize] = if self.handshake_confirmed {
-            let wait = self.mtu_probe_wait_until(now);
-            self.path
-                .mtud
-                .next_probe
-                .map(|t| wait.map_or(t, |w| t.max(w)))
-                .filter(|&t| t > now)
-        } else {
-            None
-        };
+        self.timers.set(
+            Timer::Mtu,
+            if self.handshake_confirmed {
+                let wait = self.mtu_probe_wait_until(now);
+                self.path
+                    .mtud
+                    .next_probe
+                    .map(|t| wait.map_or(t, |w| t.max(w)))
+                    .filter(|&t| t > now)
+            } else {
+                None
+            },
+        );
     }
 
     /// After a quiet spell, frees what an idle connection does not need: sent-packet records
@@ -1843,7 +1908,7 @@ impl Connection {
         if let Some(t) = self.idle_timeout {
             // RFC 9000 §10.1: at least 3 PTO so probes can do their work.
             let pto = self.pto_duration(SpaceId::Data);
-            self.timers[Timer::Idle as usize] = Some(now + t.max(pto * 3));
+            self.timers.set(Timer::Idle, Some(now + t.max(pto * 3)));
         }
     }
 

@@ -562,19 +562,20 @@ impl Connection {
             return;
         }
         if let Some((t, _)) = self.earliest_loss_time() {
-            self.timers[Timer::Loss as usize] = Some(t);
+            self.timers.set(Timer::Loss, Some(t));
             return;
         }
         if self.side.is_server() && self.path.amplification_budget() == 0 {
             // Blocked by the amplification limit: a probe could not be sent anyway.
-            self.timers[Timer::Loss as usize] = None;
+            self.timers.set(Timer::Loss, None);
             return;
         }
         if !self.any_eliciting_in_flight() && self.peer_validated_address {
-            self.timers[Timer::Loss as usize] = None;
+            self.timers.set(Timer::Loss, None);
             return;
         }
-        self.timers[Timer::Loss as usize] = self.pto_time_and_space(now).map(|(t, _)| t);
+        self.timers
+            .set(Timer::Loss, self.pto_time_and_space(now).map(|(t, _)| t));
     }
 
     /// RFC 9002 Appendix A.9 OnLossDetectionTimeout.

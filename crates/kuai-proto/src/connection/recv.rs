@@ -757,7 +757,9 @@ impl Connection {
                 .unwrap_or(self.original_dcid),
         };
         let keys = super::crypto::initial_keys(v, &initial_dcid, self.side);
-        let old_keys = self.spaces[SpaceId::Initial.index()].keys.replace(keys);
+        let old_keys = self.spaces[SpaceId::Initial.index()]
+            .keys
+            .replace(Box::new(keys));
         if self.side.is_server() && old == self.original_version {
             self.original_initial_keys = old_keys;
         }
@@ -849,7 +851,7 @@ impl Connection {
         if !self.path.validated {
             self.start_challenge(now);
         }
-        self.timers[Timer::PathChallenge as usize] = Some(now);
+        self.timers.set(Timer::PathChallenge, Some(now));
     }
 
     fn on_version_negotiation(&mut self, now: Instant, pd: &PartialDecode) {
@@ -918,11 +920,11 @@ impl Connection {
             .map_err(|e| TransportError::INTERNAL_ERROR(format!("TLS: {e}")))?;
         // Everything of the first attempt goes: packets, handshake data, path state.
         self.spaces = super::Spaces::new();
-        self.spaces[SpaceId::Initial.index()].keys = Some(super::crypto::initial_keys(
+        self.spaces[SpaceId::Initial.index()].keys = Some(Box::new(super::crypto::initial_keys(
             v,
             &self.original_dcid,
             Side::Client,
-        ));
+        )));
         let remote = self.path.remote;
         let local_ip = self.path.local_ip;
         self.path = self.new_path(remote, local_ip, now, true);
@@ -959,11 +961,11 @@ impl Connection {
         self.retry_scid = Some(scid);
         self.token = Bytes::copy_from_slice(pd.token());
         self.remote_cids.set_initial(scid);
-        self.spaces[SpaceId::Initial.index()].keys = Some(super::crypto::initial_keys(
+        self.spaces[SpaceId::Initial.index()].keys = Some(Box::new(super::crypto::initial_keys(
             self.version,
             &scid,
             Side::Client,
-        ));
+        )));
         // Everything sent in Initial packets goes again; those packets are no longer in
         // flight (RFC 9002 §6.3: not counted as lost).
         let sp = &mut self.spaces[SpaceId::Initial.index()];

@@ -56,11 +56,11 @@ impl Connection {
         }
         // Client with 0-RTT keys: hold the first flight a moment so the application's early
         // data fills the padded Initial datagram instead of following in its own packets.
-        if let Some(t) = self.timers[Timer::FirstFlight as usize] {
+        if let Some(t) = self.timers.get(Timer::FirstFlight) {
             if now < t && !self.streams.has_bidi_data() && self.datagrams_out.is_empty() {
                 return None;
             }
-            self.timers[Timer::FirstFlight as usize] = None;
+            self.timers.set(Timer::FirstFlight, None);
         }
         if let Some(t) = self.send_off_path_response(buf) {
             return Some(t);
@@ -351,7 +351,7 @@ impl Connection {
             if cwnd_ok && !probing && self.handshake_complete {
                 let rate = self.path.pacing_rate();
                 if let Some(t) = self.path.pacer.delay(now, mtu, rate) {
-                    self.timers[Timer::Pacing as usize] = Some(t);
+                    self.timers.set(Timer::Pacing, Some(t));
                     pacing_ok = false;
                 }
             }
@@ -924,7 +924,7 @@ impl Connection {
             return None;
         }
         self.close_pending = false;
-        let frame = self.close_frame.clone()?;
+        let frame = Close::clone(self.close_frame.as_deref()?);
         let max_end =
             (usize::from(self.path.mtu()) as u64).min(self.path.amplification_budget()) as usize;
         for space in SpaceId::ALL {

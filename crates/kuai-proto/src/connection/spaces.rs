@@ -18,7 +18,7 @@ pub const MAX_CRYPTO_BUFFER: u64 = 64 * 1024;
 #[derive(Default)]
 pub struct PacketSpace {
     /// Initial and Handshake keys; the Data space's keys live in the connection.
-    pub keys: Option<KeyPair>,
+    pub keys: Option<Box<KeyPair>>,
     pub crypto_send: SendBuffer,
     pub crypto_recv: Assembler,
     pub next_pn: u64,
