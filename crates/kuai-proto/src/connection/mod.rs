@@ -259,7 +259,6 @@ pub struct Connection {
     /// Version of the client's first Initial (for compatible version negotiation).
     original_version: Version,
     /// Versions we may switch to (client: the config's list; server: its preference list).
-    versions: Vec<Version>,
     config: Arc<TransportConfig>,
     client_config: Option<Box<ClientConfig>>,
     server_config: Option<Arc<ServerConfig>>,
@@ -526,7 +525,6 @@ impl Connection {
             now,
             seed,
         );
-        conn.versions = cfg.versions.clone();
         conn.secret_capture = cfg.secret_capture.clone();
         conn.client_config = Some(Box::new(cfg.clone()));
         conn.server_name = Some(server_name.to_owned());
@@ -587,7 +585,6 @@ impl Connection {
             .get_mut(&0)
             .expect("first CID")
             .reset_token = p.reset_token;
-        conn.versions = p.config.versions.clone();
         conn.unix_ms_at_start = p.unix_ms;
         conn.reset_key = p.reset_key;
         if let Some(pa) = p.config.preferred_address {
@@ -644,7 +641,6 @@ impl Connection {
             side,
             version,
             original_version: version,
-            versions: vec![version],
             client_config: None,
             server_config: None,
             server_name: None,
@@ -834,6 +830,15 @@ impl Connection {
     fn trace(&mut self, ev: TraceEvent<'_>) {
         if let Some(t) = self.tracer.as_mut() {
             t.event(self.now, &ev);
+        }
+    }
+
+    /// The versions we speak, in order of preference (from our configuration).
+    fn versions(&self) -> &[Version] {
+        match (&self.client_config, &self.server_config) {
+            (Some(c), _) => &c.versions,
+            (None, Some(s)) => &s.versions,
+            (None, None) => &[],
         }
     }
 

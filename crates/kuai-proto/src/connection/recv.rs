@@ -163,7 +163,7 @@ impl Connection {
                 Side::Client
                     if pd.ty() == PacketType::Long(LongType::Initial)
                         && self.spaces[SpaceId::Initial.index()].ack.largest.is_none()
-                        && self.versions.contains(&pv)
+                        && self.versions().contains(&pv)
                         && self.secret_capture.is_some() =>
                 {
                     self.switch_version(pv);
@@ -873,7 +873,7 @@ impl Connection {
         // the new handshake, would expose a forged one (RFC 9368 §4).
         if !self.vn_restarted
             && let Some(v) = self
-                .versions
+                .versions()
                 .iter()
                 .copied()
                 .find(|v| offered.contains(&v.wire()))
@@ -907,12 +907,13 @@ impl Connection {
         self.original_version = v;
         self.tls_version = v;
         self.stats.version = Some(v);
+        let available = self.versions().iter().map(|x| x.wire()).collect();
         let lp = self.local_params.as_mut().ok_or_else(|| {
             TransportError::INTERNAL_ERROR("transport parameters already released")
         })?;
         lp.version_information = Some(crate::transport_params::VersionInformation {
             chosen: v.wire(),
-            available: self.versions.iter().map(|x| x.wire()).collect(),
+            available,
         });
         let mut tp = Vec::new();
         lp.encode_with_rng(&mut tp, &mut self.rng.draw());
