@@ -258,7 +258,6 @@ pub struct Connection {
     version: Version,
     /// Version of the client's first Initial (for compatible version negotiation).
     original_version: Version,
-    /// Versions we may switch to (client: the config's list; server: its preference list).
     config: Arc<TransportConfig>,
     client_config: Option<Box<ClientConfig>>,
     server_config: Option<Arc<ServerConfig>>,
