@@ -195,17 +195,8 @@ async fn zero_rtt_on_the_second_connection() {
 async fn client_migrates_by_rebinding_its_socket_mid_transfer() {
     let (scfg, cert) = server_config();
     let (_server, addr) = start_server(scfg).await;
-    let client = Endpoint::client(localhost()).unwrap();
+    let (client, conn) = connect(cert, addr).await;
     let old = client.local_addr().unwrap();
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
     let c2 = conn.clone();
     let transfer = tokio::spawn(async move { fetch(&c2, 30 << 20).await });
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;

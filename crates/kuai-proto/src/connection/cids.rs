@@ -175,14 +175,8 @@ impl RemoteCids {
     /// Moves to an unused ID (for migration, RFC 9000 §9.5) and retires the old one.
     /// Returns false if the peer gave us no spare ID.
     pub fn rotate(&mut self) -> bool {
-        let Some(next) = self.cids.keys().copied().find(|&s| s > self.active_seq) else {
-            return false;
-        };
-        let old = self.active_seq;
-        self.cids.remove(&old);
-        self.to_retire.push(old);
-        self.active_seq = next;
-        true
+        let next = self.cids.keys().copied().find(|&s| s > self.active_seq);
+        next.is_some_and(|seq| self.switch_to(seq))
     }
 
     /// Moves to the ID of sequence `seq` and retires the active one (the preferred address's

@@ -176,16 +176,16 @@ enum Timer {
 const TIMER_COUNT: usize = 11;
 
 /// The connection's deadlines, as nanoseconds after its start (0: unset): half the size of
-/// an array of `Option<Instant>`.
+/// an array of `Option<Instant>`. The start is the connection's own.
 struct Timers {
-    base: Instant,
+    start: Instant,
     at: [u64; TIMER_COUNT],
 }
 
 impl Timers {
-    fn new(base: Instant) -> Self {
+    fn new(start: Instant) -> Self {
         Self {
-            base,
+            start,
             at: [0; TIMER_COUNT],
         }
     }
@@ -193,7 +193,7 @@ impl Timers {
     fn get_at(&self, i: usize) -> Option<Instant> {
         match self.at[i] {
             0 => None,
-            n => Some(self.base + Duration::from_nanos(n - 1)),
+            n => Some(self.start + Duration::from_nanos(n - 1)),
         }
     }
 
@@ -203,7 +203,7 @@ impl Timers {
 
     fn set(&mut self, t: Timer, v: Option<Instant>) {
         self.at[t as usize] = v.map_or(0, |v| {
-            let n = v.saturating_duration_since(self.base).as_nanos();
+            let n = v.saturating_duration_since(self.start).as_nanos();
             u64::try_from(n).unwrap_or(u64::MAX - 1) + 1
         });
     }
@@ -218,7 +218,7 @@ impl Timers {
 
     fn earliest(&self) -> Option<Instant> {
         let n = self.at.iter().copied().filter(|&n| n != 0).min()?;
-        Some(self.base + Duration::from_nanos(n - 1))
+        Some(self.start + Duration::from_nanos(n - 1))
     }
 }
 
@@ -356,12 +356,11 @@ pub struct Connection {
     stats: Counters,
     tracer: Option<Box<dyn Tracer>>,
     rng: ConnRng,
-    started: Instant,
     now: Instant,
     spin: bool,
     /// Peer accepts a greased QUIC bit (RFC 9287).
     grease_quic_bit: bool,
-    /// Server: unix time in ms at `started`, for tokens.
+    /// Server: unix time in ms at the connection's start, for tokens.
     unix_ms_at_start: u64,
     /// Server: reset key to derive reset tokens for new CIDs.
     reset_key: [u8; 32],
@@ -709,7 +708,6 @@ impl Connection {
             },
             tracer: None,
             rng: ConnRng::new(seed),
-            started: now,
             now,
             spin: false,
             grease_quic_bit: false,
@@ -1389,7 +1387,7 @@ impl Connection {
         }
         self.handshake_complete = true;
         self.state = State::Established;
-        self.stats.handshake_duration = Some(now.saturating_duration_since(self.started));
+        self.stats.handshake_duration = Some(now.saturating_duration_since(self.timers.start));
         let tls = self.tls.as_ref().expect("handshake complete implies TLS");
         self.stats.cipher_suite = tls.cipher_suite().and_then(|s| s.as_str());
         self.stats.alpn = tls.alpn().map(<[u8]>::to_vec);
@@ -1826,7 +1824,7 @@ impl Connection {
         {
             let last = self.spaces[SpaceId::Data.index()]
                 .time_of_last_ack_eliciting
-                .unwrap_or(self.started);
+                .unwrap_or(self.timers.start);
             due = Some(last + i);
         }
         // Stall probe: a receiver waiting for stream data that hears nothing sends no ACKs and
@@ -1942,7 +1940,7 @@ impl Connection {
 
     /// Unix time in milliseconds corresponding to `now`, for tokens.
     fn unix_ms(&self, now: Instant) -> u64 {
-        self.unix_ms_at_start + now.saturating_duration_since(self.started).as_millis() as u64
+        self.unix_ms_at_start + now.saturating_duration_since(self.timers.start).as_millis() as u64
     }
 }
 
