@@ -386,8 +386,10 @@ async fn client_moves_to_the_server_preferred_address() {
     let preferred = server.preferred_address().unwrap();
     assert_eq!(preferred.ip().to_string(), "127.0.0.2");
     let (_server, addr) = start_server_on(server);
+    // No check of the address right after connecting: the probe takes two loopback round
+    // trips after confirmation, and a busy machine can let the move happen before this task
+    // runs again.
     let (_client, conn) = connect(cert, addr).await;
-    assert_eq!(conn.remote_address(), addr);
     assert_eq!(fetch(&conn, 8 << 20).await, 8 << 20);
     assert_eq!(conn.remote_address(), preferred);
     assert_eq!(conn.stats().migrations, 1);
