@@ -603,44 +603,44 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
         }
         let now = Instant::now();
         let mut s = shared.lock();
-        // Receive everything queued, in batches. Each datagram is copied once out of the
-        // reusable receive area into a shared pool buffer: one allocation per 256 KiB rather
-        // than per datagram, and unread stream data never pins a large receive area.
+        // One receive batch per socket, then send. Draining the whole queue first held every
+        // answer back until the last datagram was handled: with many handshakes queued the
+        // peer sat idle while this side did all their crypto. A socket with more waiting stays
+        // readable, so the next turn comes at once.
+        //
+        // Each datagram is copied once out of the reusable receive area into a shared pool
+        // buffer: one allocation per 256 KiB rather than per datagram, and unread stream data
+        // never pins a large receive area.
         for sock in std::iter::once(&socket).chain(preferred.as_ref()) {
-            for _ in 0..64 {
-                let n = {
-                    let mut slices: Vec<IoSliceMut<'_>> = rx
-                        .chunks_mut(slot)
-                        .take(RECV_BATCH)
-                        .map(IoSliceMut::new)
-                        .collect();
-                    match sock.try_recv(&shared.udp, &mut slices, &mut metas) {
-                        Ok(n) => n,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) => {
-                            // ICMP errors surface here on some kernels; the transport copes.
-                            tracing::debug!(error = %e, "UDP receive error");
-                            break;
-                        }
-                    }
-                };
-                // The local IP tells the transport which of our addresses the peer used.
-                let local = sock.local_addr().ip();
-                for (i, m) in metas[..n].iter().enumerate() {
-                    let data = &rx[i * slot..i * slot + m.len];
-                    let stride = m.stride.max(1);
-                    let ecn = m.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8));
-                    let dst_ip = m.dst_ip.or(Some(local).filter(|ip| !ip.is_unspecified()));
-                    for seg in data.chunks(stride) {
-                        if pool.capacity() - pool.len() < seg.len() {
-                            pool = BytesMut::with_capacity(POOL_BUF.max(seg.len()));
-                        }
-                        pool.extend_from_slice(seg);
-                        s.ep.handle_datagram(now, m.addr, dst_ip, ecn, pool.split());
+            let n = {
+                let mut slices: Vec<IoSliceMut<'_>> = rx
+                    .chunks_mut(slot)
+                    .take(RECV_BATCH)
+                    .map(IoSliceMut::new)
+                    .collect();
+                match sock.try_recv(&shared.udp, &mut slices, &mut metas) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) => {
+                        // ICMP errors surface here on some kernels; the transport copes.
+                        tracing::debug!(error = %e, "UDP receive error");
+                        continue;
                     }
                 }
-                if n < RECV_BATCH {
-                    break;
+            };
+            // The local IP tells the transport which of our addresses the peer used.
+            let local = sock.local_addr().ip();
+            for (i, m) in metas[..n].iter().enumerate() {
+                let data = &rx[i * slot..i * slot + m.len];
+                let stride = m.stride.max(1);
+                let ecn = m.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8));
+                let dst_ip = m.dst_ip.or(Some(local).filter(|ip| !ip.is_unspecified()));
+                for seg in data.chunks(stride) {
+                    if pool.capacity() - pool.len() < seg.len() {
+                        pool = BytesMut::with_capacity(POOL_BUF.max(seg.len()));
+                    }
+                    pool.extend_from_slice(seg);
+                    s.ep.handle_datagram(now, m.addr, dst_ip, ecn, pool.split());
                 }
             }
         }
