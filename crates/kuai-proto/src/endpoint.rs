@@ -52,6 +52,10 @@ struct Entry {
     initial_key: Option<(SocketAddr, ConnectionId)>,
     /// Our CIDs routed to this connection.
     cids: Vec<ConnectionId>,
+    /// The last CIDs the peer retired, still routed here: a packet sent before the
+    /// retirement may arrive after it (reordered, or on the path being left), and answering
+    /// it with a stateless reset would end the connection.
+    retired: Vec<ConnectionId>,
     /// The peer's reset token registered for this connection.
     reset_token: Option<[u8; 16]>,
     /// `Endpoint::timeout_epoch` of the last `handle_timeout` that ran this connection.
@@ -59,6 +63,9 @@ struct Entry {
     /// The deadline this connection has in the timer heap.
     scheduled: Option<Instant>,
 }
+
+/// Retired CIDs each connection keeps routed (see `Entry::retired`).
+const RETIRED_KEPT: usize = 2;
 
 /// Statistics of an endpoint.
 #[derive(Debug, Clone, Default)]
@@ -70,6 +77,19 @@ pub struct EndpointStats {
     pub stateless_resets_sent: u64,
     pub invalid_tokens: u64,
     pub dropped: u64,
+}
+
+impl std::ops::AddAssign<&EndpointStats> for EndpointStats {
+    /// Sums the counters of several endpoints (the workers of one port).
+    fn add_assign(&mut self, o: &EndpointStats) {
+        self.accepted += o.accepted;
+        self.refused += o.refused;
+        self.retries_sent += o.retries_sent;
+        self.version_negotiations_sent += o.version_negotiations_sent;
+        self.stateless_resets_sent += o.stateless_resets_sent;
+        self.invalid_tokens += o.invalid_tokens;
+        self.dropped += o.dropped;
+    }
 }
 
 /// A QUIC endpoint (client, server, or both).
@@ -275,6 +295,7 @@ impl Endpoint {
             handshaking: false,
             initial_key: None,
             cids: Vec::new(),
+            retired: Vec::new(),
             reset_token: None,
             timeout_epoch: 0,
             scheduled: None,
@@ -301,6 +322,30 @@ impl Endpoint {
     /// Takes the next connection event.
     pub fn poll_event(&mut self) -> Option<(ConnectionHandle, Event)> {
         self.events.pop_front()
+    }
+
+    /// The length of the connection IDs this endpoint issues (every short-header packet for
+    /// it carries one).
+    pub fn cid_len(&self) -> usize {
+        self.cid_gen.cid_len()
+    }
+
+    /// Whether `datagram` would reach one of this endpoint's connections: a long-header packet
+    /// always counts (it may start a connection); a short-header one when its destination CID
+    /// is ours, or when it ends in the stateless reset token of one of our peers.
+    pub fn routes(&self, datagram: &[u8]) -> bool {
+        match datagram.first() {
+            Some(b) if b & 0x80 == 0 => {
+                datagram
+                    .get(1..1 + self.cid_len())
+                    .and_then(ConnectionId::try_from_slice)
+                    .is_some_and(|dcid| self.by_cid.contains_key(&dcid))
+                    || packet::reset_token_of(datagram)
+                        .is_some_and(|t| self.by_reset_token.contains_key(t))
+            }
+            Some(_) => true,
+            None => false,
+        }
     }
 
     /// Processes a received UDP datagram.
@@ -490,6 +535,9 @@ impl Endpoint {
         }
         let local_cid = self.new_cid();
         let reset_token = token::reset_token(&self.config.reset_key, &local_cid);
+        let preferred_cid = (server.preferred_address.is_some() && !local_cid.is_empty())
+            .then(|| self.new_cid())
+            .filter(|c| *c != local_cid);
         let seed = self.rng.random();
         let conn = Connection::new_server(
             ServerConnectionParams {
@@ -500,6 +548,7 @@ impl Endpoint {
                 client_cid: scid,
                 local_cid,
                 reset_token,
+                preferred_cid,
                 retry_scid,
                 remote,
                 local_ip,
@@ -515,6 +564,7 @@ impl Endpoint {
             handshaking: true,
             initial_key: Some((remote, dcid)),
             cids: Vec::new(),
+            retired: Vec::new(),
             reset_token: None,
             timeout_epoch: 0,
             scheduled: None,
@@ -685,11 +735,16 @@ impl Endpoint {
                 self.by_initial.remove(&k);
             }
         }
-        for cid in &retire {
-            self.by_cid.remove(cid);
-        }
-        if let Some(e) = self.slot_mut(h) {
+        if !retire.is_empty()
+            && let Some(e) = self.slot_mut(h)
+        {
             e.cids.retain(|c| !retire.contains(c));
+            e.retired.extend_from_slice(&retire);
+            let gone = e.retired.len().saturating_sub(RETIRED_KEPT);
+            let gone: Vec<ConnectionId> = e.retired.drain(..gone).collect();
+            for cid in &gone {
+                self.by_cid.remove(cid);
+            }
         }
         if need > 0 && self.cid_gen.cid_len() > 0 {
             let mut new = Vec::with_capacity(need);
@@ -728,7 +783,7 @@ impl Endpoint {
         if let Some(k) = entry.initial_key {
             self.by_initial.remove(&k);
         }
-        for c in &entry.cids {
+        for c in entry.cids.iter().chain(&entry.retired) {
             self.by_cid.remove(c);
         }
         if let Some(t) = entry.reset_token {

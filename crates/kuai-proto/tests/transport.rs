@@ -710,6 +710,96 @@ fn client_moves_to_the_server_preferred_address() {
     assert!(first_to_preferred > log[0].time);
 }
 
+/// Makes 6-byte CIDs that start with 0xc1 0xd0 (a stand-in for routable IDs, as QUIC-LB's).
+struct PrefixedCids(u8);
+
+impl kuai_proto::ConnectionIdGenerator for PrefixedCids {
+    fn generate(&mut self) -> kuai_proto::ConnectionId {
+        self.0 = self.0.wrapping_add(1);
+        kuai_proto::ConnectionId::new(&[0xc1, 0xd0, 1, 2, 3, self.0])
+    }
+    fn cid_len(&self) -> usize {
+        6
+    }
+}
+
+/// The CID offered with the preferred address comes from the endpoint's generator like
+/// every other: a load balancer or a multi-worker host routes it, and it has the length the
+/// endpoint parses short headers with.
+#[test]
+fn the_preferred_address_cid_comes_from_the_endpoint_generator() {
+    let preferred: std::net::SocketAddr = "10.0.9.1:4434".parse().unwrap();
+    let mut scfg = quic::server_config(TransportConfig::default());
+    scfg.preferred_address = Some(kuai_proto::config::PreferredAddressConfig {
+        v4: match preferred {
+            std::net::SocketAddr::V4(a) => Some(a),
+            _ => None,
+        },
+        v6: None,
+    });
+    let ecfg = kuai_proto::EndpointConfig {
+        cid_generator: std::sync::Arc::new(|| Box::new(PrefixedCids(0))),
+        ..Default::default()
+    };
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = quic::pair_with_endpoint(
+        85,
+        ecfg,
+        scfg,
+        &ccfg,
+        Client::with_requests([1 << 20]),
+        |_| {},
+    );
+    let s = p.server;
+    p.net.add_address(s, preferred);
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let seen2 = seen.clone();
+    let c = p.client;
+    p.net.set_filter(move |ctx| {
+        if ctx.from_node == c && ctx.to == preferred && ctx.data[0] & 0x80 == 0 {
+            seen2.borrow_mut().push(ctx.data[1..7].to_vec());
+        }
+        common::sim::Verdict::Pass
+    });
+    assert!(p.run_until_done(Duration::from_secs(20)));
+    p.client_app().assert_all_intact();
+    assert_eq!(p.client_conn().remote_address(), preferred);
+    let seen = seen.borrow();
+    assert!(!seen.is_empty());
+    assert!(
+        seen.iter().all(|d| d[..2] == [0xc1, 0xd0]),
+        "{:02x?}",
+        &seen[..]
+    );
+}
+
+/// Packets the client sent to the original address before it moved (and retired that
+/// address's CID) arrive after the retirement: the server must still route them to the
+/// connection, not answer them with a stateless reset that ends it.
+#[test]
+fn late_packets_with_a_retired_cid_do_not_draw_a_stateless_reset() {
+    let mut resets = 0;
+    for seed in 0..12 {
+        let (mut p, preferred) = preferred_address_pair(300 + seed, TransportConfig::default());
+        let (s, c) = (p.server, p.client);
+        p.net.add_address(s, preferred);
+        p.net.set_link(
+            c,
+            s,
+            LinkConfig {
+                reorder: 0.3,
+                reorder_delay: Duration::from_millis(40),
+                ..LinkConfig::default()
+            },
+        );
+        assert!(p.run_until_done(Duration::from_secs(30)), "seed {seed}");
+        p.client_app().assert_all_intact();
+        assert_eq!(p.client_conn().remote_address(), preferred);
+        resets += p.server().ep.stats().stateless_resets_sent;
+    }
+    assert_eq!(resets, 0);
+}
+
 #[test]
 fn unreachable_preferred_address_keeps_the_original_one() {
     // The server advertises an address nothing answers on.

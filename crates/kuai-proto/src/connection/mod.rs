@@ -411,6 +411,10 @@ pub(crate) struct ServerConnectionParams {
     pub client_cid: ConnectionId,
     pub local_cid: ConnectionId,
     pub reset_token: [u8; 16],
+    /// The CID (sequence 1) offered with the server's preferred address, from the endpoint's
+    /// generator like every CID we issue; `None` when there is no preferred address to offer
+    /// (or our CIDs are empty, RFC 9000 §18.2).
+    pub preferred_cid: Option<ConnectionId>,
     pub retry_scid: Option<ConnectionId>,
     pub remote: SocketAddr,
     pub local_ip: Option<IpAddr>,
@@ -585,9 +589,8 @@ impl Connection {
             .reset_token = p.reset_token;
         conn.unix_ms_at_start = p.unix_ms;
         conn.reset_key = p.reset_key;
-        if let Some(pa) = p.config.preferred_address {
+        if let (Some(pa), Some(cid)) = (p.config.preferred_address, p.preferred_cid) {
             // The preferred address gets its own CID (sequence 1) and reset token.
-            let cid = ConnectionId::random(&mut conn.rng.draw(), p.local_cid.len().max(8));
             let token = crate::token::reset_token(&p.reset_key, &cid);
             conn.local_cids.add(cid, token, false);
             conn.local_params

@@ -247,11 +247,30 @@ pub fn pair_with(
     client_app: Client,
     setup: impl FnOnce(&mut Network),
 ) -> Pair {
+    pair_with_endpoint(
+        seed,
+        EndpointConfig::default(),
+        server_cfg,
+        client_cfg,
+        client_app,
+        setup,
+    )
+}
+
+/// [`pair_with`], the server endpoint made with `server_endpoint` (its CID generator, ...).
+pub fn pair_with_endpoint(
+    seed: u64,
+    server_endpoint: EndpointConfig,
+    server_cfg: ServerConfig,
+    client_cfg: &ClientConfig,
+    client_app: Client,
+    setup: impl FnOnce(&mut Network),
+) -> Pair {
     let mut net = Network::new(seed);
     setup(&mut net);
     let now = net.now();
     let sep = Endpoint::new(
-        Arc::new(EndpointConfig::default()),
+        Arc::new(server_endpoint),
         Some(Arc::new(server_cfg)),
         now,
         1_700_000_000_000,
