@@ -41,6 +41,10 @@ enum Mode {
         /// QUIC congestion control: newreno, bbr or bbr-loss-tolerant.
         #[arg(long, default_value = "newreno")]
         cc: kuai::CongestionAlgorithm,
+        /// Endpoint workers (sockets on the port, each with its own driver); default: one
+        /// per core.
+        #[arg(long)]
+        workers: Option<usize>,
     },
     /// Run one workload against a perf server and print its result as one JSON line.
     Client {
@@ -71,6 +75,10 @@ enum Mode {
         /// QUIC congestion control: newreno, bbr or bbr-loss-tolerant.
         #[arg(long, default_value = "newreno")]
         cc: kuai::CongestionAlgorithm,
+        /// Endpoint workers (sockets on the port, each with its own driver); default: one
+        /// per core.
+        #[arg(long)]
+        workers: Option<usize>,
     },
 }
 
@@ -81,7 +89,17 @@ pub async fn run(args: Args) -> ExitCode {
             transport,
             no_offload,
             cc,
-        } => server(listen, &transport, no_offload, cc).await,
+            workers,
+        } => {
+            server(
+                listen,
+                &transport,
+                no_offload,
+                cc,
+                workers.unwrap_or_else(crate::cores),
+            )
+            .await
+        }
         Mode::Client {
             server,
             transport,
@@ -93,6 +111,7 @@ pub async fn run(args: Args) -> ExitCode {
             seconds,
             no_offload,
             cc,
+            workers,
         } => {
             client(Workload {
                 server,
@@ -105,6 +124,7 @@ pub async fn run(args: Args) -> ExitCode {
                 seconds,
                 no_offload,
                 cc,
+                workers: workers.unwrap_or_else(crate::cores),
             })
             .await
         }
@@ -175,6 +195,7 @@ async fn server(
     transport: &str,
     no_offload: bool,
     cc: kuai::CongestionAlgorithm,
+    workers: usize,
 ) -> Result<(), String> {
     let id = Identity::self_signed(&["localhost"])?;
     let served = Arc::new(AtomicU64::new(0));
@@ -200,6 +221,7 @@ async fn server(
             cfg.proto_mut().max_handshakes = 200_000;
             let ep = Endpoint::builder()
                 .server(cfg)
+                .workers(workers)
                 .gso(!no_offload)
                 .gro(!no_offload)
                 .bind(listen)
@@ -318,6 +340,7 @@ struct Workload {
     seconds: u64,
     no_offload: bool,
     cc: kuai::CongestionAlgorithm,
+    workers: usize,
 }
 
 fn quic_client(w: &Workload) -> Result<(Endpoint, ClientConfig), String> {
@@ -331,6 +354,7 @@ fn quic_client(w: &Workload) -> Result<(Endpoint, ClientConfig), String> {
     cfg.transport(transport_config(&w.cc));
     let bind = crate::get::any_port_for(w.server);
     let ep = Endpoint::builder()
+        .workers(w.workers)
         .gso(!w.no_offload)
         .gro(!w.no_offload)
         .bind(bind)

@@ -151,7 +151,12 @@ async fn server(case: &str, alpn: &str) -> Result<(), String> {
     if case == "v2" {
         cfg.versions(vec![Version::V2, Version::V1]);
     }
-    let mut builder = Endpoint::builder().server(cfg).max_segments(1);
+    // One worker per core, as a production server would run: every case also checks that
+    // the kernel steers each packet to the worker holding its connection.
+    let mut builder = Endpoint::builder()
+        .server(cfg)
+        .max_segments(1)
+        .workers(crate::cores());
     if let Some(d) = env("QLOGDIR") {
         builder = builder.qlog_dir(d);
     }

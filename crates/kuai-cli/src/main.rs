@@ -53,6 +53,11 @@ fn init_logging(default: &str) {
         .try_init();
 }
 
+/// The machine's cores (the default number of endpoint workers of the server commands).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()

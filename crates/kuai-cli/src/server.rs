@@ -49,6 +49,10 @@ pub struct Args {
     /// than the one of --listen.
     #[arg(long)]
     preferred_address: Option<SocketAddr>,
+    /// Spread connections over this many workers: UDP sockets sharing the port, each with a
+    /// driver of its own, the kernel steering each packet by its connection ID (Linux).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -116,7 +120,7 @@ async fn serve(args: Args) -> Result<(), String> {
         cfg.retry(kuai::RetryPolicy::Always);
     }
     crate::set_transport(&mut cfg.proto_mut().transport, &args.cc, args.redundancy);
-    let mut builder = Endpoint::builder().server(cfg);
+    let mut builder = Endpoint::builder().server(cfg).workers(args.workers);
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);
     }
@@ -129,7 +133,13 @@ async fn serve(args: Args) -> Result<(), String> {
     })?;
     let local = ep.local_addr().map_err(|e| e.to_string())?;
     let port = local.port();
-    println!("kuai server listening on udp {local} (HTTP/3, and HTTP/0.9 as hq-interop)");
+    println!(
+        "kuai server listening on udp {local} (HTTP/3, and HTTP/0.9 as hq-interop){}",
+        match ep.workers() {
+            1 => String::new(),
+            n => format!(", {n} workers"),
+        }
+    );
     if let Some(p) = ep.preferred_address() {
         println!("kuai server preferred address: udp {p} (clients move there after the handshake)");
     }

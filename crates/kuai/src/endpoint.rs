@@ -1,9 +1,12 @@
-//! The async endpoint: one UDP socket, one driver task, many connections.
+//! The async endpoint: one UDP socket per worker, one driver task per worker, many
+//! connections. Each connection lives on one worker; the connection IDs a worker issues name
+//! it, and the kernel steers every datagram to the worker its destination CID names.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
 use std::io::{self, IoSliceMut};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -15,7 +18,7 @@ use quinn_udp::RecvMeta;
 use tokio::sync::Notify;
 
 use crate::connection::{Connecting, ConnectionInner};
-use crate::udp::{SocketOptions, UdpSocket, UdpStats, UdpStatsSnapshot};
+use crate::udp::{SocketOptions, UdpSocket, UdpStats, UdpStatsSnapshot, worker_of};
 use crate::{ClientConfig, EndpointConfig, ServerConfig};
 
 /// Largest UDP payload (a GRO batch) one receive buffer takes.
@@ -143,18 +146,41 @@ pub(crate) struct State {
     incoming: VecDeque<ConnectionHandle>,
     accept_wakers: Vec<Waker>,
     client_config: Option<ClientConfig>,
-    /// NEW_TOKEN tokens by server name, for the next connection's Initial.
-    tokens: HashMap<String, Bytes>,
+    /// NEW_TOKEN tokens by server name, for the next connection's Initial (one map for all
+    /// workers: the next connection to a server may start on another).
+    tokens: Arc<Mutex<HashMap<String, Bytes>>>,
     closed: bool,
     max_segments: usize,
     idle_wakers: Vec<Waker>,
     qlog_dir: Option<std::path::PathBuf>,
 }
 
+/// One worker: its socket, transport endpoint and connections, and what wakes its driver.
 pub(crate) struct Shared {
     pub state: Mutex<State>,
     pub notify: Notify,
     pub udp: UdpStats,
+    /// Datagrams another worker received for this one's connections.
+    inbox: Mutex<Vec<Received>>,
+}
+
+/// A datagram handed from one worker to another.
+struct Received {
+    remote: SocketAddr,
+    local_ip: Option<IpAddr>,
+    ecn: Option<EcnCodepoint>,
+    data: BytesMut,
+    /// Its owner is settled: handle it here whatever the checks say.
+    settled: bool,
+}
+
+/// The workers of one endpoint (one, unless [`EndpointBuilder::workers`] asks for more).
+pub(crate) struct Workers {
+    all: Box<[Arc<Shared>]>,
+    /// Round-robin choice of the worker a new client connection starts on.
+    next_connect: AtomicUsize,
+    /// Where `accept` looks first, so no worker's connections wait behind another's.
+    next_accept: AtomicUsize,
 }
 
 impl Shared {
@@ -178,6 +204,7 @@ pub struct EndpointBuilder {
     max_segments: Option<usize>,
     qlog_dir: Option<std::path::PathBuf>,
     preferred_address: Option<SocketAddr>,
+    workers: usize,
 }
 
 impl EndpointBuilder {
@@ -239,23 +266,35 @@ impl EndpointBuilder {
         self
     }
 
-    /// Binds the socket and starts the endpoint's driver on the current tokio runtime.
+    /// Spreads the endpoint over `n` workers, each with its own socket on the same port
+    /// (SO_REUSEPORT), driver task and share of the connections, so handshakes and
+    /// connections use several cores (default 1). A connection stays on the worker it
+    /// started on: the last byte of every connection ID a worker issues names it, and a
+    /// kernel program steers each datagram to the worker its destination CID names, so
+    /// migrated and NAT-rebound connections still find theirs. The server's connection and
+    /// handshake limits are shared out among the workers. Linux only.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n.max(1);
+        self
+    }
+
+    /// Binds the sockets and starts the endpoint's drivers on the current tokio runtime.
     pub fn bind(self, addr: SocketAddr) -> io::Result<Endpoint> {
-        let socket = UdpSocket::bind(addr, self.socket)?;
-        Endpoint::from_socket(socket, self)
+        Endpoint::bind_with(addr, self)
     }
 }
 
-/// A QUIC endpoint on a UDP socket. Cheap to clone; all clones share the socket.
+/// A QUIC endpoint on a UDP port. Cheap to clone; all clones share the sockets.
 #[derive(Clone)]
 pub struct Endpoint {
-    pub(crate) shared: Arc<Shared>,
+    workers: Arc<Workers>,
 }
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Endpoint")
             .field("local_addr", &self.local_addr().ok())
+            .field("workers", &self.workers.all.len())
             .finish()
     }
 }
@@ -276,101 +315,133 @@ impl Endpoint {
         Self::builder().bind(addr)
     }
 
-    fn from_socket(socket: UdpSocket, mut b: EndpointBuilder) -> io::Result<Self> {
+    fn bind_with(addr: SocketAddr, b: EndpointBuilder) -> io::Result<Self> {
         let now = Instant::now();
-        let preferred = match b.preferred_address {
-            Some(addr) => {
-                let main = socket.local_addr();
-                if addr.ip() == main.ip() || addr.ip().is_unspecified() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!(
-                            "the preferred address {addr} needs an IP address of its own \
-                             (the endpoint listens on {main})"
-                        ),
-                    ));
-                }
-                let s = UdpSocket::bind(addr, b.socket).map_err(|e| {
-                    io::Error::new(e.kind(), format!("preferred address {addr}: {e}"))
-                })?;
-                if let Some(server) = b.server.as_mut() {
-                    server.proto.preferred_address = Some(preferred_config(s.local_addr()));
-                }
-                Some(Arc::new(s))
+        let n = b.workers.max(1);
+        let config = b.config.unwrap_or_default().proto;
+        let cid_len = (config.cid_generator)().cid_len();
+        let sockets = UdpSocket::bind_workers(addr, b.socket, n, cid_len)?;
+        let main = sockets[0].local_addr();
+        let mut preferred: Vec<Option<Arc<UdpSocket>>> = vec![None; n];
+        if let Some(addr) = b.preferred_address {
+            if addr.ip() == main.ip() || addr.ip().is_unspecified() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "the preferred address {addr} needs an IP address of its own \
+                         (the endpoint listens on {main})"
+                    ),
+                ));
             }
-            None => None,
-        };
+            let group = UdpSocket::bind_workers(addr, b.socket, n, cid_len)
+                .map_err(|e| io::Error::new(e.kind(), format!("preferred address {addr}: {e}")))?;
+            for (slot, s) in preferred.iter_mut().zip(group) {
+                *slot = Some(Arc::new(s));
+            }
+        }
+        let mut server = b.server;
+        if let (Some(s), Some(p)) = (server.as_mut(), &preferred[0]) {
+            s.proto.preferred_address = Some(preferred_config(p.local_addr()));
+        }
         let unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let config = b.config.unwrap_or_default();
-        let ep = kuai_proto::Endpoint::new(
-            Arc::new(config.proto),
-            b.server.map(|s| Arc::new(s.proto)),
-            now,
-            unix_ms,
-            None,
-        );
-        let max_segments = b
-            .max_segments
-            .unwrap_or(MAX_GSO)
-            .min(socket.max_segments())
-            .max(1);
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                ep,
-                socket: Arc::new(socket),
-                preferred,
-                conns: HashMap::new(),
-                incoming: VecDeque::new(),
-                accept_wakers: Vec::new(),
-                client_config: b.client,
-                tokens: HashMap::new(),
-                closed: false,
-                max_segments,
-                idle_wakers: Vec::new(),
-                qlog_dir: b.qlog_dir,
-            }),
-            notify: Notify::new(),
-            udp: UdpStats::default(),
+        let tokens = Arc::new(Mutex::new(HashMap::new()));
+        let mut all = Vec::with_capacity(n);
+        for (i, (socket, preferred)) in sockets.into_iter().zip(preferred).enumerate() {
+            let ep = kuai_proto::Endpoint::new(
+                Arc::new(worker_config(&config, i, n)),
+                server
+                    .as_ref()
+                    .map(|s| Arc::new(worker_server_config(&s.proto, n))),
+                now,
+                unix_ms,
+                None,
+            );
+            let max_segments = b
+                .max_segments
+                .unwrap_or(MAX_GSO)
+                .min(socket.max_segments())
+                .max(1);
+            all.push(Arc::new(Shared {
+                state: Mutex::new(State {
+                    ep,
+                    socket: Arc::new(socket),
+                    preferred,
+                    conns: HashMap::new(),
+                    incoming: VecDeque::new(),
+                    accept_wakers: Vec::new(),
+                    client_config: b.client.clone(),
+                    tokens: tokens.clone(),
+                    closed: false,
+                    max_segments,
+                    idle_wakers: Vec::new(),
+                    qlog_dir: b.qlog_dir.clone(),
+                }),
+                notify: Notify::new(),
+                udp: UdpStats::default(),
+                inbox: Mutex::new(Vec::new()),
+            }));
+        }
+        let workers = Arc::new(Workers {
+            all: all.into(),
+            next_connect: AtomicUsize::new(0),
+            next_accept: AtomicUsize::new(0),
         });
-        let driver = shared.clone();
-        tokio::spawn(async move {
-            if let Err(e) = drive(driver).await {
-                tracing::error!(error = %e, "endpoint driver stopped");
-            }
-        });
-        Ok(Self { shared })
+        for i in 0..n {
+            let w = workers.clone();
+            tokio::spawn(async move {
+                if let Err(e) = drive(w, i).await {
+                    tracing::error!(error = %e, worker = i, "endpoint driver stopped");
+                }
+            });
+        }
+        Ok(Self { workers })
     }
 
-    /// The local socket address.
+    fn first(&self) -> &Shared {
+        &self.workers.all[0]
+    }
+
+    /// The local socket address (every worker's socket has it).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.shared.lock().socket.local_addr())
+        Ok(self.first().lock().socket.local_addr())
+    }
+
+    /// How many workers share the endpoint's port.
+    pub fn workers(&self) -> usize {
+        self.workers.all.len()
     }
 
     /// Sets the configuration [`connect`](Self::connect) uses.
     pub fn set_default_client_config(&self, c: ClientConfig) {
-        self.shared.lock().client_config = Some(c);
+        for w in self.workers.all.iter() {
+            w.lock().client_config = Some(c.clone());
+        }
     }
 
     /// Starts accepting connections with `c` (or stops, with `None`).
     pub fn set_server_config(&self, c: Option<ServerConfig>) {
-        let mut s = self.shared.lock();
-        let preferred = s
-            .preferred
-            .as_ref()
-            .map(|p| preferred_config(p.local_addr()));
-        s.ep.set_server_config(c.map(|mut c| {
-            if preferred.is_some() {
-                c.proto.preferred_address = preferred;
-            }
-            Arc::new(c.proto)
-        }));
+        let n = self.workers.all.len();
+        for w in self.workers.all.iter() {
+            let mut s = w.lock();
+            let preferred = s
+                .preferred
+                .as_ref()
+                .map(|p| preferred_config(p.local_addr()));
+            s.ep.set_server_config(c.as_ref().map(|c| {
+                let mut proto = worker_server_config(&c.proto, n);
+                if preferred.is_some() {
+                    proto.preferred_address = preferred;
+                }
+                Arc::new(proto)
+            }));
+        }
     }
 
     /// The preferred address clients are offered, if the endpoint has one.
     pub fn preferred_address(&self) -> Option<SocketAddr> {
-        self.shared
+        self.first()
             .lock()
             .preferred
             .as_ref()
@@ -380,7 +451,7 @@ impl Endpoint {
     /// Connects to `addr`, presenting `server_name` for SNI and certificate checks.
     pub fn connect(&self, addr: SocketAddr, server_name: &str) -> Result<Connecting, ConnectError> {
         let cfg = self
-            .shared
+            .first()
             .lock()
             .client_config
             .clone()
@@ -395,7 +466,9 @@ impl Endpoint {
         addr: SocketAddr,
         server_name: &str,
     ) -> Result<Connecting, ConnectError> {
-        let mut s = self.shared.lock();
+        let all = &self.workers.all;
+        let worker = &all[self.workers.next_connect.fetch_add(1, Ordering::Relaxed) % all.len()];
+        let mut s = worker.lock();
         if s.closed {
             return Err(ConnectError::EndpointClosed);
         }
@@ -408,7 +481,10 @@ impl Endpoint {
             }
             _ => addr,
         };
-        let token = s.tokens.get(server_name).cloned().unwrap_or_default();
+        let token = lock(&s.tokens)
+            .get(server_name)
+            .cloned()
+            .unwrap_or_default();
         let now = Instant::now();
         let h =
             s.ep.connect_with_token(now, &config.proto, addr, server_name, token)
@@ -420,103 +496,203 @@ impl Endpoint {
         s.conns.insert(h, Box::new(st));
         attach_qlog(&mut s, h, now);
         drop(s);
-        self.shared.kick();
-        Ok(Connecting::new(ConnectionInner::new(
-            self.shared.clone(),
-            h,
-        )))
+        worker.kick();
+        Ok(Connecting::new(ConnectionInner::new(worker.clone(), h)))
     }
 
     /// Waits for the next incoming connection; `None` once the endpoint is closed.
     pub async fn accept(&self) -> Option<Connecting> {
+        let all = &self.workers.all;
         poll_fn(|cx| {
-            let mut s = self.shared.lock();
-            if let Some(h) = s.incoming.pop_front() {
-                return Poll::Ready(Some(h));
+            let start = self.workers.next_accept.fetch_add(1, Ordering::Relaxed);
+            let mut closed = true;
+            for k in 0..all.len() {
+                let w = &all[(start + k) % all.len()];
+                let mut s = w.lock();
+                if let Some(h) = s.incoming.pop_front() {
+                    return Poll::Ready(Some((w.clone(), h)));
+                }
+                closed &= s.closed;
+                register(&mut s.accept_wakers, cx);
             }
-            if s.closed {
-                return Poll::Ready(None);
+            if closed {
+                Poll::Ready(None)
+            } else {
+                Poll::Pending
             }
-            s.accept_wakers.push(cx.waker().clone());
-            Poll::Pending
         })
         .await
-        .map(|h| Connecting::new(ConnectionInner::new(self.shared.clone(), h)))
+        .map(|(w, h)| Connecting::new(ConnectionInner::new(w, h)))
     }
 
     /// Closes every connection with `code` and stops accepting.
     pub fn close(&self, code: u64, reason: &[u8]) {
-        let mut s = self.shared.lock();
-        s.closed = true;
-        let now = Instant::now();
-        let handles: Vec<_> = s.ep.handles().collect();
-        for h in handles {
-            if let Some(c) = s.ep.connection_mut(h) {
-                c.close(now, code, reason);
+        for w in self.workers.all.iter() {
+            let mut s = w.lock();
+            s.closed = true;
+            let now = Instant::now();
+            let handles: Vec<_> = s.ep.handles().collect();
+            for h in handles {
+                if let Some(c) = s.ep.connection_mut(h) {
+                    c.close(now, code, reason);
+                }
             }
+            for w in s.accept_wakers.drain(..) {
+                w.wake();
+            }
+            drop(s);
+            w.kick();
         }
-        for w in s.accept_wakers.drain(..) {
-            w.wake();
-        }
-        drop(s);
-        self.shared.kick();
     }
 
     /// Waits until every connection has finished closing.
     pub async fn wait_idle(&self) {
         poll_fn(|cx| {
-            let mut s = self.shared.lock();
-            if s.ep.connection_count() == 0 {
-                return Poll::Ready(());
+            let mut idle = true;
+            for w in self.workers.all.iter() {
+                let mut s = w.lock();
+                if s.ep.connection_count() > 0 {
+                    idle = false;
+                    register(&mut s.idle_wakers, cx);
+                }
             }
-            s.idle_wakers.push(cx.waker().clone());
-            Poll::Pending
+            if idle { Poll::Ready(()) } else { Poll::Pending }
         })
         .await
     }
 
-    /// Moves the endpoint to a new socket bound to `addr` (client migration, RFC 9000 §9):
+    /// Moves the endpoint to new sockets bound to `addr` (client migration, RFC 9000 §9):
     /// every established client connection switches to a fresh connection ID and validates
     /// the new path.
     pub fn rebind(&self, addr: SocketAddr) -> io::Result<()> {
-        let socket = UdpSocket::bind(addr, SocketOptions::default())?;
-        let mut s = self.shared.lock();
-        let local_ip = Some(socket.local_addr().ip()).filter(|ip| !ip.is_unspecified());
-        s.socket = Arc::new(socket);
-        let now = Instant::now();
-        let handles: Vec<_> = s.ep.handles().collect();
-        for h in handles {
-            if let Some(c) = s.ep.connection_mut(h)
-                && c.side().is_client()
-                && c.is_handshake_confirmed()
-                && let Err(e) = c.migrate(now, local_ip)
-            {
-                tracing::warn!(error = %e, "connection could not migrate");
+        let all = &self.workers.all;
+        let cid_len = self.first().lock().ep.cid_len();
+        let sockets = UdpSocket::bind_workers(addr, SocketOptions::default(), all.len(), cid_len)?;
+        for (w, socket) in all.iter().zip(sockets) {
+            let mut s = w.lock();
+            let local_ip = Some(socket.local_addr().ip()).filter(|ip| !ip.is_unspecified());
+            s.socket = Arc::new(socket);
+            let now = Instant::now();
+            let handles: Vec<_> = s.ep.handles().collect();
+            for h in handles {
+                if let Some(c) = s.ep.connection_mut(h)
+                    && c.side().is_client()
+                    && c.is_handshake_confirmed()
+                    && let Err(e) = c.migrate(now, local_ip)
+                {
+                    tracing::warn!(error = %e, "connection could not migrate");
+                }
             }
+            drop(s);
+            w.kick();
         }
-        drop(s);
-        self.shared.kick();
         Ok(())
     }
 
-    /// Counters of the UDP layer (datagrams per send and receive call show GSO/GRO at work).
+    /// Counters of the UDP layer (datagrams per send and receive call show GSO/GRO at work),
+    /// summed over the workers.
     pub fn udp_stats(&self) -> UdpStatsSnapshot {
-        self.shared.udp.snapshot()
+        let mut sum = UdpStatsSnapshot::default();
+        for w in self.workers.all.iter() {
+            sum += w.udp.snapshot();
+        }
+        sum
     }
 
     /// Datagrams one send call may carry on this socket (1 without GSO).
     pub fn max_gso_segments(&self) -> usize {
-        self.shared.lock().max_segments
+        self.first().lock().max_segments
     }
 
     /// Counters of the endpoint: accepted, refused, Retry and reset packets sent, ...
     pub fn stats(&self) -> kuai_proto::endpoint::EndpointStats {
-        self.shared.lock().ep.stats().clone()
+        let mut sum = kuai_proto::endpoint::EndpointStats::default();
+        for w in self.workers.all.iter() {
+            sum += w.lock().ep.stats();
+        }
+        sum
     }
 
     /// Live connections, closing ones included.
     pub fn connection_count(&self) -> usize {
-        self.shared.lock().ep.connection_count()
+        self.workers
+            .all
+            .iter()
+            .map(|w| w.lock().ep.connection_count())
+            .sum()
+    }
+}
+
+/// Locks a mutex, ignoring poisoning (the data stays consistent: no panics mid-update).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Worker `i` of `n`'s endpoint settings: its connection IDs carry `i` in their last byte
+/// (see [`worker_of`]).
+fn worker_config(
+    config: &kuai_proto::EndpointConfig,
+    i: usize,
+    n: usize,
+) -> kuai_proto::EndpointConfig {
+    let mut c = config.clone();
+    if n > 1 {
+        let inner = config.cid_generator.clone();
+        c.cid_generator = Arc::new(move || {
+            Box::new(WorkerCids {
+                inner: inner(),
+                worker: i as u8,
+                workers: n as u8,
+            })
+        });
+    }
+    c
+}
+
+/// A server configuration's limits shared out among `n` workers.
+fn worker_server_config(c: &kuai_proto::ServerConfig, n: usize) -> kuai_proto::ServerConfig {
+    let mut c = c.clone();
+    if n > 1 {
+        c.max_connections = c.max_connections.div_ceil(n);
+        c.max_handshakes = c.max_handshakes.div_ceil(n);
+        if let kuai_proto::config::RetryPolicy::AboveHandshakes(k) = c.retry {
+            c.retry = kuai_proto::config::RetryPolicy::AboveHandshakes(k.div_ceil(n));
+        }
+    }
+    c
+}
+
+/// Connection IDs of one worker: the application's generator's, with the last byte set so
+/// that it names the worker modulo the number of workers.
+struct WorkerCids {
+    inner: Box<dyn kuai_proto::ConnectionIdGenerator>,
+    worker: u8,
+    workers: u8,
+}
+
+impl kuai_proto::ConnectionIdGenerator for WorkerCids {
+    fn generate(&mut self) -> kuai_proto::ConnectionId {
+        let cid = self.inner.generate();
+        let mut bytes = [0u8; kuai_proto::cid::MAX_CID_SIZE];
+        let bytes = &mut bytes[..cid.len()];
+        bytes.copy_from_slice(&cid);
+        if let Some(last) = bytes.last_mut() {
+            // Keep the high part random; the largest multiple of `workers` that fits.
+            let base = *last - *last % self.workers;
+            *last = match base.checked_add(self.worker) {
+                Some(b) => b,
+                None => base - self.workers + self.worker,
+            };
+        }
+        kuai_proto::ConnectionId::new(bytes)
+    }
+
+    fn cid_len(&self) -> usize {
+        self.inner.cid_len()
+    }
+
+    fn cid_lifetime(&self) -> Option<std::time::Duration> {
+        self.inner.cid_lifetime()
     }
 }
 
@@ -548,9 +724,21 @@ impl std::fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
-/// The driver: receives, runs timers, sends, and wakes application tasks.
-async fn drive(shared: Arc<Shared>) -> io::Result<()> {
-    let gro = shared.lock().socket.gro_segments() > 1;
+/// The driver of worker `me`: receives, runs timers, sends, and wakes application tasks.
+async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
+    let shared = workers.all[me].clone();
+    let (gro, cid_len) = {
+        let s = shared.lock();
+        (s.socket.gro_segments() > 1, s.ep.cid_len())
+    };
+    let route = Route {
+        me,
+        workers: workers.all.len(),
+        cid_len,
+    };
+    // Datagrams to hand to other workers, by worker; at `me`, those no connection here knows.
+    let mut away: Vec<Vec<Received>> = (0..route.workers).map(|_| Vec::new()).collect();
+    let mut inbox = Vec::new();
     // A GRO buffer holds up to 64 KiB of coalesced datagrams; without GRO one datagram.
     let slot = if gro { RECV_BUF } else { 2048 };
     let mut rx = vec![0u8; slot * RECV_BATCH];
@@ -602,7 +790,13 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
             r = writable => r?,
         }
         let now = Instant::now();
+        if route.workers > 1 {
+            std::mem::swap(&mut inbox, &mut *lock(&shared.inbox));
+        }
         let mut s = shared.lock();
+        for r in inbox.drain(..) {
+            route.deliver(&mut s, now, r, &mut away);
+        }
         // One receive batch per socket, then send. Draining the whole queue first held every
         // answer back until the last datagram was handled: with many handshakes queued the
         // peer sat idle while this side did all their crypto. A socket with more waiting stays
@@ -640,7 +834,14 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
                         pool = BytesMut::with_capacity(POOL_BUF.max(seg.len()));
                     }
                     pool.extend_from_slice(seg);
-                    s.ep.handle_datagram(now, m.addr, dst_ip, ecn, pool.split());
+                    let r = Received {
+                        remote: m.addr,
+                        local_ip: dst_ip,
+                        ecn,
+                        data: pool.split(),
+                        settled: false,
+                    };
+                    route.deliver(&mut s, now, r, &mut away);
                 }
             }
         }
@@ -692,6 +893,57 @@ async fn drive(shared: Arc<Shared>) -> io::Result<()> {
             }
         }
         dispatch(&mut s);
+        drop(s);
+        if route.workers > 1 {
+            route.hand_on(&workers, &mut away);
+        }
+    }
+}
+
+/// Where a worker's datagrams go.
+struct Route {
+    me: usize,
+    workers: usize,
+    cid_len: usize,
+}
+
+impl Route {
+    /// Handles `r` here, or sets it aside in `away` for the worker it belongs to.
+    fn deliver(&self, s: &mut State, now: Instant, r: Received, away: &mut [Vec<Received>]) {
+        if self.workers > 1 && !r.settled {
+            let owner = worker_of(&r.data, self.workers, self.cid_len);
+            // The kernel steers by the same rule, but GRO may merge datagrams of two
+            // connections that share a client address.
+            if owner != self.me || !s.ep.routes(&r.data) {
+                // A short-header datagram no connection here knows may be a peer's stateless
+                // reset: random bytes where the CID would be, so it was steered anywhere.
+                // The other workers are asked first (`hand_on`).
+                away[owner].push(r);
+                return;
+            }
+        }
+        s.ep.handle_datagram(now, r.remote, r.local_ip, r.ecn, r.data);
+    }
+
+    /// Hands the datagrams set aside to their workers, with this worker's state unlocked.
+    fn hand_on(&self, workers: &Workers, away: &mut [Vec<Received>]) {
+        for (i, batch) in away.iter_mut().enumerate() {
+            if i != self.me && !batch.is_empty() {
+                lock(&workers.all[i].inbox).append(batch);
+                workers.all[i].kick();
+            }
+        }
+        // Unknown here: to the worker whose connection knows it (a reset token), or back
+        // here to be answered (a stateless reset of our own, or dropped).
+        for mut r in away[self.me].drain(..) {
+            let owner = (0..self.workers)
+                .filter(|&i| i != self.me)
+                .find(|&i| workers.all[i].lock().ep.routes(&r.data))
+                .unwrap_or(self.me);
+            r.settled = true;
+            lock(&workers.all[owner].inbox).push(r);
+            workers.all[owner].kick();
+        }
     }
 }
 
@@ -789,7 +1041,7 @@ fn dispatch(s: &mut State) {
             }
             Event::NewToken(t) => {
                 if let Some(name) = st.server_name.clone() {
-                    s.tokens.insert(name, t);
+                    lock(&s.tokens).insert(name, t);
                 }
             }
             Event::ConnectionLost(e) => {
@@ -846,4 +1098,47 @@ pub(crate) fn register(slot: &mut Vec<Waker>, cx: &Context<'_>) {
 
 pub(crate) fn dir_index(d: Dir) -> usize {
     d as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kuai_proto::ConnectionIdGenerator;
+
+    /// Always the same ID, to pin the last byte.
+    struct Fixed(u8);
+
+    impl ConnectionIdGenerator for Fixed {
+        fn generate(&mut self) -> kuai_proto::ConnectionId {
+            kuai_proto::ConnectionId::new(&[9, 9, 9, self.0])
+        }
+        fn cid_len(&self) -> usize {
+            4
+        }
+    }
+
+    #[test]
+    fn worker_cids_name_their_worker() {
+        for workers in [2u8, 3, 7] {
+            for worker in 0..workers {
+                for last in [0u8, 1, 100, 250, 254, 255] {
+                    let mut g = WorkerCids {
+                        inner: Box::new(Fixed(last)),
+                        worker,
+                        workers,
+                    };
+                    let cid = g.generate();
+                    assert_eq!(cid.len(), 4);
+                    assert_eq!(&cid[..3], &[9, 9, 9]);
+                    let mut short = vec![0x40];
+                    short.extend_from_slice(&cid);
+                    assert_eq!(
+                        worker_of(&short, workers as usize, 4),
+                        worker as usize,
+                        "last byte {last}, worker {worker} of {workers}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! kuai: QUIC on tokio.
 //!
-//! An [`Endpoint`] owns one UDP socket and drives every connection on it from one task, using
-//! UDP GSO and GRO where the kernel has them. Connections and streams are async handles in the
+//! An [`Endpoint`] owns a UDP port and drives every connection on it from one task per worker
+//! (one by default), using UDP GSO and GRO where the kernel has them. Connections and streams are async handles in the
 //! style of tokio: [`Connection::open_bi`], [`SendStream`] implements `AsyncWrite`,
 //! [`RecvStream`] implements `AsyncRead`.
 //!
@@ -38,10 +38,13 @@
 //! # }
 //! ```
 //!
-//! Multi-core: bind N endpoints on the same port with [`EndpointBuilder::reuse_port`] and run
-//! each on its own thread. The kernel spreads flows by address hash, so a connection whose
-//! client address changes (migration, NAT rebinding) can land on another worker, which does
-//! not know it; routing by connection ID across workers comes with QUIC-LB support.
+//! Multi-core: [`EndpointBuilder::workers`] spreads an endpoint over N workers, each a socket
+//! on the same port (SO_REUSEPORT) with its own driver task and its own share of the
+//! connections. The last byte of every connection ID a worker issues names the worker, and a
+//! classic BPF program attached to the port steers each datagram by its destination CID, so a
+//! connection whose client address changes (migration, NAT rebinding) still reaches the worker
+//! that holds it. What the kernel cannot steer (a peer's stateless reset, whose bytes are
+//! random) the workers hand to each other.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

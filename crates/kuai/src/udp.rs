@@ -50,6 +50,18 @@ pub struct UdpStatsSnapshot {
     pub send_errors: u64,
 }
 
+impl std::ops::AddAssign for UdpStatsSnapshot {
+    fn add_assign(&mut self, o: Self) {
+        self.send_calls += o.send_calls;
+        self.sent_datagrams += o.sent_datagrams;
+        self.sent_bytes += o.sent_bytes;
+        self.recv_calls += o.recv_calls;
+        self.recv_datagrams += o.recv_datagrams;
+        self.recv_bytes += o.recv_bytes;
+        self.send_errors += o.send_errors;
+    }
+}
+
 impl UdpStats {
     /// The current values.
     pub fn snapshot(&self) -> UdpStatsSnapshot {
@@ -120,6 +132,49 @@ impl UdpSocket {
         sock.set_nonblocking(true)?;
         let std_sock: std::net::UdpSocket = sock.into();
         Self::from_std(std_sock, opts)
+    }
+
+    /// Binds `workers` sockets on `addr`'s port, sharing it with SO_REUSEPORT, and attaches a
+    /// classic BPF program to the group that hands each datagram to socket
+    /// [`worker_of`]`(datagram, workers, cid_len)`: the i-th socket returned is worker i. A
+    /// connection's packets all carry a destination CID its worker made, so they reach that
+    /// worker whatever the client's address (migration, NAT rebinding). With one worker this
+    /// is [`bind`](Self::bind).
+    pub fn bind_workers(
+        addr: SocketAddr,
+        opts: SocketOptions,
+        workers: usize,
+        cid_len: usize,
+    ) -> io::Result<Vec<Self>> {
+        if workers <= 1 {
+            return Ok(vec![Self::bind(addr, opts)?]);
+        }
+        if !(1..=u8::MAX as usize).contains(&cid_len) || workers > u8::MAX as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{workers} workers need connection IDs of 1 to 255 bytes (have {cid_len}) and at most 255 workers"
+                ),
+            ));
+        }
+        let opts = SocketOptions {
+            reuse_port: true,
+            ..opts
+        };
+        let first = Self::bind(addr, opts)?;
+        let shared = first.local_addr();
+        #[cfg(target_os = "linux")]
+        steer::attach(&first.io, workers as u32, cid_len as u32)?;
+        #[cfg(not(target_os = "linux"))]
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "several workers on one port need Linux (SO_ATTACH_REUSEPORT_CBPF)",
+        ));
+        let mut all = vec![first];
+        for _ in 1..workers {
+            all.push(Self::bind(shared, opts)?);
+        }
+        Ok(all)
     }
 
     /// Wraps an already bound socket.
@@ -493,5 +548,165 @@ mod mmsg {
         let done = r as usize;
         let bytes = contents.chunks(seg).take(done).map(<[u8]>::len).sum();
         Ok((done, bytes))
+    }
+}
+
+/// The worker a datagram belongs to on an endpoint with `workers` sockets whose connection IDs
+/// are `cid_len` bytes long: the last byte of its destination CID, modulo `workers`, and 0 for
+/// a datagram too short to have one. The kernel program of [`UdpSocket::bind_workers`]
+/// computes the same; a worker passes on what the kernel could not steer right (GRO can merge
+/// datagrams of two connections that share a client address).
+pub fn worker_of(datagram: &[u8], workers: usize, cid_len: usize) -> usize {
+    if workers <= 1 {
+        return 0;
+    }
+    let last = match datagram.first() {
+        // Long header (RFC 8999 §5.1): the DCID length is byte 5, the DCID follows it.
+        Some(b) if b & 0x80 != 0 => datagram
+            .get(5)
+            .and_then(|&len| datagram.get(5 + len as usize)),
+        // Short header: our CID, of our fixed length, from byte 1.
+        Some(_) => datagram.get(cid_len),
+        None => None,
+    };
+    last.map_or(0, |&b| b as usize % workers)
+}
+
+/// The steering program (`SO_ATTACH_REUSEPORT_CBPF`); the socket option and its C structure
+/// are unsafe code of the UDP layer.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+mod steer {
+    use std::io;
+    use std::os::fd::AsRawFd;
+
+    // Classic BPF opcodes (linux/filter.h, linux/bpf_common.h): class | size | mode.
+    const LD: u16 = 0x00;
+    const B: u16 = 0x10;
+    const LD_B_ABS: u16 = LD | B | 0x20;
+    const LD_B_IND: u16 = LD | B | 0x40;
+    const JMP_JSET_K: u16 = 0x05 | 0x40;
+    const JMP_JA: u16 = 0x05;
+    const MISC_TAX: u16 = 0x07;
+    const ALU_MOD_K: u16 = 0x04 | 0x90;
+    const RET_A: u16 = 0x06 | 0x10;
+
+    fn op(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+        libc::sock_filter { code, jt, jf, k }
+    }
+
+    /// The program [`super::worker_of`] describes. The data it sees starts at the UDP
+    /// payload; a load past the end ends it with 0 (worker 0).
+    pub fn program(workers: u32, cid_len: u32) -> [libc::sock_filter; 9] {
+        [
+            op(LD_B_ABS, 0, 0, 0),        // 0: A = first byte
+            op(JMP_JSET_K, 0, 4, 0x80),   // 1: long header? 2 : 6
+            op(LD_B_ABS, 0, 0, 5),        // 2: A = DCID length
+            op(MISC_TAX, 0, 0, 0),        // 3: X = A
+            op(LD_B_IND, 0, 0, 5),        // 4: A = byte 5 + length: the DCID's last
+            op(JMP_JA, 0, 0, 1),          // 5: to 7
+            op(LD_B_ABS, 0, 0, cid_len),  // 6: A = byte cid_len: the short DCID's last
+            op(ALU_MOD_K, 0, 0, workers), // 7: A %= workers
+            op(RET_A, 0, 0, 0),           // 8: the socket's index in the group
+        ]
+    }
+
+    pub fn attach(sock: &impl AsRawFd, workers: u32, cid_len: u32) -> io::Result<()> {
+        let mut filter = program(workers, cid_len);
+        let prog = libc::sock_fprog {
+            len: filter.len() as u16,
+            filter: filter.as_mut_ptr(),
+        };
+        // SAFETY: `prog` points at `filter`, which outlives the call; the kernel copies the
+        // program and reads `size_of::<sock_fprog>()` bytes of `prog`.
+        let r = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_REUSEPORT_CBPF,
+                (&raw const prog).cast::<libc::c_void>(),
+                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// Which of `socks` received one datagram (waiting up to a second).
+    async fn receiver(socks: &[UdpSocket]) -> usize {
+        let stats = UdpStats::default();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            for (i, s) in socks.iter().enumerate() {
+                let mut buf = [0u8; 2048];
+                let mut slices = [IoSliceMut::new(&mut buf)];
+                let mut meta = [RecvMeta::default()];
+                if let Ok(1) = s.try_recv(&stats, &mut slices, &mut meta) {
+                    return i;
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "nothing arrived");
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_kernel_steers_each_datagram_to_the_worker_its_cid_names() {
+        let cid_len = 8;
+        for workers in [2, 3] {
+            let opts = SocketOptions {
+                gro: false,
+                ..SocketOptions::default()
+            };
+            let socks =
+                UdpSocket::bind_workers("127.0.0.1:0".parse().unwrap(), opts, workers, cid_len)
+                    .unwrap();
+            assert_eq!(socks.len(), workers);
+            let to = socks[0].local_addr();
+            assert!(socks.iter().all(|s| s.local_addr() == to));
+            let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let mut cases: Vec<Vec<u8>> = Vec::new();
+            for last in [0u8, 1, 2, 5, 254, 255] {
+                // Short header with an 8-byte DCID ending in `last`.
+                let mut short = vec![0x41, 9, 9, 9, 9, 9, 9, 9, last];
+                short.extend_from_slice(&[0xaa; 30]);
+                cases.push(short);
+                // Long headers with DCIDs of 8 and 20 bytes ending in `last`.
+                for len in [8usize, 20] {
+                    let mut long = vec![0xc3, 0, 0, 0, 1, len as u8];
+                    long.extend(std::iter::repeat_n(7, len - 1));
+                    long.push(last);
+                    long.extend_from_slice(&[0; 40]);
+                    cases.push(long);
+                }
+            }
+            // Too short to name a worker: worker 0.
+            cases.push(vec![0x40, 1, 2]);
+            cases.push(vec![0xc0, 0, 0, 0, 1, 30, 1]);
+            for d in &cases {
+                peer.send_to(d, to).unwrap();
+                assert_eq!(
+                    receiver(&socks).await,
+                    worker_of(d, workers, cid_len),
+                    "{workers} workers, datagram {d:02x?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn worker_of_reads_the_last_byte_of_the_destination_cid() {
+        assert_eq!(worker_of(&[0x40, 0, 0, 7], 4, 3), 3);
+        assert_eq!(worker_of(&[0xc0, 0, 0, 0, 1, 2, 9, 6], 4, 3), 2);
+        assert_eq!(worker_of(&[0xc0, 0, 0, 0, 1, 0], 4, 3), 0);
+        assert_eq!(worker_of(&[], 4, 3), 0);
+        assert_eq!(worker_of(&[0x40, 0, 0, 7], 1, 3), 0);
     }
 }

@@ -409,3 +409,164 @@ fn preferred_address_needs_its_own_ip() {
         .unwrap_err();
     assert!(e.to_string().contains("IP address of its own"), "{e}");
 }
+
+/// A client endpoint of `workers` workers on an ephemeral port.
+fn client_with_workers(workers: usize) -> Endpoint {
+    Endpoint::builder()
+        .workers(workers)
+        .bind(localhost())
+        .unwrap()
+}
+
+/// Two workers on each side: connections spread over both, each stays on its worker (the
+/// kernel steers by the last byte of the destination CID), and a client that moves to a new
+/// port mid-transfer still reaches its server worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_share_a_port_and_keep_their_connections() {
+    let (scfg, cert) = server_config();
+    let server = Endpoint::builder()
+        .server(scfg)
+        .workers(2)
+        .bind(localhost())
+        .unwrap();
+    assert_eq!(server.workers(), 2);
+    let (server, addr) = start_server_on(server);
+    let client = client_with_workers(2);
+    let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..32 {
+        let c = client
+            .connect_with(ccfg.clone(), addr, "localhost")
+            .unwrap();
+        conns.push(
+            tokio::time::timeout(std::time::Duration::from_secs(20), c)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert_eq!(server.stats().accepted, 32);
+    let mut tasks = Vec::new();
+    for (i, c) in conns.iter().enumerate() {
+        let c = c.clone();
+        let n = if i < 2 { 8 << 20 } else { 20_000 };
+        tasks.push(tokio::spawn(async move { (fetch(&c, n).await, n) }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let old = client.local_addr().unwrap();
+    client.rebind(localhost()).unwrap();
+    assert_ne!(client.local_addr().unwrap(), old);
+    for t in tasks {
+        let (got, want) = t.await.unwrap();
+        assert_eq!(got, want);
+    }
+    for c in &conns {
+        assert_eq!(fetch(c, 1000).await, 1000);
+    }
+    let moved = conns.iter().filter(|c| c.stats().migrations == 1).count();
+    assert_eq!(moved, 32, "every connection moved to the new port");
+}
+
+/// A server that loses its state answers with stateless resets. A reset's bytes are random
+/// where a CID would be, so the kernel steers it to any worker of the client; each must
+/// still reach the connection it is for (instead of that connection waiting for its idle
+/// timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_reset_finds_its_connection_on_any_worker() {
+    let (mut scfg, cert) = server_config();
+    // The client's probe timeout includes the server's max_ack_delay: a reset the client
+    // missed would cost it 4 s before it sent again and drew another.
+    scfg.transport(kuai::TransportConfig {
+        max_ack_delay: std::time::Duration::from_secs(4),
+        ..Default::default()
+    });
+    let endpoint_config = kuai::EndpointConfig {
+        proto: kuai::kuai_proto::EndpointConfig {
+            reset_key: [7; 32],
+            ..Default::default()
+        },
+    };
+    // The first server runs on a runtime of its own, so that dropping the runtime drops
+    // it with all its state and frees the port. It never accepts: no connection handle
+    // closes anything when it goes.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let (ecfg, scfg2) = (endpoint_config.clone(), scfg.clone());
+    let first = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let server = Endpoint::builder()
+                .server(scfg2)
+                .endpoint_config(ecfg)
+                .bind(localhost())
+                .unwrap();
+            tx.send(server.local_addr().unwrap()).unwrap();
+            tokio::task::spawn_blocking(move || stop_rx.recv())
+                .await
+                .unwrap()
+        })
+        .unwrap();
+        drop(rt);
+    });
+    let addr = rx.recv().unwrap();
+    let client = client_with_workers(2);
+    let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..12 {
+        let c = client
+            .connect_with(ccfg.clone(), addr, "localhost")
+            .unwrap();
+        conns.push(c.await.unwrap());
+    }
+    stop_tx.send(()).unwrap();
+    first.join().unwrap();
+    // The same port, the same reset key, no connections.
+    let _second = Endpoint::builder()
+        .server(scfg)
+        .endpoint_config(endpoint_config)
+        .bind(addr)
+        .unwrap();
+    let start = Instant::now();
+    for c in &conns {
+        let c = c.clone();
+        tokio::spawn(async move {
+            if let Ok((mut send, _recv)) = c.open_bi().await {
+                let _ = send.write_all(b"GET 1").await;
+            }
+        });
+    }
+    for c in &conns {
+        let e = tokio::time::timeout(std::time::Duration::from_secs(3), c.closed())
+            .await
+            .expect("reset by the first answer, without a probe timeout");
+        assert_eq!(e, kuai::ConnectionError::Reset);
+    }
+    assert!(start.elapsed() < std::time::Duration::from_secs(3));
+}
+
+/// The preferred address with two workers: each connection's probe reaches the worker that
+/// holds it on the preferred address's sockets too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_answer_on_the_preferred_address() {
+    let (scfg, cert) = server_config();
+    let server = Endpoint::builder()
+        .server(scfg)
+        .workers(2)
+        .preferred_address("127.0.0.2:0".parse().unwrap())
+        .bind(localhost())
+        .unwrap();
+    let preferred = server.preferred_address().unwrap();
+    let (_server, addr) = start_server_on(server);
+    let client = Endpoint::client(localhost()).unwrap();
+    let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    for _ in 0..16 {
+        let conn = client
+            .connect_with(ccfg.clone(), addr, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(fetch(&conn, 2 << 20).await, 2 << 20);
+        assert_eq!(conn.remote_address(), preferred);
+        assert_eq!(fetch(&conn, 1000).await, 1000);
+    }
+}
