@@ -41,10 +41,11 @@ enum Mode {
         /// QUIC congestion control: newreno, bbr or bbr-loss-tolerant.
         #[arg(long, default_value = "newreno")]
         cc: kuai::CongestionAlgorithm,
-        /// Endpoint workers (sockets on the port, each with its own driver); default: one
-        /// per core.
-        #[arg(long)]
-        workers: Option<usize>,
+        /// Endpoint workers (sockets on the port, each with its own driver). One by default:
+        /// with client and server sharing this machine's cores, more workers cost more in
+        /// smaller batches than they gain in parallel crypto (BENCHMARKS.md).
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
     },
     /// Run one workload against a perf server and print its result as one JSON line.
     Client {
@@ -75,10 +76,11 @@ enum Mode {
         /// QUIC congestion control: newreno, bbr or bbr-loss-tolerant.
         #[arg(long, default_value = "newreno")]
         cc: kuai::CongestionAlgorithm,
-        /// Endpoint workers (sockets on the port, each with its own driver); default: one
-        /// per core.
-        #[arg(long)]
-        workers: Option<usize>,
+        /// Endpoint workers (sockets on the port, each with its own driver). One by default:
+        /// with client and server sharing this machine's cores, more workers cost more in
+        /// smaller batches than they gain in parallel crypto (BENCHMARKS.md).
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
     },
 }
 
@@ -90,16 +92,7 @@ pub async fn run(args: Args) -> ExitCode {
             no_offload,
             cc,
             workers,
-        } => {
-            server(
-                listen,
-                &transport,
-                no_offload,
-                cc,
-                workers.unwrap_or_else(crate::cores),
-            )
-            .await
-        }
+        } => server(listen, &transport, no_offload, cc, workers).await,
         Mode::Client {
             server,
             transport,
@@ -124,7 +117,7 @@ pub async fn run(args: Args) -> ExitCode {
                 seconds,
                 no_offload,
                 cc,
-                workers: workers.unwrap_or_else(crate::cores),
+                workers,
             })
             .await
         }
