@@ -53,7 +53,7 @@ fn init_logging(default: &str) {
         .try_init();
 }
 
-/// The machine's cores (the default number of endpoint workers of the server commands).
+/// The machine's cores (the interop server runs one endpoint worker per core).
 pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
