@@ -50,12 +50,12 @@ struct Entry {
     handshaking: bool,
     /// Client's initial DCID registered for routing (server side), with its address.
     initial_key: Option<(SocketAddr, ConnectionId)>,
-    /// Our CIDs routed to this connection.
+    /// Our CIDs routed to this connection, the first `retired` of them ones the peer
+    /// retired: they stay routed a while because a packet sent before the retirement may
+    /// arrive after it (reordered, or on the path being left), and answering it with a
+    /// stateless reset would end the connection.
     cids: Vec<ConnectionId>,
-    /// The last CIDs the peer retired, still routed here: a packet sent before the
-    /// retirement may arrive after it (reordered, or on the path being left), and answering
-    /// it with a stateless reset would end the connection.
-    retired: Vec<ConnectionId>,
+    retired: u8,
     /// The peer's reset token registered for this connection.
     reset_token: Option<[u8; 16]>,
     /// `Endpoint::timeout_epoch` of the last `handle_timeout` that ran this connection.
@@ -295,7 +295,7 @@ impl Endpoint {
             handshaking: false,
             initial_key: None,
             cids: Vec::new(),
-            retired: Vec::new(),
+            retired: 0,
             reset_token: None,
             timeout_epoch: 0,
             scheduled: None,
@@ -564,7 +564,7 @@ impl Endpoint {
             handshaking: true,
             initial_key: Some((remote, dcid)),
             cids: Vec::new(),
-            retired: Vec::new(),
+            retired: 0,
             reset_token: None,
             timeout_epoch: 0,
             scheduled: None,
@@ -735,15 +735,19 @@ impl Endpoint {
                 self.by_initial.remove(&k);
             }
         }
-        if !retire.is_empty()
-            && let Some(e) = self.slot_mut(h)
-        {
-            e.cids.retain(|c| !retire.contains(c));
-            e.retired.extend_from_slice(&retire);
-            let gone = e.retired.len().saturating_sub(RETIRED_KEPT);
-            let gone: Vec<ConnectionId> = e.retired.drain(..gone).collect();
-            for cid in &gone {
-                self.by_cid.remove(cid);
+        for cid in &retire {
+            let Some(e) = self.slot_mut(h) else { break };
+            let first = e.retired as usize;
+            let Some(at) = e.cids[first..].iter().position(|c| c == cid) else {
+                continue;
+            };
+            // To the end of the retired block; the oldest retired one goes when it is full.
+            e.cids[first..=first + at].rotate_right(1);
+            e.retired += 1;
+            if first + 1 > RETIRED_KEPT {
+                let gone = e.cids.remove(0);
+                e.retired -= 1;
+                self.by_cid.remove(&gone);
             }
         }
         if need > 0 && self.cid_gen.cid_len() > 0 {
@@ -783,7 +787,7 @@ impl Endpoint {
         if let Some(k) = entry.initial_key {
             self.by_initial.remove(&k);
         }
-        for c in entry.cids.iter().chain(&entry.retired) {
+        for c in &entry.cids {
             self.by_cid.remove(c);
         }
         if let Some(t) = entry.reset_token {
