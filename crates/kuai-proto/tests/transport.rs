@@ -1386,3 +1386,49 @@ fn streams_sharing_a_small_connection_window_all_finish() {
     assert!(p.run_until_done(Duration::from_secs(60)));
     p.client_app().assert_all_intact();
 }
+
+/// At heavy loss the handshake's ACKs arrive late, after the endpoint already probed for
+/// the packets they acknowledge: such samples measure the loss, not the path. Here whatever
+/// the client sends after its ClientHello, for most of a second, takes 800 ms to arrive: the
+/// first ACK the server gets acknowledges a packet it sent 0.8 s before, and it probed
+/// meanwhile. As the first RTT sample on a 20 ms path it would make the server's probe
+/// timeout seconds long for the rest of the connection.
+#[test]
+fn late_handshake_acks_do_not_inflate_the_rtt_estimate() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = pair(
+        910,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([1000]),
+    );
+    let (c, s) = (p.client, p.server);
+    p.net.run_for(Duration::from_millis(5));
+    p.net.set_link(
+        c,
+        s,
+        LinkConfig {
+            reorder: 1.0,
+            reorder_delay: Duration::from_millis(800),
+            ..LinkConfig::default()
+        },
+    );
+    p.net.run_for(Duration::from_millis(700));
+    p.net.set_link(c, s, LinkConfig::default());
+    assert!(p.run_until(Duration::from_secs(30), |p| {
+        p.server_conn().is_some_and(|s| s.is_handshake_confirmed())
+            && p.client_conn().is_handshake_confirmed()
+    }));
+    let st = p.server_conn().unwrap().stats();
+    assert!(
+        st.pto_count > 0,
+        "the server probed while the client's packets were held"
+    );
+    assert!(
+        st.path.rtt < Duration::from_millis(200),
+        "server smoothed RTT {:?}",
+        st.path.rtt
+    );
+    assert!(p.run_until_done(Duration::from_secs(10)));
+    p.client_app().assert_all_intact();
+}

@@ -202,10 +202,18 @@ impl Timers {
     }
 
     fn set(&mut self, t: Timer, v: Option<Instant>) {
-        self.at[t as usize] = v.map_or(0, |v| {
-            let n = v.saturating_duration_since(self.start).as_nanos();
-            u64::try_from(n).unwrap_or(u64::MAX - 1) + 1
-        });
+        self.at[t as usize] = v.map_or(0, |v| self.stamp(v));
+    }
+
+    /// `t` in the compact form of the deadlines (0 is kept for "none").
+    fn stamp(&self, t: Instant) -> u64 {
+        let n = t.saturating_duration_since(self.start).as_nanos();
+        u64::try_from(n).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// Whether `t` came before the time `stamp` made `n` from (never for 0).
+    fn is_before(&self, t: Instant, n: u64) -> bool {
+        n != 0 && self.stamp(t) < n
     }
 
     fn unset_at(&mut self, i: usize) {
@@ -330,6 +338,10 @@ pub struct Connection {
     /// Redundant copies are queued and not all sent yet; packets sent meanwhile are copies.
     sending_copies: bool,
     pto_count: u32,
+    /// When a probe timeout last fired, before the handshake was confirmed (see
+    /// `Timers::stamp`; 0: never). An ACK that arrives after we gave its packet up gives no
+    /// RTT sample then.
+    handshake_pto_at: u64,
     timers: Timers,
     /// Close frame to send while closing.
     close_frame: Option<Box<Close>>,
@@ -689,6 +701,7 @@ impl Connection {
             sent_eliciting_since_rx: false,
             sending_copies: false,
             pto_count: 0,
+            handshake_pto_at: 0,
             timers: Timers::new(now),
             close_frame: None,
             close_pending: false,

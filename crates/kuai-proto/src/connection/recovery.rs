@@ -55,19 +55,36 @@ impl Connection {
         let any_eliciting = newly.iter().any(|(_, p)| p.ack_eliciting);
         if largest_pn == ack.largest && any_eliciting {
             let sample = now.saturating_duration_since(largest_sent_time);
-            let mut delay = if space == SpaceId::Data {
+            // RFC 9002 §5.3: the ack delay of Initial ACKs may be ignored (they are not
+            // delayed on purpose); that of Handshake and 1-RTT ACKs counts, limited to the
+            // peer's max_ack_delay only once the handshake is confirmed.
+            let reported = if space == SpaceId::Initial {
+                Duration::ZERO
+            } else {
                 let exp = self
                     .peer_params
                     .as_ref()
                     .map_or(3, |p| p.ack_delay_exponent);
                 Duration::from_micros(ack.delay.saturating_mul(1 << exp.min(20)))
-            } else {
-                Duration::ZERO
             };
+            let mut delay = reported;
             if self.handshake_confirmed {
                 delay = delay.min(self.peer_max_ack_delay());
             }
-            if newly[0].1.path == self.path.id {
+            // RFC 9002 §5.3 lets an endpoint ignore RTT samples before the handshake is
+            // confirmed, when the ack delay cannot be taken out of them. At heavy loss an ACK
+            // of the handshake can arrive long after its packet, because the peer's earlier
+            // ACKs were lost: the sample then measures the loss, not the path, and as the
+            // first sample it would set a probe timeout of several times that for the rest
+            // of the connection. We ignore the samples of packets sent before a probe timeout
+            // of the handshake fired (whenever their ACK comes: it may come with the packet
+            // that confirms the handshake), and, before confirmation, samples the peer says
+            // it held the ACK for most of.
+            let late = self
+                .timers
+                .is_before(largest_sent_time, self.handshake_pto_at)
+                || (!self.handshake_confirmed && reported > sample / 2);
+            if newly[0].1.path == self.path.id && !late {
                 self.path.rtt.update(delay, sample);
             }
         }
@@ -589,6 +606,9 @@ impl Connection {
             return;
         };
         self.stats.pto_count += 1;
+        if !self.handshake_confirmed {
+            self.handshake_pto_at = self.timers.stamp(now);
+        }
         if !self.any_eliciting_in_flight() {
             // Anti-deadlock: one probe in the highest handshake space we have.
             self.spaces[space.index()].probes = 1;
