@@ -650,6 +650,14 @@ fn preferred_address_pair_at(
     client_transport: TransportConfig,
     preferred: std::net::SocketAddr,
 ) -> (quic::Pair, std::net::SocketAddr) {
+    let scfg = server_config_preferring(preferred);
+    let ccfg = quic::client_config(client_transport);
+    let p = pair(seed, scfg, &ccfg, Client::with_requests([4 << 20]));
+    (p, preferred)
+}
+
+/// A server configuration offering the IPv4 address `preferred` (RFC 9000 §9.6).
+fn server_config_preferring(preferred: std::net::SocketAddr) -> kuai_proto::ServerConfig {
     let mut scfg = quic::server_config(TransportConfig::default());
     scfg.preferred_address = Some(kuai_proto::config::PreferredAddressConfig {
         v4: match preferred {
@@ -658,9 +666,7 @@ fn preferred_address_pair_at(
         },
         v6: None,
     });
-    let ccfg = quic::client_config(client_transport);
-    let p = pair(seed, scfg, &ccfg, Client::with_requests([4 << 20]));
-    (p, preferred)
+    scfg
 }
 
 #[test]
@@ -729,14 +735,7 @@ impl kuai_proto::ConnectionIdGenerator for PrefixedCids {
 #[test]
 fn the_preferred_address_cid_comes_from_the_endpoint_generator() {
     let preferred: std::net::SocketAddr = "10.0.9.1:4434".parse().unwrap();
-    let mut scfg = quic::server_config(TransportConfig::default());
-    scfg.preferred_address = Some(kuai_proto::config::PreferredAddressConfig {
-        v4: match preferred {
-            std::net::SocketAddr::V4(a) => Some(a),
-            _ => None,
-        },
-        v6: None,
-    });
+    let scfg = server_config_preferring(preferred);
     let ecfg = kuai_proto::EndpointConfig {
         cid_generator: std::sync::Arc::new(|| Box::new(PrefixedCids(0))),
         ..Default::default()
