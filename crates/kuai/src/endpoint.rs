@@ -27,6 +27,9 @@ const RECV_BUF: usize = 64 * 1024;
 const RECV_BATCH: usize = 32;
 /// Size of the buffers received datagrams are copied into.
 const POOL_BUF: usize = 256 * 1024;
+/// Datagrams a worker's inbox holds at most; more are dropped, as a full socket buffer
+/// would (a worker that cannot keep up must not queue without bound).
+const INBOX_MAX: usize = 4096;
 /// Largest batch handed to one GSO send.
 const MAX_GSO: usize = 32;
 
@@ -929,7 +932,11 @@ impl Route {
     fn hand_on(&self, workers: &Workers, away: &mut [Vec<Received>]) {
         for (i, batch) in away.iter_mut().enumerate() {
             if i != self.me && !batch.is_empty() {
-                lock(&workers.all[i].inbox).append(batch);
+                let mut inbox = lock(&workers.all[i].inbox);
+                // What does not fit is dropped with the rest of the drain.
+                let room = INBOX_MAX.saturating_sub(inbox.len());
+                inbox.extend(batch.drain(..).take(room));
+                drop(inbox);
                 workers.all[i].kick();
             }
         }
@@ -941,7 +948,11 @@ impl Route {
                 .find(|&i| workers.all[i].lock().ep.routes(&r.data))
                 .unwrap_or(self.me);
             r.settled = true;
-            lock(&workers.all[owner].inbox).push(r);
+            let mut inbox = lock(&workers.all[owner].inbox);
+            if inbox.len() < INBOX_MAX {
+                inbox.push(r);
+            }
+            drop(inbox);
             workers.all[owner].kick();
         }
     }
