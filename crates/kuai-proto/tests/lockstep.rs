@@ -81,3 +81,97 @@ fn handshake_and_echo_in_lock_step() {
     assert!(sh.is_some());
     assert_eq!(got, b"hello kuai");
 }
+
+/// Connects a client and a server endpoint in lock step; returns the client's handle.
+fn connected(
+    now: Instant,
+    client: &mut Endpoint,
+    caddr: SocketAddr,
+    server: &mut Endpoint,
+    saddr: SocketAddr,
+    ccfg: &kuai_proto::ClientConfig,
+) -> kuai_proto::ConnectionHandle {
+    let ch = client.connect(now, ccfg, saddr, "localhost").unwrap();
+    for _ in 0..50 {
+        pump(now, client, caddr, server);
+        pump(now, server, saddr, client);
+        while let Some((_, e)) = client.poll_event() {
+            if e == Event::Connected {
+                return ch;
+            }
+        }
+    }
+    panic!("client did not connect");
+}
+
+/// `take_send_hint` says when a stream call queued something the endpoint must be polled to
+/// send, and only then: an event loop wakes its sender on it.
+#[test]
+fn send_hints_mark_what_needs_a_transmit() {
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let stransport = TransportConfig {
+        stream_receive_window: 4096,
+        max_stream_receive_window: 4096,
+        ..TransportConfig::default()
+    };
+    let scfg = Arc::new(support::server_config(&certs, stransport));
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut server = Endpoint::new(support::endpoint_config(), Some(scfg), now, 0, Some(1));
+    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    let ch = connected(now, &mut client, caddr, &mut server, saddr, &ccfg);
+    let c = client.connection_mut(ch).unwrap();
+    let _ = c.take_send_hint();
+
+    // The first bytes of a stream need a transmit; more behind them, and a FIN, do not.
+    let a = c.open_stream(Dir::Bi).unwrap();
+    assert_eq!(c.write(a, Bytes::from_static(b"first")).unwrap(), 5);
+    assert!(c.take_send_hint());
+    assert!(!c.take_send_hint(), "taking clears the hint");
+    c.write(a, Bytes::from_static(b" and more")).unwrap();
+    assert!(!c.take_send_hint(), "bytes behind unsent bytes");
+    c.finish(a).unwrap();
+    assert!(!c.take_send_hint(), "a FIN behind unsent bytes");
+
+    // The server reads: credit to announce once enough of its 4 KiB stream window is read,
+    // and room for a new stream once a peer's stream is read to its end.
+    let b = c.open_stream(Dir::Bi).unwrap();
+    c.write(b, Bytes::from(vec![7u8; 3000])).unwrap();
+    let u = c.open_stream(Dir::Uni).unwrap();
+    c.write(u, Bytes::from_static(b"uni")).unwrap();
+    c.finish(u).unwrap();
+    assert!(c.take_send_hint());
+    pump(now, &mut client, caddr, &mut server);
+    let sh = server.accept().expect("server connection");
+    let mut hints = Vec::new();
+    let mut got = 0;
+    let s = server.connection_mut(sh).unwrap();
+    let _ = s.take_send_hint();
+    while let Ok(Some(chunk)) = s.read(b, 500) {
+        got += chunk.len();
+        hints.push(s.take_send_hint());
+    }
+    assert_eq!(got, 3000);
+    assert!(
+        hints.contains(&false),
+        "small reads announce nothing: {hints:?}"
+    );
+    assert!(
+        hints.contains(&true),
+        "credit once the window is half read: {hints:?}"
+    );
+    assert_eq!(s.read(u, usize::MAX).unwrap().as_deref(), Some(&b"uni"[..]));
+    let _ = s.take_send_hint();
+    assert_eq!(s.read(u, usize::MAX).unwrap(), None);
+    assert!(
+        s.take_send_hint(),
+        "a finished peer stream frees room for another"
+    );
+
+    // Once everything went out, a FIN alone needs its own frame.
+    let c = client.connection_mut(ch).unwrap();
+    c.finish(b).unwrap();
+    assert!(c.take_send_hint(), "a FIN after all bytes were sent");
+}

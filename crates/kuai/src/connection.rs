@@ -544,6 +544,7 @@ impl SendStream {
     ) -> Poll<Result<usize, WriteError>> {
         let id = self.id;
         let early = self.early;
+        let mut send = false;
         let r = self.inner.with(|s, h| {
             if voided(early, &s.conns, h) {
                 return Poll::Ready(Err(WriteError::ZeroRttRejected));
@@ -553,7 +554,9 @@ impl SendStream {
                     s.conns.get(&h).map(Box::as_ref),
                 ))));
             };
-            match c.write(id, data.clone()) {
+            let written = c.write(id, data.clone());
+            send = c.take_send_hint();
+            match written {
                 Ok(0) => {
                     if let Some(st) = s.conns.get_mut(&h) {
                         if let Some(e) = st.error.clone() {
@@ -568,7 +571,8 @@ impl SendStream {
                 Err(_) => Poll::Ready(Err(closed_or_stopped(s.conns.get(&h).map(Box::as_ref), id))),
             }
         });
-        if matches!(r, Poll::Ready(Ok(_))) {
+        // Bytes behind others not yet sent go when those do: no need to wake the driver.
+        if send {
             self.inner.shared.kick();
         }
         r
@@ -595,18 +599,26 @@ impl SendStream {
         }
         let id = self.id;
         let early = self.early;
+        let mut send = false;
         let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
             _ if voided(early, &s.conns, h) => Err(WriteError::ZeroRttRejected),
-            Some(c) => c.finish(id).map_err(|e| match e {
-                StreamError::Stopped(code) => WriteError::Stopped(code),
-                _ => closed_or_stopped(s.conns.get(&h).map(Box::as_ref), id),
-            }),
+            Some(c) => {
+                let r = c.finish(id);
+                send = c.take_send_hint();
+                r.map_err(|e| match e {
+                    StreamError::Stopped(code) => WriteError::Stopped(code),
+                    _ => closed_or_stopped(s.conns.get(&h).map(Box::as_ref), id),
+                })
+            }
             None => Err(WriteError::ConnectionLost(conn_error(
                 s.conns.get(&h).map(Box::as_ref),
             ))),
         });
         self.done = true;
-        self.inner.shared.kick();
+        // A FIN behind unsent bytes goes with the last of them.
+        if send {
+            self.inner.shared.kick();
+        }
         r
     }
 
@@ -774,6 +786,7 @@ impl RecvStream {
     ) -> Poll<Result<Option<Bytes>, ReadError>> {
         let id = self.id;
         let early = self.early;
+        let mut send = false;
         let r = self.inner.with(|s, h| {
             if voided(early, &s.conns, h) {
                 return Poll::Ready(Err(ReadError::ZeroRttRejected));
@@ -783,7 +796,9 @@ impl RecvStream {
                     s.conns.get(&h).map(Box::as_ref),
                 ))));
             };
-            match c.read(id, max) {
+            let read = c.read(id, max);
+            send = c.take_send_hint();
+            match read {
                 Ok(x) => Poll::Ready(Ok(x)),
                 Err(StreamError::WouldBlock) => {
                     if let Some(st) = s.conns.get_mut(&h) {
@@ -801,11 +816,12 @@ impl RecvStream {
                 },
             }
         });
-        match &r {
-            Poll::Ready(Ok(None)) | Poll::Ready(Err(_)) => self.done = true,
-            // Reading may open flow-control credit to announce.
-            Poll::Ready(Ok(Some(_))) => self.inner.shared.kick(),
-            Poll::Pending => {}
+        if matches!(r, Poll::Ready(Ok(None)) | Poll::Ready(Err(_))) {
+            self.done = true;
+        }
+        // Reading may open flow-control credit, or room for another stream, to announce.
+        if send {
+            self.inner.shared.kick();
         }
         r
     }

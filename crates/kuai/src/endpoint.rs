@@ -77,14 +77,19 @@ impl ConnState {
         self.streams.entry(id).or_default()
     }
 
-    /// Wakes the waker `which` picks from stream `id`'s entry, dropping the entry if that
+    /// Queues the waker `which` picks from stream `id`'s entry, dropping the entry if that
     /// leaves it empty.
-    fn wake_stream(&mut self, id: StreamId, which: impl Fn(&mut StreamWaiters) -> Option<Waker>) {
+    fn wake_stream(
+        &mut self,
+        id: StreamId,
+        which: impl Fn(&mut StreamWaiters) -> Option<Waker>,
+        woken: &mut Vec<Waker>,
+    ) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
         if let Some(w) = which(s) {
-            w.wake();
+            woken.push(w);
         }
         if s.is_empty() {
             self.streams.remove(&id);
@@ -113,26 +118,26 @@ impl ConnState {
         }
     }
 
-    fn wake_all(&mut self) {
+    fn wake_all(&mut self, woken: &mut Vec<Waker>) {
         for w in self.handshake.drain(..) {
-            w.wake();
+            woken.push(w);
         }
         for s in self.streams.values_mut() {
             for w in [s.read.take(), s.write.take(), s.finished.take()]
                 .into_iter()
                 .flatten()
             {
-                w.wake();
+                woken.push(w);
             }
         }
         self.streams.retain(|_, s| s.send_handle);
         for v in self.accept.iter_mut().chain(self.open.iter_mut()) {
             for w in v.drain(..) {
-                w.wake();
+                woken.push(w);
             }
         }
         for w in self.datagram.drain(..).chain(self.closed.drain(..)) {
-            w.wake();
+            woken.push(w);
         }
     }
 }
@@ -728,11 +733,20 @@ impl std::fmt::Display for ConnectError {
 impl std::error::Error for ConnectError {}
 
 /// The driver of worker `me`: receives, runs timers, sends, and wakes application tasks.
+///
+/// The worker's state is locked only while the transport works: datagrams are received
+/// before and sent after, so an application task never waits on the lock through a system
+/// call. A turn takes one receive batch per socket and makes at most [`OUTBOX`] transmits;
+/// more waiting on either side brings the next turn at once.
 async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
     let shared = workers.all[me].clone();
-    let (gro, cid_len) = {
-        let s = shared.lock();
-        (s.socket.gro_segments() > 1, s.ep.cid_len())
+    let (gro, cid_len, mut view) = {
+        let mut s = shared.lock();
+        (
+            s.socket.gro_segments() > 1,
+            s.ep.cid_len(),
+            View::of(&mut s),
+        )
     };
     let route = Route {
         me,
@@ -742,73 +756,70 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
     // Datagrams to hand to other workers, by worker; at `me`, those no connection here knows.
     let mut away: Vec<Vec<Received>> = (0..route.workers).map(|_| Vec::new()).collect();
     let mut inbox = Vec::new();
+    let mut received = Vec::new();
     // A GRO buffer holds up to 64 KiB of coalesced datagrams; without GRO one datagram.
     let slot = if gro { RECV_BUF } else { 2048 };
     let mut rx = vec![0u8; slot * RECV_BATCH];
     let mut pool = BytesMut::with_capacity(POOL_BUF);
     let mut metas = [RecvMeta::default(); RECV_BATCH];
-    let mut tx = Vec::with_capacity(MAX_GSO * 1500);
-    // A transmit the socket could not take yet (send buffer full).
-    let mut blocked: Option<(Arc<UdpSocket>, kuai_proto::Transmit, Vec<u8>)> = None;
+    let mut outbox = Outbox::new();
+    let mut woken = Vec::new();
+    // Tasks woken by the last turn that woke any.
+    let mut last_woken = 0;
+    // The last turn had more to send than one outbox: go on without waiting.
+    let mut again = false;
     loop {
-        let (socket, preferred, deadline, finished) = {
-            let s = shared.lock();
-            let finished = s.closed && s.ep.connection_count() == 0;
-            (
-                s.socket.clone(),
-                s.preferred.clone(),
-                {
-                    let mut s = s;
-                    s.ep.poll_timeout()
-                },
-                finished,
-            )
-        };
-        if finished {
+        if view.finished {
+            outbox.flush(&view, &shared.udp);
             return Ok(());
         }
-        let sleep = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
-                None => std::future::pending().await,
+        if !again {
+            let sleep = async {
+                match view.deadline {
+                    Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let writable = async {
+                match outbox.blocked_on(&view) {
+                    Some(sock) => sock.writable().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let preferred_readable = async {
+                match &view.preferred {
+                    Some(p) => p.readable().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let kicked = tokio::select! {
+                r = view.socket.readable() => { r?; false }
+                r = preferred_readable => { r?; false }
+                _ = sleep => false,
+                _ = shared.notify.notified() => true,
+                r = writable => { r?; false }
+            };
+            // A task queued something to send. When the last events woke several tasks, the
+            // others are likely queued behind this wake-up: let them run first, and one turn
+            // sends what they all wrote, where running at once would send the first task's
+            // alone. After a single wake-up (one stream's bulk writer) it would only cost.
+            if kicked && last_woken > 1 {
+                tokio::task::yield_now().await;
             }
-        };
-        let writable = async {
-            match &blocked {
-                Some((sock, ..)) => sock.writable().await,
-                None => std::future::pending().await,
-            }
-        };
-        let preferred_readable = async {
-            match &preferred {
-                Some(p) => p.readable().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            r = socket.readable() => r?,
-            r = preferred_readable => r?,
-            _ = sleep => {}
-            _ = shared.notify.notified() => {}
-            r = writable => r?,
         }
-        let now = Instant::now();
-        if route.workers > 1 {
-            std::mem::swap(&mut inbox, &mut *lock(&shared.inbox));
-        }
-        let mut s = shared.lock();
-        for r in inbox.drain(..) {
-            route.deliver(&mut s, now, r, &mut away);
-        }
-        // One receive batch per socket, then send. Draining the whole queue first held every
-        // answer back until the last datagram was handled: with many handshakes queued the
-        // peer sat idle while this side did all their crypto. A socket with more waiting stays
-        // readable, so the next turn comes at once.
+        // What the socket would not take last turn goes first.
+        let backlog_sent = outbox.flush(&view, &shared.udp);
+        // One receive batch per socket, and none while the answers to the last are still
+        // going out. Draining the whole queue first held every answer back until the last
+        // datagram was handled: with many handshakes queued the peer sat idle while this side
+        // did all their crypto. A socket with more waiting stays readable, so the next turn
+        // comes at once.
         //
         // Each datagram is copied once out of the reusable receive area into a shared pool
         // buffer: one allocation per 256 KiB rather than per datagram, and unread stream data
         // never pins a large receive area.
-        for sock in std::iter::once(&socket).chain(preferred.as_ref()) {
+        let sockets = std::iter::once(&view.socket).chain(view.preferred.as_ref());
+        for sock in sockets.take(if again { 0 } else { 2 }) {
             let n = {
                 let mut slices: Vec<IoSliceMut<'_>> = rx
                     .chunks_mut(slot)
@@ -837,69 +848,151 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
                         pool = BytesMut::with_capacity(POOL_BUF.max(seg.len()));
                     }
                     pool.extend_from_slice(seg);
-                    let r = Received {
+                    received.push(Received {
                         remote: m.addr,
                         local_ip: dst_ip,
                         ecn,
                         data: pool.split(),
                         settled: false,
-                    };
-                    route.deliver(&mut s, now, r, &mut away);
+                    });
                 }
             }
+        }
+        if route.workers > 1 && !again {
+            std::mem::swap(&mut inbox, &mut *lock(&shared.inbox));
+        }
+        let now = Instant::now();
+        let mut s = shared.lock();
+        for r in inbox.drain(..).chain(received.drain(..)) {
+            route.deliver(&mut s, now, r, &mut away);
         }
         s.ep.handle_timeout(now);
-        // Send.
-        if let Some((sock, t, buf)) = blocked.take() {
-            match sock.try_send(
-                &shared.udp,
-                t.destination,
-                t.ecn.map(|e| e as u8),
-                t.src_ip,
-                &buf[..t.size],
-                t.segment_size,
-            ) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = Some((sock, t, buf)),
-                Ok(n) if n < t.size => {
-                    let (t, rest) = remainder(t, &buf, n);
-                    blocked = Some((sock, t, rest));
-                }
-                _ => {}
-            }
+        let full = backlog_sent && outbox.fill(&mut s, now);
+        dispatch(&mut s, &mut woken);
+        if !woken.is_empty() {
+            last_woken = woken.len();
         }
-        while blocked.is_none() {
-            let max = s.max_segments;
-            let Some(t) = s.ep.poll_transmit(now, max, &mut tx) else {
-                break;
-            };
-            // From the preferred address when the path is on it.
-            let sock = match (&preferred, t.src_ip) {
-                (Some(p), Some(ip)) if p.local_addr().ip() == ip => p,
-                _ => &socket,
-            };
-            match sock.try_send(
-                &shared.udp,
-                t.destination,
-                t.ecn.map(|e| e as u8),
-                t.src_ip,
-                &tx[..t.size],
-                t.segment_size,
-            ) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    blocked = Some((sock.clone(), t, tx[..t.size].to_vec()));
-                }
-                Ok(n) if n < t.size => {
-                    let (t, rest) = remainder(t, &tx, n);
-                    blocked = Some((sock.clone(), t, rest));
-                }
-                _ => {}
-            }
+        for w in woken.drain(..) {
+            w.wake();
         }
-        dispatch(&mut s);
+        view = View::of(&mut s);
         drop(s);
         if route.workers > 1 {
             route.hand_on(&workers, &mut away);
         }
+        again = outbox.flush(&view, &shared.udp) && full;
+    }
+}
+
+/// What a driver's turn reads from the worker's state for the wait that follows it.
+struct View {
+    socket: Arc<UdpSocket>,
+    preferred: Option<Arc<UdpSocket>>,
+    deadline: Option<Instant>,
+    finished: bool,
+}
+
+impl View {
+    fn of(s: &mut State) -> Self {
+        Self {
+            socket: s.socket.clone(),
+            preferred: s.preferred.clone(),
+            deadline: s.ep.poll_timeout(),
+            finished: s.closed && s.ep.connection_count() == 0,
+        }
+    }
+
+    /// The socket a transmit from `src_ip` goes out on: the preferred address's when the
+    /// path is on it.
+    fn socket_for(&self, src_ip: Option<IpAddr>) -> &Arc<UdpSocket> {
+        match (&self.preferred, src_ip) {
+            (Some(p), Some(ip)) if p.local_addr().ip() == ip => p,
+            _ => &self.socket,
+        }
+    }
+}
+
+/// Transmits per driver turn.
+const OUTBOX: usize = 8;
+
+/// Transmits made under the worker's lock and sent after it is released.
+struct Outbox {
+    /// One buffer per transmit, kept from turn to turn.
+    slots: Vec<(Option<kuai_proto::Transmit>, Vec<u8>)>,
+    /// Slots filled, and of those the first not yet sent.
+    filled: usize,
+    head: usize,
+    /// Bytes of the head slot already sent (whole datagrams).
+    sent: usize,
+}
+
+impl Outbox {
+    fn new() -> Self {
+        Self {
+            slots: (0..OUTBOX)
+                .map(|_| (None, Vec::with_capacity(MAX_GSO * 1500)))
+                .collect(),
+            filled: 0,
+            head: 0,
+            sent: 0,
+        }
+    }
+
+    /// Polls the transport for transmits while there is room; true if it filled every slot
+    /// (the transport may have more).
+    fn fill(&mut self, s: &mut State, now: Instant) -> bool {
+        while self.filled < self.slots.len() {
+            let max = s.max_segments;
+            let (t, buf) = &mut self.slots[self.filled];
+            let Some(next) = s.ep.poll_transmit(now, max, buf) else {
+                return false;
+            };
+            *t = Some(next);
+            self.filled += 1;
+        }
+        true
+    }
+
+    /// The socket a transmit waits on, if the last flush could not send it.
+    fn blocked_on<'a>(&self, view: &'a View) -> Option<&'a Arc<UdpSocket>> {
+        let (t, _) = self
+            .slots
+            .get(self.head)
+            .filter(|_| self.head < self.filled)?;
+        Some(view.socket_for(t.as_ref()?.src_ip))
+    }
+
+    /// Sends what is queued; false if a socket would not take it all (the rest stays, to go
+    /// when the socket is writable).
+    fn flush(&mut self, view: &View, udp: &UdpStats) -> bool {
+        while self.head < self.filled {
+            let (t, buf) = &self.slots[self.head];
+            if let Some(t) = t {
+                let sock = view.socket_for(t.src_ip);
+                match sock.try_send(
+                    udp,
+                    t.destination,
+                    t.ecn.map(|e| e as u8),
+                    t.src_ip,
+                    &buf[self.sent..t.size],
+                    t.segment_size,
+                ) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                    // Whole datagrams went out; the rest waits for room in the socket.
+                    Ok(n) if self.sent + n < t.size => {
+                        self.sent += n;
+                        return false;
+                    }
+                    // Sent, or failed for good (counted; the transport retransmits).
+                    _ => {}
+                }
+            }
+            self.head += 1;
+            self.sent = 0;
+        }
+        self.filled = 0;
+        self.head = 0;
+        true
     }
 }
 
@@ -958,18 +1051,6 @@ impl Route {
     }
 }
 
-/// What is left of a batch of datagrams after the socket took the first `sent` bytes.
-fn remainder(t: kuai_proto::Transmit, buf: &[u8], sent: usize) -> (kuai_proto::Transmit, Vec<u8>) {
-    let rest = buf[sent..t.size].to_vec();
-    (
-        kuai_proto::Transmit {
-            size: t.size - sent,
-            ..t
-        },
-        rest,
-    )
-}
-
 fn preferred_config(addr: SocketAddr) -> kuai_proto::config::PreferredAddressConfig {
     match addr {
         SocketAddr::V4(a) => kuai_proto::config::PreferredAddressConfig {
@@ -983,14 +1064,14 @@ fn preferred_config(addr: SocketAddr) -> kuai_proto::config::PreferredAddressCon
     }
 }
 
-/// Hands endpoint events to the application's wakers.
-fn dispatch(s: &mut State) {
+/// Hands endpoint events to the application: the wakers to wake go to `woken`.
+fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
     while let Some(h) = s.ep.accept() {
         s.conns.entry(h).or_default();
         attach_qlog(s, h, Instant::now());
         s.incoming.push_back(h);
         for w in s.accept_wakers.drain(..) {
-            w.wake();
+            woken.push(w);
         }
     }
     while let Some((h, ev)) = s.ep.poll_event() {
@@ -999,31 +1080,29 @@ fn dispatch(s: &mut State) {
             Event::Connected => {
                 st.connected = true;
                 // Taken, not drained: an established connection keeps no waker list for it.
-                for w in std::mem::take(&mut st.handshake) {
-                    w.wake();
-                }
+                woken.append(&mut std::mem::take(&mut st.handshake));
                 for v in st.open.iter_mut() {
                     for w in v.drain(..) {
-                        w.wake();
+                        woken.push(w);
                     }
                 }
             }
             Event::ZeroRttRejected => {
                 st.zero_rtt_rejected = true;
                 // Every stream so far was voided; their IDs start over.
-                st.wake_all();
+                st.wake_all(woken);
                 st.streams.clear();
             }
             Event::Stream(se) => match se {
-                StreamEvent::Readable(id) => st.wake_stream(id, |s| s.read.take()),
-                StreamEvent::Writable(id) => st.wake_stream(id, |s| s.write.take()),
+                StreamEvent::Readable(id) => st.wake_stream(id, |s| s.read.take(), woken),
+                StreamEvent::Writable(id) => st.wake_stream(id, |s| s.write.take(), woken),
                 StreamEvent::Finished(id) => {
                     if let Some(s) = st.streams.get_mut(&id)
                         && s.send_handle
                     {
                         s.all_acked = true;
                     }
-                    st.wake_stream(id, |s| s.finished.take());
+                    st.wake_stream(id, |s| s.finished.take(), woken);
                 }
                 StreamEvent::Stopped(id, code) => {
                     if let Some(s) = st.streams.get_mut(&id)
@@ -1031,23 +1110,23 @@ fn dispatch(s: &mut State) {
                     {
                         s.stopped = Some(code);
                     }
-                    st.wake_stream(id, |s| s.write.take());
-                    st.wake_stream(id, |s| s.finished.take());
+                    st.wake_stream(id, |s| s.write.take(), woken);
+                    st.wake_stream(id, |s| s.finished.take(), woken);
                 }
                 StreamEvent::Opened(d) => {
                     for w in st.accept[d as usize].drain(..) {
-                        w.wake();
+                        woken.push(w);
                     }
                 }
                 StreamEvent::Available(d) => {
                     for w in st.open[d as usize].drain(..) {
-                        w.wake();
+                        woken.push(w);
                     }
                 }
             },
             Event::DatagramReceived => {
                 for w in st.datagram.drain(..) {
-                    w.wake();
+                    woken.push(w);
                 }
             }
             Event::NewToken(t) => {
@@ -1057,7 +1136,7 @@ fn dispatch(s: &mut State) {
             }
             Event::ConnectionLost(e) => {
                 st.error = Some(e);
-                st.wake_all();
+                st.wake_all(woken);
             }
             Event::HandshakeConfirmed
             | Event::PathMigrated { .. }
@@ -1076,12 +1155,12 @@ fn dispatch(s: &mut State) {
             if st.error.is_none() {
                 st.error = Some(ConnectionError::LocallyClosed);
             }
-            st.wake_all();
+            st.wake_all(woken);
         }
     }
     if s.ep.connection_count() == 0 {
         for w in s.idle_wakers.drain(..) {
-            w.wake();
+            woken.push(w);
         }
     }
 }

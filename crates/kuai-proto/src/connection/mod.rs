@@ -931,6 +931,14 @@ impl Connection {
         self.streams.write(id, data)
     }
 
+    /// Whether the stream calls since the last take ([`write`](Self::write),
+    /// [`finish`](Self::finish), [`read`](Self::read), resets and STOP_SENDING) queued
+    /// something the endpoint must poll this connection to send; writing more behind unsent
+    /// bytes does not. An event loop can wake its sender only when this is true.
+    pub fn take_send_hint(&mut self) -> bool {
+        self.streams.take_send_hint()
+    }
+
     pub fn write_capacity(&self, id: StreamId) -> Result<u64, StreamError> {
         self.streams.write_capacity(id)
     }

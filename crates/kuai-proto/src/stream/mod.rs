@@ -243,6 +243,9 @@ pub struct Streams {
     sched: SendQueues,
     pending: Pending,
     events: VecDeque<StreamEvent>,
+    /// An application call queued something that was not already waiting to go (see
+    /// [`Streams::take_send_hint`]).
+    send_hint: bool,
 }
 
 fn dir_idx(d: Dir) -> usize {
@@ -274,6 +277,7 @@ impl Streams {
             sched: Default::default(),
             pending: Pending::default(),
             events: VecDeque::new(),
+            send_hint: false,
             cfg,
         }
     }
@@ -429,6 +433,7 @@ impl Streams {
         let prio = s.priority;
         if was_idle {
             self.schedule(id, prio);
+            self.send_hint = true;
         }
         Ok(n)
     }
@@ -449,6 +454,8 @@ impl Streams {
             SendState::Open { fin: false } => s.state = SendState::Open { fin: true },
             _ => return Err(StreamError::ClosedStream),
         }
+        // With data still to send the FIN goes in its last frame; alone it needs a frame.
+        self.send_hint |= !s.buf.has_sendable();
         let prio = s.priority;
         self.schedule(id, prio);
         Ok(())
@@ -464,6 +471,7 @@ impl Streams {
         s.buf.clear();
         s.state = SendState::ResetSent { code };
         self.pending.reset.push(id);
+        self.send_hint = true;
         Ok(())
     }
 
@@ -505,9 +513,11 @@ impl Streams {
             self.data_consumed += n;
             if s.window.wants_update(s.asm.read_offset()) && s.final_size.is_none() {
                 push_unique(&mut self.pending.max_stream_data, id);
+                self.send_hint = true;
             }
             if self.conn_window.wants_update(self.data_consumed) {
                 self.pending.max_data = true;
+                self.send_hint = true;
             }
             return Ok(Some(chunk));
         }
@@ -532,6 +542,7 @@ impl Streams {
         self.data_consumed += unread;
         if s.final_size.is_none() {
             self.pending.stop.push(id);
+            self.send_hint = true;
         } else {
             s.state = RecvState::Done;
             self.maybe_cleanup(id);
@@ -911,11 +922,22 @@ impl Streams {
             let i = dir_idx(id.dir());
             self.max_remote[i] += 1;
             self.pending.max_streams[i] = true;
+            self.send_hint = true;
         }
     }
 
     // ---------------------------------------------------------------------------------------
     // Sending
+
+    /// Whether an application call since the last take queued something to send that was
+    /// not already waiting to go: a stream's first unsent bytes, a FIN with nothing ahead of
+    /// it, flow-control credit, a reset or STOP_SENDING. Writing more to a stream that still
+    /// has bytes to send changes nothing the endpoint must act on now: whatever holds those
+    /// bytes back (congestion window, pacing, flow control) releases them with an event of
+    /// its own.
+    pub fn take_send_hint(&mut self) -> bool {
+        std::mem::take(&mut self.send_hint)
+    }
 
     fn schedule(&mut self, id: StreamId, p: Priority) {
         let q = &mut self.sched[p.urgency as usize];
