@@ -30,5 +30,5 @@ pub use connection::{Connection, ConnectionError, Event, Transmit};
 pub use endpoint::{ConnectionHandle, Endpoint};
 pub use error::{TransportError, TransportErrorCode};
 pub use stream::{Priority, StreamEvent};
-pub use types::{Dir, Side, SpaceId, StreamId, Version};
+pub use types::{Dir, IdMap, Side, SpaceId, StreamId, Version};
 pub use varint::VarInt;

@@ -1,6 +1,8 @@
 //! Small shared types: endpoint side, stream IDs, packet-number spaces, versions.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::varint::VarInt;
 
@@ -27,6 +29,47 @@ impl Side {
         }
     }
 }
+
+/// A hash for the integer IDs a connection keeps maps of (stream IDs, connection handles):
+/// a multiply and a rotate per word instead of SipHash, and no per-map random state. The
+/// keys are not the peer's to choose freely: stream IDs are consecutive within the limits
+/// we grant, handles are ours.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        // The product's high bits depend on every bit of the key, its low bits only on the
+        // key's low bits (a stream ID's type bits): bring the high ones down, where the
+        // table picks its bucket.
+        self.0.rotate_left(26)
+    }
+}
+
+/// A map keyed by stream IDs or connection handles.
+pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// Stream directionality.
 #[derive(Debug, Copy, Clone, Eq, PartialEq, Hash)]

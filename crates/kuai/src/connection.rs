@@ -499,7 +499,7 @@ pub struct SendStream {
 /// the transport started its streams over, so the ID may now name a new stream.
 fn voided(
     early: bool,
-    conns: &std::collections::HashMap<ConnectionHandle, Box<ConnState>>,
+    conns: &kuai_proto::IdMap<ConnectionHandle, Box<ConnState>>,
     h: ConnectionHandle,
 ) -> bool {
     early && conns.get(&h).is_some_and(|st| st.zero_rtt_rejected)

@@ -13,7 +13,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use kuai_proto::connection::EcnCodepoint;
-use kuai_proto::{ConnectionError, ConnectionHandle, Dir, Event, StreamEvent, StreamId};
+use kuai_proto::{ConnectionError, ConnectionHandle, Dir, Event, IdMap, StreamEvent, StreamId};
 use quinn_udp::RecvMeta;
 use tokio::sync::Notify;
 
@@ -60,7 +60,7 @@ pub(crate) struct ConnState {
     pub error: Option<ConnectionError>,
     pub handshake: Vec<Waker>,
     /// Per stream; a connection with nothing waiting and no send handles has none.
-    pub streams: HashMap<StreamId, StreamWaiters>,
+    pub streams: IdMap<StreamId, StreamWaiters>,
     pub accept: [Vec<Waker>; 2],
     pub open: [Vec<Waker>; 2],
     pub datagram: Vec<Waker>,
@@ -150,7 +150,7 @@ pub(crate) struct State {
     preferred: Option<Arc<UdpSocket>>,
     /// Boxed: the map grows by doubling, and a slot the size of a `ConnState` in each of its
     /// spare buckets cost about a kilobyte per connection.
-    pub conns: HashMap<ConnectionHandle, Box<ConnState>>,
+    pub conns: IdMap<ConnectionHandle, Box<ConnState>>,
     incoming: VecDeque<ConnectionHandle>,
     accept_wakers: Vec<Waker>,
     client_config: Option<ClientConfig>,
@@ -376,7 +376,7 @@ impl Endpoint {
                     ep,
                     socket: Arc::new(socket),
                     preferred,
-                    conns: HashMap::new(),
+                    conns: IdMap::default(),
                     incoming: VecDeque::new(),
                     accept_wakers: Vec::new(),
                     client_config: b.client.clone(),

@@ -5,7 +5,7 @@ mod flow;
 mod recv;
 mod send;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,7 +19,7 @@ use crate::error::TransportError;
 use crate::frame::{FrameType, StreamHeader};
 use crate::recovery::SentFrame;
 use crate::transport_params::TransportParameters;
-use crate::types::{Dir, Side, StreamId};
+use crate::types::{Dir, IdMap, Side, StreamId};
 use crate::varint::VarInt;
 
 /// Stream priority as in RFC 9218: lower urgency first; incremental streams of the same
@@ -212,8 +212,8 @@ impl std::ops::IndexMut<usize> for SendQueues {
 pub struct Streams {
     side: Side,
     cfg: StreamConfig,
-    send: HashMap<StreamId, SendStream>,
-    recv: HashMap<StreamId, RecvStream>,
+    send: IdMap<StreamId, SendStream>,
+    recv: IdMap<StreamId, RecvStream>,
     /// Streams opened by us: next index and the peer's limit, per direction.
     next_local: [u64; 2],
     max_local: [u64; 2],
@@ -256,8 +256,8 @@ impl Streams {
     pub fn new(side: Side, cfg: StreamConfig) -> Self {
         Self {
             side,
-            send: HashMap::new(),
-            recv: HashMap::new(),
+            send: IdMap::default(),
+            recv: IdMap::default(),
             next_local: [0; 2],
             max_local: [0; 2],
             next_remote: [0; 2],
