@@ -60,8 +60,9 @@ pub struct OneRttKeys {
     pub header: KeyPair0,
     /// Keys of the current key phase.
     pub current: PacketKeySet,
-    /// Keys of the next phase, derived ahead so a peer-initiated update costs nothing.
-    pub next: PacketKeySet,
+    /// Keys of the next phase, derived ahead of a peer-initiated update (see
+    /// [`prepare_next`](Self::prepare_next)); a quiet connection gives them back.
+    next: Option<PacketKeySet>,
     /// The peer's keys of the previous phase, kept for reordered packets until discarded.
     pub prev_remote: Option<Box<dyn PacketKey>>,
     schedule: KeySchedule,
@@ -76,28 +77,51 @@ pub struct KeyPair0 {
 }
 
 impl OneRttKeys {
-    fn new(keys: quic::Keys, mut secrets: Secrets) -> Self {
+    fn new(keys: quic::Keys, secrets: Secrets) -> Self {
         let current = PacketKeySet {
             local: keys.local.packet,
             remote: keys.remote.packet,
         };
-        let next = secrets.next_packet_keys();
         Self {
             header: KeyPair0 {
                 local: keys.local.header,
                 remote: keys.remote.header,
             },
             current,
-            next,
+            next: None,
             prev_remote: None,
             schedule: KeySchedule::Rustls(secrets),
             phase: false,
         }
     }
 
+    /// Derives the next phase's keys if they are not at hand. RFC 9001 §6.3: deriving them
+    /// when a packet shows the other key phase would tell an observer, by the time it takes,
+    /// that the phase changed; call this before looking at a packet's key phase, whatever it
+    /// is.
+    pub fn prepare_next(&mut self) {
+        if self.next.is_none() {
+            self.next = Some(self.schedule.clone().next_packet_keys());
+        }
+    }
+
+    /// The next phase's keys; [`prepare_next`](Self::prepare_next) derives them.
+    pub fn next(&self) -> Option<&PacketKeySet> {
+        self.next.as_ref()
+    }
+
+    /// Gives back the next phase's keys (two AEAD key schedules, about a kilobyte) until
+    /// [`prepare_next`](Self::prepare_next) is called again.
+    pub fn release_next(&mut self) {
+        self.next = None;
+    }
+
     /// Switches to the next key phase (either side initiating).
     pub fn update(&mut self) {
-        let next = std::mem::replace(&mut self.next, self.schedule.next_packet_keys());
+        // The schedule moves on either way; what it yields now is what `next` holds when
+        // prepared (an update is rare enough that deriving it twice does not matter).
+        let derived = self.schedule.next_packet_keys();
+        let next = self.next.take().unwrap_or(derived);
         let old = std::mem::replace(&mut self.current, next);
         self.prev_remote = Some(old.remote);
         self.phase = !self.phase;
@@ -601,6 +625,7 @@ fn next_secret(algs: SuiteAlgs, version: Version, secret: &[u8]) -> Vec<u8> {
 }
 
 /// Key schedule for 1-RTT keys derived by kuai (see [`OneRttKeys`]).
+#[derive(Clone)]
 pub struct DerivedSchedule {
     algs: SuiteAlgs,
     version: Version,
@@ -619,7 +644,9 @@ impl DerivedSchedule {
     }
 }
 
-/// Where the next generation of 1-RTT keys comes from.
+/// Where the next generation of 1-RTT keys comes from: each call of `next_packet_keys`
+/// yields the generation after the last it yielded.
+#[derive(Clone)]
 enum KeySchedule {
     Rustls(Secrets),
     Derived(DerivedSchedule),
@@ -640,7 +667,7 @@ impl OneRttKeys {
         if s.client_traffic.is_empty() || s.server_traffic.is_empty() {
             return None;
         }
-        let mut schedule = DerivedSchedule {
+        let schedule = DerivedSchedule {
             algs,
             version,
             local: s.client_traffic.clone(),
@@ -650,14 +677,13 @@ impl OneRttKeys {
             local: derive_packet_key(algs, version, &schedule.local),
             remote: derive_packet_key(algs, version, &schedule.remote),
         };
-        let next = schedule.next_set();
         Some(Self {
             header: KeyPair0 {
                 local: derive_header_key(algs, version, &s.client_traffic),
                 remote: derive_header_key(algs, version, &s.server_traffic),
             },
             current,
-            next,
+            next: None,
             prev_remote: None,
             schedule: KeySchedule::Derived(schedule),
             phase: false,

@@ -457,6 +457,45 @@ fn traffic_resumes_after_a_quiet_spell() {
     p.client_app().assert_all_intact();
 }
 
+/// A quiet connection gives back its next-phase 1-RTT keys; an update by either side after
+/// the spell must still go through (the receiver derives them again on the next packet).
+#[test]
+fn key_updates_after_a_quiet_spell() {
+    for client_side in [true, false] {
+        let mut t = TransportConfig::default();
+        t.keep_alive_interval = Some(Duration::from_secs(3));
+        let ccfg = quic::client_config(t.clone());
+        let mut p = quic::pair_with(
+            67 + client_side as u64,
+            quic::server_config(t),
+            &ccfg,
+            Client::with_requests([40_000]),
+            |n| n.set_default_link(link(20, 0.0)),
+        );
+        assert!(p.run_until_done(Duration::from_secs(10)));
+        p.net.run_for(Duration::from_millis(2500));
+        let updated = if client_side {
+            let ch = p.ch;
+            p.client_mut()
+                .ep
+                .connection_mut(ch)
+                .unwrap()
+                .initiate_key_update()
+        } else {
+            let node = p.server_mut();
+            let h = node.ep.handles().next().unwrap();
+            node.ep.connection_mut(h).unwrap().initiate_key_update()
+        };
+        assert!(updated, "key update allowed");
+        let more: Vec<_> = Client::with_requests([300_000, 2_000]).requests;
+        p.client_mut().app_mut::<Client>().requests.extend(more);
+        assert!(p.run_until_done(Duration::from_secs(20)));
+        p.client_app().assert_all_intact();
+        assert_eq!(p.client_conn().stats().key_updates, 1);
+        assert_eq!(p.server_conn().unwrap().stats().key_updates, 1);
+    }
+}
+
 #[test]
 fn idle_open_stream_does_not_ping_forever() {
     let mut t = TransportConfig::default();

@@ -1908,6 +1908,10 @@ impl Connection {
     /// burst of activity grew. A connection that idles for minutes keeps only its state.
     fn release_idle_memory(&mut self) {
         self.memory_released = true;
+        // Derived again when the next packet arrives, whatever its key phase.
+        if let Some(keys) = self.one_rtt.as_mut() {
+            keys.release_next();
+        }
         let space = &mut self.spaces[SpaceId::Data.index()];
         if space.sent.has_ack_eliciting_in_flight() {
             return;

@@ -233,7 +233,9 @@ impl Connection {
                 up.decrypt(k.packet.as_ref())
             }
             (SpaceId::Data, false) => {
-                let keys = self.one_rtt.as_ref().expect("hp key implies packet keys");
+                let keys = self.one_rtt.as_mut().expect("hp key implies packet keys");
+                keys.prepare_next();
+                let keys = &*keys;
                 if up.key_phase() == keys.phase {
                     up.decrypt(keys.current.remote.as_ref())
                 } else if keys.prev_remote.is_some()
@@ -242,7 +244,7 @@ impl Connection {
                     up.decrypt(keys.prev_remote.as_ref().expect("checked").as_ref())
                 } else {
                     key_update = true;
-                    up.decrypt(keys.next.remote.as_ref())
+                    up.decrypt(keys.next().expect("prepared").remote.as_ref())
                 }
             }
             (SpaceId::Initial, _) if original_version_initial => {
