@@ -349,7 +349,12 @@ impl Harness {
         };
         let algs = SuiteAlgs::of(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256).unwrap();
         let version = h.conn(Who::Client).unwrap().version();
-        let derive = || OneRttKeys::derived(algs, version, &secrets).expect("1-RTT secrets");
+        // The mirrors keep their next phase's keys at hand (`open` and `seal` use them).
+        let derive = || {
+            let mut k = OneRttKeys::derived(algs, version, &secrets).expect("1-RTT secrets");
+            k.prepare_next();
+            k
+        };
         h.mirrors = Some([derive(), derive()]);
 
         // Streams both ways, with data in flight and some already read.
@@ -557,7 +562,11 @@ impl Harness {
         };
         let up = unprotect(mirror)?;
         let next = up.key_phase() != mirror.phase;
-        let keys = if next { &mirror.next } else { &mirror.current };
+        let keys = if next {
+            mirror.next()?
+        } else {
+            &mirror.current
+        };
         let key = match from {
             Who::Client => keys.local.as_ref(),
             Who::Server => keys.remote.as_ref(),
@@ -568,6 +577,7 @@ impl Harness {
         let p = up.decrypt(key).ok()?;
         if next {
             mirror.update();
+            mirror.prepare_next();
         }
         self.largest_pn[f] = Some(largest.map_or(pn, |l| l.max(pn)));
         self.last_dcid[f] = Some(dcid);
@@ -586,7 +596,7 @@ impl Harness {
     fn seal(&self, from: Who, o: &Opened, frames: &[u8], flip_phase: bool) -> Option<Vec<u8>> {
         let mirror = &self.mirrors.as_ref()?[from as usize];
         let keys = if flip_phase {
-            &mirror.next
+            mirror.next()?
         } else {
             &mirror.current
         };
