@@ -121,7 +121,7 @@ fn cipher_suites(case: &str) -> Vec<rustls::SupportedCipherSuite> {
 }
 
 fn provider(case: &str) -> Arc<rustls::crypto::CryptoProvider> {
-    let mut p = rustls::crypto::ring::default_provider();
+    let mut p = (*kuai::crypto_provider()).clone();
     p.cipher_suites = cipher_suites(case);
     Arc::new(p)
 }
