@@ -262,6 +262,22 @@ fn new_token_skips_retry_next_time() {
     assert_eq!(p.server().ep.stats().retries_sent, 1);
 }
 
+/// Asks the client's or the server's connection to update its keys; false if not allowed yet.
+fn initiate_key_update(p: &mut quic::Pair, client_side: bool) -> bool {
+    if client_side {
+        let ch = p.ch;
+        p.client_mut()
+            .ep
+            .connection_mut(ch)
+            .unwrap()
+            .initiate_key_update()
+    } else {
+        let node = p.server_mut();
+        let h = node.ep.handles().next().unwrap();
+        node.ep.connection_mut(h).unwrap().initiate_key_update()
+    }
+}
+
 fn key_update_by(client_side: bool) {
     let ccfg = quic::client_config(TransportConfig::default());
     let mut p = pair(
@@ -275,18 +291,7 @@ fn key_update_by(client_side: bool) {
         Duration::from_secs(10),
         |p| p.client_app().requests[0].received > (1 << 20)
     ));
-    let updated = if client_side {
-        let ch = p.ch;
-        p.client_mut()
-            .ep
-            .connection_mut(ch)
-            .unwrap()
-            .initiate_key_update()
-    } else {
-        let node = p.server_mut();
-        let h = node.ep.handles().next().unwrap();
-        node.ep.connection_mut(h).unwrap().initiate_key_update()
-    };
+    let updated = initiate_key_update(&mut p, client_side);
     assert!(updated, "key update allowed");
     assert!(p.run_until_done(Duration::from_secs(10)));
     p.client_app().assert_all_intact();
@@ -474,18 +479,7 @@ fn key_updates_after_a_quiet_spell() {
         );
         assert!(p.run_until_done(Duration::from_secs(10)));
         p.net.run_for(Duration::from_millis(2500));
-        let updated = if client_side {
-            let ch = p.ch;
-            p.client_mut()
-                .ep
-                .connection_mut(ch)
-                .unwrap()
-                .initiate_key_update()
-        } else {
-            let node = p.server_mut();
-            let h = node.ep.handles().next().unwrap();
-            node.ep.connection_mut(h).unwrap().initiate_key_update()
-        };
+        let updated = initiate_key_update(&mut p, client_side);
         assert!(updated, "key update allowed");
         let more: Vec<_> = Client::with_requests([300_000, 2_000]).requests;
         p.client_mut().app_mut::<Client>().requests.extend(more);
