@@ -656,7 +656,7 @@ impl Harness {
                 return Some((who, None, t));
             }
             for h in ep.handles().collect::<Vec<_>>() {
-                if let Some(t) = ep.connection(h).and_then(|c| c.poll_timeout())
+                if let Some(t) = ep.connection_mut(h).and_then(|c| c.poll_timeout())
                     && t <= now
                 {
                     return Some((who, Some(h), t));
@@ -759,11 +759,12 @@ impl Harness {
             }
         }
         for who in BOTH {
-            let ep = &self.eps[who as usize];
-            let alive: Vec<String> = ep
-                .handles()
+            let ep = &mut self.eps[who as usize];
+            let handles: Vec<ConnectionHandle> = ep.handles().collect();
+            let alive: Vec<String> = handles
+                .into_iter()
                 .map(|h| {
-                    let c = ep.connection(h).unwrap();
+                    let c = ep.connection_mut(h).unwrap();
                     format!(
                         "{h:?}: closed={} deadline={:?} {c:?}",
                         c.is_closed(),
@@ -795,7 +796,7 @@ impl Harness {
             );
             let ep_deadline = ep.poll_timeout();
             for h in handles {
-                let c = ep.connection(h).unwrap();
+                let c = ep.connection_mut(h).unwrap();
                 let deadline = c.poll_timeout();
                 if let Some(t) = deadline {
                     assert!(

@@ -423,10 +423,17 @@ impl Endpoint {
         ecn: Option<EcnCodepoint>,
         data: BytesMut,
     ) {
-        if let Some(e) = self.slot_mut(h) {
-            e.conn.handle_datagram(now, remote, local_ip, ecn, data);
+        let Some(e) = self.slot_mut(h) else {
+            return;
+        };
+        e.conn.handle_datagram(now, remote, local_ip, ecn, data);
+        if e.handshaking || e.conn.has_pending_events() || e.conn.is_closed() {
+            self.after_conn_op(h, now);
+        } else {
+            // Nothing to route or report: the next `poll_transmit` visits the connection and
+            // reschedules its timer, once for a batch of datagrams rather than after each.
+            self.mark_ready(h);
         }
-        self.after_conn_op(h, now);
     }
 
     fn accept_initial(
@@ -874,7 +881,7 @@ impl Endpoint {
         while let Some(Reverse((t, i))) = self.timers.peek().copied() {
             let current = self
                 .handle_at(i)
-                .and_then(|h| self.slot(h))
+                .and_then(|h| self.slot_mut(h))
                 .and_then(|e| e.conn.poll_timeout());
             if current == Some(t) {
                 return Some(t);

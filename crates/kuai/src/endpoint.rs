@@ -27,6 +27,9 @@ const RECV_BUF: usize = 64 * 1024;
 const RECV_BATCH: usize = 32;
 /// Size of the buffers received datagrams are copied into.
 const POOL_BUF: usize = 256 * 1024;
+/// Filled pool buffers a driver keeps to take back once the data cut from them is dropped:
+/// one receive batch's worth (32 GRO batches, 2 MiB) and some.
+const POOL_SPARE: usize = 12;
 /// Datagrams a worker's inbox holds at most; more are dropped, as a full socket buffer
 /// would (a worker that cannot keep up must not queue without bound).
 const INBOX_MAX: usize = 4096;
@@ -760,7 +763,7 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
     // A GRO buffer holds up to 64 KiB of coalesced datagrams; without GRO one datagram.
     let slot = if gro { RECV_BUF } else { 2048 };
     let mut rx = vec![0u8; slot * RECV_BATCH];
-    let mut pool = BytesMut::with_capacity(POOL_BUF);
+    let mut pool = RecvPool::new();
     let mut metas = [RecvMeta::default(); RECV_BATCH];
     let mut outbox = Outbox::new();
     let mut woken = Vec::new();
@@ -844,15 +847,11 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
                 let ecn = m.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8));
                 let dst_ip = m.dst_ip.or(Some(local).filter(|ip| !ip.is_unspecified()));
                 for seg in data.chunks(stride) {
-                    if pool.capacity() - pool.len() < seg.len() {
-                        pool = BytesMut::with_capacity(POOL_BUF.max(seg.len()));
-                    }
-                    pool.extend_from_slice(seg);
                     received.push(Received {
                         remote: m.addr,
                         local_ip: dst_ip,
                         ecn,
-                        data: pool.split(),
+                        data: pool.copy(seg),
                         settled: false,
                     });
                 }
@@ -881,6 +880,50 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
             route.hand_on(&workers, &mut away);
         }
         again = outbox.flush(&view, &shared.udp) && full;
+    }
+}
+
+/// The buffers a driver copies received datagrams into: one allocation per 256 KiB rather than
+/// per datagram. A filled buffer is kept and taken back once every datagram cut from it is
+/// dropped, so a steady stream of data reuses warm pages instead of faulting in new ones.
+struct RecvPool {
+    current: BytesMut,
+    /// Filled buffers, oldest first; each handle is empty but keeps its buffer's allocation.
+    spare: VecDeque<BytesMut>,
+}
+
+impl RecvPool {
+    fn new() -> Self {
+        Self {
+            current: BytesMut::with_capacity(POOL_BUF),
+            spare: VecDeque::with_capacity(POOL_SPARE),
+        }
+    }
+
+    fn copy(&mut self, datagram: &[u8]) -> BytesMut {
+        if self.current.capacity() - self.current.len() < datagram.len() {
+            self.refill(datagram.len());
+        }
+        self.current.extend_from_slice(datagram);
+        self.current.split()
+    }
+
+    fn refill(&mut self, need: usize) {
+        let size = POOL_BUF.max(need);
+        if self.current.try_reclaim(size) {
+            return;
+        }
+        let filled = std::mem::take(&mut self.current);
+        if let Some(i) = self.spare.iter_mut().position(|b| b.try_reclaim(size)) {
+            self.current = self.spare.remove(i).expect("found above");
+        } else {
+            if self.spare.len() == POOL_SPARE {
+                // Still in use: it goes when its data does.
+                self.spare.pop_front();
+            }
+            self.current = BytesMut::with_capacity(size);
+        }
+        self.spare.push_back(filled);
     }
 }
 

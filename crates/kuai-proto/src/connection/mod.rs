@@ -356,6 +356,8 @@ pub struct Connection {
     stall_probe_armed: bool,
     /// Buffers were given back after the last quiet spell (reset by every packet received).
     memory_released: bool,
+    /// Datagrams arrived since the timers were last updated (see `sync_timers`).
+    timers_stale: bool,
     immediate_ack_pending: bool,
     ack_policy: AckPolicy,
     /// Our ACK_FREQUENCY request to the peer: sequence and whether it must be (re)sent.
@@ -712,6 +714,7 @@ impl Connection {
             confirmed_at: None,
             stall_probe_armed: false,
             memory_released: false,
+            timers_stale: false,
             immediate_ack_pending: false,
             ack_policy,
             ack_frequency_seq: 0,
@@ -879,6 +882,19 @@ impl Connection {
     }
 
     /// Events for the application.
+    /// Whether [`poll_event`](Self::poll_event) or
+    /// [`poll_endpoint_event`](Self::poll_endpoint_event) has something.
+    pub fn has_pending_events(&self) -> bool {
+        !self.events.is_empty()
+            || !self.endpoint_events.is_empty()
+            || self.streams.has_events()
+            || self
+                .remote_cids
+                .active()
+                .reset_token
+                .is_some_and(|t| self.reported_reset_token != Some(t))
+    }
+
     pub fn poll_event(&mut self) -> Option<Event> {
         if let Some(e) = self.events.pop_front() {
             return Some(e);
@@ -1705,12 +1721,23 @@ impl Connection {
     // Timers
 
     /// The earliest time [`handle_timeout`](Self::handle_timeout) should be called.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        self.sync_timers(self.now);
         self.timers.earliest()
+    }
+
+    /// Brings the timers up to date after received datagrams, which leave that to the next
+    /// call that reads or acts on them: one update for a batch instead of one per datagram.
+    pub(super) fn sync_timers(&mut self, now: Instant) {
+        if self.timers_stale {
+            self.reset_idle_timer(self.last_rx);
+            self.update_timers(now);
+        }
     }
 
     /// Processes expired timers.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.sync_timers(now);
         self.now = now;
         for i in 0..TIMER_COUNT {
             let Some(t) = self.timers.get_at(i) else {
@@ -1809,6 +1836,7 @@ impl Connection {
 
     /// Recomputes the deadlines that depend on state.
     fn update_timers(&mut self, now: Instant) {
+        self.timers_stale = false;
         if matches!(
             self.state,
             State::Closing | State::Draining | State::Drained

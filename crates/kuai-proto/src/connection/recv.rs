@@ -117,11 +117,12 @@ impl Connection {
         self.sent_eliciting_since_rx = false;
         self.last_rx = now;
         self.memory_released = false;
-        self.reset_idle_timer(now);
         if !self.on_active_path(remote, local_ip) && migrate_hint {
             self.on_peer_address_change(now, remote, local_ip, len);
         }
-        self.update_timers(now);
+        // The idle and other timers are brought up to date once for a run of datagrams, by
+        // the next call that reads or acts on them.
+        self.timers_stale = true;
     }
 
     fn handle_packet(

@@ -47,6 +47,7 @@ impl Connection {
         max_datagrams: usize,
         buf: &mut Vec<u8>,
     ) -> Option<Transmit> {
+        self.sync_timers(now);
         self.now = now;
         buf.clear();
         match self.state {

@@ -340,6 +340,10 @@ impl Streams {
         *self = Self::new(self.side, cfg);
     }
 
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     pub fn poll_event(&mut self) -> Option<StreamEvent> {
         self.events.pop_front()
     }
