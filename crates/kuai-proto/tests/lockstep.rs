@@ -175,3 +175,58 @@ fn send_hints_mark_what_needs_a_transmit() {
     c.finish(b).unwrap();
     assert!(c.take_send_hint(), "a FIN after all bytes were sent");
 }
+
+/// A writer whose send buffer filled is told it may write again once an eighth of the buffer
+/// is free, not after each ACK frees a packet's worth: a bulk writer wakes for large writes.
+#[test]
+fn writable_waits_for_an_eighth_of_the_send_buffer() {
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let send_buffer = 64 * 1024;
+    let scfg = Arc::new(support::server_config(&certs, TransportConfig::default()));
+    let ctransport = TransportConfig {
+        send_buffer,
+        ..TransportConfig::default()
+    };
+    let ccfg = support::client_config(&certs, ctransport);
+    let mut server = Endpoint::new(support::endpoint_config(), Some(scfg), now, 0, Some(1));
+    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    let ch = connected(now, &mut client, caddr, &mut server, saddr, &ccfg);
+    let c = client.connection_mut(ch).unwrap();
+    let a = c.open_stream(Dir::Uni).unwrap();
+    let data = Bytes::from(vec![1u8; send_buffer as usize + 1]);
+    assert_eq!(c.write(a, data).unwrap(), send_buffer as usize);
+    let mut buf = Vec::new();
+    let mut acked_steps = 0;
+    let mut now = now;
+    for _ in 0..2000 {
+        // One datagram to the server, then whatever it answers (an ACK every 2 packets).
+        now += Duration::from_micros(200);
+        client.handle_timeout(now);
+        server.handle_timeout(now);
+        if let Some(t) = client.poll_transmit(now, 1, &mut buf) {
+            server.handle_datagram(now, caddr, None, t.ecn, BytesMut::from(&buf[..t.size]));
+        }
+        if pump(now, &mut server, saddr, &mut client) > 0 {
+            acked_steps += 1;
+        }
+        while let Some((_, e)) = client.poll_event() {
+            if e == Event::Stream(StreamEvent::Writable(a)) {
+                let room = client
+                    .connection_mut(ch)
+                    .unwrap()
+                    .write_capacity(a)
+                    .unwrap();
+                assert!(
+                    room >= send_buffer / 8,
+                    "woken with {room} bytes of room after {acked_steps} ACKs"
+                );
+                assert!(acked_steps > 1, "one ACK freed an eighth of the buffer");
+                return;
+            }
+        }
+    }
+    panic!("no Writable event");
+}

@@ -840,7 +840,10 @@ impl Streams {
                     self.events.push_back(StreamEvent::Finished(id));
                     self.send.remove(&id);
                     self.maybe_cleanup(id);
-                } else if s.want_writable && s.buf.buffered() < self.cfg.send_buffer {
+                } else if s.want_writable
+                    && self.cfg.send_buffer.saturating_sub(s.buf.buffered())
+                        >= writable_room(self.cfg.send_buffer)
+                {
                     s.want_writable = false;
                     self.events.push_back(StreamEvent::Writable(id));
                 }
@@ -1266,4 +1269,10 @@ fn push_unique(v: &mut Vec<StreamId>, id: StreamId) {
     if !v.contains(&id) {
         v.push(id);
     }
+}
+
+/// Room a full send buffer must regain before its writer is told it may write again: an eighth
+/// of the buffer, so a bulk writer wakes for a large write instead of after every ACK.
+fn writable_room(send_buffer: u64) -> u64 {
+    (send_buffer / 8).max(1)
 }
