@@ -358,6 +358,8 @@ pub struct Connection {
     memory_released: bool,
     /// Datagrams arrived since the timers were last updated (see `sync_timers`).
     timers_stale: bool,
+    /// Packets were sent since the loss-detection timer was last set.
+    loss_timer_stale: bool,
     immediate_ack_pending: bool,
     ack_policy: AckPolicy,
     /// Our ACK_FREQUENCY request to the peer: sequence and whether it must be (re)sent.
@@ -715,6 +717,7 @@ impl Connection {
             stall_probe_armed: false,
             memory_released: false,
             timers_stale: false,
+            loss_timer_stale: false,
             immediate_ack_pending: false,
             ack_policy,
             ack_frequency_seq: 0,
@@ -1837,6 +1840,9 @@ impl Connection {
     /// Recomputes the deadlines that depend on state.
     fn update_timers(&mut self, now: Instant) {
         self.timers_stale = false;
+        if std::mem::take(&mut self.loss_timer_stale) {
+            self.set_loss_timer(now);
+        }
         if matches!(
             self.state,
             State::Closing | State::Draining | State::Drained

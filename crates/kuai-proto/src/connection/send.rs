@@ -564,7 +564,8 @@ impl Connection {
         };
         self.spaces[si].sent.insert(pn, packet);
         if ack_eliciting || in_flight {
-            self.set_loss_timer(now);
+            // Set once by `update_timers` when the batch of datagrams is written.
+            self.loss_timer_stale = true;
         }
     }
 

@@ -77,6 +77,9 @@ pub struct SentPacket {
     pub copied: bool,
 }
 
+/// Frame vectors of acknowledged packets kept for reuse.
+const SPARE_FRAME_VECS: usize = 1024;
+
 /// Sent packets of one packet-number space, indexed by packet number.
 ///
 /// Packet numbers only grow, so a deque indexed by `pn - base` gives O(1) insertion and lookup;
@@ -198,7 +201,9 @@ impl SentPackets {
 
     /// Returns a packet's frame vector for reuse.
     pub fn recycle(&mut self, mut v: Vec<SentFrame>) {
-        if self.spare.len() < 64 {
+        // One ACK may free a whole GSO burst's worth of packets: keep enough for the next
+        // bursts (a few tens of KB at most; a quiet spell gives it all back).
+        if self.spare.len() < SPARE_FRAME_VECS {
             v.clear();
             self.spare.push(v);
         }
