@@ -18,18 +18,13 @@ use quinn_udp::RecvMeta;
 use tokio::sync::Notify;
 
 use crate::connection::{Connecting, ConnectionInner};
-use crate::udp::{SocketOptions, UdpSocket, UdpStats, UdpStatsSnapshot, worker_of};
+use crate::udp::{RecvPool, SocketOptions, UdpSocket, UdpStats, UdpStatsSnapshot, worker_of};
 use crate::{ClientConfig, EndpointConfig, ServerConfig};
 
 /// Largest UDP payload (a GRO batch) one receive buffer takes.
 const RECV_BUF: usize = 64 * 1024;
 /// Datagrams per receive call.
 const RECV_BATCH: usize = 32;
-/// Size of the buffers received datagrams are copied into.
-const POOL_BUF: usize = 256 * 1024;
-/// Filled pool buffers a driver keeps to take back once the data cut from them is dropped:
-/// one receive batch's worth (32 GRO batches, 2 MiB) and some.
-const POOL_SPARE: usize = 12;
 /// Datagrams a worker's inbox holds at most; more are dropped, as a full socket buffer
 /// would (a worker that cannot keep up must not queue without bound).
 const INBOX_MAX: usize = 4096;
@@ -762,7 +757,8 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
     let mut received = Vec::new();
     // A GRO buffer holds up to 64 KiB of coalesced datagrams; without GRO one datagram.
     let slot = if gro { RECV_BUF } else { 2048 };
-    let mut rx = vec![0u8; slot * RECV_BATCH];
+    // The first message of each batch goes to the pool (below), the others here.
+    let mut rx = vec![0u8; slot * (RECV_BATCH - 1)];
     let mut pool = RecvPool::new();
     let mut metas = [RecvMeta::default(); RECV_BATCH];
     let mut outbox = Outbox::new();
@@ -818,15 +814,16 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
         // did all their crypto. A socket with more waiting stays readable, so the next turn
         // comes at once.
         //
-        // Each datagram is copied once out of the reusable receive area into a shared pool
-        // buffer: one allocation per 256 KiB rather than per datagram, and unread stream data
-        // never pins a large receive area.
+        // The first message of a batch (usually the only one: a GRO batch of up to 64 KiB)
+        // lands straight in a pool buffer and its datagrams are cut from it without a copy.
+        // The others go to the reusable receive area and each datagram is copied once into
+        // the pool: one allocation per 256 KiB rather than per datagram, and unread stream
+        // data never pins the large receive area.
         let sockets = std::iter::once(&view.socket).chain(view.preferred.as_ref());
         for sock in sockets.take(if again { 0 } else { 2 }) {
             let n = {
-                let mut slices: Vec<IoSliceMut<'_>> = rx
-                    .chunks_mut(slot)
-                    .take(RECV_BATCH)
+                let mut slices: Vec<IoSliceMut<'_>> = std::iter::once(pool.recv_area(slot))
+                    .chain(rx.chunks_mut(slot).take(RECV_BATCH - 1))
                     .map(IoSliceMut::new)
                     .collect();
                 match sock.try_recv(&shared.udp, &mut slices, &mut metas) {
@@ -842,18 +839,29 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
             // The local IP tells the transport which of our addresses the peer used.
             let local = sock.local_addr().ip();
             for (i, m) in metas[..n].iter().enumerate() {
-                let data = &rx[i * slot..i * slot + m.len];
                 let stride = m.stride.max(1);
                 let ecn = m.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8));
                 let dst_ip = m.dst_ip.or(Some(local).filter(|ip| !ip.is_unspecified()));
-                for seg in data.chunks(stride) {
+                let mut push = |data: BytesMut| {
                     received.push(Received {
                         remote: m.addr,
                         local_ip: dst_ip,
                         ecn,
-                        data: pool.copy(seg),
+                        data,
                         settled: false,
-                    });
+                    })
+                };
+                if i == 0 {
+                    let mut first = pool.commit(m.len);
+                    while first.len() > stride {
+                        push(first.split_to(stride));
+                    }
+                    push(first);
+                } else {
+                    let data = &rx[(i - 1) * slot..(i - 1) * slot + m.len];
+                    for seg in data.chunks(stride) {
+                        push(pool.copy(seg));
+                    }
                 }
             }
         }
@@ -880,50 +888,6 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
             route.hand_on(&workers, &mut away);
         }
         again = outbox.flush(&view, &shared.udp) && full;
-    }
-}
-
-/// The buffers a driver copies received datagrams into: one allocation per 256 KiB rather than
-/// per datagram. A filled buffer is kept and taken back once every datagram cut from it is
-/// dropped, so a steady stream of data reuses warm pages instead of faulting in new ones.
-struct RecvPool {
-    current: BytesMut,
-    /// Filled buffers, oldest first; each handle is empty but keeps its buffer's allocation.
-    spare: VecDeque<BytesMut>,
-}
-
-impl RecvPool {
-    fn new() -> Self {
-        Self {
-            current: BytesMut::with_capacity(POOL_BUF),
-            spare: VecDeque::with_capacity(POOL_SPARE),
-        }
-    }
-
-    fn copy(&mut self, datagram: &[u8]) -> BytesMut {
-        if self.current.capacity() - self.current.len() < datagram.len() {
-            self.refill(datagram.len());
-        }
-        self.current.extend_from_slice(datagram);
-        self.current.split()
-    }
-
-    fn refill(&mut self, need: usize) {
-        let size = POOL_BUF.max(need);
-        if self.current.try_reclaim(size) {
-            return;
-        }
-        let filled = std::mem::take(&mut self.current);
-        if let Some(i) = self.spare.iter_mut().position(|b| b.try_reclaim(size)) {
-            self.current = self.spare.remove(i).expect("found above");
-        } else {
-            if self.spare.len() == POOL_SPARE {
-                // Still in use: it goes when its data does.
-                self.spare.pop_front();
-            }
-            self.current = BytesMut::with_capacity(size);
-        }
-        self.spare.push_back(filled);
     }
 }
 

@@ -421,6 +421,144 @@ impl UdpSocket {
     }
 }
 
+pub(crate) use recv_pool::RecvPool;
+
+/// Buffers received datagrams live in until the transport and the application are done with
+/// them. The unsafe code: a receive lands directly in a buffer's spare capacity.
+#[allow(unsafe_code)]
+mod recv_pool {
+    use std::collections::VecDeque;
+
+    use bytes::BytesMut;
+
+    /// Size of one pool buffer.
+    const POOL_BUF: usize = 256 * 1024;
+    /// Filled buffers kept to take back once the data cut from them is dropped: a receive
+    /// batch's worth (32 GRO messages, 2 MiB) and some.
+    const POOL_SPARE: usize = 12;
+
+    /// Datagrams are cut from shared 256 KiB buffers: one allocation per buffer rather than
+    /// per datagram. A filled buffer is kept and taken back once every datagram cut from it is
+    /// dropped, so a steady stream of data reuses warm pages instead of faulting in new ones.
+    ///
+    /// Invariant: every buffer was zeroed over its whole capacity when allocated, and
+    /// `try_reclaim` only ever hands back that same allocation, so a buffer's spare capacity
+    /// is always initialized memory.
+    pub(crate) struct RecvPool {
+        current: BytesMut,
+        /// Filled buffers, oldest first; each handle is empty but keeps its allocation.
+        spare: VecDeque<BytesMut>,
+        /// Bytes `recv_area` last handed out.
+        area: usize,
+    }
+
+    impl RecvPool {
+        pub(crate) fn new() -> Self {
+            Self {
+                current: zeroed(POOL_BUF),
+                spare: VecDeque::with_capacity(POOL_SPARE),
+                area: 0,
+            }
+        }
+
+        /// Room for one receive of up to `len` bytes in pool memory; [`commit`](Self::commit)
+        /// then takes what was written.
+        pub(crate) fn recv_area(&mut self, len: usize) -> &mut [u8] {
+            if self.room() < len {
+                self.refill(len);
+            }
+            self.area = len;
+            let spare = self.current.spare_capacity_mut();
+            // SAFETY: `spare` has at least `len` elements (refilled above), and they are
+            // initialized: the pool's buffers are zeroed when allocated (see the invariant).
+            unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), len) }
+        }
+
+        /// The first `n` bytes of the last [`recv_area`](Self::recv_area), as a buffer of
+        /// their own.
+        pub(crate) fn commit(&mut self, n: usize) -> BytesMut {
+            assert!(n <= self.area, "more bytes than the receive area held");
+            self.area = 0;
+            let len = self.current.len() + n;
+            // SAFETY: `len` is within the capacity (`n` fit in the area handed out, which
+            // was spare capacity) and those bytes are initialized: written by the receive, or
+            // zeroed at allocation (see the invariant).
+            unsafe { self.current.set_len(len) };
+            self.current.split()
+        }
+
+        /// `datagram` copied into pool memory.
+        pub(crate) fn copy(&mut self, datagram: &[u8]) -> BytesMut {
+            if self.room() < datagram.len() {
+                self.refill(datagram.len());
+            }
+            self.current.extend_from_slice(datagram);
+            self.current.split()
+        }
+
+        fn room(&self) -> usize {
+            self.current.capacity() - self.current.len()
+        }
+
+        fn refill(&mut self, need: usize) {
+            let size = POOL_BUF.max(need);
+            if self.current.try_reclaim(size) {
+                return;
+            }
+            let filled = std::mem::take(&mut self.current);
+            if let Some(i) = self.spare.iter_mut().position(|b| b.try_reclaim(size)) {
+                self.current = self.spare.remove(i).expect("found above");
+            } else {
+                if self.spare.len() == POOL_SPARE {
+                    // Still in use: it goes when its data does.
+                    self.spare.pop_front();
+                }
+                self.current = zeroed(size);
+            }
+            self.spare.push_back(filled);
+        }
+    }
+
+    /// An empty buffer whose whole capacity is zeroed.
+    fn zeroed(size: usize) -> BytesMut {
+        let mut b = BytesMut::zeroed(size);
+        b.clear();
+        b
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn receives_in_place_and_reuses_freed_buffers() {
+            let mut pool = RecvPool::new();
+            let area = pool.recv_area(64 * 1024);
+            area[..5].copy_from_slice(b"hello");
+            let a = pool.commit(5);
+            assert_eq!(&a[..], b"hello");
+            let b = pool.copy(b"world");
+            assert_eq!(&b[..], b"world");
+            let first = a.as_ptr();
+            drop((a, b));
+            // Fill the rest of the buffer: the next receive takes the first one back.
+            while pool.room() >= 64 * 1024 {
+                let n = pool.recv_area(64 * 1024).len();
+                drop(pool.commit(n));
+            }
+            let area = pool.recv_area(64 * 1024);
+            assert_eq!(area.as_ptr(), first, "the freed buffer is reused");
+            // A buffer still in use is not.
+            let held = pool.commit(100);
+            while pool.room() >= 64 * 1024 {
+                let n = pool.recv_area(64 * 1024).len();
+                drop(pool.commit(n));
+            }
+            assert_ne!(pool.recv_area(64 * 1024).as_ptr(), held.as_ptr());
+        }
+    }
+}
+
 /// `sendmmsg(2)` with one destination and one set of control messages for the whole batch.
 /// The only unsafe code of the crate: the system call and its C structures.
 #[cfg(target_os = "linux")]
