@@ -174,6 +174,9 @@ enum Mode {
     Tcp(Proto),
 }
 
+/// Longest wait for a session ticket before a connection that is done closes.
+const TICKET_WAIT_MAX: Duration = Duration::from_millis(300);
+
 /// One connection to the origin, whatever the protocol.
 enum Session {
     H3 {
@@ -240,6 +243,17 @@ impl Session {
         match self {
             Session::H3 { conn, .. } | Session::Hq { conn, .. } => conn.stats().resumed,
             Session::Tcp(c) => c.info.resumed,
+        }
+    }
+
+    /// Waits, a few round trips at most, for the server's session ticket: the server sends it
+    /// only after the handshake, so a short exchange can end before it arrives and leave the
+    /// next connection nothing to resume.
+    async fn await_ticket(&self) {
+        if let Session::H3 { conn, .. } | Session::Hq { conn, .. } = self {
+            let bound =
+                (conn.stats().path.rtt * 3).clamp(Duration::from_millis(20), TICKET_WAIT_MAX);
+            let _ = tokio::time::timeout(bound, conn.session_ticket()).await;
         }
     }
 
@@ -685,6 +699,12 @@ async fn repeat(
         }
         let line = run_json(run, new_connection, session.as_deref(), &report);
         writeln!(stdout, "{line}").map_err(|e| format!("stdout: {e}"))?;
+        if !args.reuse
+            && run + 1 < args.repeat
+            && let Some(s) = &session
+        {
+            s.await_ticket().await;
+        }
         if args.verbose
             && let Some(s) = &session
         {

@@ -304,6 +304,24 @@ impl Connection {
         self.inner.shared.kick();
     }
 
+    /// Client: waits until the server has sent a session ticket on this connection (one that
+    /// arrived earlier counts), so that a later connection can resume it and send 0-RTT data.
+    /// Servers send their tickets after the handshake: closing at once after a short exchange
+    /// may lose them. Returns false if the connection ended first. Bound it with a timeout.
+    pub async fn session_ticket(&self) -> bool {
+        poll_fn(|cx| {
+            self.inner.with(|s, h| match s.conns.get_mut(&h) {
+                Some(st) if st.session_tickets > 0 => Poll::Ready(true),
+                Some(st) if st.error.is_none() => {
+                    register(&mut st.ticket, cx);
+                    Poll::Pending
+                }
+                _ => Poll::Ready(false),
+            })
+        })
+        .await
+    }
+
     /// Waits until the connection is closed, and says why.
     pub async fn closed(&self) -> ConnectionError {
         poll_fn(|cx| {

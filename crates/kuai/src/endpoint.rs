@@ -63,6 +63,9 @@ pub(crate) struct ConnState {
     pub open: [Vec<Waker>; 2],
     pub datagram: Vec<Waker>,
     pub closed: Vec<Waker>,
+    /// Client: session tickets received, and the tasks waiting for one.
+    pub session_tickets: u32,
+    pub ticket: Vec<Waker>,
     pub zero_rtt_rejected: bool,
     pub server_name: Option<String>,
     /// The transport forgot the connection; only the error remains.
@@ -137,6 +140,7 @@ impl ConnState {
         for w in self.datagram.drain(..).chain(self.closed.drain(..)) {
             woken.push(w);
         }
+        woken.append(&mut self.ticket);
     }
 }
 
@@ -1144,6 +1148,10 @@ fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
             Event::ConnectionLost(e) => {
                 st.error = Some(e);
                 st.wake_all(woken);
+            }
+            Event::SessionTicket => {
+                st.session_tickets += 1;
+                woken.append(&mut st.ticket);
             }
             Event::HandshakeConfirmed
             | Event::PathMigrated { .. }

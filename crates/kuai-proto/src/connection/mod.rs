@@ -116,6 +116,9 @@ pub enum Event {
     KeyUpdated {
         generation: u64,
     },
+    /// Client: a session ticket from the server arrived (a NewSessionTicket message, handed
+    /// to the rustls session store): a later connection can resume, and send 0-RTT data.
+    SessionTicket,
     /// The connection is closed; it finishes draining on its own.
     ConnectionLost(ConnectionError),
 }
@@ -360,6 +363,8 @@ pub struct Connection {
     timers_stale: bool,
     /// Packets were sent since the loss-detection timer was last set.
     loss_timer_stale: bool,
+    /// Client: where the server's post-handshake TLS messages end.
+    post_handshake_messages: recv::TlsMessageScan,
     immediate_ack_pending: bool,
     ack_policy: AckPolicy,
     /// Our ACK_FREQUENCY request to the peer: sequence and whether it must be (re)sent.
@@ -718,6 +723,7 @@ impl Connection {
             memory_released: false,
             timers_stale: false,
             loss_timer_stale: false,
+            post_handshake_messages: recv::TlsMessageScan::default(),
             immediate_ack_pending: false,
             ack_policy,
             ack_frequency_seq: 0,

@@ -685,6 +685,16 @@ impl Connection {
         while let Some(chunk) = self.spaces[si].crypto_recv.read(usize::MAX) {
             let tls = self.tls.as_mut().expect("checked");
             tls.read(&chunk)?;
+            if space == SpaceId::Data && self.side.is_client() {
+                // RFC 9001 §4.1.3: after the handshake a server's TLS messages can only be
+                // NewSessionTickets; tell the application when one is complete.
+                let events = &mut self.events;
+                self.post_handshake_messages.feed(&chunk, |ty| {
+                    if ty == TLS_NEW_SESSION_TICKET {
+                        events.push_back(Event::SessionTicket);
+                    }
+                });
+            }
         }
         self.process_tls(now)
     }
@@ -1064,3 +1074,68 @@ fn parse_client_hello_tp(ch: &[u8]) -> Option<&[u8]> {
 
 #[allow(dead_code)]
 fn _unused(_: PacketDecodeError) {}
+
+/// TLS handshake message type of NewSessionTicket (RFC 8446 §4).
+const TLS_NEW_SESSION_TICKET: u8 = 4;
+
+/// Finds where TLS handshake messages end in a byte stream: a type byte and a 24-bit length
+/// (RFC 8446 §4), then the body.
+#[derive(Debug, Default)]
+pub(super) struct TlsMessageScan {
+    header: [u8; 4],
+    header_len: u8,
+    /// Body bytes of the current message still to come.
+    remaining: u32,
+}
+
+impl TlsMessageScan {
+    /// Consumes `data`, calling `done` with the type of each message that completes in it.
+    pub(super) fn feed(&mut self, mut data: &[u8], mut done: impl FnMut(u8)) {
+        while !data.is_empty() {
+            if self.remaining > 0 {
+                let n = data.len().min(self.remaining as usize);
+                self.remaining -= n as u32;
+                data = &data[n..];
+                if self.remaining == 0 {
+                    done(self.header[0]);
+                }
+                continue;
+            }
+            self.header[usize::from(self.header_len)] = data[0];
+            self.header_len += 1;
+            data = &data[1..];
+            if self.header_len == 4 {
+                self.header_len = 0;
+                self.remaining =
+                    u32::from_be_bytes([0, self.header[1], self.header[2], self.header[3]]);
+                if self.remaining == 0 {
+                    done(self.header[0]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tls_scan_tests {
+    use super::*;
+
+    #[test]
+    fn finds_message_ends_across_chunks() {
+        // Two tickets (type 4, bodies of 3 and 0 bytes) and a type-20 message of 1 byte.
+        let stream = [4u8, 0, 0, 3, 9, 9, 9, 4, 0, 0, 0, 20, 0, 0, 1, 7];
+        for split in 0..stream.len() {
+            let mut scan = TlsMessageScan::default();
+            let mut seen = Vec::new();
+            scan.feed(&stream[..split], |t| seen.push(t));
+            scan.feed(&stream[split..], |t| seen.push(t));
+            assert_eq!(seen, [4, 4, 20], "split at {split}");
+        }
+        let mut scan = TlsMessageScan::default();
+        let mut seen = Vec::new();
+        for b in stream {
+            scan.feed(&[b], |t| seen.push(t));
+        }
+        assert_eq!(seen, [4, 4, 20]);
+    }
+}
