@@ -25,6 +25,8 @@ use crate::{ClientConfig, EndpointConfig, ServerConfig};
 const RECV_BUF: usize = 64 * 1024;
 /// Datagrams per receive call.
 const RECV_BATCH: usize = 32;
+/// Bytes a driver receives, after waking tasks, before it lets them run.
+const YIELD_AFTER_BYTES: usize = 512 * 1024;
 /// Datagrams a worker's inbox holds at most; more are dropped, as a full socket buffer
 /// would (a worker that cannot keep up must not queue without bound).
 const INBOX_MAX: usize = 4096;
@@ -771,6 +773,9 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
     let mut last_woken = 0;
     // The last turn had more to send than one outbox: go on without waiting.
     let mut again = false;
+    // Woke tasks, and bytes received, since the driver last let other tasks run.
+    let mut woke_since_yield = false;
+    let mut received_since_yield = 0usize;
     loop {
         if view.finished {
             outbox.flush(&view, &shared.udp);
@@ -843,6 +848,7 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
             // The local IP tells the transport which of our addresses the peer used.
             let local = sock.local_addr().ip();
             for (i, m) in metas[..n].iter().enumerate() {
+                received_since_yield += m.len;
                 let stride = m.stride.max(1);
                 let ecn = m.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8));
                 let dst_ip = m.dst_ip.or(Some(local).filter(|ip| !ip.is_unspecified()));
@@ -873,25 +879,37 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
             std::mem::swap(&mut inbox, &mut *lock(&shared.inbox));
         }
         let now = Instant::now();
-        let mut s = shared.lock();
-        for r in inbox.drain(..).chain(received.drain(..)) {
-            route.deliver(&mut s, now, r, &mut away);
+        let (woke, full);
+        {
+            let mut s = shared.lock();
+            for r in inbox.drain(..).chain(received.drain(..)) {
+                route.deliver(&mut s, now, r, &mut away);
+            }
+            s.ep.handle_timeout(now);
+            full = backlog_sent && outbox.fill(&mut s, now);
+            dispatch(&mut s, &mut woken);
+            woke = !woken.is_empty();
+            if woke {
+                last_woken = woken.len();
+            }
+            for w in woken.drain(..) {
+                w.wake();
+            }
+            view = View::of(&mut s);
         }
-        s.ep.handle_timeout(now);
-        let full = backlog_sent && outbox.fill(&mut s, now);
-        dispatch(&mut s, &mut woken);
-        if !woken.is_empty() {
-            last_woken = woken.len();
-        }
-        for w in woken.drain(..) {
-            w.wake();
-        }
-        view = View::of(&mut s);
-        drop(s);
         if route.workers > 1 {
             route.hand_on(&workers, &mut away);
         }
         again = outbox.flush(&view, &shared.udp) && full;
+        // While datagrams keep coming the socket stays ready and this task never waits:
+        // tokio lets it run 128 turns before others get the thread, and the readers it woke
+        // fell tens of megabytes behind (each holding pool buffers, faulting in new ones).
+        woke_since_yield |= woke;
+        if woke_since_yield && !again && received_since_yield >= YIELD_AFTER_BYTES {
+            woke_since_yield = false;
+            received_since_yield = 0;
+            tokio::task::yield_now().await;
+        }
     }
 }
 
