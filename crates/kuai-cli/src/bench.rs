@@ -515,7 +515,9 @@ async fn client(w: Workload) -> Result<(), String> {
             )
         }
         ("tcp", "bulk") => tcp_bulk(&w).await?,
+        ("tcp", "requests") => tcp_requests(&w).await?,
         ("tcp", "handshakes") => tcp_handshakes(&w).await?,
+        ("tcp", "idle") => tcp_idle(&w).await?,
         (t, wl) => return Err(format!("unsupported transport/workload {t}/{wl}")),
     };
     println!(
@@ -530,7 +532,9 @@ async fn client(w: Workload) -> Result<(), String> {
 
 fn tcp_connector() -> Result<tokio_rustls::TlsConnector, String> {
     let quic = ClientConfig::insecure(&[ALPN]).map_err(|e| e.to_string())?;
-    let tls = (*quic.proto_tls()).clone();
+    let mut tls = (*quic.proto_tls()).clone();
+    // Full handshakes every time, as the QUIC clients do.
+    tls.resumption = rustls::client::Resumption::disabled();
     Ok(tokio_rustls::TlsConnector::from(Arc::new(tls)))
 }
 
@@ -538,7 +542,14 @@ async fn tcp_connect(
     w: &Workload,
     connector: &tokio_rustls::TlsConnector,
 ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
-    let sock = tokio::net::TcpStream::connect(w.server)
+    tcp_connect_to(w.server, connector).await
+}
+
+async fn tcp_connect_to(
+    server: SocketAddr,
+    connector: &tokio_rustls::TlsConnector,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let sock = tokio::net::TcpStream::connect(server)
         .await
         .map_err(|e| e.to_string())?;
     let _ = sock.set_nodelay(true);
@@ -576,16 +587,124 @@ async fn tcp_bulk(w: &Workload) -> Result<String, String> {
 async fn tcp_handshakes(w: &Workload) -> Result<String, String> {
     let connector = tcp_connector()?;
     let deadline = Instant::now() + Duration::from_secs(w.seconds);
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let mut n = 0u64;
-    while Instant::now() < deadline {
-        let s = tcp_connect(w, &connector).await?;
-        drop(s);
-        n += 1;
+    let mut tasks = tokio::task::JoinSet::new();
+    // `connections` handshakes in flight, each on a new TCP connection.
+    for _ in 0..w.connections.max(1) {
+        let (connector, done, failed) = (connector.clone(), done.clone(), failed.clone());
+        let server = w.server;
+        tasks.spawn(async move {
+            while Instant::now() < deadline {
+                match tcp_connect_to(server, &connector).await {
+                    Ok(s) => {
+                        drop(s);
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+    }
+    tasks.join_all().await;
+    let secs = start.elapsed().as_secs_f64();
+    let n = done.load(Ordering::Relaxed);
+    Ok(format!(
+        "\"handshakes\":{n},\"failed\":{},\"seconds\":{secs:.3},\"handshakes_s\":{:.0}",
+        failed.load(Ordering::Relaxed),
+        n as f64 / secs
+    ))
+}
+
+/// Requests over TCP: a connection carries one at a time, so each keeps 32 in flight by
+/// pipelining them (the server answers in order), like HTTP/1.1 pipelining.
+async fn tcp_requests(w: &Workload) -> Result<String, String> {
+    const IN_FLIGHT: u64 = 32;
+    let connector = tcp_connector()?;
+    let mut conns = Vec::new();
+    for _ in 0..w.connections.max(1) {
+        conns.push(tcp_connect(w, &connector).await?);
+    }
+    let size = w.response.max(1);
+    let deadline = Instant::now() + Duration::from_secs(w.seconds);
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for s in conns {
+        let done = done.clone();
+        tasks.spawn(async move {
+            let (mut rd, mut wr) = tokio::io::split(s);
+            let request = size.to_be_bytes();
+            let mut out = request.repeat(IN_FLIGHT as usize);
+            wr.write_all(&out).await.map_err(|e| e.to_string())?;
+            wr.flush().await.map_err(|e| e.to_string())?;
+            let mut outstanding = IN_FLIGHT;
+            let mut partial = 0u64;
+            let mut buf = vec![0u8; 64 * 1024];
+            while outstanding > 0 {
+                let n = rd.read(&mut buf).await.map_err(|e| e.to_string())?;
+                if n == 0 {
+                    return Err("the server closed the connection".to_string());
+                }
+                partial += n as u64;
+                let finished = (partial / size).min(outstanding);
+                partial -= finished * size;
+                outstanding -= finished;
+                done.fetch_add(finished, Ordering::Relaxed);
+                // As many new requests as were answered, in one write.
+                if finished > 0 && Instant::now() < deadline {
+                    out.clear();
+                    for _ in 0..finished {
+                        out.extend_from_slice(&request);
+                    }
+                    wr.write_all(&out).await.map_err(|e| e.to_string())?;
+                    wr.flush().await.map_err(|e| e.to_string())?;
+                    outstanding += finished;
+                }
+            }
+            Ok::<(), String>(())
+        });
+    }
+    for r in tasks.join_all().await {
+        r?;
     }
     let secs = start.elapsed().as_secs_f64();
+    let n = done.load(Ordering::Relaxed);
     Ok(format!(
-        "\"handshakes\":{n},\"seconds\":{secs:.3},\"handshakes_s\":{:.0}",
+        "\"requests\":{n},\"seconds\":{secs:.3},\"requests_s\":{:.0}",
         n as f64 / secs
+    ))
+}
+
+/// Idle connections over TCP: `connections` TLS connections opened 64 at a time and held
+/// (256 at a time overflowed the listener's accept queue, and each overflow costs the client a
+/// 1 s SYN retransmission).
+async fn tcp_idle(w: &Workload) -> Result<String, String> {
+    let connector = tcp_connector()?;
+    let mut conns = Vec::with_capacity(w.connections as usize);
+    let start = Instant::now();
+    let mut left = w.connections;
+    while left > 0 {
+        let batch = left.min(64);
+        left -= batch;
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..batch {
+            let connector = connector.clone();
+            let server = w.server;
+            tasks.spawn(async move { tcp_connect_to(server, &connector).await });
+        }
+        for r in tasks.join_all().await {
+            conns.push(r?);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    // Hold them while the runner samples the server's memory.
+    tokio::time::sleep(Duration::from_secs(w.seconds)).await;
+    Ok(format!(
+        "\"connections\":{},\"setup_seconds\":{secs:.3}",
+        conns.len()
     ))
 }
