@@ -866,7 +866,10 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
                     while first.len() > stride {
                         push(first.split_to(stride));
                     }
-                    push(first);
+                    // An empty datagram carries nothing (as `chunks` yields nothing below).
+                    if !first.is_empty() {
+                        push(first);
+                    }
                 } else {
                     let data = &rx[(i - 1) * slot..(i - 1) * slot + m.len];
                     for seg in data.chunks(stride) {
