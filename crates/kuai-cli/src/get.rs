@@ -544,7 +544,8 @@ async fn fetch_all(args: Args) -> Result<(), String> {
     }
     session.close();
     if let Some(ep) = &origin.ep {
-        let _ = tokio::time::timeout(Duration::from_millis(300), ep.wait_idle()).await;
+        // Exit once the CONNECTION_CLOSE is out, without waiting out the closing period.
+        let _ = tokio::time::timeout(Duration::from_millis(300), ep.flush()).await;
     }
     Ok(())
 }
@@ -715,7 +716,7 @@ async fn repeat(
         s.close();
     }
     if let Some(ep) = &origin.ep {
-        let _ = tokio::time::timeout(Duration::from_millis(300), ep.wait_idle()).await;
+        let _ = tokio::time::timeout(Duration::from_millis(300), ep.flush()).await;
     }
     if failed > 0 {
         return Err(format!("{failed} of {} runs failed", args.repeat));

@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -174,6 +174,12 @@ pub(crate) struct Shared {
     pub udp: UdpStats,
     /// Datagrams another worker received for this one's connections.
     inbox: Mutex<Vec<Received>>,
+    /// Driver turns started, and the last one finished (its transmits handed to the socket).
+    turns_started: AtomicU64,
+    turns_done: AtomicU64,
+    /// Tasks waiting in [`Endpoint::flush`] for a turn to finish.
+    turn_waiters: Mutex<Vec<Waker>>,
+    has_turn_waiters: AtomicBool,
 }
 
 /// A datagram handed from one worker to another.
@@ -203,6 +209,16 @@ impl Shared {
     /// Wakes the driver to send what the application queued.
     pub fn kick(&self) {
         self.notify.notify_one();
+    }
+
+    /// Records that driver turn `turn` has handed its transmits to the socket.
+    fn finish_turn(&self, turn: u64) {
+        self.turns_done.store(turn, Ordering::SeqCst);
+        if self.has_turn_waiters.swap(false, Ordering::SeqCst) {
+            for w in lock(&self.turn_waiters).drain(..) {
+                w.wake();
+            }
+        }
     }
 }
 
@@ -393,6 +409,10 @@ impl Endpoint {
                 notify: Notify::new(),
                 udp: UdpStats::default(),
                 inbox: Mutex::new(Vec::new()),
+                turns_started: AtomicU64::new(0),
+                turns_done: AtomicU64::new(0),
+                turn_waiters: Mutex::new(Vec::new()),
+                has_turn_waiters: AtomicBool::new(false),
             }));
         }
         let workers = Arc::new(Workers {
@@ -554,6 +574,34 @@ impl Endpoint {
             }
             drop(s);
             w.kick();
+        }
+    }
+
+    /// Waits until each worker's driver has run a whole turn that started after this call:
+    /// what the application queued before it (a `close`, stream data) has been handed to the
+    /// socket, as far as flow control, congestion control and pacing allow. A client that
+    /// exits right after closing calls this instead of [`wait_idle`](Self::wait_idle), which
+    /// also waits out the closing period (three PTOs, RFC 9000 §10.2) to answer late packets.
+    pub async fn flush(&self) {
+        for w in self.workers.all.iter() {
+            // SeqCst with the driver's count: a turn numbered above `started` began after
+            // this point, so under the lock it sees whatever was queued before the call.
+            let target = w.turns_started.load(Ordering::SeqCst) + 1;
+            w.kick();
+            poll_fn(|cx| {
+                if w.turns_done.load(Ordering::SeqCst) >= target {
+                    return Poll::Ready(());
+                }
+                lock(&w.turn_waiters).push(cx.waker().clone());
+                w.has_turn_waiters.store(true, Ordering::SeqCst);
+                // Checked again: the turn may have ended before the flag was up.
+                if w.turns_done.load(Ordering::SeqCst) >= target {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
         }
     }
 
@@ -779,6 +827,7 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
     loop {
         if view.finished {
             outbox.flush(&view, &shared.udp);
+            shared.finish_turn(u64::MAX);
             return Ok(());
         }
         if !again {
@@ -815,6 +864,7 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
                 tokio::task::yield_now().await;
             }
         }
+        let turn = shared.turns_started.fetch_add(1, Ordering::SeqCst) + 1;
         // What the socket would not take last turn goes first.
         let backlog_sent = outbox.flush(&view, &shared.udp);
         // One receive batch per socket, and none while the answers to the last are still
@@ -904,6 +954,7 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
             route.hand_on(&workers, &mut away);
         }
         again = outbox.flush(&view, &shared.udp) && full;
+        shared.finish_turn(turn);
         // While datagrams keep coming the socket stays ready and this task never waits:
         // tokio lets it run 128 turns before others get the thread, and the readers it woke
         // fell tens of megabytes behind (each holding pool buffers, faulting in new ones).

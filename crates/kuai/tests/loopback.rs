@@ -573,3 +573,50 @@ async fn workers_answer_on_the_preferred_address() {
         assert_eq!(fetch(&conn, 1000).await, 1000);
     }
 }
+
+/// `Endpoint::flush` returns once a driver turn begun after it has sent what was queued: a
+/// client that closes, flushes and exits at once still tells the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_then_flush_reaches_the_server_before_the_client_is_gone() {
+    let (scfg, cert) = server_config();
+    let server = Endpoint::server(scfg, localhost()).unwrap();
+    let addr = server.local_addr().unwrap();
+    let ep = server.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let conn = ep.accept().await.unwrap().await.unwrap();
+        let _ = tx.send(conn.closed().await);
+    });
+    // The client on a runtime of its own, dropped at the end as a process exit would: its
+    // driver runs only while the client awaits something.
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (client, conn) = connect(cert, addr).await;
+            conn.close(42, b"bye");
+            let start = std::time::Instant::now();
+            tokio::time::timeout(std::time::Duration::from_secs(2), client.flush())
+                .await
+                .expect("flush returns");
+            assert!(start.elapsed() < std::time::Duration::from_millis(100));
+        });
+        drop(rt);
+        let _ = done_tx.send(());
+    });
+    done_rx.await.expect("the client thread finishes");
+    let why = tokio::time::timeout(std::time::Duration::from_secs(5), rx)
+        .await
+        .expect("the server learns of the close long before its idle timeout")
+        .unwrap();
+    assert!(
+        matches!(
+            why,
+            kuai::ConnectionError::ApplicationClosed { code: 42, .. }
+        ),
+        "{why:?}"
+    );
+}
