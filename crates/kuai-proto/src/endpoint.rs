@@ -876,7 +876,9 @@ impl Endpoint {
         Some((t, i))
     }
 
-    /// The earliest time [`handle_timeout`](Self::handle_timeout) should run.
+    /// The earliest time [`handle_timeout`](Self::handle_timeout) should run. Ask after
+    /// [`poll_transmit`](Self::poll_transmit) has returned `None`: a connection that only
+    /// received datagrams is rescheduled when `poll_transmit` visits it.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         while let Some(Reverse((t, i))) = self.timers.peek().copied() {
             let current = self
