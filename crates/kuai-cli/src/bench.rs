@@ -538,13 +538,6 @@ fn tcp_connector() -> Result<tokio_rustls::TlsConnector, String> {
     Ok(tokio_rustls::TlsConnector::from(Arc::new(tls)))
 }
 
-async fn tcp_connect(
-    w: &Workload,
-    connector: &tokio_rustls::TlsConnector,
-) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
-    tcp_connect_to(w.server, connector).await
-}
-
 async fn tcp_connect_to(
     server: SocketAddr,
     connector: &tokio_rustls::TlsConnector,
@@ -562,7 +555,7 @@ async fn tcp_connect_to(
 
 async fn tcp_bulk(w: &Workload) -> Result<String, String> {
     let connector = tcp_connector()?;
-    let mut s = tcp_connect(w, &connector).await?;
+    let mut s = tcp_connect_to(w.server, &connector).await?;
     let start = Instant::now();
     s.write_all(&w.bytes.to_be_bytes())
         .await
@@ -626,7 +619,7 @@ async fn tcp_requests(w: &Workload) -> Result<String, String> {
     let connector = tcp_connector()?;
     let mut conns = Vec::new();
     for _ in 0..w.connections.max(1) {
-        conns.push(tcp_connect(w, &connector).await?);
+        conns.push(tcp_connect_to(w.server, &connector).await?);
     }
     let size = w.response.max(1);
     let deadline = Instant::now() + Duration::from_secs(w.seconds);

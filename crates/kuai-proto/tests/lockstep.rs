@@ -104,24 +104,44 @@ fn connected(
     panic!("client did not connect");
 }
 
+const SADDR: &str = "127.0.0.1:4433";
+const CADDR: &str = "127.0.0.1:5000";
+
+/// A server and a client endpoint with these transport configs, connected in lock step at
+/// `now`: (server, client, the client's connection, server address, client address).
+fn connected_pair(
+    now: Instant,
+    stransport: TransportConfig,
+    ctransport: TransportConfig,
+) -> (
+    Endpoint,
+    Endpoint,
+    kuai_proto::ConnectionHandle,
+    SocketAddr,
+    SocketAddr,
+) {
+    let certs = support::certs();
+    let (saddr, caddr) = (SADDR.parse().unwrap(), CADDR.parse().unwrap());
+    let scfg = Arc::new(support::server_config(&certs, stransport));
+    let ccfg = support::client_config(&certs, ctransport);
+    let mut server = Endpoint::new(support::endpoint_config(), Some(scfg), now, 0, Some(1));
+    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    let ch = connected(now, &mut client, caddr, &mut server, saddr, &ccfg);
+    (server, client, ch, saddr, caddr)
+}
+
 /// `take_send_hint` says when a stream call queued something the endpoint must be polled to
 /// send, and only then: an event loop wakes its sender on it.
 #[test]
 fn send_hints_mark_what_needs_a_transmit() {
-    let certs = support::certs();
     let now = Instant::now();
-    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
-    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
     let stransport = TransportConfig {
         stream_receive_window: 4096,
         max_stream_receive_window: 4096,
         ..TransportConfig::default()
     };
-    let scfg = Arc::new(support::server_config(&certs, stransport));
-    let ccfg = support::client_config(&certs, TransportConfig::default());
-    let mut server = Endpoint::new(support::endpoint_config(), Some(scfg), now, 0, Some(1));
-    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
-    let ch = connected(now, &mut client, caddr, &mut server, saddr, &ccfg);
+    let (mut server, mut client, ch, _, caddr) =
+        connected_pair(now, stransport, TransportConfig::default());
     let c = client.connection_mut(ch).unwrap();
     let _ = c.take_send_hint();
 
@@ -180,20 +200,14 @@ fn send_hints_mark_what_needs_a_transmit() {
 /// is free, not after each ACK frees a packet's worth: a bulk writer wakes for large writes.
 #[test]
 fn writable_waits_for_an_eighth_of_the_send_buffer() {
-    let certs = support::certs();
     let now = Instant::now();
-    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
-    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
     let send_buffer = 64 * 1024;
-    let scfg = Arc::new(support::server_config(&certs, TransportConfig::default()));
     let ctransport = TransportConfig {
         send_buffer,
         ..TransportConfig::default()
     };
-    let ccfg = support::client_config(&certs, ctransport);
-    let mut server = Endpoint::new(support::endpoint_config(), Some(scfg), now, 0, Some(1));
-    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
-    let ch = connected(now, &mut client, caddr, &mut server, saddr, &ccfg);
+    let (mut server, mut client, ch, saddr, caddr) =
+        connected_pair(now, TransportConfig::default(), ctransport);
     let c = client.connection_mut(ch).unwrap();
     let a = c.open_stream(Dir::Uni).unwrap();
     let data = Bytes::from(vec![1u8; send_buffer as usize + 1]);
