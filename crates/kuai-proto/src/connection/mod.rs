@@ -326,9 +326,12 @@ pub struct Connection {
     /// Boxed: most connections never migrate.
     prev_path: Option<Box<Path>>,
     next_path_id: u32,
-    /// PATH_RESPONSE frames owed, with the path each challenge came on: the peer's address
-    /// and our local IP (a server's preferred address is a local IP of its own).
-    path_responses: VecDeque<(SocketAddr, Option<IpAddr>, [u8; 8])>,
+    /// PATH_RESPONSE owed on the active path: the latest challenge received on it.
+    path_response: Option<[u8; 8]>,
+    /// Other addresses that sent PATH_CHALLENGE, with their anti-amplification counters
+    /// (at most [`paths::MAX_OFF_PATHS`]); our local IP is part of the path (a server's
+    /// preferred address is a local IP of its own).
+    off_paths: Vec<paths::OffPath>,
     streams: Streams,
     datagrams_in: VecDeque<Bytes>,
     datagrams_in_bytes: usize,
@@ -699,7 +702,8 @@ impl Connection {
             path,
             prev_path: None,
             next_path_id: 1,
-            path_responses: VecDeque::new(),
+            path_response: None,
+            off_paths: Vec::new(),
             streams,
             datagrams_in: VecDeque::new(),
             datagrams_in_bytes: 0,
@@ -1967,7 +1971,7 @@ impl Connection {
         self.acked_scratch = Vec::new();
         self.events.shrink_to_fit();
         self.endpoint_events.shrink_to_fit();
-        self.path_responses.shrink_to_fit();
+        self.off_paths.shrink_to_fit();
         self.datagrams_in.shrink_to_fit();
         self.datagrams_out.shrink_to_fit();
         self.undecryptable.shrink_to_fit();

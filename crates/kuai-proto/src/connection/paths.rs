@@ -217,6 +217,46 @@ pub struct Challenge {
     pub sent: bool,
 }
 
+/// A peer address other than the active path's that sent a PATH_CHALLENGE: a peer probing a
+/// new path, or anyone who spoofed that source address. Until the address is validated it
+/// may be sent at most three times what came from it (RFC 9000 §8.2.2, §9.3).
+#[derive(Debug, Clone)]
+pub struct OffPath {
+    pub remote: SocketAddr,
+    pub local_ip: Option<IpAddr>,
+    /// The latest challenge from there not answered yet (older ones need no answer).
+    pub challenge: Option<[u8; 8]>,
+    pub amp_received: u64,
+    pub amp_sent: u64,
+}
+
+/// Addresses probing at once that are tracked; a new one replaces the oldest.
+pub const MAX_OFF_PATHS: usize = 4;
+
+impl OffPath {
+    pub fn new(remote: SocketAddr, local_ip: Option<IpAddr>) -> Self {
+        Self {
+            remote,
+            local_ip,
+            challenge: None,
+            amp_received: 0,
+            amp_sent: 0,
+        }
+    }
+
+    /// Bytes that may still be sent there (RFC 9000 §8.1).
+    pub fn amplification_budget(&self) -> u64 {
+        (self.amp_received * 3).saturating_sub(self.amp_sent)
+    }
+
+    /// Whether a datagram from `remote` to our `local_ip` is from this address (an unknown
+    /// local IP matches any, as for the active path).
+    pub fn matches(&self, remote: SocketAddr, local_ip: Option<IpAddr>) -> bool {
+        remote == self.remote
+            && (local_ip.is_none() || self.local_ip.is_none() || local_ip == self.local_ip)
+    }
+}
+
 /// Client: a probe of the server's preferred address (RFC 9000 §9.6.1).
 #[derive(Debug)]
 pub struct PreferredProbe {

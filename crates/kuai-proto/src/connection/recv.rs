@@ -117,8 +117,19 @@ impl Connection {
         self.sent_eliciting_since_rx = false;
         self.last_rx = now;
         self.memory_released = false;
-        if !self.on_active_path(remote, local_ip) && migrate_hint {
-            self.on_peer_address_change(now, remote, local_ip, len);
+        if !self.on_active_path(remote, local_ip) {
+            // RFC 9000 §8.1, §9.3: what came from an address that sent a challenge is what
+            // may be sent back there before it is validated.
+            if let Some(o) = self
+                .off_paths
+                .iter_mut()
+                .find(|o| o.matches(remote, local_ip))
+            {
+                o.amp_received += len;
+            }
+            if migrate_hint {
+                self.on_peer_address_change(now, remote, local_ip, len);
+            }
         }
         // The idle and other timers are brought up to date once for a run of datagrams, by
         // the next call that reads or acts on them.
@@ -552,8 +563,13 @@ impl Connection {
                 }
             }
             Frame::PathChallenge(data) => {
-                if self.path_responses.len() < 8 {
-                    self.path_responses.push_back((remote, local_ip, data));
+                // RFC 9000 §8.2.2: one PATH_RESPONSE per challenge at most; answering only
+                // the latest from each address is allowed and bounds what a burst of
+                // challenges can make us send.
+                if self.on_active_path(remote, local_ip) {
+                    self.path_response = Some(data);
+                } else {
+                    self.off_path_mut(remote, local_ip).challenge = Some(data);
                 }
             }
             Frame::PathResponse(data) => self.on_path_response(now, remote, data),
@@ -779,6 +795,31 @@ impl Connection {
         self.trace(TraceEvent::VersionChosen { version: v });
     }
 
+    /// The entry of an address other than the active path's that sent a challenge; a new
+    /// address replaces the oldest when [`super::paths::MAX_OFF_PATHS`] are tracked.
+    fn off_path_mut(
+        &mut self,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+    ) -> &mut super::paths::OffPath {
+        let i = match self
+            .off_paths
+            .iter()
+            .position(|o| o.matches(remote, local_ip))
+        {
+            Some(i) => i,
+            None => {
+                if self.off_paths.len() >= super::paths::MAX_OFF_PATHS {
+                    self.off_paths.remove(0);
+                }
+                self.off_paths
+                    .push(super::paths::OffPath::new(remote, local_ip));
+                self.off_paths.len() - 1
+            }
+        };
+        &mut self.off_paths[i]
+    }
+
     fn on_path_response(&mut self, now: Instant, remote: SocketAddr, data: [u8; 8]) {
         if self
             .preferred
@@ -845,9 +886,21 @@ impl Connection {
             p.amp_received = datagram_len;
             p
         };
+        // What the address sent and was sent while it probed counts toward its 3x budget,
+        // and a challenge it sent is now answered on the active path.
+        let probe = self
+            .off_paths
+            .iter()
+            .position(|o| o.matches(remote, local_ip))
+            .map(|i| self.off_paths.swap_remove(i));
         if !new.validated {
             new.amp_received = new.amp_received.max(datagram_len);
+            if let Some(o) = &probe {
+                new.amp_received = new.amp_received.max(o.amp_received);
+                new.amp_sent = new.amp_sent.max(o.amp_sent);
+            }
         }
+        self.path_response = probe.and_then(|o| o.challenge);
         let old = std::mem::replace(&mut self.path, new);
         self.retire_path_packets(&old);
         if old.validated {

@@ -184,10 +184,7 @@ impl Connection {
             && (self.handshake_done_pending
                 || self.new_token_pending
                 || self.path.challenge.as_ref().is_some_and(|c| !c.sent)
-                || self
-                    .path_responses
-                    .iter()
-                    .any(|&(a, l, _)| self.on_active_path(a, l))
+                || self.path_response.is_some()
                 || self.local_cids.issued.values().any(|c| c.announce)
                 || !self.remote_cids.to_retire.is_empty()
                 || self.ack_frequency_pending.is_some()))
@@ -220,10 +217,21 @@ impl Connection {
         ];
         // RFC 9000 §14.1: datagrams with a client Initial, or an ack-eliciting server Initial,
         // are padded to 1200 bytes. We pad whenever an Initial is in the datagram.
-        let pad_datagram = wants[0];
-        if pad_datagram && max_size < MIN_DATAGRAM {
+        if wants[0] && max_size < MIN_DATAGRAM {
             return out;
         }
+        // RFC 9000 §8.2.1, §8.2.2: a datagram with PATH_CHALLENGE or PATH_RESPONSE is expanded
+        // to 1200 bytes too (it checks the path carries them), as far as the amplification
+        // budget allows.
+        let path_probe = wants[2]
+            && self.one_rtt.is_some()
+            && (self.path_response.is_some()
+                || self.path.challenge.as_ref().is_some_and(|c| !c.sent));
+        let pad_len = if wants[0] || path_probe {
+            MIN_DATAGRAM.min(max_size)
+        } else {
+            0
+        };
         let last = wants.iter().rposition(|&w| w);
         let Some(last) = last else { return out };
         for space in SpaceId::ALL {
@@ -234,7 +242,7 @@ impl Connection {
             if buf.len() + 40 > max_end {
                 break;
             }
-            let pad_to = (pad_datagram && space.index() == last).then_some(start + MIN_DATAGRAM);
+            let pad_to = (pad_len > 0 && space.index() == last).then_some(start + pad_len);
             if let Some(p) = self.write_packet(now, space, buf, max_end, pad_to, ecn_marked) {
                 out.ack_eliciting |= p.ack_eliciting;
                 if space != SpaceId::Data {
@@ -611,15 +619,9 @@ impl Connection {
         let before_len = buf.len();
         if !zero_rtt {
             // PATH_RESPONSE to the active path's peer.
-            while buf.len() + 9 <= payload_max {
-                let Some(i) = self
-                    .path_responses
-                    .iter()
-                    .position(|&(a, l, _)| self.on_active_path(a, l))
-                else {
-                    break;
-                };
-                let (_, _, data) = self.path_responses.remove(i).expect("index valid");
+            if buf.len() + 9 <= payload_max
+                && let Some(data) = self.path_response.take()
+            {
                 Frame::PathResponse(data).encode(buf);
                 frames.push(SentFrame::PathResponse);
             }
@@ -829,11 +831,13 @@ impl Connection {
     /// back the way the challenge came (RFC 9000 §8.2.2).
     fn send_off_path_response(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
         self.one_rtt.as_ref()?;
-        let i = self
-            .path_responses
-            .iter()
-            .position(|&(a, l, _)| !self.on_active_path(a, l))?;
-        let (addr, local_ip, data) = self.path_responses.remove(i).expect("index valid");
+        let i = self.off_paths.iter().position(|o| o.challenge.is_some())?;
+        let o = &mut self.off_paths[i];
+        let data = o.challenge.take().expect("found above");
+        let (addr, local_ip) = (o.remote, o.local_ip);
+        // RFC 9000 §8.2.2: expanded to 1200 bytes unless that exceeds the address's 3x
+        // budget; then as large as the budget allows, or not at all.
+        let size = o.amplification_budget().min(MIN_DATAGRAM as u64) as usize;
         // Client: the server's preferred address gets the connection ID meant for it.
         let dcid = self
             .preferred
@@ -841,13 +845,16 @@ impl Connection {
             .filter(|p| p.remote == addr)
             .and_then(|p| self.remote_cids.cids.get(&p.cid_seq))
             .map_or_else(|| self.remote_cids.active().cid, |c| c.cid);
-        self.send_probing_packet(
+        let t = self.send_probing_packet(
             buf,
             dcid,
             Frame::PathResponse(data),
             addr,
             local_ip.or(self.path.local_ip),
-        )
+            size,
+        )?;
+        self.off_paths[i].amp_sent += t.size as u64;
+        Some(t)
     }
 
     /// Client: PATH_CHALLENGE to the server's preferred address (RFC 9000 §9.6.1), with the
@@ -868,6 +875,7 @@ impl Connection {
             Frame::PathChallenge(data),
             remote,
             self.path.local_ip,
+            MIN_DATAGRAM,
         )?;
         let resend = self.path.rtt.pto_base();
         if let Some(ch) = self.preferred.as_mut().and_then(|p| p.challenge.as_mut()) {
@@ -878,9 +886,10 @@ impl Connection {
         Some(t)
     }
 
-    /// One 1-RTT packet holding a single probing frame, padded to 1200 bytes (RFC 9000
-    /// §8.2.1), off the active path: not in flight there and not retransmitted (a
-    /// challenge is resent on its own timer, a response never).
+    /// One 1-RTT packet of `size` bytes holding a single probing frame (RFC 9000 §8.2.1:
+    /// 1200 bytes unless the anti-amplification limit forbids), off the active path: not in
+    /// flight there and not retransmitted (a challenge is resent on its own timer, a response
+    /// never). `None` if the frame does not fit in `size`.
     fn send_probing_packet(
         &mut self,
         buf: &mut Vec<u8>,
@@ -888,13 +897,19 @@ impl Connection {
         frame: Frame,
         destination: std::net::SocketAddr,
         src_ip: Option<std::net::IpAddr>,
+        size: usize,
     ) -> Option<Transmit> {
         let one_rtt = self.one_rtt.as_ref()?;
         let pn = self.spaces[SpaceId::Data.index()].next_pn;
         let pn_len = packet::pn_len_for(pn, self.spaces[SpaceId::Data.index()].largest_acked);
         let pos = packet::write_short_header(buf, &dcid, self.spin, one_rtt.phase, pn, pn_len);
         frame.encode(buf);
-        buf.put_bytes(0, MIN_DATAGRAM - TAG_LEN - buf.len());
+        // The frame leaves room for the header-protection sample (RFC 9001 §5.4.2).
+        if buf.len() + TAG_LEN > size {
+            buf.clear();
+            return None;
+        }
+        buf.put_bytes(0, size - TAG_LEN - buf.len());
         if packet::seal_packet(
             buf,
             &pos,

@@ -1,6 +1,8 @@
 //! Shared test setup: certificates, TLS configs and endpoint pairs.
 #![allow(dead_code)]
 
+pub mod hostile;
+
 use std::sync::Arc;
 
 use kuai_proto::config::{ClientConfig, EndpointConfig, ServerConfig, TransportConfig};

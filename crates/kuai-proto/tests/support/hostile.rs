@@ -1,0 +1,220 @@
+//! A hostile client: a real handshake in lock step, after which the test holds the client's
+//! 1-RTT keys (from its TLS key log) and sends the server any packet it likes, from any address,
+//! while every byte the server sends is counted per destination.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use kuai_proto::config::TransportConfig;
+use kuai_proto::crypto::{CapturedSecrets, OneRttKeys, SuiteAlgs};
+use kuai_proto::packet::{self, PartialDecode};
+use kuai_proto::{ConnectionHandle, ConnectionId, Endpoint, Event};
+
+/// Length of the connection IDs the server issues (kuai's default generator).
+const CID_LEN: usize = 8;
+
+/// 1-RTT traffic secrets, from the client's key log.
+#[derive(Debug, Default)]
+struct Secrets(Mutex<(Vec<u8>, Vec<u8>)>);
+
+impl rustls::KeyLog for Secrets {
+    fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
+        let mut s = self.0.lock().unwrap();
+        match label {
+            "CLIENT_TRAFFIC_SECRET_0" => s.0 = secret.to_vec(),
+            "SERVER_TRAFFIC_SECRET_0" => s.1 = secret.to_vec(),
+            _ => {}
+        }
+    }
+
+    fn will_log(&self, label: &str) -> bool {
+        matches!(label, "CLIENT_TRAFFIC_SECRET_0" | "SERVER_TRAFFIC_SECRET_0")
+    }
+}
+
+pub const SERVER: &str = "127.0.0.1:4433";
+pub const CLIENT: &str = "127.0.0.1:5000";
+
+/// The server endpoint and a client whose 1-RTT packets the test writes itself.
+pub struct Hostile {
+    pub now: Instant,
+    pub server: Endpoint,
+    pub client: Endpoint,
+    pub client_handle: ConnectionHandle,
+    pub server_handle: Option<ConnectionHandle>,
+    pub saddr: SocketAddr,
+    pub caddr: SocketAddr,
+    keys: Option<OneRttKeys>,
+    dcid: ConnectionId,
+    next_pn: u64,
+    /// Bytes the server sent to each address, and received from each address.
+    pub sent_to: HashMap<SocketAddr, u64>,
+    pub received_from: HashMap<SocketAddr, u64>,
+    buf: Vec<u8>,
+}
+
+impl Hostile {
+    /// Connects with these transport configs; the handshake is confirmed on both sides and
+    /// from here on only the test speaks for the client.
+    pub fn connect(stransport: TransportConfig, ctransport: TransportConfig) -> Self {
+        let certs = super::certs();
+        let now = Instant::now();
+        let saddr: SocketAddr = SERVER.parse().unwrap();
+        let caddr: SocketAddr = CLIENT.parse().unwrap();
+        let scfg = Arc::new(super::server_config(&certs, stransport));
+        // One cipher suite, so the test knows which keys to derive.
+        let provider = rustls::crypto::CryptoProvider {
+            cipher_suites: vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256],
+            ..rustls::crypto::ring::default_provider()
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(certs.cert.clone()).unwrap();
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![super::ALPN.to_vec()];
+        let secrets = Arc::new(Secrets::default());
+        tls.key_log = secrets.clone();
+        let mut ccfg = kuai_proto::ClientConfig::new(Arc::new(tls));
+        ccfg.transport = Arc::new(ctransport);
+        let server = Endpoint::new(super::endpoint_config(), Some(scfg), now, 0, Some(1));
+        let mut client = Endpoint::new(super::endpoint_config(), None, now, 0, Some(2));
+        let ch = client.connect(now, &ccfg, saddr, "localhost").unwrap();
+        let mut h = Hostile {
+            now,
+            server,
+            client,
+            client_handle: ch,
+            server_handle: None,
+            saddr,
+            caddr,
+            keys: None,
+            dcid: ConnectionId::EMPTY,
+            next_pn: 0,
+            sent_to: HashMap::new(),
+            received_from: HashMap::new(),
+            buf: Vec::new(),
+        };
+        let mut confirmed = false;
+        for _ in 0..200 {
+            let n = h.exchange();
+            if let Some(sh) = h.server.accept() {
+                h.server_handle = Some(sh);
+            }
+            while let Some((_, e)) = h.client.poll_event() {
+                if e == Event::HandshakeConfirmed {
+                    confirmed = true;
+                }
+            }
+            if confirmed && n == 0 {
+                break;
+            }
+            if n == 0 {
+                h.advance(Duration::from_millis(1));
+            }
+        }
+        assert!(confirmed, "the handshake did not complete");
+        let (client_traffic, server_traffic) = secrets.0.lock().unwrap().clone();
+        let secrets = CapturedSecrets {
+            client_traffic,
+            server_traffic,
+            ..Default::default()
+        };
+        let algs = SuiteAlgs::of(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256).unwrap();
+        h.keys = OneRttKeys::derived(algs, kuai_proto::Version::V1, &secrets);
+        assert!(h.keys.is_some(), "no 1-RTT secrets in the key log");
+        // The client's own packets tell which server CID it uses; forged packet numbers start
+        // well above anything it sent.
+        let c = h.client.connection_mut(ch).unwrap();
+        c.send_datagram(bytes::Bytes::from_static(b"x")).unwrap();
+        let mut buf = Vec::new();
+        let t = h
+            .client
+            .poll_transmit(h.now, 1, &mut buf)
+            .expect("a client packet");
+        let (pd, _) = PartialDecode::new(BytesMut::from(&buf[..t.size]), CID_LEN).unwrap();
+        h.dcid = pd.dst_cid();
+        h.next_pn = 10_000;
+        h.sent_to.clear();
+        h.received_from.clear();
+        h
+    }
+
+    /// One round of honest traffic both ways (before the test takes over); datagrams moved.
+    fn exchange(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(t) = self.client.poll_transmit(self.now, 1, &mut self.buf) {
+            let d = BytesMut::from(&self.buf[..t.size]);
+            self.server
+                .handle_datagram(self.now, self.caddr, None, t.ecn, d);
+            n += 1;
+        }
+        while let Some(t) = self.server.poll_transmit(self.now, 1, &mut self.buf) {
+            let d = BytesMut::from(&self.buf[..t.size]);
+            self.client
+                .handle_datagram(self.now, self.saddr, None, t.ecn, d);
+            n += 1;
+        }
+        n
+    }
+
+    /// Moves the clock on and runs both endpoints' timers.
+    pub fn advance(&mut self, by: Duration) {
+        self.now += by;
+        self.server.handle_timeout(self.now);
+        self.client.handle_timeout(self.now);
+    }
+
+    /// A 1-RTT packet from the client with these frames (padded for the header-protection
+    /// sample only), with the next forged packet number.
+    pub fn packet(&mut self, frames: &[u8]) -> Vec<u8> {
+        let pn = self.next_pn;
+        self.next_pn += 1;
+        let mut buf = Vec::with_capacity(frames.len() + 64);
+        let keys = self.keys.as_ref().expect("set after the handshake");
+        let pos = packet::write_short_header(&mut buf, &self.dcid, false, keys.phase, pn, 4);
+        buf.extend_from_slice(frames);
+        while buf.len() < pos.payload_offset() + 4 {
+            buf.push(0);
+        }
+        packet::seal_packet(
+            &mut buf,
+            &pos,
+            pn,
+            keys.header.local.as_ref(),
+            keys.current.local.as_ref(),
+        )
+        .unwrap();
+        buf
+    }
+
+    /// Hands a datagram to the server as if it came from `from`.
+    pub fn inject(&mut self, from: SocketAddr, datagram: &[u8]) {
+        *self.received_from.entry(from).or_default() += datagram.len() as u64;
+        self.server
+            .handle_datagram(self.now, from, None, None, BytesMut::from(datagram));
+    }
+
+    /// Everything the server sends now, counted per destination (and returned).
+    pub fn drain_server(&mut self) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut out = Vec::new();
+        for _ in 0..100_000 {
+            let Some(t) = self.server.poll_transmit(self.now, 1, &mut self.buf) else {
+                return out;
+            };
+            *self.sent_to.entry(t.destination).or_default() += t.size as u64;
+            out.push((t.destination, self.buf[..t.size].to_vec()));
+        }
+        panic!("the server never stops sending");
+    }
+
+    pub fn server_conn(&mut self) -> &mut kuai_proto::Connection {
+        let h = self.server_handle.expect("accepted");
+        self.server.connection_mut(h).unwrap()
+    }
+}
