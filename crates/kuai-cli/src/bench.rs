@@ -28,6 +28,9 @@ pub struct Args {
 
 #[derive(clap::Subcommand)]
 enum Mode {
+    /// Flood a QUIC server with client Initials that never complete, timing real clients
+    /// during the flood (a test of how the server survives it).
+    Flood(crate::flood::FloodArgs),
     /// Serve the perf protocol until killed.
     Server {
         #[arg(long, default_value = "127.0.0.1:4443")]
@@ -86,6 +89,9 @@ enum Mode {
 
 pub async fn run(args: Args) -> ExitCode {
     let r = match args.mode {
+        Mode::Flood(a) => tokio::task::spawn_blocking(move || crate::flood::run(a))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string())),
         Mode::Server {
             listen,
             transport,

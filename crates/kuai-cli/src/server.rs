@@ -28,7 +28,8 @@ pub struct Args {
     /// Append TLS secrets to this file (NSS key log format, for Wireshark).
     #[arg(long)]
     keylog: Option<PathBuf>,
-    /// Validate client addresses with Retry before any handshake.
+    /// Validate every client address with Retry before its handshake (by default only past
+    /// 512 handshakes in flight, a flood defence).
     #[arg(long)]
     retry: bool,
     /// Write a qlog trace of every connection into this directory.

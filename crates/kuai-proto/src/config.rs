@@ -188,14 +188,22 @@ impl std::fmt::Debug for ClientConfig {
     }
 }
 
-/// When the server answers an Initial with a Retry to validate the client's address first.
+/// When the server answers an Initial with a Retry to validate the client's address first
+/// (RFC 9000 §8.1.2). A Retry is stateless: a flood of Initials from spoofed addresses then
+/// costs the server one small packet each and no memory, and a real client one round trip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryPolicy {
+    /// Never: Initials from unvalidated addresses past `max_handshakes` are refused with
+    /// CONNECTION_REFUSED instead, which a flood turns into a lockout of every new client.
     Never,
     Always,
-    /// Only while more than this many handshakes are in flight (a flood defence).
+    /// While this many handshakes or more are in flight (the default, a flood defence).
     AboveHandshakes(usize),
 }
+
+/// Handshakes in flight from which a server sends Retry by default. Half-open state is then
+/// bounded by this many connections (about 13 KB each).
+pub const DEFAULT_RETRY_ABOVE_HANDSHAKES: usize = 512;
 
 /// A server's preferred address (RFC 9000 §9.6).
 #[derive(Debug, Clone, Copy)]
@@ -224,8 +232,13 @@ pub struct ServerConfig {
     pub accept_0rtt: bool,
     /// Refuse new connections above this many.
     pub max_connections: usize,
-    /// Refuse (or Retry, per `retry`) new handshakes above this many in flight.
+    /// Refuse (or Retry, per `retry`) new handshakes above this many in flight; clients whose
+    /// address was validated (a Retry or NEW_TOKEN token) are refused only above twice this.
     pub max_handshakes: usize,
+    /// A handshake that hears nothing from the client for this long is dropped without a
+    /// word (the idle timeout applies once it completes): half-open state from spoofed or
+    /// abandoned Initials does not stay for the whole idle timeout.
+    pub handshake_timeout: Duration,
     pub preferred_address: Option<PreferredAddressConfig>,
 }
 
@@ -234,7 +247,7 @@ impl ServerConfig {
         Self {
             tls,
             transport: Arc::new(TransportConfig::default()),
-            retry: RetryPolicy::Never,
+            retry: RetryPolicy::AboveHandshakes(DEFAULT_RETRY_ABOVE_HANDSHAKES),
             token_key: Arc::new(TokenKey::random()),
             retry_token_lifetime: Duration::from_secs(15),
             new_token_lifetime: Duration::from_secs(24 * 3600),
@@ -242,6 +255,7 @@ impl ServerConfig {
             accept_0rtt: true,
             max_connections: 100_000,
             max_handshakes: 10_000,
+            handshake_timeout: Duration::from_secs(10),
             preferred_address: None,
         }
     }

@@ -92,6 +92,9 @@ impl std::ops::AddAssign<&EndpointStats> for EndpointStats {
     }
 }
 
+/// Stateless responses queued at most (see `Endpoint::queue_response`).
+const MAX_RESPONSES: usize = 1024;
+
 /// A QUIC endpoint (client, server, or both).
 pub struct Endpoint {
     config: Arc<EndpointConfig>,
@@ -606,7 +609,7 @@ impl Endpoint {
         let tok = token::retry_token(&server.token_key, remote, dcid, unix_ms);
         let pkt = packet::build_retry(version, scid, &new_scid, dcid, &tok);
         self.stats.retries_sent += 1;
-        self.responses.push_back((remote, local_ip, pkt));
+        self.queue_response(remote, local_ip, pkt);
     }
 
     /// Closes a connection attempt statelessly with CONNECTION_CLOSE in an Initial packet.
@@ -648,7 +651,7 @@ impl Endpoint {
         )
         .is_ok()
         {
-            self.responses.push_back((remote, local_ip, buf));
+            self.queue_response(remote, local_ip, buf);
         }
     }
 
@@ -672,6 +675,17 @@ impl Endpoint {
             .unwrap_or_default();
         let pkt = packet::build_version_negotiation(&info.scid, &info.dcid_bytes, &versions);
         self.stats.version_negotiations_sent += 1;
+        self.queue_response(remote, local_ip, pkt);
+    }
+
+    /// Queues a stateless packet (Retry, Version Negotiation, refusal, stateless reset). They
+    /// are sent before any connection's packets; past [`MAX_RESPONSES`] waiting, more are
+    /// dropped (each answers a datagram that may be spoofed, so none is owed).
+    fn queue_response(&mut self, remote: SocketAddr, local_ip: Option<IpAddr>, pkt: Vec<u8>) {
+        if self.responses.len() >= MAX_RESPONSES {
+            self.stats.dropped += 1;
+            return;
+        }
         self.responses.push_back((remote, local_ip, pkt));
     }
 
@@ -695,7 +709,7 @@ impl Endpoint {
         let len = (received - 1).min(43 + self.rng.random_range(0..16));
         let pkt = packet::build_stateless_reset(&token, len);
         self.stats.stateless_resets_sent += 1;
-        self.responses.push_back((remote, local_ip, pkt));
+        self.queue_response(remote, local_ip, pkt);
     }
 
     /// After any operation on a connection: route its endpoint events, collect its events,

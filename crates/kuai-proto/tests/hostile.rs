@@ -5,8 +5,12 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use kuai_proto::config::TransportConfig;
+use kuai_proto::{Endpoint, Event};
 use support::hostile::Hostile;
 
 /// PATH_CHALLENGE frame (RFC 9000 §19.17).
@@ -97,4 +101,113 @@ fn a_migration_to_an_unvalidated_address_stays_within_3x() {
             assert!(sent >= 2400, "{name}: only {sent} bytes sent");
         }
     }
+}
+
+/// Datagrams `from` sends until it has nothing more, handed to `to` as coming from `addr`.
+fn pump(now: Instant, from: &mut Endpoint, addr: SocketAddr, to: &mut Endpoint) -> usize {
+    let mut buf = Vec::new();
+    let mut n = 0;
+    while let Some(t) = from.poll_transmit(now, 1, &mut buf) {
+        to.handle_datagram(now, addr, None, t.ecn, BytesMut::from(&buf[..t.size]));
+        n += 1;
+        assert!(n < 10_000, "endless transmit");
+    }
+    n
+}
+
+/// A real client's first datagram (a padded Initial with its ClientHello).
+fn client_initial(now: Instant, saddr: SocketAddr) -> Vec<u8> {
+    let certs = support::certs();
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut c = Endpoint::new(support::endpoint_config(), None, now, 0, Some(7));
+    c.connect(now, &ccfg, saddr, "localhost").unwrap();
+    let mut buf = Vec::new();
+    let t = c.poll_transmit(now, 1, &mut buf).unwrap();
+    buf.truncate(t.size);
+    buf
+}
+
+/// Spoofed Initials (valid ones, from addresses that never answer) past the half-open limit
+/// get a stateless Retry, not CONNECTION_REFUSED: a real client is never locked out, it pays
+/// one round trip. Half-open state is dropped after the handshake timeout.
+#[test]
+fn a_flood_of_spoofed_initials_does_not_lock_real_clients_out() {
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let mut scfg = support::server_config(&certs, TransportConfig::default());
+    // The default limits, scaled down so the test stays quick.
+    scfg.max_handshakes = 40;
+    let handshake_timeout = scfg.handshake_timeout;
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    );
+    let initial = client_initial(now, saddr);
+    let mut buf = Vec::new();
+    let (mut refused, mut retries) = (0, 0);
+    for i in 0..100u16 {
+        let spoofed = SocketAddr::from(([10, 1, (i >> 8) as u8, i as u8], 40_000 + i));
+        server.handle_datagram(now, spoofed, None, None, BytesMut::from(&initial[..]));
+        while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
+            assert_eq!(t.destination, spoofed);
+            // The first byte tells a Retry (long header type 3 in v1) from an Initial.
+            if buf[0] & 0xf0 == 0xf0 {
+                retries += 1;
+            }
+        }
+    }
+    refused += server.stats().refused;
+    assert_eq!(
+        refused, 0,
+        "spoofed Initials were refused instead of retried"
+    );
+    assert!(
+        retries >= 60,
+        "{retries} Retry packets for 100 Initials past a limit of 40"
+    );
+    assert!(
+        server.connection_count() <= 40,
+        "{} half-open",
+        server.connection_count()
+    );
+
+    // A real client during the flood: Retry, then its handshake goes through.
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    let mut connected = false;
+    for _ in 0..50 {
+        pump(now, &mut client, caddr, &mut server);
+        pump(now, &mut server, saddr, &mut client);
+        while let Some((_, e)) = client.poll_event() {
+            connected |= e == Event::Connected;
+        }
+        if connected {
+            break;
+        }
+        now += Duration::from_millis(1);
+    }
+    assert!(
+        connected,
+        "a real client could not connect during the flood"
+    );
+
+    // Half-open state does not outlive the handshake timeout.
+    for _ in 0..(handshake_timeout.as_millis() / 100 + 10) {
+        now += Duration::from_millis(100);
+        server.handle_timeout(now);
+        client.handle_timeout(now);
+        pump(now, &mut client, caddr, &mut server);
+        pump(now, &mut server, saddr, &mut client);
+    }
+    assert_eq!(
+        server.connection_count(),
+        1,
+        "half-open connections outlived the handshake timeout"
+    );
 }

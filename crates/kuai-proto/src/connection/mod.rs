@@ -1979,7 +1979,17 @@ impl Connection {
     }
 
     fn reset_idle_timer(&mut self, now: Instant) {
-        if let Some(t) = self.idle_timeout {
+        // Server: a handshake in progress has its own, shorter timeout.
+        let handshake = self
+            .server_config
+            .as_ref()
+            .filter(|_| !self.handshake_complete)
+            .map(|c| c.handshake_timeout);
+        let t = match (self.idle_timeout, handshake) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(t) = t {
             // RFC 9000 §10.1: at least 3 PTO so probes can do their work.
             let pto = self.pto_duration(SpaceId::Data);
             self.timers.set(Timer::Idle, Some(now + t.max(pto * 3)));
