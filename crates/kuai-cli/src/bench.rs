@@ -146,6 +146,7 @@ fn transport_config(cc: &kuai::CongestionAlgorithm) -> TransportConfig {
         receive_window: 16 << 20,
         max_receive_window: 256 << 20,
         send_buffer: 8 << 20,
+        connection_send_buffer: 64 << 20,
         max_concurrent_bidi_streams: 1000,
         ..TransportConfig::default()
     }

@@ -28,7 +28,11 @@ pub struct TransportConfig {
     /// Cap for auto-tuning of the connection window.
     pub max_receive_window: u64,
     /// Unacknowledged bytes buffered per stream before writes are refused (backpressure).
+    /// A stream holds at most 64 KiB more than the peer's flow-control credit allows it to
+    /// send, whatever this says.
     pub send_buffer: u64,
+    /// Unacknowledged bytes buffered by all streams of a connection together.
+    pub connection_send_buffer: u64,
     pub congestion: CongestionAlgorithm,
     /// RTT assumed before the first sample. RFC 9002 §6.2.2 suggests 333 ms; kuai uses
     /// 100 ms, as Chromium and quic-go do, so a lost Initial is resent after about 300 ms
@@ -110,6 +114,7 @@ impl Default for TransportConfig {
             receive_window: 4 << 20,
             max_receive_window: 48 << 20,
             send_buffer: 4 << 20,
+            connection_send_buffer: 16 << 20,
             congestion: CongestionAlgorithm::default(),
             initial_rtt: Duration::from_millis(100),
             max_ack_delay: Duration::from_millis(25),

@@ -487,6 +487,15 @@ impl Endpoint {
                     original_dcid = odcid;
                     retry_scid = Some(dcid);
                     validated = true;
+                    // The client took our Retry (RFC 9000 §17.2.5.2): a copy of its first
+                    // Initial that arrived after the Retry was sent, and was accepted, is a
+                    // handshake nobody will finish.
+                    if let Some(&orphan) = self.by_initial.get(&(remote, odcid)) {
+                        if let Some(e) = self.slot_mut(orphan) {
+                            e.conn.abandon();
+                        }
+                        self.after_conn_op(orphan, now);
+                    }
                 }
                 Ok(ValidToken::NewToken) => validated = true,
                 Err(TokenError::Stale) => {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use kuai_proto::config::TransportConfig;
 use kuai_proto::{Endpoint, Event};
-use support::hostile::Hostile;
+use support::hostile::{Hostile, stream_frame};
 
 /// PATH_CHALLENGE frame (RFC 9000 §19.17).
 fn path_challenge(data: [u8; 8]) -> Vec<u8> {
@@ -209,5 +209,126 @@ fn a_flood_of_spoofed_initials_does_not_lock_real_clients_out() {
         server.connection_count(),
         1,
         "half-open connections outlived the handshake timeout"
+    );
+}
+
+/// A client that grants one byte of credit per stream and asks for large responses on 100
+/// streams cannot make the server hold the responses: a stream buffers at most its credit
+/// plus 64 KiB, and the connection at most `connection_send_buffer`.
+#[test]
+fn a_peer_granting_no_credit_cannot_pin_send_buffers() {
+    let tiny = TransportConfig {
+        stream_receive_window: 1,
+        max_stream_receive_window: 1,
+        ..TransportConfig::default()
+    };
+    let mut h = Hostile::connect(TransportConfig::default(), tiny);
+    let mut frames = Vec::new();
+    for i in 0..100u64 {
+        frames.extend(stream_frame(4 * i, 0, b"GET /big", true));
+        if frames.len() > 1000 {
+            let p = h.packet(&frames);
+            h.inject(h.caddr, &p);
+            frames.clear();
+        }
+    }
+    let p = h.packet(&frames);
+    h.inject(h.caddr, &p);
+    h.drain_server();
+    let response = bytes::Bytes::from(vec![0x42u8; 1 << 20]);
+    let mut accepted = 0u64;
+    let conn = h.server_conn();
+    for i in 0..100u64 {
+        let id = kuai_proto::StreamId(4 * i);
+        for _ in 0..4 {
+            accepted += conn.write(id, response.clone()).unwrap() as u64;
+        }
+    }
+    let held = h.server_conn().memory().send;
+    assert_eq!(held, accepted);
+    assert!(
+        held <= 100 * (64 * 1024 + 1),
+        "{held} bytes buffered for peers that granted 100 bytes of credit"
+    );
+    // With real credit the connection-wide cap holds.
+    let mut h = Hostile::connect(TransportConfig::default(), TransportConfig::default());
+    let conn = h.server_conn();
+    let mut accepted = 0u64;
+    for _ in 0..100 {
+        let id = conn.open_stream(kuai_proto::Dir::Uni).unwrap();
+        for _ in 0..4 {
+            accepted += conn.write(id, response.clone()).unwrap() as u64;
+        }
+    }
+    assert!(
+        accepted <= TransportConfig::default().connection_send_buffer,
+        "{accepted} bytes buffered on one connection"
+    );
+}
+
+/// A copy of a client's first Initial accepted after the server answered the original with a
+/// Retry is a handshake nobody will finish: once the client comes back with the Retry token,
+/// the copy's half-open connection goes.
+#[test]
+fn a_handshake_orphaned_by_a_retry_is_dropped() {
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let mut scfg = support::server_config(&certs, TransportConfig::default());
+    scfg.retry = kuai_proto::config::RetryPolicy::AboveHandshakes(1);
+    // Shorter than the Retry token's lifetime, which the client's token must survive.
+    scfg.handshake_timeout = Duration::from_secs(2);
+    let timeout = scfg.handshake_timeout;
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    );
+    // One handshake in flight (from elsewhere), so the client's Initial gets a Retry.
+    let other = client_initial(now, saddr);
+    server.handle_datagram(
+        now,
+        "10.0.0.1:1".parse().unwrap(),
+        None,
+        None,
+        BytesMut::from(&other[..]),
+    );
+    let mut buf = Vec::new();
+    while server.poll_transmit(now, 1, &mut buf).is_some() {}
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    let t = client.poll_transmit(now, 1, &mut buf).unwrap();
+    let initial = buf[..t.size].to_vec();
+    server.handle_datagram(now, caddr, None, None, BytesMut::from(&initial[..]));
+    let t = server.poll_transmit(now, 1, &mut buf).unwrap();
+    let retry = buf[..t.size].to_vec();
+    assert_eq!(server.stats().retries_sent, 1);
+    // The other handshake times out; then a copy of the client's Initial arrives late and is
+    // accepted, before the client gets the Retry.
+    now += timeout * 2;
+    server.handle_timeout(now);
+    while server.poll_transmit(now, 1, &mut buf).is_some() {}
+    assert_eq!(server.connection_count(), 0);
+    server.handle_datagram(now, caddr, None, None, BytesMut::from(&initial[..]));
+    while server.poll_transmit(now, 1, &mut buf).is_some() {}
+    assert_eq!(server.connection_count(), 1);
+    client.handle_datagram(now, saddr, None, None, BytesMut::from(&retry[..]));
+    let mut connected = false;
+    for _ in 0..20 {
+        pump(now, &mut client, caddr, &mut server);
+        pump(now, &mut server, saddr, &mut client);
+        while let Some((_, e)) = client.poll_event() {
+            connected |= e == Event::Connected;
+        }
+    }
+    assert!(connected);
+    assert_eq!(
+        server.connection_count(),
+        1,
+        "the orphaned handshake is still there"
     );
 }

@@ -263,6 +263,16 @@ struct KeyUpdateState {
     auth_failures: u64,
 }
 
+/// Memory a connection holds on the peer's behalf, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryUse {
+    /// Unacknowledged stream data in the send buffers (bounded per stream by the peer's
+    /// credit plus 64 KiB and the send buffer size, per connection by
+    /// `TransportConfig::connection_send_buffer`).
+    pub send: u64,
+}
+
 /// A connection.
 pub struct Connection {
     side: Side,
@@ -478,6 +488,7 @@ fn stream_config(c: &TransportConfig) -> StreamConfig {
         conn_window: c.receive_window,
         conn_window_cap: c.max_receive_window,
         send_buffer: c.send_buffer,
+        connection_send_buffer: c.connection_send_buffer,
     }
 }
 
@@ -886,6 +897,13 @@ impl Connection {
             pacing_rate: p.pacing_rate(),
             congestion_algorithm: crate::cc::CongestionController::name(&p.cc),
         })
+    }
+
+    /// Memory the connection holds on the peer's behalf: see [`MemoryUse`].
+    pub fn memory(&self) -> MemoryUse {
+        MemoryUse {
+            send: self.streams.send_buffered(),
+        }
     }
 
     /// Connection-level flow control: (bytes sent, the peer's limit, bytes received, our
@@ -1720,6 +1738,16 @@ impl Connection {
         self.trace(TraceEvent::ConnectionStateUpdated { new: "draining" });
     }
 
+    /// Ends the connection without a word, as the idle timeout does.
+    pub(crate) fn abandon(&mut self) {
+        if !self.is_closed() {
+            self.error = Some(ConnectionError::TimedOut);
+            self.events
+                .push_back(Event::ConnectionLost(ConnectionError::TimedOut));
+        }
+        self.set_drained();
+    }
+
     fn set_drained(&mut self) {
         self.forget_secrets();
         if self.state != State::Drained {
@@ -1762,12 +1790,7 @@ impl Connection {
             self.timers.unset_at(i);
             match i {
                 x if x == Timer::Idle as usize => {
-                    if !self.is_closed() {
-                        self.error = Some(ConnectionError::TimedOut);
-                        self.events
-                            .push_back(Event::ConnectionLost(ConnectionError::TimedOut));
-                    }
-                    self.set_drained();
+                    self.abandon();
                     return;
                 }
                 x if x == Timer::Close as usize => {

@@ -167,7 +167,14 @@ pub struct StreamConfig {
     pub conn_window_cap: u64,
     /// Largest amount of unacknowledged data buffered per stream before writes are refused.
     pub send_buffer: u64,
+    /// Largest amount of unacknowledged data buffered by all streams together.
+    pub connection_send_buffer: u64,
 }
+
+/// Bytes a stream may buffer beyond what the peer's flow-control credit lets it send: a peer
+/// that grants little credit cannot make us hold much (a 1-byte window and a large response
+/// pin 64 KiB, not the whole send buffer), while data is ready the moment credit arrives.
+pub const SEND_AHEAD_OF_CREDIT: u64 = 64 * 1024;
 
 /// All streams of a connection.
 #[derive(Debug)]
@@ -229,6 +236,10 @@ pub struct Streams {
     data_blocked_sent: Option<u64>,
     /// Streams with data waiting for the connection-level limit to rise.
     conn_blocked: Vec<StreamId>,
+    /// Unacknowledged bytes buffered by all send streams.
+    send_buffered: u64,
+    /// Streams whose writes were refused because the connection's send buffers were full.
+    send_buffer_blocked: Vec<StreamId>,
     // Connection flow control.
     send_max_data: u64,
     data_sent: u64,
@@ -266,6 +277,8 @@ impl Streams {
             blocked_sent: [None; 2],
             data_blocked_sent: None,
             conn_blocked: Vec::new(),
+            send_buffered: 0,
+            send_buffer_blocked: Vec::new(),
             send_max_data: 0,
             data_sent: 0,
             conn_window: RecvWindow::new(cfg.conn_window, cfg.conn_window_cap),
@@ -424,16 +437,24 @@ impl Streams {
             SendState::Open { fin: false } => {}
             _ => return Err(StreamError::ClosedStream),
         }
-        let room = self.cfg.send_buffer.saturating_sub(s.buf.buffered());
-        let n = (data.len() as u64).min(room) as usize;
+        let own = Self::stream_send_room(&self.cfg, s);
+        let conn = self
+            .cfg
+            .connection_send_buffer
+            .saturating_sub(self.send_buffered);
+        let n = (data.len() as u64).min(own).min(conn) as usize;
         if n < data.len() {
             s.want_writable = true;
+            if conn < own {
+                push_unique(&mut self.send_buffer_blocked, id);
+            }
         }
         if n == 0 {
             return Ok(0);
         }
         let was_idle = !s.buf.has_sendable();
         s.buf.write(data.slice(..n));
+        self.send_buffered += n as u64;
         let prio = s.priority;
         if was_idle {
             self.schedule(id, prio);
@@ -445,7 +466,68 @@ impl Streams {
     /// Bytes the application can still write before the send buffer is full.
     pub fn write_capacity(&self, id: StreamId) -> Result<u64, StreamError> {
         let s = self.send.get(&id).ok_or(StreamError::UnknownStream)?;
-        Ok(self.cfg.send_buffer.saturating_sub(s.buf.buffered()))
+        let conn = self
+            .cfg
+            .connection_send_buffer
+            .saturating_sub(self.send_buffered);
+        Ok(Self::stream_send_room(&self.cfg, s).min(conn))
+    }
+
+    /// Most unacknowledged bytes a stream may hold: what the peer's credit lets it send past
+    /// the acknowledged prefix, plus [`SEND_AHEAD_OF_CREDIT`], within the send buffer size.
+    fn stream_send_limit(cfg: &StreamConfig, s: &SendStream) -> u64 {
+        let acked = s.buf.end() - s.buf.buffered();
+        s.max_data
+            .saturating_sub(acked)
+            .saturating_add(SEND_AHEAD_OF_CREDIT)
+            .min(cfg.send_buffer)
+    }
+
+    fn stream_send_room(cfg: &StreamConfig, s: &SendStream) -> u64 {
+        Self::stream_send_limit(cfg, s).saturating_sub(s.buf.buffered())
+    }
+
+    /// Tells a writer that was refused that it may write again, once it has an eighth of its
+    /// limit free (so a bulk writer wakes for a large write, not after every ACK).
+    fn maybe_writable(&mut self, id: StreamId) {
+        let Some(s) = self.send.get_mut(&id) else {
+            return;
+        };
+        let limit = Self::stream_send_limit(&self.cfg, s);
+        if s.want_writable
+            && limit.saturating_sub(s.buf.buffered()) >= writable_room(limit)
+            && self
+                .cfg
+                .connection_send_buffer
+                .saturating_sub(self.send_buffered)
+                >= writable_room(self.cfg.connection_send_buffer).min(writable_room(limit))
+        {
+            s.want_writable = false;
+            self.events.push_back(StreamEvent::Writable(id));
+        }
+    }
+
+    /// Bytes buffered by a stream's send half were dropped (acknowledged or abandoned): the
+    /// connection's send buffers have room again for the writers it refused.
+    fn on_send_buffer_freed(&mut self, freed: u64) {
+        self.send_buffered -= freed;
+        if freed == 0 || self.send_buffer_blocked.is_empty() {
+            return;
+        }
+        let room = self
+            .cfg
+            .connection_send_buffer
+            .saturating_sub(self.send_buffered);
+        if room >= writable_room(self.cfg.connection_send_buffer) {
+            for id in std::mem::take(&mut self.send_buffer_blocked) {
+                self.maybe_writable(id);
+            }
+        }
+    }
+
+    /// Unacknowledged bytes buffered by all send streams.
+    pub fn send_buffered(&self) -> u64 {
+        self.send_buffered
     }
 
     /// Marks the end of the stream's data.
@@ -472,10 +554,12 @@ impl Streams {
             return Err(StreamError::ClosedStream);
         }
         s.reset_final_size = s.buf.unsent();
+        let freed = s.buf.buffered();
         s.buf.clear();
         s.state = SendState::ResetSent { code };
         self.pending.reset.push(id);
         self.send_hint = true;
+        self.on_send_buffer_freed(freed);
         Ok(())
     }
 
@@ -754,9 +838,11 @@ impl Streams {
         // RFC 9000 §3.5: answer with RESET_STREAM unless everything was already sent.
         if !(s.fin_acked || matches!(s.state, SendState::ResetSent { .. })) {
             s.reset_final_size = s.buf.unsent();
+            let freed = s.buf.buffered();
             s.buf.clear();
             s.state = SendState::ResetSent { code };
             self.pending.reset.push(id);
+            self.on_send_buffer_freed(freed);
         }
         Ok(())
     }
@@ -773,6 +859,8 @@ impl Streams {
             if was_blocked {
                 self.schedule(id, prio);
             }
+            // More credit lets the stream buffer more.
+            self.maybe_writable(id);
         }
         Ok(())
     }
@@ -832,7 +920,9 @@ impl Streams {
                 let Some(s) = self.send.get_mut(&id) else {
                     return;
                 };
+                let before = s.buf.buffered();
                 s.buf.ack(offset..offset + u64::from(len));
+                let freed = before - s.buf.buffered();
                 if fin {
                     s.fin_acked = true;
                 }
@@ -840,13 +930,10 @@ impl Streams {
                     self.events.push_back(StreamEvent::Finished(id));
                     self.send.remove(&id);
                     self.maybe_cleanup(id);
-                } else if s.want_writable
-                    && self.cfg.send_buffer.saturating_sub(s.buf.buffered())
-                        >= writable_room(self.cfg.send_buffer)
-                {
-                    s.want_writable = false;
-                    self.events.push_back(StreamEvent::Writable(id));
+                } else {
+                    self.maybe_writable(id);
                 }
+                self.on_send_buffer_freed(freed);
             }
             SentFrame::ResetStream(id) => {
                 self.send.remove(&id);
@@ -1231,6 +1318,7 @@ impl Streams {
         self.send.shrink_to_fit();
         self.recv.shrink_to_fit();
         self.conn_blocked.shrink_to_fit();
+        self.send_buffer_blocked.shrink_to_fit();
         self.sched.release_if_empty();
         self.events.shrink_to_fit();
         let p = &mut self.pending;

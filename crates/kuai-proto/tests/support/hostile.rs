@@ -218,3 +218,14 @@ impl Hostile {
         self.server.connection_mut(h).unwrap()
     }
 }
+
+/// A STREAM frame with an explicit offset and length (RFC 9000 §19.8).
+pub fn stream_frame(id: u64, offset: u64, data: &[u8], fin: bool) -> Vec<u8> {
+    use kuai_proto::VarInt;
+    let mut f = vec![0x08 | 0x04 | 0x02 | u8::from(fin)];
+    VarInt::saturating(id).encode(&mut f);
+    VarInt::saturating(offset).encode(&mut f);
+    VarInt::saturating(data.len() as u64).encode(&mut f);
+    f.extend_from_slice(data);
+    f
+}
