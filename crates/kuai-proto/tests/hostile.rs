@@ -332,3 +332,166 @@ fn a_handshake_orphaned_by_a_retry_is_dropped() {
         "the orphaned handshake is still there"
     );
 }
+
+/// Stream data sent as one-byte pieces between one-byte gaps, each in a padded packet, must
+/// not cost the server more than twice the window it granted: the connection is closed
+/// with FLOW_CONTROL_ERROR first. Small pieces are copied out of their datagrams, so none
+/// pins a datagram (or the receive buffer it was cut from).
+#[test]
+fn fragmented_stream_data_is_bounded_by_the_window() {
+    // A smaller window than the default keeps the test quick; the bound scales with it.
+    let window = 256 * 1024;
+    let server = TransportConfig {
+        receive_window: window,
+        max_receive_window: window,
+        ..TransportConfig::default()
+    };
+    let mut h = Hostile::connect(server, TransportConfig::default());
+    let mut closed_at = None;
+    for i in 0..(window / 2) {
+        let mut frames = stream_frame(0, 1 + 2 * i, b"x", false);
+        frames.resize(1100, 0); // PADDING: the piece is tiny next to its datagram.
+        let p = h.packet(&frames);
+        h.inject(h.caddr, &p);
+        let conn = h.server_conn();
+        if conn.is_closed() {
+            closed_at = Some(i);
+            break;
+        }
+        let held = conn.memory().receive;
+        assert!(
+            held <= 2 * window,
+            "{held} bytes held after {i} pieces for a {window}-byte window"
+        );
+    }
+    let i = closed_at.expect("the connection took every fragment");
+    let err = h.server_conn().close_reason().cloned();
+    assert!(
+        matches!(&err, Some(kuai_proto::ConnectionError::TransportError(e))
+            if e.code == kuai_proto::TransportErrorCode::FLOW_CONTROL_ERROR),
+        "{err:?} after {i} pieces"
+    );
+}
+
+/// The same for CRYPTO frames in Initial packets from an address that never completes a
+/// handshake: a gap at offset 0, then one-byte pieces; and a ClientHello announcing a
+/// length beyond the CRYPTO buffer. Both end the attempt with CRYPTO_BUFFER_EXCEEDED
+/// instead of growing it.
+#[test]
+fn fragmented_crypto_data_is_bounded() {
+    use kuai_proto::crypto::initial_keys;
+    use kuai_proto::packet::{self, LongType};
+    use kuai_proto::{ConnectionId, Side, Version};
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    );
+    let from: SocketAddr = "10.0.0.9:1234".parse().unwrap();
+    let dcid = ConnectionId::try_from_slice(&[7; 8]).unwrap();
+    let scid = ConnectionId::try_from_slice(&[9; 8]).unwrap();
+    let keys = initial_keys(Version::V1, &dcid, Side::Client);
+    let initial = |pn: u64, frames: &[u8]| {
+        let mut buf = Vec::new();
+        let pos = packet::write_long_header(
+            &mut buf,
+            Version::V1,
+            LongType::Initial,
+            &dcid,
+            &scid,
+            &[],
+            pn,
+            4,
+        );
+        buf.extend_from_slice(frames);
+        buf.resize(1200 - 16, 0);
+        packet::seal_packet(
+            &mut buf,
+            &pos,
+            pn,
+            keys.local.header.as_ref(),
+            keys.local.packet.as_ref(),
+        )
+        .unwrap();
+        buf
+    };
+    let crypto = |offset: u64, data: &[u8]| {
+        let mut f = vec![0x06];
+        kuai_proto::VarInt::saturating(offset).encode(&mut f);
+        kuai_proto::VarInt::saturating(data.len() as u64).encode(&mut f);
+        f.extend_from_slice(data);
+        f
+    };
+    let mut buf = Vec::new();
+    let mut pn = 0;
+    let mut worst = 0;
+    for chunk in 0..(64 * 1024 / 2 / 20) {
+        // 20 one-byte pieces per packet, each after a one-byte gap.
+        let mut frames = Vec::new();
+        for j in 0..20u64 {
+            frames.extend(crypto(1 + 2 * (chunk * 20 + j), b"\x01"));
+        }
+        server.handle_datagram(
+            now,
+            from,
+            None,
+            None,
+            BytesMut::from(&initial(pn, &frames)[..]),
+        );
+        pn += 1;
+        while server.poll_transmit(now, 1, &mut buf).is_some() {}
+        let Some(h) = server.handles().next() else {
+            break;
+        };
+        let c = server.connection(h).unwrap();
+        if c.is_closed() {
+            break;
+        }
+        worst = worst.max(c.memory().receive);
+    }
+    assert!(
+        worst > 0 && worst <= 2 * 64 * 1024 + 4096,
+        "{worst} bytes held for one half-open handshake"
+    );
+    let h = server.handles().next().expect("a connection");
+    let err = server.connection(h).unwrap().close_reason().cloned();
+    assert!(
+        matches!(&err, Some(kuai_proto::ConnectionError::TransportError(e))
+            if e.code == kuai_proto::TransportErrorCode::CRYPTO_BUFFER_EXCEEDED),
+        "the fragments were all taken: {err:?}"
+    );
+
+    // A ClientHello that says it is 16 MiB long.
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(support::server_config(
+            &certs,
+            TransportConfig::default(),
+        ))),
+        now,
+        0,
+        Some(1),
+    );
+    let mut frames = crypto(0, &[1, 0xff, 0xff, 0xff]);
+    frames.extend(crypto(4, &[0u8; 1000]));
+    server.handle_datagram(
+        now,
+        from,
+        None,
+        None,
+        BytesMut::from(&initial(0, &frames)[..]),
+    );
+    let h = server.handles().next().expect("a connection");
+    let err = server.connection(h).unwrap().close_reason().cloned();
+    assert!(
+        matches!(&err, Some(kuai_proto::ConnectionError::TransportError(e))
+            if e.code == kuai_proto::TransportErrorCode::CRYPTO_BUFFER_EXCEEDED),
+        "{err:?}"
+    );
+}

@@ -271,7 +271,15 @@ pub struct MemoryUse {
     /// credit plus 64 KiB and the send buffer size, per connection by
     /// `TransportConfig::connection_send_buffer`).
     pub send: u64,
+    /// Received data held until the application reads it or a gap fills: stream and CRYPTO
+    /// reassembly (with a fixed charge per stored piece), unread DATAGRAM frames, packets
+    /// waiting for their keys, a ClientHello being gathered. Bounded by twice the receive
+    /// window plus small fixed amounts.
+    pub receive: u64,
 }
+
+/// Bytes of unread DATAGRAM frames a connection keeps before dropping the oldest.
+pub const DATAGRAM_RECEIVE_BYTES: usize = 1 << 20;
 
 /// A connection.
 pub struct Connection {
@@ -385,6 +393,9 @@ pub struct Connection {
     ack_frequency_pending: Option<AckFrequency>,
     /// The last ACK_FREQUENCY request: threshold, delay, and when.
     ack_frequency_sent: Option<(u64, Duration, Instant)>,
+    /// Size of the datagram being processed (received data much smaller than its datagram
+    /// is copied rather than kept as a slice of it: see `stream::Assembler`).
+    rx_datagram_len: usize,
     /// Received packets we cannot decrypt yet (keys not available), bounded.
     undecryptable: Vec<(Instant, SocketAddr, Option<EcnCodepoint>, bytes::BytesMut)>,
     stats: Counters,
@@ -744,6 +755,7 @@ impl Connection {
             ack_frequency_seq: 0,
             ack_frequency_pending: None,
             ack_frequency_sent: None,
+            rx_datagram_len: 0,
             undecryptable: Vec::new(),
             stats: Counters {
                 version: Some(version),
@@ -901,8 +913,17 @@ impl Connection {
 
     /// Memory the connection holds on the peer's behalf: see [`MemoryUse`].
     pub fn memory(&self) -> MemoryUse {
+        let crypto: usize = self.spaces.iter().map(|s| s.crypto_recv.charge()).sum();
+        let datagrams =
+            self.datagrams_in_bytes + self.datagrams_in.len() * crate::stream::PIECE_OVERHEAD;
+        let undecryptable: usize = self.undecryptable.iter().map(|u| u.3.capacity()).sum();
         MemoryUse {
             send: self.streams.send_buffered(),
+            receive: (self.streams.recv_charge()
+                + crypto
+                + datagrams
+                + undecryptable
+                + self.client_hello.capacity()) as u64,
         }
     }
 

@@ -49,6 +49,7 @@ impl Connection {
         self.stats.udp_rx_datagrams += 1;
         self.stats.udp_rx_bytes += data.len() as u64;
         let len = data.len() as u64;
+        self.rx_datagram_len = data.len();
         let known_path = self.on_active_path(remote, local_ip);
         if known_path && !self.path.validated {
             self.path.amp_received += len;
@@ -519,12 +520,13 @@ impl Connection {
             Frame::Crypto { offset, data } => self.on_crypto(now, space, offset, data)?,
             Frame::NewToken { token } => {
                 server_only(self.side, "client sent NEW_TOKEN")?;
-                self.events.push_back(Event::NewToken(token));
+                self.events
+                    .push_back(Event::NewToken(Bytes::copy_from_slice(&token)));
             }
             Frame::Stream(s) => {
                 self.stall_probe_armed = true;
                 self.streams
-                    .on_stream_frame(s.id, s.offset, s.data, s.fin)?
+                    .on_stream_frame(s.id, s.offset, s.data, s.fin, self.rx_datagram_len)?
             }
             Frame::ResetStream {
                 id,
@@ -610,13 +612,19 @@ impl Connection {
                             .with_frame(ty),
                     );
                 }
-                while self.datagrams_in.len() >= self.config.datagram_receive_buffer {
+                // Unread datagrams are dropped oldest first past the configured count or
+                // DATAGRAM_RECEIVE_BYTES (RFC 9221 §5: they are unreliable).
+                while !self.datagrams_in.is_empty()
+                    && (self.datagrams_in.len() >= self.config.datagram_receive_buffer
+                        || self.datagrams_in_bytes + d.len() > super::DATAGRAM_RECEIVE_BYTES)
+                {
                     if let Some(old) = self.datagrams_in.pop_front() {
                         self.datagrams_in_bytes -= old.len();
                     }
                 }
                 self.datagrams_in_bytes += d.len();
-                self.datagrams_in.push_back(d);
+                self.datagrams_in
+                    .push_back(crate::stream::to_keep(d, self.rx_datagram_len));
                 self.events.push_back(Event::DatagramReceived);
             }
             Frame::AckFrequency(af) => {
@@ -671,13 +679,27 @@ impl Connection {
             self.queue_probe_data(space);
         }
         let recv = &mut self.spaces[si].crypto_recv;
-        if end > recv.read_offset() + super::spaces::MAX_CRYPTO_BUFFER {
+        // Server, before TLS starts: what was read is gathered in `client_hello`, so the
+        // limit counts from the start of the stream (RFC 9000 §7.5).
+        let base = if self.tls.is_none() && !self.tls_released {
+            0
+        } else {
+            recv.read_offset()
+        };
+        if end > base + super::spaces::MAX_CRYPTO_BUFFER {
             return Err(
                 TransportError::CRYPTO_BUFFER_EXCEEDED("too much CRYPTO data buffered")
                     .with_frame(FrameType::CRYPTO),
             );
         }
-        recv.insert(offset, data);
+        recv.insert(offset, data, self.rx_datagram_len);
+        // Tiny fragments between gaps cost more memory than their bytes: bounded too.
+        if recv.charge() as u64 > 2 * super::spaces::MAX_CRYPTO_BUFFER {
+            return Err(TransportError::CRYPTO_BUFFER_EXCEEDED(
+                "CRYPTO data too fragmented to buffer",
+            )
+            .with_frame(FrameType::CRYPTO));
+        }
         if self.tls_released {
             // RFC 9001 §4.1.3: a client sends no TLS message after its Finished in QUIC
             // (no KeyUpdate, no post-handshake authentication).
@@ -691,10 +713,16 @@ impl Connection {
             while let Some(chunk) = self.spaces[si].crypto_recv.read(usize::MAX) {
                 self.client_hello.extend_from_slice(&chunk);
             }
-            if let Some(len) = client_hello_len(&self.client_hello)
-                && self.client_hello.len() >= len
-            {
-                self.start_server_tls(now)?;
+            if let Some(len) = client_hello_len(&self.client_hello) {
+                if len as u64 > super::spaces::MAX_CRYPTO_BUFFER {
+                    return Err(TransportError::CRYPTO_BUFFER_EXCEEDED(
+                        "ClientHello larger than the CRYPTO buffer",
+                    )
+                    .with_frame(FrameType::CRYPTO));
+                }
+                if self.client_hello.len() >= len {
+                    self.start_server_tls(now)?;
+                }
             }
             return Ok(());
         }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 pub use flow::RecvWindow;
-pub use recv::Assembler;
+pub use recv::{Assembler, PIECE_OVERHEAD, to_keep};
 pub use send::SendBuffer;
 
 use crate::coding::BufMutExt;
@@ -238,6 +238,9 @@ pub struct Streams {
     conn_blocked: Vec<StreamId>,
     /// Unacknowledged bytes buffered by all send streams.
     send_buffered: u64,
+    /// Memory charged for received data held by all receive streams (see
+    /// [`Assembler::charge`]).
+    recv_charge: usize,
     /// Streams whose writes were refused because the connection's send buffers were full.
     send_buffer_blocked: Vec<StreamId>,
     // Connection flow control.
@@ -278,6 +281,7 @@ impl Streams {
             data_blocked_sent: None,
             conn_blocked: Vec::new(),
             send_buffered: 0,
+            recv_charge: 0,
             send_buffer_blocked: Vec::new(),
             send_max_data: 0,
             data_sent: 0,
@@ -530,6 +534,11 @@ impl Streams {
         self.send_buffered
     }
 
+    /// Memory charged for received stream data not yet read.
+    pub fn recv_charge(&self) -> usize {
+        self.recv_charge
+    }
+
     /// Marks the end of the stream's data.
     pub fn finish(&mut self, id: StreamId) -> Result<(), StreamError> {
         let s = self.send.get_mut(&id).ok_or(StreamError::UnknownStream)?;
@@ -596,7 +605,9 @@ impl Streams {
             RecvState::Done => return Ok(None),
             RecvState::Open => {}
         }
+        let charge = s.asm.charge();
         if let Some(chunk) = s.asm.read(max) {
+            self.recv_charge -= charge - s.asm.charge();
             let n = chunk.len() as u64;
             self.data_consumed += n;
             if s.window.wants_update(s.asm.read_offset()) && s.final_size.is_none() {
@@ -626,6 +637,7 @@ impl Streams {
         s.stop_code = Some(code);
         // Discarded data still counts as consumed for connection flow control.
         let unread = s.highest() - s.asm.read_offset();
+        self.recv_charge -= s.asm.charge();
         s.asm.discard(s.highest());
         self.data_consumed += unread;
         if s.final_size.is_none() {
@@ -681,12 +693,14 @@ impl Streams {
         Ok(())
     }
 
+    /// A STREAM frame's data, received in a datagram of `datagram_len` bytes.
     pub fn on_stream_frame(
         &mut self,
         id: StreamId,
         offset: u64,
         data: Bytes,
         fin: bool,
+        datagram_len: usize,
     ) -> Result<(), TransportError> {
         let ft = FrameType::STREAM;
         if !self.remote_recv_stream(id, ft)? {
@@ -730,6 +744,7 @@ impl Streams {
         if s.stop_code.is_some() {
             // Discarding: count as consumed immediately.
             self.data_consumed += growth;
+            self.recv_charge -= s.asm.charge();
             s.asm.discard(new_highest);
             if s.final_size.is_some() {
                 s.state = RecvState::Done;
@@ -740,11 +755,24 @@ impl Streams {
         // Edge-triggered: announce when the stream becomes readable or complete; the
         // application reads until `WouldBlock`.
         let before = s.asm.readable();
-        s.asm.insert(offset, data);
+        let charge = s.asm.charge();
+        s.asm.insert(offset, data, datagram_len);
+        self.recv_charge = self.recv_charge + s.asm.charge() - charge;
         let became_readable = before == 0 && s.asm.readable() > 0;
         let ended = s.final_size == Some(s.asm.read_offset() + s.asm.readable());
         if became_readable || (ended && (fin || s.asm.readable() > before)) {
             self.events.push_back(StreamEvent::Readable(id));
+        }
+        // The bytes held are bounded by the connection window; what they cost in memory
+        // beyond that (small pieces between gaps) is bounded by the window again, so a
+        // peer can make the connection hold at most twice the window it was given.
+        let window = self.conn_window.window() as usize;
+        if self.recv_charge > 2 * window {
+            return Err(TransportError::FLOW_CONTROL_ERROR(format!(
+                "stream data too fragmented to hold: {} bytes of memory for a {window}-byte window",
+                self.recv_charge
+            ))
+            .with_frame(ft));
         }
         Ok(())
     }
@@ -789,6 +817,7 @@ impl Streams {
         s.final_size = Some(final_size);
         // Unread data is released for connection flow control.
         self.data_consumed += final_size - s.asm.read_offset();
+        self.recv_charge -= s.asm.charge();
         s.asm.discard(final_size);
         if s.state == RecvState::Open {
             if s.stop_code.is_some() {
