@@ -384,7 +384,6 @@ fn fragmented_crypto_data_is_bounded() {
     use kuai_proto::{ConnectionId, Side, Version};
     let certs = support::certs();
     let now = Instant::now();
-    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let scfg = support::server_config(&certs, TransportConfig::default());
     let mut server = Endpoint::new(
         support::endpoint_config(),
@@ -429,9 +428,9 @@ fn fragmented_crypto_data_is_bounded() {
         f
     };
     let mut buf = Vec::new();
-    let mut pn = 0;
     let mut worst = 0;
     for chunk in 0..(64 * 1024 / 2 / 20) {
+        let pn = chunk;
         // 20 one-byte pieces per packet, each after a one-byte gap.
         let mut frames = Vec::new();
         for j in 0..20u64 {
@@ -444,7 +443,6 @@ fn fragmented_crypto_data_is_bounded() {
             None,
             BytesMut::from(&initial(pn, &frames)[..]),
         );
-        pn += 1;
         while server.poll_transmit(now, 1, &mut buf).is_some() {}
         let Some(h) = server.handles().next() else {
             break;
