@@ -912,14 +912,7 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
                     })
                 };
                 if i == 0 {
-                    let mut first = pool.commit(m.len);
-                    while first.len() > stride {
-                        push(first.split_to(stride));
-                    }
-                    // An empty datagram carries nothing (as `chunks` yields nothing below).
-                    if !first.is_empty() {
-                        push(first);
-                    }
+                    pool.commit(m.len, stride, &mut push);
                 } else {
                     let data = &rx[(i - 1) * slot..(i - 1) * slot + m.len];
                     for seg in data.chunks(stride) {

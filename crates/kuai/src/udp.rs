@@ -433,9 +433,14 @@ mod recv_pool {
 
     /// Size of one pool buffer.
     const POOL_BUF: usize = 256 * 1024;
-    /// Filled buffers kept to take back once the data cut from them is dropped: a receive
-    /// batch's worth (32 GRO messages, 2 MiB) and some.
-    const POOL_SPARE: usize = 12;
+    /// Pool buffers a worker has at most (16 MiB): filled ones still holding datagrams the
+    /// transport or the application keep, and free ones waiting for reuse. A peer that makes
+    /// us keep a few bytes of every buffer could otherwise pin buffers without end: past this
+    /// many, datagrams are copied into allocations of their own, which the transport's limits
+    /// on what it keeps then bound (see `kuai_proto::stream::Assembler`).
+    const MAX_BUFFERS: usize = 64;
+    /// Free buffers kept for reuse; more are given back.
+    const FREE_KEPT: usize = 12;
 
     /// Datagrams are cut from shared 256 KiB buffers: one allocation per buffer rather than
     /// per datagram. A filled buffer is kept and taken back once every datagram cut from it is
@@ -445,9 +450,13 @@ mod recv_pool {
     /// `try_reclaim` only ever hands back that same allocation, so a buffer's spare capacity
     /// is always initialized memory.
     pub(crate) struct RecvPool {
-        current: BytesMut,
-        /// Filled buffers, oldest first; each handle is empty but keeps its allocation.
-        spare: VecDeque<BytesMut>,
+        /// The buffer datagrams are cut from; `None` while [`MAX_BUFFERS`] are in use.
+        current: Option<BytesMut>,
+        /// Buffers handed out before `current`, oldest first: each handle is empty but keeps
+        /// its allocation, and is free again once everything cut from it is dropped.
+        filled: VecDeque<BytesMut>,
+        /// Where receives land while no pool buffer is available.
+        scratch: Vec<u8>,
         /// Bytes `recv_area` last handed out.
         area: usize,
     }
@@ -455,67 +464,132 @@ mod recv_pool {
     impl RecvPool {
         pub(crate) fn new() -> Self {
             Self {
-                current: zeroed(POOL_BUF),
-                spare: VecDeque::with_capacity(POOL_SPARE),
+                current: Some(zeroed(POOL_BUF)),
+                filled: VecDeque::new(),
+                scratch: Vec::new(),
                 area: 0,
             }
         }
 
-        /// Room for one receive of up to `len` bytes in pool memory; [`commit`](Self::commit)
-        /// then takes what was written.
+        /// Room for one receive of up to `len` bytes; [`commit`](Self::commit) then takes
+        /// what was written.
         pub(crate) fn recv_area(&mut self, len: usize) -> &mut [u8] {
+            self.area = len;
             if self.room() < len {
                 self.refill(len);
             }
-            self.area = len;
-            let spare = self.current.spare_capacity_mut();
-            // SAFETY: `spare` has at least `len` elements (refilled above), and they are
-            // initialized: the pool's buffers are zeroed when allocated (see the invariant).
-            unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), len) }
+            match self.current.as_mut() {
+                Some(current) => {
+                    let spare = current.spare_capacity_mut();
+                    // SAFETY: `spare` has at least `len` elements (refilled above: a current
+                    // buffer always has room for `len`), and they are initialized: the pool's
+                    // buffers are zeroed when allocated (see the invariant).
+                    unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), len) }
+                }
+                None => {
+                    if self.scratch.len() < len {
+                        self.scratch.resize(len, 0);
+                    }
+                    &mut self.scratch[..len]
+                }
+            }
         }
 
-        /// The first `n` bytes of the last [`recv_area`](Self::recv_area), as a buffer of
-        /// their own.
-        pub(crate) fn commit(&mut self, n: usize) -> BytesMut {
+        /// The first `n` bytes of the last [`recv_area`](Self::recv_area), as datagrams of
+        /// `stride` bytes (the last may be shorter) handed to `push`: cut from the pool
+        /// buffer, or each copied to a buffer of its own when the receive went to scratch.
+        pub(crate) fn commit(&mut self, n: usize, stride: usize, mut push: impl FnMut(BytesMut)) {
             assert!(n <= self.area, "more bytes than the receive area held");
             self.area = 0;
-            let len = self.current.len() + n;
+            let stride = stride.max(1);
+            let Some(current) = self.current.as_mut() else {
+                for seg in self.scratch[..n].chunks(stride) {
+                    push(BytesMut::from(seg));
+                }
+                return;
+            };
+            let len = current.len() + n;
             // SAFETY: `len` is within the capacity (`n` fit in the area handed out, which
             // was spare capacity) and those bytes are initialized: written by the receive, or
             // zeroed at allocation (see the invariant).
-            unsafe { self.current.set_len(len) };
-            self.current.split()
+            unsafe { current.set_len(len) };
+            let mut first = current.split();
+            while first.len() > stride {
+                push(first.split_to(stride));
+            }
+            // An empty datagram carries nothing.
+            if !first.is_empty() {
+                push(first);
+            }
         }
 
-        /// `datagram` copied into pool memory.
+        /// `datagram` copied into pool memory (or into a buffer of its own while no pool
+        /// buffer is available).
         pub(crate) fn copy(&mut self, datagram: &[u8]) -> BytesMut {
             if self.room() < datagram.len() {
                 self.refill(datagram.len());
             }
-            self.current.extend_from_slice(datagram);
-            self.current.split()
+            match self.current.as_mut() {
+                Some(current) => {
+                    current.extend_from_slice(datagram);
+                    current.split()
+                }
+                None => BytesMut::from(datagram),
+            }
         }
 
         fn room(&self) -> usize {
-            self.current.capacity() - self.current.len()
+            self.current.as_ref().map_or(0, |c| c.capacity() - c.len())
         }
 
+        /// Makes `current` a buffer with room for `need` bytes: the same one taken back, a
+        /// free one, or a new one; none while [`MAX_BUFFERS`] are in use.
         fn refill(&mut self, need: usize) {
             let size = POOL_BUF.max(need);
-            if self.current.try_reclaim(size) {
+            if let Some(c) = self.current.as_mut()
+                && c.try_reclaim(size)
+            {
                 return;
             }
-            let filled = std::mem::take(&mut self.current);
-            if let Some(i) = self.spare.iter_mut().position(|b| b.try_reclaim(size)) {
-                self.current = self.spare.remove(i).expect("found above");
-            } else {
-                if self.spare.len() == POOL_SPARE {
-                    // Still in use: it goes when its data does.
-                    self.spare.pop_front();
-                }
-                self.current = zeroed(size);
+            if let Some(filled) = self.current.take() {
+                self.filled.push_back(filled);
             }
-            self.spare.push_back(filled);
+            // The oldest free buffer is reused; free ones beyond FREE_KEPT are given back.
+            let mut free = 0;
+            let mut i = 0;
+            while i < self.filled.len() {
+                if self.filled[i].try_reclaim(size) {
+                    if self.current.is_none() {
+                        self.current = self.filled.remove(i);
+                        continue;
+                    }
+                    free += 1;
+                    if free > FREE_KEPT {
+                        self.filled.remove(i);
+                        continue;
+                    }
+                }
+                i += 1;
+            }
+            if self.current.is_none() && self.filled.len() < MAX_BUFFERS {
+                self.current = Some(zeroed(size));
+            }
+            if self.current.is_none() {
+                tracing::debug!(
+                    buffers = self.filled.len(),
+                    "receive pool full of retained data: copying datagrams"
+                );
+            }
+        }
+
+        /// Bytes of pool buffers allocated.
+        #[cfg(test)]
+        fn pooled_bytes(&self) -> usize {
+            self.filled
+                .iter()
+                .chain(self.current.as_ref())
+                .map(|b| b.capacity() + b.len())
+                .sum()
         }
     }
 
@@ -530,12 +604,18 @@ mod recv_pool {
     mod tests {
         use super::*;
 
+        fn commit_one(pool: &mut RecvPool, n: usize) -> BytesMut {
+            let mut out = None;
+            pool.commit(n, usize::MAX, |b| out = Some(b));
+            out.unwrap_or_default()
+        }
+
         #[test]
         fn receives_in_place_and_reuses_freed_buffers() {
             let mut pool = RecvPool::new();
             let area = pool.recv_area(64 * 1024);
             area[..5].copy_from_slice(b"hello");
-            let a = pool.commit(5);
+            let a = commit_one(&mut pool, 5);
             assert_eq!(&a[..], b"hello");
             let b = pool.copy(b"world");
             assert_eq!(&b[..], b"world");
@@ -544,17 +624,60 @@ mod recv_pool {
             // Fill the rest of the buffer: the next receive takes the first one back.
             while pool.room() >= 64 * 1024 {
                 let n = pool.recv_area(64 * 1024).len();
-                drop(pool.commit(n));
+                drop(commit_one(&mut pool, n));
             }
             let area = pool.recv_area(64 * 1024);
             assert_eq!(area.as_ptr(), first, "the freed buffer is reused");
             // A buffer still in use is not.
-            let held = pool.commit(100);
+            let held = commit_one(&mut pool, 100);
             while pool.room() >= 64 * 1024 {
                 let n = pool.recv_area(64 * 1024).len();
-                drop(pool.commit(n));
+                drop(commit_one(&mut pool, n));
             }
             assert_ne!(pool.recv_area(64 * 1024).as_ptr(), held.as_ptr());
+        }
+
+        #[test]
+        fn commit_cuts_segments() {
+            let mut pool = RecvPool::new();
+            let area = pool.recv_area(10);
+            area.copy_from_slice(b"0123456789");
+            let mut got = Vec::new();
+            pool.commit(10, 4, |b| got.push(b));
+            assert_eq!(got, [&b"0123"[..], b"4567", b"89"]);
+        }
+
+        /// A datagram kept from every buffer (a peer whose few bytes the transport keeps)
+        /// pins at most MAX_BUFFERS buffers; later datagrams get allocations of their own,
+        /// and the pool is back in use once the kept ones go.
+        #[test]
+        fn kept_datagrams_pin_a_bounded_number_of_buffers() {
+            let mut pool = RecvPool::new();
+            let mut kept = Vec::new();
+            for i in 0..(MAX_BUFFERS * 4) {
+                let area = pool.recv_area(1200);
+                area[0] = i as u8;
+                kept.push(commit_one(&mut pool, 1200));
+                // The rest of the buffer's worth of datagrams is dropped at once.
+                for _ in 0..(POOL_BUF / 1200) {
+                    drop(pool.copy(&[0u8; 1200]));
+                }
+            }
+            assert!(
+                pool.pooled_bytes() <= MAX_BUFFERS * POOL_BUF,
+                "{} bytes pooled",
+                pool.pooled_bytes()
+            );
+            assert!(kept.iter().enumerate().all(|(i, b)| b[0] == i as u8));
+            drop(kept);
+            let n = pool.recv_area(1200).len();
+            let _ = commit_one(&mut pool, n);
+            assert!(pool.current.is_some(), "the pool is used again");
+            assert!(
+                pool.filled.len() <= FREE_KEPT + 1,
+                "{} buffers kept",
+                pool.filled.len()
+            );
         }
     }
 }
