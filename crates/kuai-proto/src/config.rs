@@ -279,6 +279,54 @@ impl std::fmt::Debug for ServerConfig {
 /// Makes a connection-ID generator for an endpoint.
 pub type CidGeneratorFactory = Arc<dyn Fn() -> Box<dyn ConnectionIdGenerator> + Send + Sync>;
 
+/// Memory the connections of an endpoint may hold on their peers' behalf (send buffers,
+/// received data not yet read, reassembly) before their windows shrink. Share one between
+/// endpoints to bound them together (the workers of one port share their endpoint's).
+///
+/// Past the limit every connection advertises small receive windows (64 KiB a stream,
+/// 256 KiB a connection) and buffers at most 256 KiB of send data, until the total falls
+/// below the limit again: peers send more slowly instead of the process growing.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limit: u64,
+    used: std::sync::atomic::AtomicU64,
+}
+
+/// Default [`MemoryBudget`] of an endpoint.
+pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
+
+impl MemoryBudget {
+    pub fn new(limit: u64) -> Arc<Self> {
+        Arc::new(Self {
+            limit,
+            used: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes held by the connections counted against this budget.
+    pub fn used(&self) -> u64 {
+        self.used.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn under_pressure(&self) -> bool {
+        self.used() > self.limit
+    }
+
+    /// A connection's holding went from `old` to `new` bytes.
+    pub(crate) fn update(&self, old: u64, new: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if new > old {
+            self.used.fetch_add(new - old, Relaxed);
+        } else if old > new {
+            self.used.fetch_sub(old - new, Relaxed);
+        }
+    }
+}
+
 /// Endpoint-wide settings.
 #[derive(Clone)]
 pub struct EndpointConfig {
@@ -290,6 +338,8 @@ pub struct EndpointConfig {
     pub max_udp_payload_size: u16,
     /// Also answer unknown short-header packets with a stateless reset.
     pub stateless_reset: bool,
+    /// What the endpoint's connections may hold before their windows shrink.
+    pub memory_budget: Arc<MemoryBudget>,
 }
 
 impl Default for EndpointConfig {
@@ -301,6 +351,7 @@ impl Default for EndpointConfig {
             reset_key,
             max_udp_payload_size: 1500,
             stateless_reset: true,
+            memory_budget: MemoryBudget::new(DEFAULT_MEMORY_BUDGET),
         }
     }
 }

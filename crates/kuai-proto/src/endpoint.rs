@@ -62,6 +62,8 @@ struct Entry {
     timeout_epoch: u64,
     /// The deadline this connection has in the timer heap.
     scheduled: Option<Instant>,
+    /// Bytes the connection held when last counted against the memory budget.
+    memory: u64,
 }
 
 /// Retired CIDs each connection keeps routed (see `Entry::retired`).
@@ -302,6 +304,7 @@ impl Endpoint {
             reset_token: None,
             timeout_epoch: 0,
             scheduled: None,
+            memory: 0,
         });
         if !cid.is_empty() {
             self.route_cid(cid, h);
@@ -587,6 +590,7 @@ impl Endpoint {
             reset_token: None,
             timeout_epoch: 0,
             scheduled: None,
+            memory: 0,
         });
         self.handshakes += 1;
         self.stats.accepted += 1;
@@ -757,6 +761,14 @@ impl Endpoint {
         while let Some(ev) = entry.conn.poll_event() {
             self.events.push_back((h, ev));
         }
+        // What it holds counts against the endpoint's memory budget, and the budget's state
+        // sets its windows.
+        let m = entry.conn.memory();
+        let held = m.send + m.receive;
+        let budget = &self.config.memory_budget;
+        budget.update(entry.memory, held);
+        entry.memory = held;
+        entry.conn.set_memory_pressure(budget.under_pressure());
         if entry.handshaking && (entry.conn.is_established() || entry.conn.is_closed()) {
             entry.handshaking = false;
             self.handshakes -= 1;
@@ -814,6 +826,7 @@ impl Endpoint {
         if entry.handshaking {
             self.handshakes -= 1;
         }
+        self.config.memory_budget.update(entry.memory, 0);
         if let Some(k) = entry.initial_key {
             self.by_initial.remove(&k);
         }

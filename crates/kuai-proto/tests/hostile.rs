@@ -493,3 +493,94 @@ fn fragmented_crypto_data_is_bounded() {
         "{err:?}"
     );
 }
+
+/// Past the endpoint's memory budget every connection's windows shrink: one peer whose data
+/// the application leaves unread pushes the endpoint over its budget, and another peer, read
+/// promptly, is then granted 256 KiB of connection credit at a time instead of megabytes.
+#[test]
+fn windows_shrink_under_memory_pressure() {
+    use kuai_proto::config::{EndpointConfig, MemoryBudget};
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let budget = MemoryBudget::new(512 << 10);
+    let econfig = Arc::new(EndpointConfig {
+        memory_budget: budget.clone(),
+        ..EndpointConfig::default()
+    });
+    let scfg = Arc::new(support::server_config(&certs, TransportConfig::default()));
+    let mut server = Endpoint::new(econfig, Some(scfg), now, 0, Some(1));
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut clients = Vec::new();
+    for (i, port) in [5001u16, 5002].into_iter().enumerate() {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut c = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2 + i as u64));
+        let h = c.connect(now, &ccfg, saddr, "localhost").unwrap();
+        clients.push((c, addr, h));
+    }
+    // More than the initial 4 MiB connection window, so credit must be granted under
+    // pressure.
+    let payload = bytes::Bytes::from(vec![1u8; 12 << 20]);
+    let mut streams = Vec::new();
+    let mut written = [0usize; 2];
+    let mut credit_after_pressure = Vec::new();
+    for _ in 0..3000 {
+        for (i, (c, addr, h)) in clients.iter_mut().enumerate() {
+            let conn = c.connection_mut(*h).unwrap();
+            if conn.is_established() {
+                if streams.len() <= i {
+                    streams.push(conn.open_stream(kuai_proto::Dir::Uni).unwrap());
+                }
+                if written[i] < payload.len() {
+                    written[i] += conn
+                        .write(streams[i], payload.slice(written[i]..))
+                        .unwrap_or(0);
+                }
+            }
+            pump(now, c, *addr, &mut server);
+        }
+        // The server's datagrams go to the client they are addressed to.
+        let mut buf = Vec::new();
+        while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
+            let (c, _, _) = clients.iter_mut().find(|c| c.1 == t.destination).unwrap();
+            c.handle_datagram(now, saddr, None, t.ecn, BytesMut::from(&buf[..t.size]));
+        }
+        // The server reads the second client's streams only.
+        let hs: Vec<_> = server.handles().collect();
+        for sh in hs {
+            let conn = server.connection_mut(sh).unwrap();
+            if conn.remote_address().port() != 5002 {
+                continue;
+            }
+            while let Some(id) = conn.accept_stream(kuai_proto::Dir::Uni) {
+                let _ = id;
+            }
+            let id = kuai_proto::StreamId(2);
+            while let Ok(Some(_)) = conn.read(id, usize::MAX) {}
+            let (_, _, received, limit) = conn.flow_control();
+            if budget.under_pressure() && received > 6 << 20 {
+                credit_after_pressure.push(limit - received);
+            }
+        }
+        now += Duration::from_millis(1);
+        server.handle_timeout(now);
+        for (c, _, _) in clients.iter_mut() {
+            c.handle_timeout(now);
+        }
+        if credit_after_pressure.len() > 200 {
+            break;
+        }
+    }
+    assert!(
+        budget.used() > budget.limit(),
+        "the unread peer did not exceed the budget"
+    );
+    assert!(!credit_after_pressure.is_empty(), "no pressure seen");
+    // Credit already granted is never taken back; new grants are small.
+    let late = &credit_after_pressure[credit_after_pressure.len() / 2..];
+    let worst = late.iter().max().unwrap();
+    assert!(
+        *worst <= 256 * 1024 + 64 * 1024,
+        "{worst} bytes of connection credit granted under pressure"
+    );
+}

@@ -911,6 +911,13 @@ impl Connection {
         })
     }
 
+    /// Whether the endpoint's memory budget is exceeded: while it is, the connection
+    /// advertises small windows and buffers little send data (see
+    /// [`crate::config::MemoryBudget`]).
+    pub fn set_memory_pressure(&mut self, pressure: bool) {
+        self.streams.set_memory_pressure(pressure);
+    }
+
     /// Memory the connection holds on the peer's behalf: see [`MemoryUse`].
     pub fn memory(&self) -> MemoryUse {
         let crypto: usize = self.spaces.iter().map(|s| s.crypto_recv.charge()).sum();

@@ -45,9 +45,11 @@ impl RecvWindow {
         self.max.saturating_sub(consumed) < self.window / 2 && consumed + self.window > self.max
     }
 
-    /// Moves the limit to `consumed + window`, auto-tuning first; returns the new limit.
-    pub fn update(&mut self, consumed: u64, now: Instant, rtt: Duration) -> u64 {
-        if let Some(last) = self.last_update
+    /// Moves the limit to `consumed + window`, auto-tuning first unless `grow` is false;
+    /// returns the new limit.
+    pub fn update(&mut self, consumed: u64, now: Instant, rtt: Duration, grow: bool) -> u64 {
+        if grow
+            && let Some(last) = self.last_update
             && now.saturating_duration_since(last) < rtt * 2
             && self.window < self.cap
         {
@@ -75,20 +77,38 @@ mod tests {
         let mut w = RecvWindow::new(1000, 8000);
         assert!(!w.wants_update(400));
         assert!(w.wants_update(600));
-        assert_eq!(w.update(600, t0, rtt), 1600);
+        assert_eq!(w.update(600, t0, rtt, true), 1600);
         // Next update within 2 RTT: window doubles.
-        assert_eq!(w.update(1200, t0 + Duration::from_millis(60), rtt), 3200);
+        assert_eq!(
+            w.update(1200, t0 + Duration::from_millis(60), rtt, true),
+            3200
+        );
         assert_eq!(w.window(), 2000);
         // Slow reader: no growth.
-        assert_eq!(w.update(2000, t0 + Duration::from_secs(5), rtt), 4000);
+        assert_eq!(w.update(2000, t0 + Duration::from_secs(5), rtt, true), 4000);
         assert_eq!(w.window(), 2000);
         for i in 0..10 {
             w.update(
                 4000 + i,
                 t0 + Duration::from_secs(5) + Duration::from_millis(i),
                 rtt,
+                true,
             );
         }
         assert_eq!(w.window(), 8000);
+        // Under memory pressure: shrunk, and no growth however fast the reads.
+        w.set_window(1000);
+        let t1 = t0 + Duration::from_secs(6);
+        assert_eq!(
+            w.update(9000, t1, rtt, false),
+            12_009,
+            "granted credit stays"
+        );
+        assert_eq!(w.update(12_000, t1, rtt, false), 13_000);
+        assert_eq!(
+            w.update(12_600, t1 + Duration::from_millis(1), rtt, false),
+            13_600
+        );
+        assert_eq!(w.window(), 1000);
     }
 }

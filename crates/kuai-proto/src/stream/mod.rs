@@ -176,6 +176,12 @@ pub struct StreamConfig {
 /// pin 64 KiB, not the whole send buffer), while data is ready the moment credit arrives.
 pub const SEND_AHEAD_OF_CREDIT: u64 = 64 * 1024;
 
+/// Under memory pressure (see `crate::config::MemoryBudget`): a connection's send buffers
+/// together, and the receive windows advertised per stream and per connection.
+const PRESSURE_SEND_BUFFER: u64 = 256 * 1024;
+const PRESSURE_STREAM_WINDOW: u64 = 64 * 1024;
+const PRESSURE_CONN_WINDOW: u64 = 256 * 1024;
+
 /// All streams of a connection.
 #[derive(Debug)]
 /// The send queues, one per urgency level (RFC 9218 §4), allocated when a stream first
@@ -241,6 +247,8 @@ pub struct Streams {
     /// Memory charged for received data held by all receive streams (see
     /// [`Assembler::charge`]).
     recv_charge: usize,
+    /// The endpoint's memory budget is exceeded: windows shrink, send buffers too.
+    memory_pressure: bool,
     /// Streams whose writes were refused because the connection's send buffers were full.
     send_buffer_blocked: Vec<StreamId>,
     // Connection flow control.
@@ -282,6 +290,7 @@ impl Streams {
             conn_blocked: Vec::new(),
             send_buffered: 0,
             recv_charge: 0,
+            memory_pressure: false,
             send_buffer_blocked: Vec::new(),
             send_max_data: 0,
             data_sent: 0,
@@ -433,6 +442,9 @@ impl Streams {
 
     /// Queues data; returns how much was accepted (0 when the send buffer is full).
     pub fn write(&mut self, id: StreamId, data: Bytes) -> Result<usize, StreamError> {
+        let conn = self
+            .connection_send_limit()
+            .saturating_sub(self.send_buffered);
         let s = self.send.get_mut(&id).ok_or(StreamError::UnknownStream)?;
         if let Some(code) = s.stopped {
             return Err(StreamError::Stopped(code));
@@ -442,10 +454,6 @@ impl Streams {
             _ => return Err(StreamError::ClosedStream),
         }
         let own = Self::stream_send_room(&self.cfg, s);
-        let conn = self
-            .cfg
-            .connection_send_buffer
-            .saturating_sub(self.send_buffered);
         let n = (data.len() as u64).min(own).min(conn) as usize;
         if n < data.len() {
             s.want_writable = true;
@@ -471,8 +479,7 @@ impl Streams {
     pub fn write_capacity(&self, id: StreamId) -> Result<u64, StreamError> {
         let s = self.send.get(&id).ok_or(StreamError::UnknownStream)?;
         let conn = self
-            .cfg
-            .connection_send_buffer
+            .connection_send_limit()
             .saturating_sub(self.send_buffered);
         Ok(Self::stream_send_room(&self.cfg, s).min(conn))
     }
@@ -494,17 +501,15 @@ impl Streams {
     /// Tells a writer that was refused that it may write again, once it has an eighth of its
     /// limit free (so a bulk writer wakes for a large write, not after every ACK).
     fn maybe_writable(&mut self, id: StreamId) {
+        let conn_limit = self.connection_send_limit();
         let Some(s) = self.send.get_mut(&id) else {
             return;
         };
         let limit = Self::stream_send_limit(&self.cfg, s);
         if s.want_writable
             && limit.saturating_sub(s.buf.buffered()) >= writable_room(limit)
-            && self
-                .cfg
-                .connection_send_buffer
-                .saturating_sub(self.send_buffered)
-                >= writable_room(self.cfg.connection_send_buffer).min(writable_room(limit))
+            && conn_limit.saturating_sub(self.send_buffered)
+                >= writable_room(conn_limit).min(writable_room(limit))
         {
             s.want_writable = false;
             self.events.push_back(StreamEvent::Writable(id));
@@ -518,11 +523,9 @@ impl Streams {
         if freed == 0 || self.send_buffer_blocked.is_empty() {
             return;
         }
-        let room = self
-            .cfg
-            .connection_send_buffer
-            .saturating_sub(self.send_buffered);
-        if room >= writable_room(self.cfg.connection_send_buffer) {
+        let limit = self.connection_send_limit();
+        let room = limit.saturating_sub(self.send_buffered);
+        if room >= writable_room(limit) {
             for id in std::mem::take(&mut self.send_buffer_blocked) {
                 self.maybe_writable(id);
             }
@@ -537,6 +540,25 @@ impl Streams {
     /// Memory charged for received stream data not yet read.
     pub fn recv_charge(&self) -> usize {
         self.recv_charge
+    }
+
+    pub fn set_memory_pressure(&mut self, pressure: bool) {
+        if self.memory_pressure && !pressure {
+            // Writers held back by the smaller limit may write again.
+            for id in std::mem::take(&mut self.send_buffer_blocked) {
+                self.maybe_writable(id);
+            }
+        }
+        self.memory_pressure = pressure;
+    }
+
+    /// Unacknowledged bytes all send streams may buffer together now.
+    fn connection_send_limit(&self) -> u64 {
+        if self.memory_pressure {
+            self.cfg.connection_send_buffer.min(PRESSURE_SEND_BUFFER)
+        } else {
+            self.cfg.connection_send_buffer
+        }
     }
 
     /// Marks the end of the stream's data.
@@ -766,7 +788,12 @@ impl Streams {
         // The bytes held are bounded by the connection window; what they cost in memory
         // beyond that (small pieces between gaps) is bounded by the window again, so a
         // peer can make the connection hold at most twice the window it was given.
-        let window = self.conn_window.window() as usize;
+        // The window is what the peer may still send: at least the current window size,
+        // and credit granted earlier (before memory pressure shrank it) counts too.
+        let window = self
+            .conn_window
+            .window()
+            .max(self.conn_window.max() - self.data_consumed) as usize;
         if self.recv_charge > 2 * window {
             return Err(TransportError::FLOW_CONTROL_ERROR(format!(
                 "stream data too fragmented to hold: {} bytes of memory for a {window}-byte window",
@@ -1139,7 +1166,13 @@ impl Streams {
                 .max()
                 .max(self.data_consumed + self.conn_window.window());
             if room(buf, 1 + VarInt::size_of(v)) {
-                let v = self.conn_window.update(self.data_consumed, now, rtt);
+                if self.memory_pressure {
+                    let w = self.conn_window.window().min(PRESSURE_CONN_WINDOW);
+                    self.conn_window.set_window(w);
+                }
+                let v =
+                    self.conn_window
+                        .update(self.data_consumed, now, rtt, !self.memory_pressure);
                 buf.push(0x10);
                 buf.put_var(v);
                 sent.push(SentFrame::MaxData);
@@ -1158,7 +1191,13 @@ impl Streams {
             if !room(buf, 1 + 8 + 8) {
                 break;
             }
-            let v = s.window.update(s.asm.read_offset(), now, rtt);
+            if self.memory_pressure {
+                let w = s.window.window().min(PRESSURE_STREAM_WINDOW);
+                s.window.set_window(w);
+            }
+            let v = s
+                .window
+                .update(s.asm.read_offset(), now, rtt, !self.memory_pressure);
             buf.push(0x11);
             buf.put_var(id.0);
             buf.put_var(v);
