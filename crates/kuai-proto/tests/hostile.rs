@@ -584,3 +584,68 @@ fn windows_shrink_under_memory_pressure() {
         "{worst} bytes of connection credit granted under pressure"
     );
 }
+
+/// A peer that never acknowledges anything, but keeps the connection alive with packets
+/// the server must acknowledge: the records of the server's ACK-only packets stay bounded.
+#[test]
+fn a_peer_that_never_acknowledges_cannot_grow_sent_packet_records() {
+    let mut h = Hostile::connect(TransportConfig::default(), TransportConfig::default());
+    let mut most = 0;
+    for _ in 0..36_000 {
+        // Out of order (a skipped packet number): acknowledged at once.
+        h.skip_pns(1);
+        let p = h.packet(&[0x01]);
+        h.inject(h.caddr, &p);
+        h.drain_server();
+        most = most.max(h.server_conn().memory().unacked_packets);
+    }
+    assert!(!h.server_conn().is_closed());
+    assert!(most <= 32 * 1024, "{most} packet records kept");
+}
+
+/// NEW_CONNECTION_ID (RFC 9000 §19.15).
+fn new_connection_id(seq: u64, retire_prior_to: u64) -> Vec<u8> {
+    let mut f = vec![0x18];
+    kuai_proto::VarInt::saturating(seq).encode(&mut f);
+    kuai_proto::VarInt::saturating(retire_prior_to).encode(&mut f);
+    f.push(8);
+    f.extend_from_slice(&seq.to_be_bytes());
+    f.extend_from_slice(&[seq as u8; 16]);
+    f
+}
+
+/// A peer that retires its connection IDs one after another (and re-announces retired ones)
+/// without ever acknowledging the server's RETIRE_CONNECTION_ID frames cannot make it queue
+/// retirements without end: past twice the active_connection_id_limit it is closed with
+/// CONNECTION_ID_LIMIT_ERROR (RFC 9000 §5.1.2).
+#[test]
+fn unacknowledged_retirements_are_bounded() {
+    let mut h = Hostile::connect(TransportConfig::default(), TransportConfig::default());
+    let mut closed_at = None;
+    // Sequence numbers above those the real client issued.
+    for n in 100..300u64 {
+        let mut frames = new_connection_id(n, n);
+        // An ID retired long ago, announced again: retired again, not queued twice.
+        frames.extend(new_connection_id(50 + n / 2, 0));
+        let p = h.packet(&frames);
+        h.inject(h.caddr, &p);
+        h.drain_server();
+        if h.server_conn().is_closed() {
+            closed_at = Some(n);
+            break;
+        }
+    }
+    let n = closed_at.expect("200 retirements queued without an acknowledgement");
+    let limit = TransportConfig::default().active_connection_id_limit;
+    assert!(
+        n - 100 <= 2 * limit + 1,
+        "closed only after {} retirements",
+        n - 99
+    );
+    let err = h.server_conn().close_reason().cloned();
+    assert!(
+        matches!(&err, Some(kuai_proto::ConnectionError::TransportError(e))
+            if e.code == kuai_proto::TransportErrorCode::CONNECTION_ID_LIMIT_ERROR),
+        "{err:?}"
+    );
+}

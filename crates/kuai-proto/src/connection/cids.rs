@@ -81,8 +81,11 @@ pub struct RemoteCids {
     pub cids: SeqMap<RemoteCid>,
     pub active_seq: u64,
     retire_prior_to: u64,
-    /// Sequence numbers to retire with RETIRE_CONNECTION_ID.
+    /// Sequence numbers to retire with RETIRE_CONNECTION_ID (sent next).
     pub to_retire: Vec<u64>,
+    /// Sequence numbers retired whose RETIRE_CONNECTION_ID was not acknowledged yet (those
+    /// of `to_retire` included); at most `2 * limit` (RFC 9000 §5.1.2).
+    unacked_retirements: Vec<u64>,
     /// Our active_connection_id_limit.
     limit: u64,
     /// Sequence numbers ever retired or known, to ignore repeats.
@@ -104,6 +107,7 @@ impl RemoteCids {
             active_seq: 0,
             retire_prior_to: 0,
             to_retire: Vec::new(),
+            unacked_retirements: Vec::new(),
             limit,
             highest_seen: Some(0),
         }
@@ -139,9 +143,8 @@ impl RemoteCids {
             return Ok(());
         }
         if f.seq < self.retire_prior_to {
-            // Already retired: just retire it again.
-            self.to_retire.push(f.seq);
-            return Ok(());
+            // RFC 9000 §19.15: an ID below Retire Prior To is retired at once.
+            return self.retire(f.seq);
         }
         self.highest_seen = Some(self.highest_seen.map_or(f.seq, |h| h.max(f.seq)));
         self.cids.insert(
@@ -154,13 +157,16 @@ impl RemoteCids {
         if f.retire_prior_to > self.retire_prior_to {
             self.retire_prior_to = f.retire_prior_to;
             let old: Vec<u64> = self.cids.keys_below(f.retire_prior_to).collect();
-            for s in old {
+            for &s in &old {
                 self.cids.remove(&s);
-                self.to_retire.push(s);
             }
             if self.active_seq < self.retire_prior_to {
                 // Switch to the lowest remaining ID.
                 self.active_seq = *self.cids.keys().next().expect("the new CID remains");
+            }
+            // Only now, with an active ID in place even if this fails.
+            for s in old {
+                self.retire(s)?;
             }
         }
         if self.cids.len() as u64 > self.limit {
@@ -182,14 +188,54 @@ impl RemoteCids {
     /// Moves to the ID of sequence `seq` and retires the active one (the preferred address's
     /// ID, RFC 9000 §9.6.1). False if `seq` is unknown (retired meanwhile) or active already.
     pub fn switch_to(&mut self, seq: u64) -> bool {
-        if seq == self.active_seq || self.cids.get(&seq).is_none() {
+        if seq == self.active_seq
+            || self.cids.get(&seq).is_none()
+            || self.unacked_retirements.len() >= self.max_unacked_retirements()
+        {
             return false;
         }
         let old = self.active_seq;
         self.cids.remove(&old);
-        self.to_retire.push(old);
+        let _ = self.retire(old);
         self.active_seq = seq;
         true
+    }
+
+    /// Retirements that may await acknowledgement at once: twice our
+    /// active_connection_id_limit, as RFC 9000 §5.1.2 asks to allow at least.
+    fn max_unacked_retirements(&self) -> usize {
+        (2 * self.limit).max(8) as usize
+    }
+
+    /// Queues RETIRE_CONNECTION_ID for `seq` unless it awaits acknowledgement already.
+    /// A peer that makes us retire more IDs than we can track without acknowledging our
+    /// retirements is answered with CONNECTION_ID_LIMIT_ERROR (RFC 9000 §5.1.2), so the
+    /// queue cannot grow without bound (quic-go CVE-2024-22189).
+    fn retire(&mut self, seq: u64) -> Result<(), TransportError> {
+        if self.unacked_retirements.contains(&seq) {
+            return Ok(());
+        }
+        if self.unacked_retirements.len() >= self.max_unacked_retirements() {
+            return Err(TransportError::CONNECTION_ID_LIMIT_ERROR(
+                "too many connection IDs retired without acknowledgement",
+            )
+            .with_frame(FrameType::NEW_CONNECTION_ID));
+        }
+        self.unacked_retirements.push(seq);
+        self.to_retire.push(seq);
+        Ok(())
+    }
+
+    /// Our RETIRE_CONNECTION_ID for `seq` was acknowledged.
+    pub fn on_retire_acked(&mut self, seq: u64) {
+        self.unacked_retirements.retain(|&s| s != seq);
+    }
+
+    /// Our RETIRE_CONNECTION_ID for `seq` was lost: it goes again.
+    pub fn on_retire_lost(&mut self, seq: u64) {
+        if self.unacked_retirements.contains(&seq) && !self.to_retire.contains(&seq) {
+            self.to_retire.push(seq);
+        }
     }
 
     /// Whether `token` is the stateless reset token of one of the peer's IDs.

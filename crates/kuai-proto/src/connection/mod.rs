@@ -276,6 +276,9 @@ pub struct MemoryUse {
     /// waiting for their keys, a ClientHello being gathered. Bounded by twice the receive
     /// window plus small fixed amounts.
     pub receive: u64,
+    /// Records of packets sent and neither acknowledged nor declared lost (ACK-only ones
+    /// included), in all packet-number spaces: at most 32,768 per space.
+    pub unacked_packets: u64,
 }
 
 /// Bytes of unread DATAGRAM frames a connection keeps before dropping the oldest.
@@ -931,6 +934,7 @@ impl Connection {
                 + datagrams
                 + undecryptable
                 + self.client_hello.capacity()) as u64,
+            unacked_packets: self.spaces.iter().map(|s| s.sent.len() as u64).sum(),
         }
     }
 

@@ -190,6 +190,7 @@ impl Connection {
                     .ack(offset..offset + u64::from(len));
             }
             SentFrame::Ack(largest) => self.spaces[space.index()].ack.on_ack_acked(largest),
+            SentFrame::RetireConnectionId(seq) => self.remote_cids.on_retire_acked(seq),
             SentFrame::Stream { .. } | SentFrame::ResetStream(_) => {
                 self.streams.on_frame_acked(f);
             }
@@ -209,11 +210,7 @@ impl Connection {
                     c.announce = true;
                 }
             }
-            SentFrame::RetireConnectionId(seq) => {
-                if !self.remote_cids.to_retire.contains(&seq) {
-                    self.remote_cids.to_retire.push(seq);
-                }
-            }
+            SentFrame::RetireConnectionId(seq) => self.remote_cids.on_retire_lost(seq),
             SentFrame::HandshakeDone => self.handshake_done_pending = true,
             SentFrame::NewToken => self.new_token_pending = true,
             SentFrame::AckFrequency(seq) => {
@@ -309,7 +306,7 @@ impl Connection {
     }
 
     /// Removes `pns` from flight as lost.
-    fn on_packets_lost(
+    pub(super) fn on_packets_lost(
         &mut self,
         now: Instant,
         space: SpaceId,
@@ -334,11 +331,21 @@ impl Connection {
                 if rl.len() >= super::spaces::MAX_RECENTLY_LOST {
                     rl.pop_front();
                 }
-                rl.push_back(super::spaces::LostRecord {
-                    pn,
-                    reorder_distance: largest_acked.saturating_sub(pn),
-                    path: p.path,
-                });
+                // Kept in packet-number order (losses are declared in that order but for
+                // rare exceptions), for the single walk of `detect_spurious_losses`.
+                let at = if rl.back().is_none_or(|l| l.pn < pn) {
+                    rl.len()
+                } else {
+                    rl.partition_point(|l| l.pn < pn)
+                };
+                rl.insert(
+                    at,
+                    super::spaces::LostRecord {
+                        pn,
+                        reorder_distance: largest_acked.saturating_sub(pn),
+                        path: p.path,
+                    },
+                );
             }
             self.stats.packets_lost += 1;
             self.stats.bytes_lost += u64::from(p.size);
@@ -472,18 +479,29 @@ impl Connection {
         let mut spurious = 0u64;
         let mut max_distance = 0u64;
         let active = self.path.id;
-        for r in ack.iter() {
-            self.spaces[si].recently_lost.retain(|l| {
-                if r.contains(&l.pn) {
-                    if l.path == active {
-                        spurious += 1;
-                        max_distance = max_distance.max(l.reorder_distance);
-                    }
-                    false
-                } else {
-                    true
+        // One walk down both, largest first (the records are in packet-number order, the
+        // ranges come largest first): O(records + ranges), where checking every range
+        // against every record let an ACK frame of many ranges cost 256 times as much.
+        let rl = &mut self.spaces[si].recently_lost;
+        let mut ranges = ack.iter();
+        let mut range = ranges.next();
+        let mut found = false;
+        for l in rl.iter_mut().rev() {
+            while range.as_ref().is_some_and(|r| *r.start() > l.pn) {
+                range = ranges.next();
+            }
+            let Some(r) = range.as_ref() else { break };
+            if r.contains(&l.pn) {
+                if l.path == active {
+                    spurious += 1;
+                    max_distance = max_distance.max(l.reorder_distance);
                 }
-            });
+                l.pn = u64::MAX;
+                found = true;
+            }
+        }
+        if found {
+            rl.retain(|l| l.pn != u64::MAX);
         }
         if spurious == 0 {
             return;

@@ -409,8 +409,14 @@ impl Connection {
                 note(&mut names, &mut n_names, "stream/control");
             }
         }
+        // RFC 9000 §13.2.4: an endpoint sending only ACKs gets no acknowledgements, and
+        // the records of its ACK-only packets pile up; now and then one carries a PING.
+        let ping_for_acks = space == SpaceId::Data
+            && !zero_rtt
+            && can_eliciting
+            && self.spaces[si].ack_only_sent >= super::spaces::ACK_ONLY_BEFORE_PING;
         // A probe must be ack-eliciting.
-        if (probing || (space == SpaceId::Data && self.ping_pending))
+        if (probing || ping_for_acks || (space == SpaceId::Data && self.ping_pending))
             && !ack_eliciting
             && buf.len() < payload_max
         {
@@ -420,6 +426,11 @@ impl Connection {
         }
         if space == SpaceId::Data && ack_eliciting {
             self.ping_pending = false;
+        }
+        if ack_eliciting {
+            self.spaces[si].ack_only_sent = 0;
+        } else {
+            self.spaces[si].ack_only_sent += 1;
         }
         if probing && ack_eliciting {
             self.spaces[si].probes -= 1;
@@ -573,6 +584,14 @@ impl Connection {
         self.spaces[si].sent.insert(pn, packet);
         if ack_eliciting || in_flight {
             // Set once by `update_timers` when the batch of datagrams is written.
+            self.loss_timer_stale = true;
+        }
+        if self.spaces[si].sent.span() > super::spaces::MAX_SENT_SPAN {
+            // A peer that acknowledges nothing: the oldest thousand records are given up.
+            let sent = &self.spaces[si].sent;
+            let end = sent.first_pn().unwrap_or(pn) + 1024;
+            let old: Vec<u64> = sent.pns_below(end).collect();
+            self.on_packets_lost(now, space, &old, "unacknowledged_too_long");
             self.loss_timer_stale = true;
         }
     }

@@ -38,7 +38,18 @@ pub struct PacketSpace {
     pub ecn_marked_sent: u64,
     /// Packets declared lost recently, to notice when an ACK shows the loss was spurious.
     pub recently_lost: VecDeque<LostRecord>,
+    /// Packets sent without an ack-eliciting frame since the last one with (see
+    /// `ACK_ONLY_BEFORE_PING`).
+    pub ack_only_sent: u32,
 }
+
+/// ACK-only packets sent in a row before one carries a PING, so the peer acknowledges them
+/// and their records can go (RFC 9000 §13.2.4).
+pub const ACK_ONLY_BEFORE_PING: u32 = 32;
+
+/// Most packet numbers the sent-packet records of a space span: older records are given up
+/// (as lost, if in flight), so a peer that never acknowledges cannot grow them without end.
+pub const MAX_SENT_SPAN: usize = 32 * 1024;
 
 /// A packet declared lost: its number and how far the largest acknowledged number was past
 /// it at that moment (the reordering it would take to make the loss spurious).

@@ -143,6 +143,11 @@ impl SentPackets {
         self.len
     }
 
+    /// Packet numbers from the oldest record present to the newest.
+    pub fn span(&self) -> usize {
+        self.packets.len()
+    }
+
     /// Gives back the frame pool and the queue's spare capacity (what is left is typically a
     /// few ACK-only packets that wait for an ACK of an ACK).
     pub fn release_memory(&mut self) {

@@ -193,6 +193,11 @@ impl Hostile {
         buf
     }
 
+    /// Skips `n` packet numbers (the server then sees the next packet out of order).
+    pub fn skip_pns(&mut self, n: u64) {
+        self.next_pn += n;
+    }
+
     /// Hands a datagram to the server as if it came from `from`.
     pub fn inject(&mut self, from: SocketAddr, datagram: &[u8]) {
         *self.received_from.entry(from).or_default() += datagram.len() as u64;
