@@ -42,6 +42,8 @@ pub enum DropReason {
     HeaderParseError,
     UnexpectedVersion,
     ConnectionClosing,
+    /// An Initial in a datagram under 1200 bytes (RFC 9000 §14.1).
+    DatagramTooSmall,
 }
 
 /// A trace event. Field names follow qlog's `quic:` event schema so a JSON writer can map them

@@ -649,3 +649,176 @@ fn unacknowledged_retirements_are_bounded() {
         "{err:?}"
     );
 }
+
+/// RFC 9000 §21.4: the server leaves a packet number unused now and then; a peer that
+/// acknowledges it is acknowledging packets it never received (to make the server send
+/// faster than the path allows), and is closed with PROTOCOL_VIOLATION. Honest
+/// acknowledgements of what did arrive go on unharmed.
+#[test]
+fn an_optimistic_ack_of_a_skipped_packet_number_is_caught() {
+    use support::hostile::{ack_frame, ranges_of};
+    let mut h = Hostile::connect(TransportConfig::default(), TransportConfig::default());
+    let conn = h.server_conn();
+    let s = conn.open_stream(kuai_proto::Dir::Uni).unwrap();
+    conn.write(s, bytes::Bytes::from(vec![3u8; 2 << 20]))
+        .unwrap();
+    let mut gap = None;
+    for _ in 0..500 {
+        h.drain_server();
+        let mut pns = h.server_pns.clone();
+        pns.sort_unstable();
+        pns.dedup();
+        if let Some(w) = pns.windows(2).find(|w| w[1] > w[0] + 1) {
+            gap = Some(w[0] + 1);
+            break;
+        }
+        // Acknowledge exactly what arrived.
+        let p = h.packet(&ack_frame(&ranges_of(&pns)));
+        h.inject(h.caddr, &p);
+        h.advance(std::time::Duration::from_millis(1));
+        assert!(
+            !h.server_conn().is_closed(),
+            "honest ACKs closed the connection"
+        );
+    }
+    let skipped = gap.expect("no packet number was skipped");
+    let largest = *h.server_pns.iter().max().unwrap();
+    let p = h.packet(&ack_frame(&[0..=largest]));
+    h.inject(h.caddr, &p);
+    let err = h.server_conn().close_reason().cloned();
+    assert!(
+        matches!(&err, Some(kuai_proto::ConnectionError::TransportError(e))
+            if e.code == kuai_proto::TransportErrorCode::PROTOCOL_VIOLATION),
+        "ACK of skipped packet {skipped}: {err:?}"
+    );
+}
+
+/// RFC 9000 §9.3.2: two address changes in a row that never validate (spoofed sources) do
+/// not make the server forget the last validated path: the real client coming back from
+/// its address is on a validated path at once, and the failed validations do not close
+/// the connection.
+#[test]
+fn spurious_migrations_keep_the_last_validated_path() {
+    let mut h = Hostile::connect(TransportConfig::default(), TransportConfig::default());
+    for addr in ["198.51.100.1:1000", "198.51.100.2:2000"] {
+        let p = h.packet(&[0x01]);
+        h.inject(addr.parse().unwrap(), &p);
+        h.drain_server();
+    }
+    let p = h.packet(&[0x01]);
+    let caddr = h.caddr;
+    h.inject(caddr, &p);
+    h.drain_server();
+    for _ in 0..100 {
+        h.advance(std::time::Duration::from_millis(100));
+        h.drain_server();
+        // The real client keeps talking from its own address.
+        let p = h.packet(&[0x01]);
+        h.inject(caddr, &p);
+    }
+    let conn = h.server_conn();
+    assert!(!conn.is_closed(), "{:?}", conn.close_reason());
+    assert_eq!(conn.remote_address(), caddr);
+}
+
+/// RFC 9000 §14.1: a server discards Initial packets in datagrams under 1200 bytes, not only
+/// the first one.
+#[test]
+fn a_later_initial_in_a_short_datagram_is_dropped() {
+    use kuai_proto::crypto::initial_keys;
+    use kuai_proto::packet::{self, PartialDecode};
+    use kuai_proto::{Side, Version};
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "10.0.0.9:1234".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    );
+    let first = client_initial(now, saddr);
+    server.handle_datagram(now, caddr, None, None, BytesMut::from(&first[..]));
+    let h = server.handles().next().unwrap();
+    let dropped = server.connection(h).unwrap().stats().packets_dropped;
+    // Another Initial of the same connection (a PING), in a 100-byte datagram.
+    let (pd, _) = PartialDecode::new(BytesMut::from(&first[..]), 8).unwrap();
+    let dcid = pd.dst_cid();
+    let scid = pd.src_cid().unwrap();
+    let keys = initial_keys(Version::V1, &dcid, Side::Client);
+    let mut buf = Vec::new();
+    let pos = packet::write_long_header(
+        &mut buf,
+        Version::V1,
+        packet::LongType::Initial,
+        &dcid,
+        &scid,
+        &[],
+        1,
+        4,
+    );
+    buf.extend_from_slice(&[0x01, 0, 0, 0]);
+    packet::seal_packet(
+        &mut buf,
+        &pos,
+        1,
+        keys.local.header.as_ref(),
+        keys.local.packet.as_ref(),
+    )
+    .unwrap();
+    assert!(buf.len() < 1200);
+    server.handle_datagram(now, caddr, None, None, BytesMut::from(&buf[..]));
+    assert_eq!(
+        server.connection(h).unwrap().stats().packets_dropped,
+        dropped + 1,
+        "the short Initial was processed"
+    );
+}
+
+/// A packet that waited for its keys is counted once: the client received the server's
+/// Handshake datagram before the Initial that brings the keys, and its statistics (and, on
+/// a server, the anti-amplification budget) count each datagram once.
+#[test]
+fn a_packet_buffered_for_its_keys_is_counted_once() {
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    );
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    let ch = client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    pump(now, &mut client, caddr, &mut server);
+    let mut flight = Vec::new();
+    let mut buf = Vec::new();
+    while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
+        flight.push(buf[..t.size].to_vec());
+    }
+    // The server's first datagram holds its Initial and a Handshake packet: the Handshake
+    // packet comes first, on its own, then the Initial.
+    let first = BytesMut::from(&flight[0][..]);
+    let (initial, rest) = kuai_proto::packet::PartialDecode::new(first, 8).unwrap();
+    let handshake = rest.expect("a coalesced Handshake packet");
+    let initial = BytesMut::from(initial.data());
+    client.handle_datagram(now, saddr, None, None, handshake);
+    client.handle_datagram(now, saddr, None, None, initial);
+    for d in &flight[1..] {
+        client.handle_datagram(now, saddr, None, None, BytesMut::from(&d[..]));
+    }
+    let stats = client.connection(ch).unwrap().stats();
+    assert!(
+        stats.packets_received >= 2,
+        "the Handshake packet was not processed"
+    );
+    assert_eq!(stats.udp_rx_datagrams, flight.len() as u64 + 1);
+}

@@ -396,6 +396,11 @@ pub struct Connection {
     ack_frequency_pending: Option<AckFrequency>,
     /// The last ACK_FREQUENCY request: threshold, delay, and when.
     ack_frequency_sent: Option<(u64, Duration, Instant)>,
+    /// 1-RTT packet number skipped last, and the one to skip next (RFC 9000 §21.4: a peer
+    /// that acknowledges a packet number we never used acknowledges packets it did not
+    /// receive, to make us send faster: an optimistic ACK attack).
+    skipped_pn: Option<u64>,
+    next_skip_pn: u64,
     /// Size of the datagram being processed (received data much smaller than its datagram
     /// is copied rather than kept as a slice of it: see `stream::Assembler`).
     rx_datagram_len: usize,
@@ -759,6 +764,8 @@ impl Connection {
             ack_frequency_pending: None,
             ack_frequency_sent: None,
             rx_datagram_len: 0,
+            skipped_pn: None,
+            next_skip_pn: 0,
             undecryptable: Vec::new(),
             stats: Counters {
                 version: Some(version),

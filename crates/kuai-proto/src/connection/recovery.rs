@@ -30,9 +30,17 @@ impl Connection {
         // A reused buffer: no allocation per ACK.
         let mut newly = std::mem::take(&mut self.acked_scratch);
         newly.clear();
+        let skipped = self.skipped_pn.filter(|_| space == SpaceId::Data);
         {
             let sent = &mut self.spaces[si].sent;
             for r in ack.iter() {
+                if skipped.is_some_and(|s| r.contains(&s)) {
+                    self.acked_scratch = newly;
+                    return Err(TransportError::PROTOCOL_VIOLATION(
+                        "ACK of a packet number never used (optimistic ACK)",
+                    )
+                    .with_frame(FrameType::ACK));
+                }
                 let Some(first) = sent.first_pn() else { break };
                 let lo = (*r.start()).max(first);
                 // Descending, so `newly[0]` is the largest newly acknowledged packet.

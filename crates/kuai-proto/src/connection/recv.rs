@@ -42,17 +42,32 @@ impl Connection {
         ecn: Option<EcnCodepoint>,
         data: BytesMut,
     ) {
+        self.process_datagram(now, remote, local_ip, ecn, data, true);
+    }
+
+    /// A datagram, `fresh` from the network or a packet of one buffered until its keys came
+    /// (already counted, toward statistics and the anti-amplification budget alike).
+    fn process_datagram(
+        &mut self,
+        now: Instant,
+        remote: SocketAddr,
+        local_ip: Option<IpAddr>,
+        ecn: Option<EcnCodepoint>,
+        data: BytesMut,
+        fresh: bool,
+    ) {
         self.now = now;
         if matches!(self.state, State::Draining | State::Drained) {
             return;
         }
-        self.stats.udp_rx_datagrams += 1;
-        self.stats.udp_rx_bytes += data.len() as u64;
         let len = data.len() as u64;
         self.rx_datagram_len = data.len();
-        let known_path = self.on_active_path(remote, local_ip);
-        if known_path && !self.path.validated {
-            self.path.amp_received += len;
+        if fresh {
+            self.stats.udp_rx_datagrams += 1;
+            self.stats.udp_rx_bytes += len;
+            if self.on_active_path(remote, local_ip) && !self.path.validated {
+                self.path.amp_received += len;
+            }
         }
         let reset_token = packet::reset_token_of(&data).copied();
         if self.state == State::Closing {
@@ -125,6 +140,7 @@ impl Connection {
                 .off_paths
                 .iter_mut()
                 .find(|o| o.matches(remote, local_ip))
+                .filter(|_| fresh)
             {
                 o.amp_received += len;
             }
@@ -195,6 +211,12 @@ impl Connection {
             return PacketResult::default();
         };
         let kind = packet_kind(pd.ty());
+        // RFC 9000 §14.1: a server discards an Initial in a datagram under 1200 bytes, the
+        // first (checked by the endpoint) and every later one.
+        if self.side.is_server() && space == SpaceId::Initial && self.rx_datagram_len < 1200 {
+            self.drop_packet(Some(kind), size, DropReason::DatagramTooSmall);
+            return PacketResult::default();
+        }
         let is_0rtt = pd.ty() == PacketType::Long(LongType::ZeroRtt);
         if is_0rtt && self.side.is_client() {
             self.drop_packet(Some(kind), size, DropReason::UnexpectedVersion);
@@ -412,7 +434,7 @@ impl Connection {
         }
         let pending = std::mem::take(&mut self.undecryptable);
         for (_, remote, ecn, data) in pending {
-            self.handle_datagram(now, remote, None, ecn, data);
+            self.process_datagram(now, remote, None, ecn, data, false);
         }
     }
 
@@ -897,13 +919,15 @@ impl Connection {
         }
         let from = self.path.remote;
         let same_host = from.ip() == remote.ip();
-        let mut new = if let Some(prev) = self
+        let back = self
             .prev_path
-            .take()
-            .filter(|p| p.remote == remote && (local_ip.is_none() || p.local_ip == local_ip))
-        {
+            .as_ref()
+            .is_some_and(|p| p.remote == remote && (local_ip.is_none() || p.local_ip == local_ip));
+        // The last validated path stays unless the peer went back to it: a second spurious
+        // address change (a spoofed one, say) must not make us forget it.
+        let mut new = if back {
             // Back to the previous path (e.g. a spurious rebinding).
-            *prev
+            *self.prev_path.take().expect("checked")
         } else {
             let mut p = self.new_path(remote, local_ip, now, false);
             if same_host {

@@ -277,6 +277,9 @@ impl Connection {
             self.update_keys(false);
         }
         let packet_start = buf.len();
+        if space == SpaceId::Data && !zero_rtt && self.spaces[si].next_pn >= self.next_skip_pn {
+            self.skip_packet_number();
+        }
         let pn = self.spaces[si].next_pn;
         let pn_len = packet::pn_len_for(pn, self.spaces[si].largest_acked);
         let dcid = self.remote_cids.active().cid;
@@ -952,6 +955,20 @@ impl Connection {
             segment_size: None,
             src_ip,
         })
+    }
+
+    /// Leaves a 1-RTT packet number unused (RFC 9000 §21.4), and picks the next to skip: a
+    /// few dozen packets after the handshake, then every 1,024 to 32,768 packets.
+    fn skip_packet_number(&mut self) {
+        use rand::Rng;
+        let sp = &mut self.spaces[SpaceId::Data.index()];
+        let first = self.skipped_pn.is_none() && self.next_skip_pn == 0;
+        if !first {
+            self.skipped_pn = Some(sp.next_pn);
+            sp.next_pn += 1;
+        }
+        let gap = if first { 16..256 } else { 1024..32_768 };
+        self.next_skip_pn = sp.next_pn + self.rng.draw().random_range(gap);
     }
 
     /// CONNECTION_CLOSE in every space the peer may be able to read.

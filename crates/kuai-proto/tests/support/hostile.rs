@@ -53,6 +53,8 @@ pub struct Hostile {
     /// Bytes the server sent to each address, and received from each address.
     pub sent_to: HashMap<SocketAddr, u64>,
     pub received_from: HashMap<SocketAddr, u64>,
+    /// Packet numbers of the server's 1-RTT packets, in the order they were sent.
+    pub server_pns: Vec<u64>,
     buf: Vec<u8>,
 }
 
@@ -98,6 +100,7 @@ impl Hostile {
             next_pn: 0,
             sent_to: HashMap::new(),
             received_from: HashMap::new(),
+            server_pns: Vec::new(),
             buf: Vec::new(),
         };
         let mut confirmed = false;
@@ -142,6 +145,7 @@ impl Hostile {
         h.next_pn = 10_000;
         h.sent_to.clear();
         h.received_from.clear();
+        h.server_pns.clear();
         h
     }
 
@@ -205,7 +209,8 @@ impl Hostile {
             .handle_datagram(self.now, from, None, None, BytesMut::from(datagram));
     }
 
-    /// Everything the server sends now, counted per destination (and returned).
+    /// Everything the server sends now, counted per destination (and returned); the packet
+    /// numbers of its 1-RTT packets are noted in `server_pns`.
     pub fn drain_server(&mut self) -> Vec<(SocketAddr, Vec<u8>)> {
         let mut out = Vec::new();
         for _ in 0..100_000 {
@@ -213,7 +218,16 @@ impl Hostile {
                 return out;
             };
             *self.sent_to.entry(t.destination).or_default() += t.size as u64;
-            out.push((t.destination, self.buf[..t.size].to_vec()));
+            let d = self.buf[..t.size].to_vec();
+            if let Some(keys) = self.keys.as_ref()
+                && d[0] & 0x80 == 0
+                && let Ok((pd, _)) = PartialDecode::new(BytesMut::from(&d[..]), CID_LEN)
+                && let Ok(up) =
+                    pd.unprotect(keys.header.remote.as_ref(), self.server_pns.last().copied())
+            {
+                self.server_pns.push(up.pn());
+            }
+            out.push((t.destination, d));
         }
         panic!("the server never stops sending");
     }
@@ -233,4 +247,35 @@ pub fn stream_frame(id: u64, offset: u64, data: &[u8], fin: bool) -> Vec<u8> {
     VarInt::saturating(data.len() as u64).encode(&mut f);
     f.extend_from_slice(data);
     f
+}
+
+/// An ACK frame (RFC 9000 §19.3) for these ranges, given largest first, with no delay.
+pub fn ack_frame(ranges: &[std::ops::RangeInclusive<u64>]) -> Vec<u8> {
+    use kuai_proto::VarInt;
+    let mut f = vec![0x02];
+    let first = &ranges[0];
+    VarInt::saturating(*first.end()).encode(&mut f);
+    VarInt::saturating(0).encode(&mut f);
+    VarInt::saturating(ranges.len() as u64 - 1).encode(&mut f);
+    VarInt::saturating(first.end() - first.start()).encode(&mut f);
+    let mut prev_start = *first.start();
+    for r in &ranges[1..] {
+        VarInt::saturating(prev_start - r.end() - 2).encode(&mut f);
+        VarInt::saturating(r.end() - r.start()).encode(&mut f);
+        prev_start = *r.start();
+    }
+    f
+}
+
+/// `pns` (ascending) as ranges, largest first.
+pub fn ranges_of(pns: &[u64]) -> Vec<std::ops::RangeInclusive<u64>> {
+    let mut out: Vec<std::ops::RangeInclusive<u64>> = Vec::new();
+    for &pn in pns {
+        match out.last_mut() {
+            Some(r) if *r.end() + 1 == pn => *r = *r.start()..=pn,
+            _ => out.push(pn..=pn),
+        }
+    }
+    out.reverse();
+    out
 }
