@@ -230,6 +230,9 @@ pub struct ServerConfig {
     pub retry_token_lifetime: Duration,
     /// How long a NEW_TOKEN token stays valid.
     pub new_token_lifetime: Duration,
+    /// NEW_TOKEN tokens already used: each validates an address once. Share it with the
+    /// `token_key`.
+    pub token_log: Arc<crate::token::TokenLog>,
     /// Versions in our order of preference; a client's Initial in another version gets
     /// Version Negotiation, and compatible negotiation picks the first the client also has.
     pub versions: Vec<Version>,
@@ -256,6 +259,7 @@ impl ServerConfig {
             token_key: Arc::new(TokenKey::random()),
             retry_token_lifetime: Duration::from_secs(15),
             new_token_lifetime: Duration::from_secs(24 * 3600),
+            token_log: Arc::new(crate::token::TokenLog::new()),
             versions: vec![Version::V1, Version::V2],
             accept_0rtt: true,
             max_connections: 100_000,

@@ -500,7 +500,20 @@ impl Endpoint {
                         self.after_conn_op(orphan, now);
                     }
                 }
-                Ok(ValidToken::NewToken) => validated = true,
+                Ok(ValidToken::NewToken { issued_ms, id }) => {
+                    // Each token validates once (RFC 9000 §8.1.4); a replayed one leaves the
+                    // client unvalidated, as if it had none.
+                    if server.token_log.first_use(
+                        &id,
+                        issued_ms,
+                        unix_ms,
+                        server.new_token_lifetime,
+                    ) {
+                        validated = true;
+                    } else {
+                        self.stats.invalid_tokens += 1;
+                    }
+                }
                 Err(TokenError::Stale) => {
                     // RFC 9000 §8.1.3: a Retry token that does not check out. NEW_TOKEN tokens
                     // that are stale are simply ignored, but we cannot tell them apart here

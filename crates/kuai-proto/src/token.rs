@@ -75,8 +75,9 @@ const KIND_NEW_TOKEN: u8 = 1;
 pub enum ValidToken {
     /// From a Retry: the original destination CID of the client's first Initial.
     Retry { odcid: ConnectionId },
-    /// From NEW_TOKEN.
-    NewToken,
+    /// From NEW_TOKEN: when it was issued (unix ms) and its nonce, which tells it from
+    /// every other token (see [`TokenLog`]).
+    NewToken { issued_ms: u64, id: [u8; NONCE_LEN] },
 }
 
 /// Seals a Retry token for `client` (address and port must match on return).
@@ -103,6 +104,87 @@ pub fn new_token(key: &TokenKey, client: IpAddr, unix_ms: u64) -> Vec<u8> {
     p.put_u64(unix_ms);
     put_addr(&mut p, client);
     key.seal(p)
+}
+
+/// NEW_TOKEN tokens already used, so each is accepted once (RFC 9000 §8.1.4: an attacker
+/// who copies a token off the wire must not validate its address with it, and a token
+/// SHOULD be usable once). Share one between servers that share a token key (the workers
+/// of one port do).
+///
+/// Memory is fixed whatever the number of tokens: a Bloom filter (2^20 bits, 4 hashes)
+/// per half token lifetime of issue time, three of them, so every token still within its
+/// lifetime falls in one kept filter. A false positive only makes a client's token count as
+/// used: its handshake goes on as an unvalidated one (within the 3x limit, or after a
+/// Retry under load), never fails. About 1 % of tokens at 100,000 used per half lifetime.
+#[derive(Default)]
+pub struct TokenLog {
+    state: std::sync::Mutex<TokenLogState>,
+}
+
+struct TokenLogState {
+    hasher: std::hash::RandomState,
+    /// Filters by issue-time slot (issue time in half lifetimes), at `slot % 3`.
+    slots: [(u64, Vec<u64>); 3],
+}
+
+impl Default for TokenLogState {
+    fn default() -> Self {
+        Self {
+            hasher: std::hash::RandomState::new(),
+            slots: std::array::from_fn(|_| (u64::MAX, Vec::new())),
+        }
+    }
+}
+
+const TOKEN_LOG_BITS: usize = 1 << 20;
+const TOKEN_LOG_HASHES: u64 = 4;
+
+impl TokenLog {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records the token `id` issued at `issued_ms` with this lifetime; false if it was
+    /// (probably) used before.
+    pub fn first_use(
+        &self,
+        id: &[u8; NONCE_LEN],
+        issued_ms: u64,
+        now_ms: u64,
+        lifetime: Duration,
+    ) -> bool {
+        use std::hash::BuildHasher;
+        let slot_ms = (lifetime.as_millis() as u64 / 2).max(1);
+        let slot = issued_ms / slot_ms;
+        // Tokens issued three slots or more ago are past their lifetime: their filters go.
+        if slot + 2 < now_ms / slot_ms {
+            return false;
+        }
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let h = st.hasher.hash_one(id);
+        let (owner, bits) = &mut st.slots[(slot % 3) as usize];
+        if *owner != slot {
+            *owner = slot;
+            bits.clear();
+            bits.resize(TOKEN_LOG_BITS / 64, 0);
+        }
+        // Double hashing: bit i is h1 + i * h2 (Kirsch and Mitzenmacher).
+        let (h1, h2) = (h & 0xffff_ffff, (h >> 32) | 1);
+        let mut seen = true;
+        for i in 0..TOKEN_LOG_HASHES {
+            let bit = (h1.wrapping_add(i.wrapping_mul(h2)) % TOKEN_LOG_BITS as u64) as usize;
+            let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+            seen &= bits[word] & mask != 0;
+            bits[word] |= mask;
+        }
+        !seen
+    }
+}
+
+impl std::fmt::Debug for TokenLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenLog").finish_non_exhaustive()
+    }
 }
 
 /// Why a token was refused.
@@ -149,7 +231,12 @@ pub fn validate(
             if age > new_token_lifetime {
                 return Err(TokenError::Stale);
             }
-            Ok(ValidToken::NewToken)
+            let mut id = [0; NONCE_LEN];
+            id.copy_from_slice(&token[..NONCE_LEN]);
+            Ok(ValidToken::NewToken {
+                issued_ms: issued,
+                id,
+            })
         }
         _ => Err(TokenError::Invalid),
     }
@@ -241,10 +328,36 @@ mod tests {
         let t = new_token(&key, ip, 0);
         let life = Duration::from_secs(10);
         let a = SocketAddr::new(ip, 999);
-        assert_eq!(
+        assert!(matches!(
             validate(&key, &t, a, 5, life, life),
-            Ok(ValidToken::NewToken)
-        );
+            Ok(ValidToken::NewToken { issued_ms: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn a_new_token_is_accepted_once() {
+        let life = Duration::from_secs(24 * 3600);
+        let log = TokenLog::new();
+        let day = 24 * 3600 * 1000;
+        let issued = 10 * day;
+        for i in 0..10_000u32 {
+            let mut id = [0u8; NONCE_LEN];
+            id[..4].copy_from_slice(&i.to_be_bytes());
+            assert!(
+                log.first_use(&id, issued, issued + 1000, life),
+                "token {i} refused"
+            );
+            assert!(
+                !log.first_use(&id, issued, issued + 2000, life),
+                "token {i} replayed"
+            );
+            // Still caught near the end of its lifetime.
+            assert!(!log.first_use(&id, issued, issued + day - 1, life));
+        }
+        // A token issued long after: its own slot, and the old ones are forgotten.
+        let mut id = [0u8; NONCE_LEN];
+        id[0] = 0xff;
+        assert!(log.first_use(&id, issued + 3 * day, issued + 3 * day, life));
     }
 
     #[test]

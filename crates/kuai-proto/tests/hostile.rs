@@ -822,3 +822,60 @@ fn a_packet_buffered_for_its_keys_is_counted_once() {
     );
     assert_eq!(stats.udp_rx_datagrams, flight.len() as u64 + 1);
 }
+
+/// RFC 9000 §8.1.4: a NEW_TOKEN token validates the client's address once. Copied off the
+/// wire and replayed (from the same IP address), it validates nothing.
+#[test]
+fn a_new_token_validates_once() {
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    );
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut t = now;
+    let mut connect = |server: &mut Endpoint, port: u16, token: bytes::Bytes| {
+        let caddr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut client = Endpoint::new(
+            support::endpoint_config(),
+            None,
+            t,
+            0,
+            Some(u64::from(port)),
+        );
+        client
+            .connect_with_token(t, &ccfg, saddr, "localhost", token)
+            .unwrap();
+        let mut got = None;
+        for _ in 0..50 {
+            // A resumed client holds its first flight a moment for 0-RTT data.
+            t += Duration::from_millis(1);
+            client.handle_timeout(t);
+            server.handle_timeout(t);
+            pump(t, &mut client, caddr, server);
+            pump(t, server, saddr, &mut client);
+            while let Some((_, e)) = client.poll_event() {
+                if let Event::NewToken(t) = e {
+                    got = Some(t);
+                }
+            }
+        }
+        got
+    };
+    let token = connect(&mut server, 6000, bytes::Bytes::new()).expect("a NEW_TOKEN");
+    assert_eq!(server.stats().invalid_tokens, 0);
+    connect(&mut server, 6001, token.clone());
+    assert_eq!(server.stats().invalid_tokens, 0, "the token's first use");
+    connect(&mut server, 6002, token);
+    assert_eq!(
+        server.stats().invalid_tokens,
+        1,
+        "the replayed token was accepted"
+    );
+}
