@@ -800,10 +800,11 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
             View::of(&mut s),
         )
     };
-    let route = Route {
+    let mut route = Route {
         me,
         workers: workers.all.len(),
         cid_len,
+        asks: AskBudget::new(Instant::now()),
     };
     // Datagrams to hand to other workers, by worker; at `me`, those no connection here knows.
     let mut away: Vec<Vec<Received>> = (0..route.workers).map(|_| Vec::new()).collect();
@@ -1077,6 +1078,41 @@ struct Route {
     me: usize,
     workers: usize,
     cid_len: usize,
+    /// How many unknown datagrams this worker may still ask the others about.
+    asks: AskBudget,
+}
+
+/// A token bucket for asking the other workers whether an unknown short-header datagram is
+/// a stateless reset for one of their connections: each ask takes their locks, so junk
+/// datagrams must not be able to make every worker wait on every other. Resets are rare;
+/// past the budget an unknown datagram is handled where it landed.
+struct AskBudget {
+    tokens: f64,
+    at: Instant,
+}
+
+/// Asks per second, and the burst allowed.
+const ASKS_PER_SECOND: f64 = 256.0;
+
+impl AskBudget {
+    fn new(now: Instant) -> Self {
+        Self {
+            tokens: ASKS_PER_SECOND,
+            at: now,
+        }
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() * ASKS_PER_SECOND;
+        self.tokens = (self.tokens + refill).min(ASKS_PER_SECOND);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl Route {
@@ -1098,7 +1134,7 @@ impl Route {
     }
 
     /// Hands the datagrams set aside to their workers, with this worker's state unlocked.
-    fn hand_on(&self, workers: &Workers, away: &mut [Vec<Received>]) {
+    fn hand_on(&mut self, workers: &Workers, away: &mut [Vec<Received>]) {
         for (i, batch) in away.iter_mut().enumerate() {
             if i != self.me && !batch.is_empty() {
                 let mut inbox = lock(&workers.all[i].inbox);
@@ -1111,11 +1147,16 @@ impl Route {
         }
         // Unknown here: to the worker whose connection knows it (a reset token), or back
         // here to be answered (a stateless reset of our own, or dropped).
+        let now = Instant::now();
         for mut r in away[self.me].drain(..) {
-            let owner = (0..self.workers)
-                .filter(|&i| i != self.me)
-                .find(|&i| workers.all[i].lock().ep.routes(&r.data))
-                .unwrap_or(self.me);
+            let owner = if self.asks.take(now) {
+                (0..self.workers)
+                    .filter(|&i| i != self.me)
+                    .find(|&i| workers.all[i].lock().ep.routes(&r.data))
+                    .unwrap_or(self.me)
+            } else {
+                self.me
+            };
             r.settled = true;
             let mut inbox = lock(&workers.all[owner].inbox);
             if inbox.len() < INBOX_MAX {
@@ -1274,6 +1315,23 @@ pub(crate) fn dir_index(d: Dir) -> usize {
 mod tests {
     use super::*;
     use kuai_proto::ConnectionIdGenerator;
+
+    /// Junk short-header datagrams (unknown connection IDs) at any rate make a worker ask the
+    /// others, taking their locks, at most ASKS_PER_SECOND times a second after a burst of as
+    /// many.
+    #[test]
+    fn unknown_datagrams_ask_other_workers_a_bounded_number_of_times() {
+        let t0 = Instant::now();
+        let mut b = AskBudget::new(t0);
+        let mut asked = 0;
+        // A million junk datagrams over two seconds.
+        for i in 0..1_000_000u32 {
+            let now = t0 + std::time::Duration::from_micros(u64::from(i) * 2);
+            asked += u32::from(b.take(now));
+        }
+        assert!(asked <= 3 * ASKS_PER_SECOND as u32 + 1, "{asked} asks");
+        assert!(asked >= 2 * ASKS_PER_SECOND as u32, "{asked} asks");
+    }
 
     /// Always the same ID, to pin the last byte.
     struct Fixed(u8);

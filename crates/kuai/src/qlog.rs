@@ -2,48 +2,121 @@
 //! (`.sqlog`, RFC 7464 records; the qlog main schema's JSON-SEQ format), readable by qvis.
 
 use std::fmt::Write as _;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use kuai_proto::trace::{TraceEvent, Tracer};
+use kuai_proto::trace::{PacketKind, TraceEvent, Tracer};
 use kuai_proto::{ConnectionId, Side};
 
+/// Events a server keeps in memory for a connection whose client has not proved its address
+/// yet; later ones are counted, not kept.
+const PENDING_MAX: usize = 64 * 1024;
+
 /// Writes one connection's trace to a file.
+///
+/// A server opens the file only once the client has proved its address (a Handshake or
+/// 1-RTT packet from it arrived, RFC 9000 §8.1): until then the events wait in memory (64 KiB
+/// at most), so Initials from spoofed addresses, which never get that far, create no files.
+/// Files are never overwritten: a name in use gets a numbered suffix.
 pub struct QlogWriter {
-    out: BufWriter<File>,
+    out: Out,
     start: Instant,
     line: String,
 }
 
+enum Out {
+    File(BufWriter<File>),
+    /// Not opened yet: where it will be, and what it will start with.
+    Pending {
+        dir: PathBuf,
+        name: String,
+        buf: Vec<u8>,
+        dropped: u64,
+    },
+    /// The file could not be created; events are discarded.
+    Failed,
+}
+
 impl QlogWriter {
-    /// Creates `<dir>/<odcid>_<client|server>.sqlog` and writes the qlog header.
+    /// A trace for `<dir>/<odcid>_<client|server>.sqlog`, beginning with the qlog header; a
+    /// client's file is created at once, a server's once the client's address is validated.
     pub fn create(
         dir: &Path,
         odcid: &ConnectionId,
         side: Side,
         start: Instant,
     ) -> std::io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
         let role = if side.is_client() { "client" } else { "server" };
-        let path = dir.join(format!("{odcid}_{role}.sqlog"));
-        let mut out = BufWriter::new(File::create(path)?);
         let unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        let mut buf = Vec::with_capacity(512);
         writeln!(
-            out,
+            buf,
             "\u{1e}{{\"qlog_version\":\"0.4\",\"qlog_format\":\"JSON-SEQ\",\"title\":\"kuai\",\
              \"trace\":{{\"vantage_point\":{{\"name\":\"kuai\",\"type\":\"{role}\"}},\
              \"common_fields\":{{\"ODCID\":\"{odcid}\",\"time_format\":\"relative\",\
              \"reference_time\":{unix_ms:.3}}}}}}}"
         )?;
-        Ok(Self {
-            out,
+        let mut w = Self {
+            out: Out::Pending {
+                dir: dir.to_path_buf(),
+                name: format!("{odcid}_{role}"),
+                buf,
+                dropped: 0,
+            },
             start,
             line: String::with_capacity(256),
-        })
+        };
+        if side.is_client() {
+            w.open()?;
+        }
+        Ok(w)
+    }
+
+    /// Creates the file (under a name not in use) and writes what waited.
+    fn open(&mut self) -> std::io::Result<()> {
+        let Out::Pending {
+            dir,
+            name,
+            buf,
+            dropped,
+        } = std::mem::replace(&mut self.out, Out::Failed)
+        else {
+            return Ok(());
+        };
+        std::fs::create_dir_all(&dir)?;
+        let mut file = None;
+        for n in 0..100 {
+            let path = if n == 0 {
+                dir.join(format!("{name}.sqlog"))
+            } else {
+                dir.join(format!("{name}_{n}.sqlog"))
+            };
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(f) => {
+                    file = Some(f);
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let file = file.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 traces of that name")
+        })?;
+        let mut out = BufWriter::new(file);
+        out.write_all(&buf)?;
+        if dropped > 0 {
+            tracing::debug!(
+                dropped,
+                "qlog events dropped before the address was validated"
+            );
+        }
+        self.out = Out::File(out);
+        Ok(())
     }
 }
 
@@ -216,12 +289,82 @@ impl Tracer for QlogWriter {
             }
         }
         l.push_str("}\n");
-        let _ = self.out.write_all(l.as_bytes());
+        let validated = matches!(
+            event,
+            TraceEvent::PacketReceived {
+                kind: PacketKind::Handshake | PacketKind::OneRtt,
+                ..
+            }
+        );
+        match &mut self.out {
+            Out::File(f) => {
+                let _ = f.write_all(l.as_bytes());
+            }
+            Out::Pending { buf, dropped, .. } => {
+                if buf.len() + l.len() <= PENDING_MAX {
+                    buf.extend_from_slice(l.as_bytes());
+                } else {
+                    *dropped += 1;
+                }
+                if validated && let Err(e) = self.open() {
+                    tracing::warn!(error = %e, "cannot write qlog");
+                }
+            }
+            Out::Failed => {}
+        }
     }
 }
 
 impl Drop for QlogWriter {
     fn drop(&mut self) {
-        let _ = self.out.flush();
+        if let Out::File(f) = &mut self.out {
+            let _ = f.flush();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn received(w: &mut QlogWriter, kind: PacketKind) {
+        w.event(
+            Instant::now(),
+            &TraceEvent::PacketReceived {
+                kind,
+                pn: 0,
+                size: 1200,
+                frames: &["crypto"],
+            },
+        );
+    }
+
+    /// A server's trace file appears only once the client proved its address: Initials
+    /// from spoofed addresses create none, and an existing file is never overwritten.
+    #[test]
+    fn server_traces_wait_for_a_validated_address() {
+        let dir = std::env::temp_dir().join(format!("kuai-qlog-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let odcid = ConnectionId::new(&[0xab; 8]);
+        let files = || std::fs::read_dir(&dir).map_or(0, |d| d.count());
+        for _ in 0..3 {
+            let mut w = QlogWriter::create(&dir, &odcid, Side::Server, Instant::now()).unwrap();
+            for _ in 0..10_000 {
+                received(&mut w, PacketKind::Initial);
+            }
+        }
+        assert_eq!(files(), 0, "spoofed Initials created trace files");
+        for n in 1..=2 {
+            let mut w = QlogWriter::create(&dir, &odcid, Side::Server, Instant::now()).unwrap();
+            received(&mut w, PacketKind::Initial);
+            received(&mut w, PacketKind::Handshake);
+            received(&mut w, PacketKind::OneRtt);
+            drop(w);
+            assert_eq!(files(), n);
+        }
+        let first = std::fs::read_to_string(dir.join(format!("{odcid}_server.sqlog"))).unwrap();
+        assert_eq!(first.matches("quic:packet_received").count(), 3, "{first}");
+        assert!(dir.join(format!("{odcid}_server_1.sqlog")).exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
