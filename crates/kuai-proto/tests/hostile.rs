@@ -879,3 +879,133 @@ fn a_new_token_validates_once() {
         "the replayed token was accepted"
     );
 }
+
+/// Handshake secrets of the latest handshake, from the client's key log.
+#[derive(Debug, Default)]
+struct HandshakeSecrets(std::sync::Mutex<(Vec<u8>, Vec<u8>)>);
+
+impl rustls::KeyLog for HandshakeSecrets {
+    fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
+        let mut s = self.0.lock().unwrap();
+        match label {
+            "CLIENT_HANDSHAKE_TRAFFIC_SECRET" => s.0 = secret.to_vec(),
+            "SERVER_HANDSHAKE_TRAFFIC_SECRET" => s.1 = secret.to_vec(),
+            _ => {}
+        }
+    }
+
+    fn will_log(&self, _label: &str) -> bool {
+        true
+    }
+}
+
+/// A client Handshake packet that carries its Finished and then an ACK (valid: frames may
+/// come in any order, and quinn's client sends them so) completes the handshake, which
+/// discards the server's Handshake keys (RFC 9001 §4.9.2); the ACK after it in the same
+/// packet is for a space that is gone and is ignored, not taken as an ACK of a packet
+/// never sent.
+#[test]
+fn an_ack_after_the_finished_in_one_packet_is_fine() {
+    use kuai_proto::crypto::{CapturedSecrets, SuiteAlgs, derived_handshake_keys};
+    use kuai_proto::frame::{Frame, FrameIter};
+    use kuai_proto::packet::{self, LongType, PartialDecode};
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    );
+    let provider = rustls::crypto::CryptoProvider {
+        cipher_suites: vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256],
+        ..rustls::crypto::ring::default_provider()
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(certs.cert.clone()).unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![support::ALPN.to_vec()];
+    let secrets = Arc::new(HandshakeSecrets::default());
+    let mut ccfg = kuai_proto::ClientConfig::new(Arc::new(tls));
+    ccfg.set_key_log(secrets.clone());
+    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    pump(now, &mut client, caddr, &mut server);
+    pump(now, &mut server, saddr, &mut client);
+    let (c, s) = secrets.0.lock().unwrap().clone();
+    let captured = CapturedSecrets {
+        client_handshake: c,
+        server_handshake: s,
+        ..Default::default()
+    };
+    let algs = SuiteAlgs::of(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256).unwrap();
+    let keys = derived_handshake_keys(algs, kuai_proto::Version::V1, &captured).expect("secrets");
+    // The client's next datagram: its Initial ACK and a Handshake packet with an ACK and
+    // its Finished. Rewrite the Handshake packet with the Finished first.
+    let mut buf = Vec::new();
+    let t = client.poll_transmit(now, 1, &mut buf).unwrap();
+    let mut rest = Some(BytesMut::from(&buf[..t.size]));
+    let mut out = Vec::new();
+    let mut rewritten = false;
+    while let Some(d) = rest.take() {
+        let (pd, r) = PartialDecode::new(d, 8).unwrap();
+        rest = r;
+        if pd.space() != Some(kuai_proto::SpaceId::Handshake) {
+            out.extend_from_slice(pd.data());
+            continue;
+        }
+        let (dcid, scid) = (pd.dst_cid(), pd.src_cid().unwrap());
+        let up = pd.unprotect(keys.local.header.as_ref(), None).unwrap();
+        let pn = up.pn();
+        let p = up.decrypt(keys.local.packet.as_ref()).unwrap();
+        let frames: Vec<Frame> = FrameIter::new(p.payload.clone())
+            .map(|f| f.unwrap())
+            .collect();
+        let mut payload = Vec::new();
+        for f in frames.iter().filter(|f| matches!(f, Frame::Crypto { .. })) {
+            f.encode(&mut payload);
+        }
+        let acks = frames.iter().filter(|f| matches!(f, Frame::Ack(_))).count();
+        assert!(acks > 0, "the client's Handshake packet has no ACK to move");
+        for f in frames.iter().filter(|f| matches!(f, Frame::Ack(_))) {
+            f.encode(&mut payload);
+        }
+        let mut pkt = Vec::new();
+        let pos = packet::write_long_header(
+            &mut pkt,
+            kuai_proto::Version::V1,
+            LongType::Handshake,
+            &dcid,
+            &scid,
+            &[],
+            pn,
+            4,
+        );
+        pkt.extend_from_slice(&payload);
+        pkt.resize(1200, 0);
+        packet::seal_packet(
+            &mut pkt,
+            &pos,
+            pn,
+            keys.local.header.as_ref(),
+            keys.local.packet.as_ref(),
+        )
+        .unwrap();
+        out.extend_from_slice(&pkt);
+        rewritten = true;
+    }
+    assert!(rewritten, "no Handshake packet from the client");
+    server.handle_datagram(now, caddr, None, None, BytesMut::from(&out[..]));
+    let h = server.handles().next().unwrap();
+    let conn = server.connection(h).unwrap();
+    assert!(!conn.is_closed(), "{:?}", conn.close_reason());
+    assert!(conn.is_established(), "{:?}", conn.stats());
+}
