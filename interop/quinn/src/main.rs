@@ -147,6 +147,15 @@ fn provider(case: &str) -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(p)
 }
 
+/// The suite of Initial packets (RFC 9001 §5.3: AES-128-GCM), which quinn wants given on its
+/// own when the handshake's suites leave it out (chacha20).
+fn initial_suite() -> Result<rustls::quic::Suite, String> {
+    rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256
+        .tls13()
+        .and_then(|s| s.quic_suite())
+        .ok_or_else(|| "no QUIC suite for AES-128-GCM".to_string())
+}
+
 fn transport(case: &str) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.enable_segmentation_offload(false)
@@ -189,7 +198,8 @@ async fn server(case: &str, alpn: &str, h3: bool) -> Result<(), String> {
         // must be 0xffffffff on the wire, which quinn sends).
         tls.max_early_data_size = u32::MAX;
     }
-    let crypto = QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let crypto = QuicServerConfig::with_initial(Arc::new(tls), initial_suite()?)
+        .map_err(|e| e.to_string())?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     cfg.transport_config(Arc::new(transport(case)));
     let bind = listen;
@@ -469,7 +479,8 @@ async fn client(case: &str, alpn: &str, h3: bool) -> Result<(), String> {
     tls.alpn_protocols = vec![alpn.as_bytes().to_vec()];
     tls.key_log = Arc::new(rustls::KeyLogFile::new());
     tls.enable_early_data = case == "zerortt";
-    let crypto = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let crypto = QuicClientConfig::with_initial(Arc::new(tls), initial_suite()?)
+        .map_err(|e| e.to_string())?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
     cfg.transport_config(Arc::new(transport(case)));
     let bind: SocketAddr = if server.is_ipv4() {
