@@ -2,22 +2,26 @@
 # Installs what interop/run.sh needs on a fresh machine, idempotently, from the package
 # registries only (Go modules, PyPI, Debian):
 #   - the quic-go endpoint: Go module download + build into interop/quic-go/quic-go-endpoint;
+#   - the quinn endpoint: its crates (quinn, h3, h3-quinn, rustls, tokio) and a release build
+#     into its own target directory, interop/quinn/target (--no-quinn skips it);
 #   - aioquic (pip);
 #   - optional, a failure is only a warning: Debian's ngtcp2-client/ngtcp2-server, chromium
 #     (with websocket-client from pip, which drives it over DevTools), and tshark (with
 #     dumpcap) for the wire checks; openssl if missing.
 # kuai itself is built by run.sh (cargo build --release -p kuai-cli) when its binary is missing.
 #
-#   interop/install.sh [--no-apt] [--no-chromium]
+#   interop/install.sh [--no-apt] [--no-chromium] [--no-quinn]
 set -u
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 use_apt=1
 chromium=1
+quinn=1
 for arg in "$@"; do
     case "$arg" in
         --no-apt) use_apt=0 ;;
         --no-chromium) chromium=0 ;;
+        --no-quinn) quinn=0 ;;
         *) echo "install.sh: unknown argument $arg" >&2; exit 2 ;;
     esac
 done
@@ -36,6 +40,20 @@ if command -v go >/dev/null; then
 else
     say "ERROR: go is not installed (the quic-go endpoint needs Go >= 1.26)"
     status=1
+fi
+
+# --- quinn -------------------------------------------------------------------------------------
+if [ "$quinn" = 1 ]; then
+    if ! command -v cargo >/dev/null; then
+        say "ERROR: cargo is not installed (the quinn endpoint is a Rust program)"
+        status=1
+    elif cargo build --release --locked -q --manifest-path "$HERE/quinn/Cargo.toml" \
+            --target-dir "$HERE/quinn/target"; then
+        say "quinn endpoint built: $HERE/quinn/target/release/quinn-interop-endpoint"
+    else
+        say "ERROR: building the quinn endpoint failed"
+        status=1
+    fi
 fi
 
 # --- aioquic ------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A UDP relay between the interop client and server that impairs the path, for the cases
-that need it (handshakeloss, transferloss, blackhole, rebind-port, rebind-addr) and for
-amplificationlimit.
+that need it (longrtt, handshakeloss, transferloss, handshakecorruption, transfercorruption,
+blackhole, rebind-port, rebind-addr) and for amplificationlimit, after quic-interop-runner's
+network scenarios for them (this kernel has no netem, so it is done in userspace).
 
     proxy.py --listen 127.0.0.1:PORT --server 127.0.0.1:PORT --mode MODE [--seed N]
 
@@ -9,8 +10,15 @@ The client sends to --listen; like a NAT, the relay gives every client address (
 own upstream socket, sends the client's datagrams to --server from it and relays what comes
 back to that client. Modes:
   none          relay only
+  longrtt       delay every datagram by 750 ms in each direction (a 1.5 s round trip, longer
+                than any initial probe timeout: the client has to send its ClientHello again)
   handshakeloss drop 30 % of the datagrams in each direction
   transferloss  drop 2 % of the datagrams in each direction
+  handshakecorruption
+                corrupt 30 % of the datagrams in each direction: one byte at a random offset
+                is XORed with a random non-zero value
+  transfercorruption
+                corrupt 2 % of the datagrams in each direction
   blackhole     after 1 MB has gone to the client, drop everything both ways for 2 s, then
                 relay again (transfers on loopback are too fast for time-based phases)
   rebind-port   NAT rebinding: after every 300 datagrams from the server, the client's next
@@ -18,9 +26,9 @@ back to that client. Modes:
                 packets to it are lost), as when a NAT expires a mapping and makes a new one
   rebind-addr   the same, moving to a new source address in 127.0.0.0/8 (and a new port)
   amplificationlimit
-                once the server sends its first Handshake packet, hold the client's datagrams
-                for 300 ms, then release them in order: the server has only the client's first
-                flight (its Initial packets) to count on, so it must stop at three times its size
+                let the client's first datagram through and drop its 2nd to 7th (the runner's
+                "droplist --drops_to_server=2,3,4,5,6,7"): the server has only the first one,
+                the ClientHello, to count on, so it must stop at three times its size
   lose-client-finished
                 drop the first client datagram that carries a Handshake packet (the client's
                 Finished), for reproducing handshake-completion bugs; not a matrix case
@@ -38,10 +46,12 @@ import sys
 import time
 
 LOSS = {"handshakeloss": 0.30, "transferloss": 0.02}
+CORRUPT = {"handshakecorruption": 0.30, "transfercorruption": 0.02}
+DELAY = {"longrtt": 0.75}  # seconds each way
+DROP_FROM_CLIENT = {"amplificationlimit": range(2, 8)}  # 1-based client datagram numbers
 BLACKHOLE_AFTER = 1_000_000  # bytes towards the client before the black hole
 BLACKHOLE_FOR = 2.0  # seconds
 REBIND_EVERY = 300  # server datagrams between rebinds
-HOLD_FOR = 0.3  # seconds the client's datagrams are held (amplificationlimit)
 MAX_DATAGRAM = 65535
 
 
@@ -97,6 +107,10 @@ class Relay:
     def __init__(self, loop, listen, server, mode, rng):
         self.loop, self.server, self.mode, self.rng = loop, server, mode, rng
         self.loss = LOSS.get(mode, 0.0)
+        self.corrupt = CORRUPT.get(mode, 0.0)
+        self.delay = DELAY.get(mode, 0.0)
+        self.drop_from_client = DROP_FROM_CLIENT.get(mode, ())
+        self.from_client_count = 0
         self.front = self.open_socket(listen, self.on_front)
         self.up: dict[tuple, socket.socket] = {}  # client address -> upstream socket
         self.down: dict[int, tuple] = {}  # upstream socket fd -> client address
@@ -107,10 +121,8 @@ class Relay:
         self.black_done = False
         self.rebind_pending = False
         self.last_client: tuple | None = None
-        self.held: list[tuple[bytes, tuple]] | None = [] if mode == "amplificationlimit" else None
-        self.holding = False
         self.finished_lost = False
-        self.stats = {"c2s": 0, "s2c": 0, "dropped": 0, "mappings": 0}
+        self.stats = {"c2s": 0, "s2c": 0, "dropped": 0, "corrupted": 0, "mappings": 0}
         log(f"relaying {listen[0]}:{listen[1]} -> {server[0]}:{server[1]}, mode {mode}")
 
     def open_socket(self, local, handler) -> socket.socket:
@@ -154,6 +166,22 @@ class Relay:
             return True
         return False
 
+    def mangle(self, data: bytes) -> bytes:
+        """Corrupts one byte of some datagrams (the corruption modes)."""
+        if not self.corrupt or not data or self.rng.random() >= self.corrupt:
+            return data
+        b = bytearray(data)
+        b[self.rng.randrange(len(b))] ^= self.rng.randrange(1, 256)
+        self.stats["corrupted"] += 1
+        return bytes(b)
+
+    def later(self, fn, *args) -> None:
+        """Runs fn now, or after the mode's one-way delay."""
+        if self.delay:
+            self.loop.call_later(self.delay, fn, *args)
+        else:
+            fn(*args)
+
     # --- client -> server ----------------------------------------------------------------
 
     def on_front(self, sock: socket.socket) -> None:
@@ -168,6 +196,11 @@ class Relay:
 
     def from_client(self, data: bytes, src: tuple) -> None:
         self.last_client = src
+        self.from_client_count += 1
+        if self.from_client_count in self.drop_from_client:
+            self.stats["dropped"] += 1
+            log(f"dropped client datagram {self.from_client_count} ({len(data)} bytes)")
+            return
         if self.drop():
             return
         if (self.mode == "lose-client-finished" and not self.finished_lost
@@ -175,9 +208,6 @@ class Relay:
             self.finished_lost = True
             self.stats["dropped"] += 1
             log(f"dropped the client's first Handshake datagram ({len(data)} bytes)")
-            return
-        if self.holding:
-            self.held.append((data, src))
             return
         up = self.up.get(src)
         if up is not None and self.rebind_pending:
@@ -190,16 +220,14 @@ class Relay:
         if up is None:
             up = self.new_upstream(src)
         self.stats["c2s"] += 1
-        try:
-            up.sendto(data, self.server)
-        except OSError:
-            pass
+        self.later(self.send, up, self.mangle(data), self.server)
 
-    def release(self) -> None:
-        held, self.held, self.holding = self.held or [], None, False
-        log(f"releasing {len(held)} held client datagrams")
-        for data, src in held:
-            self.from_client(data, src)
+    @staticmethod
+    def send(sock: socket.socket, data: bytes, to: tuple) -> None:
+        try:
+            sock.sendto(data, to)
+        except OSError:
+            pass  # a closed mapping (rebinding) or a full buffer: the datagram is lost
 
     # --- server -> client ----------------------------------------------------------------
 
@@ -218,17 +246,8 @@ class Relay:
     def to_client(self, data: bytes, client: tuple) -> None:
         if self.drop():
             return
-        if (self.held is not None and not self.holding
-                and "handshake" in long_header_types(data)):
-            # The server has the whole ClientHello and has started its flight: from now on
-            # the client's datagrams (its ACKs, its Handshake packets) wait.
-            self.holding = True
-            self.loop.call_later(HOLD_FOR, self.release)
         self.stats["s2c"] += 1
-        try:
-            self.front.sendto(data, client)
-        except OSError:
-            pass
+        self.later(self.send, self.front, self.mangle(data), client)
         self.to_client_bytes += len(data)
         self.from_server += 1
         if (self.mode == "blackhole" and not self.black_done and self.black_until is None
