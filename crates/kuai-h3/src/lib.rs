@@ -22,5 +22,12 @@ pub use message::Protocol;
 pub use server::{Body, Server, serve};
 pub use stream::{RecvHalf, RequestStream, SendHalf};
 
+/// A request extension ([`http::Request::extensions`]) a server finds on requests whose head
+/// arrived (at least in part) in 0-RTT: an attacker can replay those, so a handler should
+/// answer non-idempotent ones with 425 Too Early (RFC 8470 §5.2) and pass the fact on to
+/// any backend (the `Early-Data: 1` header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EarlyData;
+
 /// The ALPN protocol ID of HTTP/3.
 pub const ALPN: &[u8] = b"h3";

@@ -97,7 +97,7 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
                     return;
                 }
             };
-            let parts = match message::parse_request(&head, extended_connect) {
+            let mut parts = match message::parse_request(&head, extended_connect) {
                 Ok(p) => p,
                 Err(why) => {
                     tracing::debug!(why, "malformed request");
@@ -107,6 +107,10 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
             };
             if stream.recv.set_expected_len(&parts.headers).is_err() {
                 return;
+            }
+            // The head (some of it at least) came in 0-RTT: the handler sees it.
+            if stream.recv.received_in_0rtt() {
+                parts.extensions.insert(crate::EarlyData);
             }
             let _ = tx.send((Request::from_parts(parts, ()), stream)).await;
         });

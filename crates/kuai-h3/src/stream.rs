@@ -155,6 +155,12 @@ impl RequestStream {
 }
 
 impl RecvHalf {
+    /// Server: whether some of the request arrived in 0-RTT (see
+    /// [`kuai::RecvStream::received_in_0rtt`]).
+    pub fn received_in_0rtt(&self) -> bool {
+        self.recv.received_in_0rtt()
+    }
+
     /// The QUIC stream ID.
     pub fn id(&self) -> u64 {
         self.id

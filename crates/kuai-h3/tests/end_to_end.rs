@@ -28,6 +28,10 @@ async fn handler(req: Request<RecvHalf>) -> Response<Body> {
         }
         return resp.body(Body::Full(b)).unwrap();
     }
+    if path == "/early" {
+        let early = parts.extensions.get::<kuai_h3::EarlyData>().is_some();
+        return Response::new(Body::from(if early { "early" } else { "late" }));
+    }
     if path == "/stream" {
         let (tx, b) = Body::channel(4);
         tokio::spawn(async move {
@@ -273,4 +277,46 @@ async fn rejected_0rtt_requests_go_again_on_the_same_connection() {
         assert!(!again);
         assert_eq!(r.unwrap().headers()["content-type"], long.as_str());
     }
+}
+
+/// A request whose head arrived in 0-RTT carries `EarlyData` to the handler (so it can answer
+/// 425 Too Early to what must not be replayed, RFC 8470); one sent after the handshake does
+/// not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_0rtt_are_marked_early() {
+    use std::time::Duration;
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    let (_server, addr) = start_server(scfg);
+    let ccfg = ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap();
+    let client_ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let conn = client_ep
+        .connect_with(ccfg.clone(), addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    let client = Client::new(conn.clone(), Config::default()).await.unwrap();
+    let r = client.get("https://localhost/early", 1024).await.unwrap();
+    assert_eq!(&r.body()[..], b"late");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    conn.close(0, b"bye");
+    drop(client);
+
+    // The server's flight comes back 50 ms late, so the first request goes in 0-RTT.
+    let relay = slow_return_relay(addr, Duration::from_millis(50)).await;
+    let connecting = client_ep.connect_with(ccfg, relay, "localhost").unwrap();
+    let Ok((conn, accepted)) = connecting.into_0rtt() else {
+        panic!("the ticket should allow 0-RTT");
+    };
+    let client = Client::new(conn.clone(), Config::default()).await.unwrap();
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get("https://localhost/early", 1024),
+    )
+    .await
+    .expect("bounded")
+    .unwrap();
+    assert!(accepted.await, "the server accepted the early data");
+    assert_eq!(&r.body()[..], b"early");
+    let r = client.get("https://localhost/early", 1024).await.unwrap();
+    assert_eq!(&r.body()[..], b"late");
 }

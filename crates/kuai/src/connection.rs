@@ -796,6 +796,15 @@ impl RecvStream {
         self.id
     }
 
+    /// Server: whether some of this stream's data arrived in 0-RTT, which an attacker can
+    /// replay (RFC 9001 §9.2). A request that did should only do what a safe, idempotent
+    /// method may; RFC 8470 has the server answer others with 425 Too Early.
+    pub fn received_in_0rtt(&self) -> bool {
+        let id = self.id;
+        self.inner
+            .with(|s, h| s.ep.connection(h).is_some_and(|c| c.received_in_0rtt(id)))
+    }
+
     /// The next chunk of at most `max` bytes, without copying; `None` at the end.
     pub fn poll_read_chunk(
         &mut self,

@@ -401,6 +401,8 @@ pub struct Connection {
     /// receive, to make us send faster: an optimistic ACK attack).
     skipped_pn: Option<u64>,
     next_skip_pn: u64,
+    /// The packet being processed is a 0-RTT one.
+    rx_0rtt: bool,
     /// Size of the datagram being processed (received data much smaller than its datagram
     /// is copied rather than kept as a slice of it: see `stream::Assembler`).
     rx_datagram_len: usize,
@@ -766,6 +768,7 @@ impl Connection {
             rx_datagram_len: 0,
             skipped_pn: None,
             next_skip_pn: 0,
+            rx_0rtt: false,
             undecryptable: Vec::new(),
             stats: Counters {
                 version: Some(version),
@@ -926,6 +929,14 @@ impl Connection {
     /// [`crate::config::MemoryBudget`]).
     pub fn set_memory_pressure(&mut self, pressure: bool) {
         self.streams.set_memory_pressure(pressure);
+    }
+
+    /// Server: whether some of the data of the peer's stream `id` arrived in 0-RTT packets.
+    /// Early data can be replayed by an attacker (RFC 9001 §9.2, RFC 8446 §8): a request
+    /// that arrived so should not have effects beyond those of a safe, idempotent method
+    /// (RFC 8470 answers others with 425 Too Early).
+    pub fn received_in_0rtt(&self, id: StreamId) -> bool {
+        self.streams.received_in_0rtt(id)
     }
 
     /// Memory the connection holds on the peer's behalf: see [`MemoryUse`].

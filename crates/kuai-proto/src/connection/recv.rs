@@ -483,6 +483,7 @@ impl Connection {
         let mut non_probing = false;
         let mut eliciting = false;
         let mut any = false;
+        self.rx_0rtt = is_0rtt;
         for frame in FrameIter::new(pkt.payload.clone()) {
             let frame = frame?;
             any = true;
@@ -547,8 +548,14 @@ impl Connection {
             }
             Frame::Stream(s) => {
                 self.stall_probe_armed = true;
-                self.streams
-                    .on_stream_frame(s.id, s.offset, s.data, s.fin, self.rx_datagram_len)?
+                self.streams.on_stream_frame(
+                    s.id,
+                    s.offset,
+                    s.data,
+                    s.fin,
+                    self.rx_datagram_len,
+                    self.rx_0rtt,
+                )?
             }
             Frame::ResetStream {
                 id,

@@ -135,6 +135,8 @@ struct RecvStream {
     state: RecvState,
     /// We asked the peer to stop (STOP_SENDING with this code); data is discarded.
     stop_code: Option<u64>,
+    /// Some of its data arrived in 0-RTT packets (replayable: RFC 9001 §9.2, RFC 8470).
+    early: bool,
 }
 
 impl RecvStream {
@@ -425,6 +427,7 @@ impl Streams {
                 window: RecvWindow::new(self.cfg.stream_window, self.cfg.stream_window_cap),
                 state: RecvState::Open,
                 stop_code: None,
+                early: false,
             },
         );
     }
@@ -535,6 +538,11 @@ impl Streams {
     /// Unacknowledged bytes buffered by all send streams.
     pub fn send_buffered(&self) -> u64 {
         self.send_buffered
+    }
+
+    /// Whether some of the stream's data arrived in 0-RTT packets.
+    pub fn received_in_0rtt(&self, id: StreamId) -> bool {
+        self.recv.get(&id).is_some_and(|s| s.early)
     }
 
     /// Memory charged for received stream data not yet read.
@@ -715,7 +723,8 @@ impl Streams {
         Ok(())
     }
 
-    /// A STREAM frame's data, received in a datagram of `datagram_len` bytes.
+    /// A STREAM frame's data, received in a datagram of `datagram_len` bytes, in a 0-RTT
+    /// packet if `early`.
     pub fn on_stream_frame(
         &mut self,
         id: StreamId,
@@ -723,12 +732,14 @@ impl Streams {
         data: Bytes,
         fin: bool,
         datagram_len: usize,
+        early: bool,
     ) -> Result<(), TransportError> {
         let ft = FrameType::STREAM;
         if !self.remote_recv_stream(id, ft)? {
             return Ok(());
         }
         let s = self.recv.get_mut(&id).expect("checked above");
+        s.early |= early;
         let end = offset + data.len() as u64;
         if let Some(fs) = s.final_size {
             if end > fs || (fin && end != fs) {
