@@ -105,7 +105,9 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
                     return;
                 }
             };
-            if stream.recv.set_expected_len(&parts.headers).is_err() {
+            if let Err(Error::Malformed(why)) = stream.recv.set_expected_len(&parts.headers) {
+                tracing::debug!(why, "malformed request");
+                stream.malformed(why);
                 return;
             }
             let _ = tx.send((Request::from_parts(parts, ()), stream)).await;

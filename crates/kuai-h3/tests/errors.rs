@@ -248,3 +248,89 @@ async fn an_empty_uni_stream_does_not_hold_up_later_ones() {
     assert!(resp.ends_with(b"ok"));
     drop((silent, enc));
 }
+
+/// A HEADERS frame: the field section prefix (Required Insert Count 0, Base 0), then `lines`.
+fn headers_frame(lines: &[u8]) -> Vec<u8> {
+    use kuai::kuai_proto::coding::BufMutExt;
+    let mut f = Vec::new();
+    f.put_var(0x01);
+    f.put_var(lines.len() as u64 + 2);
+    f.extend_from_slice(&[0x00, 0x00]);
+    f.extend_from_slice(lines);
+    f
+}
+
+/// A literal field line with a static name reference (RFC 9204 §4.5.4); `value` under 127
+/// bytes.
+fn literal(index: u8, value: &[u8]) -> Vec<u8> {
+    assert!(index < 16 && value.len() < 127);
+    let mut l = vec![0x50 | index, value.len() as u8];
+    l.extend_from_slice(value);
+    l
+}
+
+/// :method GET, :scheme https, :path / (static entries 17, 23, 1).
+const GET_HTTPS_ROOT: [u8; 3] = [0xd1, 0xd7, 0xc1];
+
+/// Sends one request on a new stream and returns how the server ended it: the response
+/// bytes, or the reset code.
+async fn raw_request(conn: &Connection, frame: &[u8]) -> Result<Vec<u8>, kuai::ReadError> {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(frame).await.unwrap();
+    send.finish().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 20))
+        .await
+        .expect("server answered within 5 s")
+}
+
+/// RFC 9114 §4.1.2, §4.3.1 and RFC 9110 §8.6: a request without :authority or Host, or with
+/// a Content-Length that is not 1*DIGIT (or a list that disagrees), is malformed: the
+/// stream is reset with H3_MESSAGE_ERROR and the connection lives on.
+#[tokio::test]
+async fn malformed_authority_and_content_length_reset_the_stream() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let authority = literal(0, b"localhost");
+    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+    cases.push(("no :authority, no host", GET_HTTPS_ROOT.to_vec()));
+    cases.push((
+        "empty :authority",
+        [&GET_HTTPS_ROOT[..], &literal(0, b"")].concat(),
+    ));
+    for cl in [&b"+5"[..], b"-5", b" 5", b"5 5", b"0x5", b"5, 6", b""] {
+        // content-length is static entry 4.
+        cases.push((
+            "bad content-length",
+            [&GET_HTTPS_ROOT[..], &authority, &literal(4, cl)].concat(),
+        ));
+    }
+    for (what, lines) in &cases {
+        let r = raw_request(&conn, &headers_frame(lines)).await;
+        assert_eq!(
+            r,
+            Err(kuai::ReadError::Reset(Code::MESSAGE_ERROR.0)),
+            "{what}: {lines:x?}"
+        );
+    }
+    // Well-formed: :authority, or Host alone (static entry... none: literal name "host").
+    let ok = raw_request(
+        &conn,
+        &headers_frame(&[&GET_HTTPS_ROOT[..], &authority].concat()),
+    )
+    .await
+    .unwrap();
+    assert!(ok.ends_with(b"ok"));
+    // Literal field line with a literal name (RFC 9204 §4.5.6): "host: localhost".
+    let mut host = vec![0x24];
+    host.extend_from_slice(b"host");
+    host.push(9);
+    host.extend_from_slice(b"localhost");
+    let ok = raw_request(
+        &conn,
+        &headers_frame(&[&GET_HTTPS_ROOT[..], &host].concat()),
+    )
+    .await
+    .unwrap();
+    assert!(ok.ends_with(b"ok"));
+    assert!(conn.close_reason().is_none(), "the connection lives on");
+}
