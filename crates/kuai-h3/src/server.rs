@@ -92,6 +92,12 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
                     stream.cancel(Code::REQUEST_INCOMPLETE);
                     return;
                 }
+                // A malformed head: reset our side too (RFC 9114 §4.1.2).
+                Err(Error::Malformed(why)) => {
+                    tracing::debug!(why, "malformed request head");
+                    stream.malformed(why);
+                    return;
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "request head failed");
                     return;
