@@ -16,8 +16,18 @@ pub use kuai_h3::ALPN;
 
 /// Serves every request of a connection.
 pub async fn serve_connection(conn: Connection, site: Arc<Site>, alt_svc: Option<String>) {
+    serve_connection_with(conn, site, alt_svc, Config::default()).await
+}
+
+/// Serves every request of a connection, with HTTP/3 settings of its own.
+pub async fn serve_connection_with(
+    conn: Connection,
+    site: Arc<Site>,
+    alt_svc: Option<String>,
+    config: Config,
+) {
     let remote = conn.remote_address();
-    let mut server = match Server::new(conn, Config::default()).await {
+    let mut server = match Server::new(conn, config).await {
         Ok(s) => s,
         Err(e) => {
             tracing::info!(%remote, error = %e, "HTTP/3 setup failed");
