@@ -130,6 +130,31 @@ pub async fn run(args: Args) -> ExitCode {
     }
 }
 
+/// Serves one QUIC connection: HTTP/3, or HTTP/0.9 for hq-interop.
+pub(crate) async fn handle(
+    connecting: kuai::Connecting,
+    site: Arc<Site>,
+    alt_svc: Option<String>,
+    h3_config: kuai_h3::Config,
+) {
+    let remote = connecting.remote_address();
+    // Serve at once: a 0-RTT request is answered in 0.5-RTT.
+    let conn = match connecting.into_0rtt() {
+        Ok((conn, handshake)) => Ok((conn, crate::h3::EarlyData::until(handshake))),
+        Err(c) => c.await.map(|conn| (conn, crate::h3::EarlyData::none())),
+    };
+    match conn {
+        Ok((conn, _)) if conn.alpn().as_deref() == Some(hq::ALPN) => {
+            // HTTP/0.9 has only GET, which early data may carry.
+            hq::serve_connection(conn, site).await
+        }
+        Ok((conn, early)) => {
+            crate::h3::serve_connection_with(conn, site, alt_svc, h3_config, early).await
+        }
+        Err(e) => tracing::info!(%remote, error = %e, "handshake failed"),
+    }
+}
+
 /// The TCP server's limits from the flags, with at most as many connections as the
 /// open-file limit leaves room for (one descriptor for the socket and one for a file each,
 /// 256 kept for the rest).
@@ -316,23 +341,7 @@ async fn serve(args: Args) -> Result<(), String> {
             let site = site.clone();
             let h3_config = h3_config.clone();
             let alt_svc = Some(format!("h3=\":{port}\"; ma=86400"));
-            tokio::spawn(async move {
-                let remote = connecting.remote_address();
-                // Serve at once: a 0-RTT request is answered in 0.5-RTT.
-                let conn = match connecting.into_0rtt() {
-                    Ok((conn, _)) => Ok(conn),
-                    Err(c) => c.await,
-                };
-                match conn {
-                    Ok(conn) if conn.alpn().as_deref() == Some(hq::ALPN) => {
-                        hq::serve_connection(conn, site).await
-                    }
-                    Ok(conn) => {
-                        crate::h3::serve_connection_with(conn, site, alt_svc, h3_config).await
-                    }
-                    Err(e) => tracing::info!(%remote, error = %e, "handshake failed"),
-                }
-            });
+            tokio::spawn(handle(connecting, site, alt_svc, h3_config));
         }
     };
     tokio::select! {
