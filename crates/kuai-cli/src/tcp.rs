@@ -161,6 +161,9 @@ impl Default for TcpLimits {
 /// to 64 KiB per stream and 1 MiB per connection (the spec's default stream window is 64 KiB).
 const H2_STREAM_WINDOW: u32 = 64 * 1024;
 const H2_CONNECTION_WINDOW: u32 = 1 << 20;
+/// Response bytes a connection may hold made but not yet written to its socket (in hyper's
+/// and h2's buffers); past it its responses wait for the client to read.
+const RESPONSE_BUFFER: u64 = 256 * 1024;
 /// How long an HTTP/2 connection closed for idleness has to finish after its GOAWAY.
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(5);
 
@@ -193,6 +196,13 @@ struct ConnState {
     head_started: AtomicU64,
     /// When a response body last asked for data (it only does when the client reads).
     progress: AtomicU64,
+    /// Response body bytes handed to hyper, and bytes hyper wrote to the TLS stream (never
+    /// counted past `produced`, so headers and framing do not make room): the difference
+    /// is what waits in hyper's and h2's buffers.
+    produced: AtomicU64,
+    written: AtomicU64,
+    /// Response bodies waiting for `buffered()` to fall under `RESPONSE_BUFFER`.
+    drained: Mutex<Vec<std::task::Waker>>,
     /// A request began or ended, or a head began: the deadline moved.
     changed: Notify,
     /// Closed to make room for a new connection.
@@ -222,6 +232,9 @@ impl ConnState {
             idle_since: AtomicU64::new(now),
             head_started: AtomicU64::new(NEVER),
             progress: AtomicU64::new(now),
+            produced: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            drained: Mutex::new(Vec::new()),
             changed: Notify::new(),
             evict: Notify::new(),
         }
@@ -251,6 +264,41 @@ impl ConnState {
             return (head.saturating_add(ms(l.header_timeout)), Expiry::Header);
         }
         (idle_since.saturating_add(ms(l.idle_timeout)), Expiry::Idle)
+    }
+
+    /// Response bytes produced and not yet written out.
+    fn buffered(&self) -> u64 {
+        self.produced
+            .load(Relaxed)
+            .saturating_sub(self.written.load(Relaxed))
+    }
+
+    /// `n` bytes went to the TLS stream: wakes the bodies waiting for room.
+    fn on_written(&self, n: usize) {
+        let produced = self.produced.load(Relaxed);
+        let _ = self.written.fetch_update(Relaxed, Relaxed, |w| {
+            Some(w.saturating_add(n as u64).min(produced.max(w)))
+        });
+        if self.buffered() < RESPONSE_BUFFER {
+            let waiting =
+                std::mem::take(&mut *self.drained.lock().unwrap_or_else(|e| e.into_inner()));
+            for w in waiting {
+                w.wake();
+            }
+        }
+    }
+
+    /// Whether a response body may make more data now; if not, `cx` is woken when it may.
+    fn room(&self, cx: &Context<'_>) -> bool {
+        if self.buffered() < RESPONSE_BUFFER {
+            return true;
+        }
+        let mut waiting = self.drained.lock().unwrap_or_else(|e| e.into_inner());
+        if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+            waiting.push(cx.waker().clone());
+        }
+        // Written out meanwhile: no wake-up would come.
+        self.buffered() < RESPONSE_BUFFER
     }
 
     /// Bytes arrived from the client.
@@ -304,8 +352,19 @@ impl http_body::Body for Tracked {
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = self.get_mut();
         let s = &this.request.0;
+        // Past RESPONSE_BUFFER the connection's responses wait for the client to read (and
+        // make no progress, for the send timeout).
+        if !s.room(cx) {
+            return Poll::Pending;
+        }
         s.progress.store(s.clock.now(), Relaxed);
-        Pin::new(&mut this.body).poll_frame(cx)
+        let r = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &r
+            && let Some(data) = frame.data_ref()
+        {
+            s.produced.fetch_add(data.len() as u64, Relaxed);
+        }
+        r
     }
 
     fn is_end_stream(&self) -> bool {
@@ -345,7 +404,12 @@ impl tokio::io::AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            this.state.on_written(n);
+        }
+        r
     }
 
     fn poll_write_vectored(
@@ -353,7 +417,12 @@ impl tokio::io::AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            this.state.on_written(n);
+        }
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -377,6 +446,14 @@ struct Conns {
 }
 
 impl Conns {
+    fn new() -> Self {
+        Self {
+            by_age: Mutex::new(BTreeMap::new()),
+            next: AtomicU64::new(0),
+            clock: Clock(tokio::time::Instant::now()),
+        }
+    }
+
     /// Takes a new connection in: its id and state, or `None` when it must be refused.
     fn admit(&self, max: usize) -> Option<(u64, Arc<ConnState>)> {
         let mut m = self.by_age.lock().unwrap_or_else(|e| e.into_inner());
@@ -422,13 +499,19 @@ pub async fn serve(
     alt_svc: Option<String>,
     limits: TcpLimits,
 ) {
+    serve_with(listener, tls, site, alt_svc, limits, Arc::new(Conns::new())).await
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    site: Arc<Site>,
+    alt_svc: Option<String>,
+    limits: TcpLimits,
+    conns: Arc<Conns>,
+) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let limits = Arc::new(limits);
-    let conns = Arc::new(Conns {
-        by_age: Mutex::new(BTreeMap::new()),
-        next: AtomicU64::new(0),
-        clock: Clock(tokio::time::Instant::now()),
-    });
     loop {
         let (sock, remote) = match listener.accept().await {
             Ok(x) => x,
@@ -892,6 +975,7 @@ mod tests {
     struct Srv {
         addr: SocketAddr,
         client_tls: Arc<rustls::ClientConfig>,
+        conns: Arc<Conns>,
     }
 
     fn short_limits() -> TcpLimits {
@@ -914,7 +998,9 @@ mod tests {
         let tls = server_tls(&identity, None).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(serve(listener, tls, Arc::new(Site::Demo), None, limits));
+        let conns = Arc::new(Conns::new());
+        let site = Arc::new(Site::Demo);
+        tokio::spawn(serve_with(listener, tls, site, None, limits, conns.clone()));
         let mut roots = rustls::RootCertStore::empty();
         roots.add(identity.certs[0].clone()).unwrap();
         let client_tls = rustls::ClientConfig::builder_with_provider(kuai::crypto_provider())
@@ -925,6 +1011,7 @@ mod tests {
         Srv {
             addr,
             client_tls: Arc::new(client_tls),
+            conns,
         }
     }
 
@@ -1261,5 +1348,51 @@ mod tests {
         }
         let body = tokio::time::timeout(Duration::from_secs(2), srv.fetch(Proto::H1)).await;
         assert!(body.is_ok_and(|b| b.is_ok()), "served during the slowloris");
+    }
+
+    /// An HTTP/2 client that grants huge flow-control windows, asks for 64 large responses
+    /// and reads nothing: what the server holds for it in user space (response bytes made
+    /// and not yet written to the socket) stays bounded, whatever the streams and windows.
+    #[tokio::test]
+    async fn an_h2_client_that_reads_nothing_cannot_make_the_server_buffer_much() {
+        let srv = start(TcpLimits {
+            send_timeout: Duration::from_secs(30),
+            h2_max_concurrent_streams: 128,
+            ..short_limits()
+        })
+        .await;
+        let mut s = srv.tls(ALPN_H2).await;
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        // SETTINGS: INITIAL_WINDOW_SIZE 2^31-1; then the connection window to 2^31-1.
+        out.extend_from_slice(&[0, 0, 6, 0x4, 0, 0, 0, 0, 0, 0, 0x4, 0x7f, 0xff, 0xff, 0xff]);
+        let inc: u32 = 0x7fff_ffff - 65_535;
+        out.extend_from_slice(&[0, 0, 4, 0x8, 0, 0, 0, 0, 0]);
+        out.extend_from_slice(&inc.to_be_bytes());
+        // HEADERS (END_STREAM | END_HEADERS): GET https localhost /bytes/1000000000 with
+        // HPACK static indexes and literals without indexing (RFC 7541 §6.2.2).
+        let mut block = vec![0x82, 0x87, 0x01, 9];
+        block.extend_from_slice(b"localhost");
+        block.extend_from_slice(&[0x04, 17]);
+        block.extend_from_slice(b"/bytes/1000000000");
+        for i in 0..64u32 {
+            let id = 1 + 2 * i;
+            out.extend_from_slice(&[0, 0, block.len() as u8, 0x1, 0x5]);
+            out.extend_from_slice(&id.to_be_bytes());
+            out.extend_from_slice(&block);
+        }
+        s.write_all(&out).await.unwrap();
+        // Read nothing for a while.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (buffered, produced) = {
+            let m = srv.conns.by_age.lock().unwrap();
+            let c = m.values().next().expect("the connection is held");
+            (c.buffered(), c.produced.load(Relaxed))
+        };
+        eprintln!("{produced} bytes produced, {buffered} of them not yet written");
+        assert!(produced > 0, "the responses started");
+        assert!(
+            buffered <= RESPONSE_BUFFER + 4 * 64 * 1024,
+            "{buffered} bytes buffered for a client that reads nothing"
+        );
     }
 }
