@@ -42,6 +42,9 @@ pub struct Config {
     /// (Section Acknowledgments for its requests, Insert Count Increments for its inserts):
     /// the connection closes with H3_EXCESSIVE_LOAD (RFC 9204 §7.4, RFC 9114 §10.5).
     pub critical_backlog: usize,
+    /// Server: a request stream's head must be complete this long after the stream
+    /// arrived, or the stream is rejected (H3_REQUEST_REJECTED); `None`: no limit.
+    pub request_head_timeout: Option<std::time::Duration>,
 }
 
 impl Default for Config {
@@ -54,6 +57,7 @@ impl Default for Config {
             h3_datagram: true,
             grease: true,
             critical_backlog: 64 * 1024,
+            request_head_timeout: Some(std::time::Duration::from_secs(30)),
         }
     }
 }

@@ -85,8 +85,19 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
         }
         let tx = tx.clone();
         let extended_connect = shared.config.enable_connect_protocol;
+        let head_timeout = shared.config.request_head_timeout;
         tokio::spawn(async move {
-            let head = match stream.recv.recv_fields().await {
+            let head = match head_timeout {
+                Some(t) => tokio::time::timeout(t, stream.recv.recv_fields()).await,
+                None => Ok(stream.recv.recv_fields().await),
+            };
+            let Ok(head) = head else {
+                // Not processed, so the client may send it again (RFC 9114 §8.1).
+                tracing::debug!(id, "request head not complete in time");
+                stream.cancel(Code::REQUEST_REJECTED);
+                return;
+            };
+            let head = match head {
                 Ok(Some(f)) => f,
                 Ok(None) => {
                     stream.cancel(Code::REQUEST_INCOMPLETE);

@@ -492,3 +492,57 @@ async fn unread_decoder_stream_is_bounded() {
     }
     drop(enc);
 }
+
+/// A request stream whose head never completes (opened empty, or a HEADERS frame cut
+/// short) is rejected after `Config::request_head_timeout` with H3_REQUEST_REJECTED: a
+/// client cannot hold the server's request slots with heads it never finishes.
+#[tokio::test]
+async fn an_unfinished_request_head_is_rejected_after_the_timeout() {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    let sep = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = sep.local_addr().unwrap();
+    let e = sep.clone();
+    tokio::spawn(async move {
+        while let Some(c) = e.accept().await {
+            tokio::spawn(async move {
+                if let Ok(conn) = c.await {
+                    let config = Config {
+                        request_head_timeout: Some(Duration::from_millis(300)),
+                        ..Config::default()
+                    };
+                    let _ = kuai_h3::serve(conn, config, handler).await;
+                }
+            });
+        }
+    });
+    let ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let conn = ep
+        .connect_with(
+            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    control_stream(&conn, &[0x04, 0x00]).await;
+    // A HEADERS frame declaring 20 bytes, 3 of them sent; and a stream with one byte only
+    // (a stream the server learns of needs a byte).
+    let mut streams = Vec::new();
+    for first in [&[0x01u8, 20, 0x00, 0x00, 0xd1][..], &[0x01]] {
+        let (mut send, recv) = conn.open_bi().await.unwrap();
+        send.write_all(first).await.unwrap();
+        streams.push((send, recv));
+    }
+    let t = std::time::Instant::now();
+    for (_send, mut recv) in streams {
+        let r = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1024))
+            .await
+            .expect("answered within 5 s");
+        assert_eq!(r, Err(kuai::ReadError::Reset(Code::REQUEST_REJECTED.0)));
+    }
+    let took = t.elapsed();
+    eprintln!("rejected after {took:?}");
+    assert!(took >= Duration::from_millis(250), "{took:?}");
+    assert!(conn.close_reason().is_none(), "the connection lives on");
+}
