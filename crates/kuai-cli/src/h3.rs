@@ -17,7 +17,8 @@ pub use kuai_h3::ALPN;
 
 /// Serves every request of a connection (established: its handshake is complete).
 pub async fn serve_connection(conn: Connection, site: Arc<Site>, alt_svc: Option<String>) {
-    serve_connection_with(conn, site, alt_svc, Config::default(), EarlyData::none()).await
+    let early = EarlyData::none();
+    serve_connection_with(conn, site, alt_svc, Config::default(), early, None).await
 }
 
 /// Whether a request may have arrived in 0-RTT, where an attacker can replay it (RFC 9001
@@ -78,13 +79,43 @@ pub(crate) fn too_early(method: &http::Method, in_0rtt: bool) -> bool {
     in_0rtt && !method.is_idempotent()
 }
 
-/// Serves every request of a connection, with HTTP/3 settings of its own.
+/// Requests of a connection in flight, and since when there have been none.
+struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    idle_since: std::sync::Mutex<tokio::time::Instant>,
+    changed: tokio::sync::Notify,
+}
+
+/// One request in flight, for as long as it lives.
+struct Request(Arc<InFlight>);
+
+impl Request {
+    fn new(f: &Arc<InFlight>) -> Self {
+        f.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(f.clone())
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        *self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
+        self.0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.changed.notify_one();
+    }
+}
+
+/// Serves every request of a connection, with HTTP/3 settings of its own. With
+/// `idle_timeout`, a connection with no request in flight for that long is closed with
+/// H3_NO_ERROR (RFC 9114 §5.2), as the TCP server closes idle connections.
 pub async fn serve_connection_with(
     conn: Connection,
     site: Arc<Site>,
     alt_svc: Option<String>,
     config: Config,
     early: EarlyData,
+    idle_timeout: Option<std::time::Duration>,
 ) {
     let early = Arc::new(early);
     let remote = conn.remote_address();
@@ -95,11 +126,39 @@ pub async fn serve_connection_with(
             return;
         }
     };
-    while let Some((req, stream)) = server.accept().await {
+    let in_flight = Arc::new(InFlight {
+        count: Default::default(),
+        idle_since: std::sync::Mutex::new(tokio::time::Instant::now()),
+        changed: Default::default(),
+    });
+    loop {
+        let idle = in_flight.count.load(std::sync::atomic::Ordering::Relaxed) == 0;
+        let deadline = idle_timeout.map(|t| {
+            *in_flight
+                .idle_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                + t
+        });
+        let next = tokio::select! {
+            r = server.accept() => r,
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
+                if idle && deadline.is_some() => {
+                tracing::debug!(%remote, "HTTP/3 connection idle: closed");
+                server.shutdown();
+                server.quic().close(kuai_h3::Code::NO_ERROR.0, b"idle");
+                break;
+            }
+            // A request ended: the deadline moved.
+            _ = in_flight.changed.notified() => continue,
+        };
+        let Some((req, stream)) = next else { break };
+        let request = Request::new(&in_flight);
         let site = site.clone();
         let alt_svc = alt_svc.clone();
         let in_0rtt = early.request_in_0rtt(&stream);
         tokio::spawn(async move {
+            let _request = request;
             let start = Instant::now();
             let method = req.method().clone();
             let path = req.uri().path().to_owned();
@@ -330,8 +389,9 @@ mod tests {
     /// RFC 8470: `kuai server` answers a POST that came in 0-RTT with 425 Too Early, a GET
     /// in the same flight with 200, and the POST sent again after the handshake with what
     /// it answers any POST (405).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn early_non_idempotent_requests_get_425() {
+    /// `kuai server`'s HTTP/3 side on a free loopback port: its address and a client
+    /// configuration that trusts it.
+    fn start(h3: crate::server::H3Settings) -> (kuai::Endpoint, SocketAddr, kuai::ClientConfig) {
         let identity = crate::tls::Identity::self_signed(&["localhost"]).unwrap();
         let scfg = crate::server::server_config(&identity, &[ALPN], None).unwrap();
         let ep = kuai::Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -340,10 +400,61 @@ mod tests {
         tokio::spawn(async move {
             while let Some(c) = e.accept().await {
                 let site = Arc::new(Site::Demo);
-                tokio::spawn(crate::server::handle(c, site, None, Config::default()));
+                tokio::spawn(crate::server::handle(c, site, None, h3.clone()));
             }
         });
         let ccfg = kuai::ClientConfig::with_root(identity.certs[0].clone(), &[ALPN]).unwrap();
+        (ep, addr, ccfg)
+    }
+
+    fn settings(idle_timeout: Option<Duration>) -> crate::server::H3Settings {
+        crate::server::H3Settings {
+            config: Config::default(),
+            idle_timeout,
+        }
+    }
+
+    /// An HTTP/3 connection with no request in flight for the idle timeout is closed with
+    /// H3_NO_ERROR; one that keeps making requests stays open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_http3_connection_is_closed() {
+        let (_ep, addr, ccfg) = start(settings(Some(Duration::from_millis(500))));
+        let cep = kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let conn = cep
+            .connect_with(ccfg, addr, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        let client = kuai_h3::Client::new(conn.clone(), Config::default())
+            .await
+            .unwrap();
+        // A request every 200 ms for 1.2 s: never idle for 500 ms.
+        for _ in 0..6 {
+            assert_eq!(status(&client, http::Method::GET).await, 200);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(conn.close_reason().is_none(), "closed while in use");
+        let t = std::time::Instant::now();
+        let e = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+            .await
+            .expect("closed within 5 s");
+        let took = t.elapsed();
+        eprintln!(
+            "closed {took:?} after the last pause of 200 ms (the last response + 200 ms): {e:?}"
+        );
+        assert!(
+            matches!(
+                e,
+                kuai::ConnectionError::ApplicationClosed { code: 0x100, .. }
+            ),
+            "{e:?}"
+        );
+        assert!(took >= Duration::from_millis(200), "{took:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn early_non_idempotent_requests_get_425() {
+        let (_ep, addr, ccfg) = start(settings(None));
         let cep = kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
         // A first connection for a session ticket that allows early data.
         let conn = cep

@@ -62,11 +62,11 @@ pub struct Args {
     /// TCP: time allowed for the TLS handshake (units ms, s, m; a bare number is seconds).
     #[arg(long, default_value_t = Timeout(TcpLimits::default().handshake_timeout))]
     handshake_timeout: Timeout,
-    /// TCP: time allowed for a request head: the first one from the end of the handshake,
-    /// a later HTTP/1.1 one from its first byte.
+    /// Time allowed for a request head. TCP: the first one from the end of the handshake, a
+    /// later HTTP/1.1 one from its first byte; HTTP/3: from the opening of its stream.
     #[arg(long, default_value_t = Timeout(TcpLimits::default().header_timeout))]
     header_timeout: Timeout,
-    /// TCP: how long a connection waits for another request after a response.
+    /// How long a connection (TCP or HTTP/3) waits for another request after a response.
     #[arg(long, default_value_t = Timeout(TcpLimits::default().idle_timeout))]
     idle_timeout: Timeout,
     /// TCP: a response that makes no progress this long (the client stopped reading) closes
@@ -130,12 +130,20 @@ pub async fn run(args: Args) -> ExitCode {
     }
 }
 
+/// How `kuai server` runs HTTP/3 connections.
+#[derive(Clone)]
+pub(crate) struct H3Settings {
+    pub config: kuai_h3::Config,
+    /// Close a connection with no request in flight for this long.
+    pub idle_timeout: Option<Duration>,
+}
+
 /// Serves one QUIC connection: HTTP/3, or HTTP/0.9 for hq-interop.
 pub(crate) async fn handle(
     connecting: kuai::Connecting,
     site: Arc<Site>,
     alt_svc: Option<String>,
-    h3_config: kuai_h3::Config,
+    h3: H3Settings,
 ) {
     let remote = connecting.remote_address();
     // Serve at once: a 0-RTT request is answered in 0.5-RTT.
@@ -149,7 +157,11 @@ pub(crate) async fn handle(
             hq::serve_connection(conn, site).await
         }
         Ok((conn, early)) => {
-            crate::h3::serve_connection_with(conn, site, alt_svc, h3_config, early).await
+            let H3Settings {
+                config,
+                idle_timeout,
+            } = h3;
+            crate::h3::serve_connection_with(conn, site, alt_svc, config, early, idle_timeout).await
         }
         Err(e) => tracing::info!(%remote, error = %e, "handshake failed"),
     }
@@ -332,16 +344,20 @@ async fn serve(args: Args) -> Result<(), String> {
         let limits = tcp_limits(&args);
         tokio::spawn(crate::tcp::serve(l, tls, site.clone(), alt_svc, limits));
     }
-    let h3_config = kuai_h3::Config {
-        max_field_section_size: args.max_header_size as u64,
-        ..kuai_h3::Config::default()
+    let h3 = H3Settings {
+        config: kuai_h3::Config {
+            max_field_section_size: args.max_header_size as u64,
+            request_head_timeout: Some(args.header_timeout.0),
+            ..kuai_h3::Config::default()
+        },
+        idle_timeout: Some(args.idle_timeout.0),
     };
     let serve = async {
         while let Some(connecting) = ep.accept().await {
             let site = site.clone();
-            let h3_config = h3_config.clone();
+            let h3 = h3.clone();
             let alt_svc = Some(format!("h3=\":{port}\"; ma=86400"));
-            tokio::spawn(handle(connecting, site, alt_svc, h3_config));
+            tokio::spawn(handle(connecting, site, alt_svc, h3));
         }
     };
     tokio::select! {
