@@ -1,5 +1,6 @@
 //! HTTP/3 serving and fetching for the command line.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,24 +15,154 @@ use crate::hq::{self, Body, Site};
 
 pub use kuai_h3::ALPN;
 
-/// Serves every request of a connection.
+/// Serves every request of a connection (established: its handshake is complete).
 pub async fn serve_connection(conn: Connection, site: Arc<Site>, alt_svc: Option<String>) {
+    let early = EarlyData::none();
+    serve_connection_with(conn, site, alt_svc, Config::default(), early, None).await
+}
+
+/// Whether a request may have arrived in 0-RTT, where an attacker can replay it (RFC 9001
+/// §9.2, RFC 8446 §8): requests with a method that is not idempotent are then answered
+/// 425 Too Early (RFC 8470 §5.2), and the client sends them again after the handshake.
+///
+/// Today the test is the connection's: a request handled before the handshake completed
+/// (kuai answers 0-RTT requests at once, in 0.5-RTT) certainly came in 0-RTT; a replayed
+/// flight never completes the handshake, so its requests are always caught. When the
+/// transport says per stream whether its data arrived in 0-RTT, [`Self::request_in_0rtt`]
+/// takes that instead (the one line marked there).
+pub struct EarlyData {
+    /// Resolves once the handshake completed; `None` once it has (or for a connection that
+    /// was established before serving began).
+    handshake: std::sync::Mutex<Option<kuai::ZeroRttAccepted>>,
+}
+
+impl EarlyData {
+    /// A connection whose handshake is complete: nothing on it is early data.
+    pub fn none() -> Self {
+        Self {
+            handshake: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// A connection served from 0-RTT on; `handshake` is the future `into_0rtt` returned.
+    pub fn until(handshake: kuai::ZeroRttAccepted) -> Self {
+        Self {
+            handshake: std::sync::Mutex::new(Some(handshake)),
+        }
+    }
+
+    /// Whether the handshake is complete now (checked without waiting).
+    fn handshake_done(&self) -> bool {
+        let mut h = self.handshake.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(fut) = h.as_mut() else {
+            return true;
+        };
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        // A server's ZeroRttAccepted is ready (true) once the handshake completed.
+        if std::pin::Pin::new(fut).poll(&mut cx).is_ready() {
+            *h = None;
+            return true;
+        }
+        false
+    }
+
+    /// Whether `stream`'s request may have come in 0-RTT.
+    fn request_in_0rtt(&self, stream: &RequestStream) -> bool {
+        let _ = stream; // hookup: `stream.arrived_in_0rtt()` once the transport tells it
+        !self.handshake_done()
+    }
+}
+
+/// RFC 8470 §5.2 and RFC 9110 §9.2.2: a request in early data whose method is not
+/// idempotent is not processed; 425 asks the client to send it again after the handshake.
+pub(crate) fn too_early(method: &http::Method, in_0rtt: bool) -> bool {
+    in_0rtt && !method.is_idempotent()
+}
+
+/// Requests of a connection in flight, and since when there have been none.
+struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    idle_since: std::sync::Mutex<tokio::time::Instant>,
+    changed: tokio::sync::Notify,
+}
+
+/// One request in flight, for as long as it lives.
+struct Request(Arc<InFlight>);
+
+impl Request {
+    fn new(f: &Arc<InFlight>) -> Self {
+        f.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(f.clone())
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        *self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
+        self.0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.changed.notify_one();
+    }
+}
+
+/// Serves every request of a connection, with HTTP/3 settings of its own. With
+/// `idle_timeout`, a connection with no request in flight for that long is closed with
+/// H3_NO_ERROR (RFC 9114 §5.2), as the TCP server closes idle connections.
+pub async fn serve_connection_with(
+    conn: Connection,
+    site: Arc<Site>,
+    alt_svc: Option<String>,
+    config: Config,
+    early: EarlyData,
+    idle_timeout: Option<std::time::Duration>,
+) {
+    let early = Arc::new(early);
     let remote = conn.remote_address();
-    let mut server = match Server::new(conn, Config::default()).await {
+    let mut server = match Server::new(conn, config).await {
         Ok(s) => s,
         Err(e) => {
             tracing::info!(%remote, error = %e, "HTTP/3 setup failed");
             return;
         }
     };
-    while let Some((req, stream)) = server.accept().await {
+    let in_flight = Arc::new(InFlight {
+        count: Default::default(),
+        idle_since: std::sync::Mutex::new(tokio::time::Instant::now()),
+        changed: Default::default(),
+    });
+    loop {
+        let idle = in_flight.count.load(std::sync::atomic::Ordering::Relaxed) == 0;
+        let deadline = idle_timeout.map(|t| {
+            *in_flight
+                .idle_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                + t
+        });
+        let next = tokio::select! {
+            r = server.accept() => r,
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
+                if idle && deadline.is_some() => {
+                tracing::debug!(%remote, "HTTP/3 connection idle: closed");
+                server.shutdown();
+                server.quic().close(kuai_h3::Code::NO_ERROR.0, b"idle");
+                break;
+            }
+            // A request ended: the deadline moved.
+            _ = in_flight.changed.notified() => continue,
+        };
+        let Some((req, stream)) = next else { break };
+        let request = Request::new(&in_flight);
         let site = site.clone();
         let alt_svc = alt_svc.clone();
+        let in_0rtt = early.request_in_0rtt(&stream);
         tokio::spawn(async move {
+            let _request = request;
             let start = Instant::now();
             let method = req.method().clone();
             let path = req.uri().path().to_owned();
-            match respond(stream, &req, &site, alt_svc.as_deref()).await {
+            match respond(stream, &req, &site, alt_svc.as_deref(), in_0rtt).await {
                 Ok((status, bytes)) => tracing::info!(
                     %remote, %method, path, status = status.as_u16(), bytes,
                     ms = start.elapsed().as_millis() as u64, "h3 request"
@@ -47,7 +178,17 @@ async fn respond(
     req: &http::Request<()>,
     site: &Site,
     alt_svc: Option<&str>,
+    in_0rtt: bool,
 ) -> Result<(StatusCode, u64), kuai_h3::Error> {
+    if too_early(req.method(), in_0rtt) {
+        let resp = Response::builder()
+            .status(StatusCode::TOO_EARLY)
+            .body(())
+            .expect("static response");
+        stream.send_response(resp).await?;
+        stream.finish()?;
+        return Ok((StatusCode::TOO_EARLY, 0));
+    }
     let head_only = req.method() == http::Method::HEAD;
     if req.method() != http::Method::GET && !head_only {
         let resp = Response::builder()
@@ -177,4 +318,173 @@ pub async fn get_to(
         progress(total);
     }
     Ok((resp.status(), total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    #[test]
+    fn only_non_idempotent_early_requests_are_too_early() {
+        use http::Method;
+        for m in [Method::POST, Method::PATCH, Method::CONNECT] {
+            assert!(too_early(&m, true), "{m}");
+            assert!(!too_early(&m, false), "{m}");
+        }
+        for m in [
+            Method::GET,
+            Method::HEAD,
+            Method::OPTIONS,
+            Method::PUT,
+            Method::DELETE,
+        ] {
+            assert!(!too_early(&m, true), "{m}");
+        }
+    }
+
+    /// A UDP relay in front of `server` for one client, delaying what the server sends by
+    /// `delay`, so the client's Finished comes that much later and its 0-RTT requests are
+    /// handled before the handshake completes.
+    async fn slow_return_relay(server: SocketAddr, delay: Duration) -> SocketAddr {
+        let sock = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        let addr = sock.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut client = None;
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+                if from == server {
+                    let (sock, data) = (sock.clone(), buf[..n].to_vec());
+                    if let Some(to) = client {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            let _ = sock.send_to(&data, to).await;
+                        });
+                    }
+                } else {
+                    client = Some(from);
+                    let _ = sock.send_to(&buf[..n], server).await;
+                }
+            }
+        });
+        addr
+    }
+
+    async fn status(client: &kuai_h3::Client, method: http::Method) -> u16 {
+        let req = http::Request::builder()
+            .method(method)
+            .uri("https://localhost/hello.txt")
+            .body(())
+            .unwrap();
+        let mut s = client.send_request(req).await.unwrap();
+        s.finish().unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(5), s.recv_response())
+            .await
+            .expect("answered within 5 s")
+            .unwrap();
+        resp.status().as_u16()
+    }
+
+    /// RFC 8470: `kuai server` answers a POST that came in 0-RTT with 425 Too Early, a GET
+    /// in the same flight with 200, and the POST sent again after the handshake with what
+    /// it answers any POST (405).
+    /// `kuai server`'s HTTP/3 side on a free loopback port: its address and a client
+    /// configuration that trusts it.
+    fn start(h3: crate::server::H3Settings) -> (kuai::Endpoint, SocketAddr, kuai::ClientConfig) {
+        let identity = crate::tls::Identity::self_signed(&["localhost"]).unwrap();
+        let scfg = crate::server::server_config(&identity, &[ALPN], None).unwrap();
+        let ep = kuai::Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = ep.local_addr().unwrap();
+        let e = ep.clone();
+        tokio::spawn(async move {
+            while let Some(c) = e.accept().await {
+                let site = Arc::new(Site::Demo);
+                tokio::spawn(crate::server::handle(c, site, None, h3.clone()));
+            }
+        });
+        let ccfg = kuai::ClientConfig::with_root(identity.certs[0].clone(), &[ALPN]).unwrap();
+        (ep, addr, ccfg)
+    }
+
+    fn settings(idle_timeout: Option<Duration>) -> crate::server::H3Settings {
+        crate::server::H3Settings {
+            config: Config::default(),
+            idle_timeout,
+        }
+    }
+
+    /// An HTTP/3 connection with no request in flight for the idle timeout is closed with
+    /// H3_NO_ERROR; one that keeps making requests stays open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_http3_connection_is_closed() {
+        let (_ep, addr, ccfg) = start(settings(Some(Duration::from_millis(500))));
+        let cep = kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let conn = cep
+            .connect_with(ccfg, addr, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        let client = kuai_h3::Client::new(conn.clone(), Config::default())
+            .await
+            .unwrap();
+        // A request every 200 ms for 1.2 s: never idle for 500 ms.
+        for _ in 0..6 {
+            assert_eq!(status(&client, http::Method::GET).await, 200);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(conn.close_reason().is_none(), "closed while in use");
+        let t = std::time::Instant::now();
+        let e = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+            .await
+            .expect("closed within 5 s");
+        let took = t.elapsed();
+        eprintln!(
+            "closed {took:?} after the last pause of 200 ms (the last response + 200 ms): {e:?}"
+        );
+        assert!(
+            matches!(
+                e,
+                kuai::ConnectionError::ApplicationClosed { code: 0x100, .. }
+            ),
+            "{e:?}"
+        );
+        assert!(took >= Duration::from_millis(200), "{took:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn early_non_idempotent_requests_get_425() {
+        let (_ep, addr, ccfg) = start(settings(None));
+        let cep = kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        // A first connection for a session ticket that allows early data.
+        let conn = cep
+            .connect_with(ccfg.clone(), addr, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        let client = kuai_h3::Client::new(conn.clone(), Config::default())
+            .await
+            .unwrap();
+        assert_eq!(status(&client, http::Method::GET).await, 200);
+        assert!(conn.session_ticket().await);
+        conn.close(0, b"");
+        drop(client);
+        // The second, through a relay that holds the server's flight back 300 ms.
+        let relay = slow_return_relay(addr, Duration::from_millis(300)).await;
+        let connecting = cep.connect_with(ccfg, relay, "localhost").unwrap();
+        let Ok((conn, accepted)) = connecting.into_0rtt() else {
+            panic!("the ticket allows 0-RTT");
+        };
+        let client = kuai_h3::Client::new(conn.clone(), Config::default())
+            .await
+            .unwrap();
+        let (post, get) = tokio::join!(
+            status(&client, http::Method::POST),
+            status(&client, http::Method::GET)
+        );
+        assert!(accepted.await, "0-RTT accepted");
+        assert_eq!((post, get), (425, 200));
+        // After the handshake the same POST is not early any more.
+        assert_eq!(status(&client, http::Method::POST).await, 405);
+    }
 }

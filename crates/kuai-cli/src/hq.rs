@@ -96,35 +96,111 @@ pub enum Body {
 }
 
 /// Maps a request path to a body; `None` for a missing or forbidden path.
+///
+/// Under a directory, only regular files are served, and only below the root: the path is
+/// percent-decoded one segment at a time and refused if a segment is `..`, starts with a dot
+/// (dotfiles and dot-directories such as `.git`), or holds `/`, `\` or NUL once decoded; a
+/// symlink is followed only when its target is below the root and not a dotfile. FIFOs,
+/// sockets and devices are refused before being opened, and the file is opened without
+/// blocking and checked again through its descriptor.
 pub async fn resolve(site: &Site, path: &str) -> Option<Body> {
     let path = path.split(['?', '#']).next().unwrap_or("");
     match site {
         Site::Demo => demo::lookup(path),
         Site::Dir(root) => {
-            let rel = safe_relative(path)?;
-            let mut full = root.join(rel);
-            if full.is_dir() {
-                full = full.join("index.html");
-            }
-            let f = tokio::fs::File::open(&full).await.ok()?;
-            let len = f.metadata().await.ok()?.len();
-            Some(Body::File(f, len))
+            let (rel, want_dir) = safe_relative(path)?;
+            let root = root.clone();
+            let (file, len) =
+                tokio::task::spawn_blocking(move || open_below(&root, &rel, want_dir))
+                    .await
+                    .ok()??;
+            Some(Body::File(tokio::fs::File::from_std(file), len))
         }
     }
 }
 
-/// The path below the root, refusing anything that would leave it.
-fn safe_relative(path: &str) -> Option<PathBuf> {
-    let p = Path::new(path.trim_start_matches('/'));
+/// A request path as a path below the root, and whether it named a directory (a trailing
+/// `/`); `None` for anything that could leave the root or name a dotfile.
+fn safe_relative(path: &str) -> Option<(PathBuf, bool)> {
     let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::Normal(x) => out.push(x),
-            Component::CurDir => {}
-            _ => return None,
+    let mut want_dir = false;
+    for raw in path.split('/') {
+        want_dir = raw.is_empty();
+        let segment = percent_decode(raw)?;
+        match segment.as_str() {
+            "" | "." => continue,
+            ".." => return None,
+            s if s.starts_with('.') || s.contains(['/', '\\', '\0']) => return None,
+            s => out.push(s),
         }
     }
-    Some(out)
+    Some((out, want_dir))
+}
+
+/// `%XX` escapes decoded (RFC 3986 §2.1); `None` for a malformed escape or a result that is
+/// not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    if !s.contains('%') {
+        return Some(s.to_owned());
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Opens `rel` below `root` if it is, once every symlink is resolved, a regular file still
+/// below the root with no dot-named component; a directory stands for its `index.html`.
+/// Blocking: run it off the runtime.
+fn open_below(root: &Path, rel: &Path, want_dir: bool) -> Option<(std::fs::File, u64)> {
+    let root = root.canonicalize().ok()?;
+    let mut real = checked_real_path(&root, &root.join(rel))?;
+    let meta = std::fs::metadata(&real).ok()?;
+    if meta.is_dir() {
+        real = checked_real_path(&root, &real.join("index.html"))?;
+    } else if want_dir {
+        return None;
+    }
+    // Regular files only: a FIFO would block the open, a device could be endless or act
+    // on being opened, a socket cannot be read.
+    if !std::fs::metadata(&real).ok()?.is_file() {
+        return None;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Should the file have been swapped for a symlink or a FIFO since the checks, the
+        // open fails or returns at once instead of following or blocking.
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
+    }
+    let file = options.open(&real).ok()?;
+    let meta = file.metadata().ok()?;
+    meta.is_file().then_some((file, meta.len()))
+}
+
+/// `path` with every symlink resolved, if that is below `root` (itself resolved) and no
+/// component below the root starts with a dot.
+fn checked_real_path(root: &Path, path: &Path) -> Option<PathBuf> {
+    let real = path.canonicalize().ok()?;
+    let below = real.strip_prefix(root).ok()?;
+    let dotted = below.components().any(|c| match c {
+        Component::Normal(name) => name.as_encoded_bytes().first() == Some(&b'.'),
+        _ => true,
+    });
+    (!dotted).then_some(real)
 }
 
 /// Streams `path` into `out` (for large downloads), calling `progress` with the total so far.
@@ -171,10 +247,159 @@ mod tests {
 
     #[test]
     fn paths_stay_below_the_root() {
-        assert_eq!(safe_relative("/a/b.txt"), Some(PathBuf::from("a/b.txt")));
-        assert_eq!(safe_relative("/./x"), Some(PathBuf::from("x")));
-        assert_eq!(safe_relative("/../etc/passwd"), None);
-        assert_eq!(safe_relative("/a/../../x"), None);
-        assert_eq!(safe_relative("/"), Some(PathBuf::new()));
+        let rel = |p| safe_relative(p).map(|(p, _)| p);
+        assert_eq!(rel("/a/b.txt"), Some(PathBuf::from("a/b.txt")));
+        assert_eq!(rel("/./x"), Some(PathBuf::from("x")));
+        assert_eq!(rel("/../etc/passwd"), None);
+        assert_eq!(rel("/a/../../x"), None);
+        assert_eq!(rel("/a/%2e%2e/%2e%2e/x"), None);
+        assert_eq!(rel("/%2F..%2Fx"), None);
+        assert_eq!(rel("/"), Some(PathBuf::new()));
+        assert_eq!(safe_relative("/a/"), Some((PathBuf::from("a"), true)));
+        assert_eq!(safe_relative("/a"), Some((PathBuf::from("a"), false)));
+    }
+
+    /// A directory tree with every kind of thing a request must not reach, and a file
+    /// outside it.
+    struct Tree {
+        base: PathBuf,
+        root: PathBuf,
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.base);
+        }
+    }
+
+    fn tree(name: &str) -> Tree {
+        use std::os::unix::fs::symlink;
+        let base = std::env::temp_dir().join(format!("kuai-hq-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let root = base.join("www");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::create_dir_all(root.join("dir-link-target")).unwrap();
+        std::fs::write(base.join("outside.txt"), "secret outside the root").unwrap();
+        std::fs::write(root.join("a.txt"), "aaa").unwrap();
+        std::fs::write(root.join("with space.txt"), "spaced").unwrap();
+        std::fs::write(root.join("sub/index.html"), "<p>sub</p>").unwrap();
+        std::fs::write(root.join(".env"), "PASSWORD=hunter2").unwrap();
+        std::fs::write(root.join(".git/config"), "[core]").unwrap();
+        std::fs::write(root.join("dir-link-target/b.txt"), "bbb").unwrap();
+        symlink(base.join("outside.txt"), root.join("out-link")).unwrap();
+        symlink("../outside.txt", root.join("out-rel-link")).unwrap();
+        symlink(&base, root.join("out-dir-link")).unwrap();
+        symlink("a.txt", root.join("in-link")).unwrap();
+        symlink("dir-link-target", root.join("in-dir-link")).unwrap();
+        symlink(".env", root.join("dot-link")).unwrap();
+        symlink("/dev/zero", root.join("dev-link")).unwrap();
+        let fifo = root.join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        std::os::unix::net::UnixListener::bind(root.join("socket")).unwrap();
+        Tree { base, root }
+    }
+
+    async fn get(root: &Path, path: &str) -> Option<Vec<u8>> {
+        let site = Site::Dir(root.to_path_buf());
+        // Never blocks: a FIFO is not opened for reading in a blocking way.
+        let Ok(body) =
+            tokio::time::timeout(std::time::Duration::from_secs(3), resolve(&site, path)).await
+        else {
+            return Some(b"<blocked for 3 s>".to_vec());
+        };
+        match body? {
+            Body::File(f, _) => {
+                // At most 64 KiB, within a second: a device such as /dev/zero never ends.
+                let mut v = Vec::new();
+                let mut f = f.take(64 * 1024);
+                let read = f.read_to_end(&mut v);
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), read).await;
+                Some(v)
+            }
+            _ => panic!("a directory site serves files"),
+        }
+    }
+
+    /// `kuai server --root`: regular files below the root are served; dotfiles, symlinks that
+    /// leave the root, FIFOs, sockets and devices are 404, and no spelling of a path (`..`,
+    /// `%2e%2e`, `%2f`, backslashes, NUL) leaves the root.
+    #[tokio::test]
+    async fn the_file_server_serves_regular_files_below_the_root_only() {
+        let t = tree("serve");
+        let root = &t.root;
+        let mut wrong = Vec::new();
+        // What is served.
+        for (path, want) in [
+            ("/a.txt", &b"aaa"[..]),
+            ("/sub/", b"<p>sub</p>"),
+            ("/sub", b"<p>sub</p>"),
+            ("/./a.txt?x=1", b"aaa"),
+            ("/%61.txt", b"aaa"),
+            ("/with%20space.txt", b"spaced"),
+            ("/in-link", b"aaa"),
+            ("/in-dir-link/b.txt", b"bbb"),
+        ] {
+            if get(root, path).await.as_deref() != Some(want) {
+                wrong.push(format!("{path} not served"));
+            }
+        }
+        // What is not.
+        for path in [
+            "/.env",
+            "/.git/config",
+            "/sub/../.env",
+            "/%2eenv",
+            "/%2Eenv",
+            "/dot-link",
+            "/out-link",
+            "/out-rel-link",
+            "/out-dir-link/outside.txt",
+            "/dev-link",
+            "/fifo",
+            "/socket",
+            "/../outside.txt",
+            "/%2e%2e/outside.txt",
+            "/%2E%2E/outside.txt",
+            "/sub/..%2f..%2foutside.txt",
+            "/..%2Foutside.txt",
+            "/..\\outside.txt",
+            "/sub\\..\\..\\outside.txt",
+            "/%5c..%5coutside.txt",
+            "/a.txt%00",
+            "/a.txt%00.html",
+            "/%00",
+            "/%",
+            "/%zz",
+            "/%c0%ae%c0%ae/outside.txt",
+            "/nonexistent",
+            "/a.txt/",
+        ] {
+            if let Some(body) = get(root, path).await {
+                wrong.push(format!(
+                    "{path} served {:?}",
+                    String::from_utf8_lossy(&body[..body.len().min(24)])
+                ));
+            }
+        }
+        // A device node inside the root (made only where this process may).
+        let dev = root.join("null-device");
+        let c = std::ffi::CString::new(dev.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mknod only creates a node.
+        let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+        if made != 0 {
+            eprintln!("mknod not permitted here: the device case was not run");
+        } else if get(root, "/null-device").await.is_some() {
+            wrong.push("/null-device served".into());
+        }
+        // Whatever happened, unblock a reader left waiting on the FIFO (the runtime waits for
+        // it when the test ends).
+        let fifo = root.join("fifo");
+        std::thread::spawn(move || drop(std::fs::OpenOptions::new().write(true).open(fifo)));
+        assert!(wrong.is_empty(), "{wrong:#?}");
     }
 }

@@ -4,11 +4,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kuai::{Endpoint, ServerConfig};
 
 use crate::hq::{self, Site};
 use crate::keylog::FileKeyLog;
+use crate::tcp::TcpLimits;
 use crate::tls::Identity;
 
 #[derive(clap::Args)]
@@ -54,6 +56,69 @@ pub struct Args {
     /// driver of its own, the kernel steering each packet by its connection ID (Linux).
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// TCP: most connections held at once. At the cap a new connection closes the oldest one
+    /// with no request in flight; if every one has a request in flight it is refused.
+    #[arg(long, default_value_t = TcpLimits::default().max_connections)]
+    max_connections: usize,
+    /// TCP: time allowed for the TLS handshake (units ms, s, m; a bare number is seconds).
+    #[arg(long, default_value_t = Timeout(TcpLimits::default().handshake_timeout))]
+    handshake_timeout: Timeout,
+    /// Time allowed for a request head. TCP: the first one from the end of the handshake, a
+    /// later HTTP/1.1 one from its first byte; HTTP/3: from the opening of its stream.
+    #[arg(long, default_value_t = Timeout(TcpLimits::default().header_timeout))]
+    header_timeout: Timeout,
+    /// How long a connection (TCP or HTTP/3) waits for another request after a response.
+    #[arg(long, default_value_t = Timeout(TcpLimits::default().idle_timeout))]
+    idle_timeout: Timeout,
+    /// TCP: a response that makes no progress this long (the client stopped reading) closes
+    /// its connection.
+    #[arg(long, default_value_t = Timeout(TcpLimits::default().send_timeout))]
+    send_timeout: Timeout,
+    /// HTTP/2: most requests in flight per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, default_value_t = TcpLimits::default().h2_max_concurrent_streams)]
+    h2_max_streams: u32,
+    /// Largest request header section in bytes, every protocol (HTTP/1.1: 431 past it;
+    /// HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE; HTTP/3 SETTINGS_MAX_FIELD_SECTION_SIZE).
+    #[arg(long, default_value_t = TcpLimits::default().max_header_size)]
+    max_header_size: usize,
+}
+
+/// A duration on the command line: `500ms`, `10s`, `2m`, or a number of seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timeout(pub Duration);
+
+impl std::str::FromStr for Timeout {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?}: not a duration (e.g. 500ms, 10s, 2m)");
+        let (n, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+            Some(i) => s.split_at(i),
+            None => (s, "s"),
+        };
+        let n: f64 = n.trim().parse().map_err(|_| bad())?;
+        let secs = match unit {
+            "ms" => n / 1000.0,
+            "s" => n,
+            "m" => n * 60.0,
+            _ => return Err(bad()),
+        };
+        if !(secs > 0.0 && secs < 1e9) {
+            return Err(format!("{s:?}: must be above zero"));
+        }
+        Ok(Timeout(Duration::from_secs_f64(secs)))
+    }
+}
+
+impl std::fmt::Display for Timeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0.as_millis();
+        if ms.is_multiple_of(1000) {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -64,6 +129,103 @@ pub async fn run(args: Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// How `kuai server` runs HTTP/3 connections.
+#[derive(Clone)]
+pub(crate) struct H3Settings {
+    pub config: kuai_h3::Config,
+    /// Close a connection with no request in flight for this long.
+    pub idle_timeout: Option<Duration>,
+}
+
+/// Serves one QUIC connection: HTTP/3, or HTTP/0.9 for hq-interop.
+pub(crate) async fn handle(
+    connecting: kuai::Connecting,
+    site: Arc<Site>,
+    alt_svc: Option<String>,
+    h3: H3Settings,
+) {
+    let remote = connecting.remote_address();
+    // Serve at once: a 0-RTT request is answered in 0.5-RTT.
+    let conn = match connecting.into_0rtt() {
+        Ok((conn, handshake)) => Ok((conn, crate::h3::EarlyData::until(handshake))),
+        Err(c) => c.await.map(|conn| (conn, crate::h3::EarlyData::none())),
+    };
+    match conn {
+        Ok((conn, _)) if conn.alpn().as_deref() == Some(hq::ALPN) => {
+            // HTTP/0.9 has only GET, which early data may carry.
+            hq::serve_connection(conn, site).await
+        }
+        Ok((conn, early)) => {
+            let H3Settings {
+                config,
+                idle_timeout,
+            } = h3;
+            crate::h3::serve_connection_with(conn, site, alt_svc, config, early, idle_timeout).await
+        }
+        Err(e) => tracing::info!(%remote, error = %e, "handshake failed"),
+    }
+}
+
+/// The TCP server's limits from the flags, with at most as many connections as the
+/// open-file limit leaves room for (one descriptor for the socket and one for a file each,
+/// 256 kept for the rest).
+fn tcp_limits(args: &Args) -> TcpLimits {
+    let mut max_connections = args.max_connections;
+    if let Some(files) = raise_open_file_limit() {
+        let room = usize::try_from(files.saturating_sub(256) / 2).unwrap_or(usize::MAX);
+        if max_connections > room {
+            println!(
+                "--max-connections {max_connections} lowered to {} (open-file limit {files})",
+                room.max(1)
+            );
+            max_connections = room.max(1);
+        }
+    }
+    TcpLimits {
+        max_connections,
+        handshake_timeout: args.handshake_timeout.0,
+        header_timeout: args.header_timeout.0,
+        idle_timeout: args.idle_timeout.0,
+        send_timeout: args.send_timeout.0,
+        h2_max_concurrent_streams: args.h2_max_streams,
+        max_header_size: args.max_header_size,
+        ..TcpLimits::default()
+    }
+}
+
+/// Raises the soft limit on open files to the hard one (at most 2^20), as Go's runtime
+/// does at start; returns the soft limit in force.
+#[cfg(unix)]
+fn raise_open_file_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        let want = lim.rlim_max.min(1 << 20);
+        if lim.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = want;
+            }
+        }
+    }
+    #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not on every Unix
+    Some(lim.rlim_cur as u64)
+}
+
+#[cfg(not(unix))]
+fn raise_open_file_limit() -> Option<u64> {
+    None
 }
 
 /// The rustls server configuration (TLS 1.3 only) for `alpn`, shared by QUIC and TCP.
@@ -180,27 +342,23 @@ async fn serve(args: Args) -> Result<(), String> {
     if let Some(l) = tcp {
         let tls = crate::tcp::server_tls(&identity, args.keylog.as_deref())?;
         let alt_svc = Some(format!("h3=\":{port}\"; ma=86400"));
-        tokio::spawn(crate::tcp::serve(l, tls, site.clone(), alt_svc));
+        let limits = tcp_limits(&args);
+        tokio::spawn(crate::tcp::serve(l, tls, site.clone(), alt_svc, limits));
     }
+    let h3 = H3Settings {
+        config: kuai_h3::Config {
+            max_field_section_size: args.max_header_size as u64,
+            request_head_timeout: Some(args.header_timeout.0),
+            ..kuai_h3::Config::default()
+        },
+        idle_timeout: Some(args.idle_timeout.0),
+    };
     let serve = async {
         while let Some(connecting) = ep.accept().await {
             let site = site.clone();
+            let h3 = h3.clone();
             let alt_svc = Some(format!("h3=\":{port}\"; ma=86400"));
-            tokio::spawn(async move {
-                let remote = connecting.remote_address();
-                // Serve at once: a 0-RTT request is answered in 0.5-RTT.
-                let conn = match connecting.into_0rtt() {
-                    Ok((conn, _)) => Ok(conn),
-                    Err(c) => c.await,
-                };
-                match conn {
-                    Ok(conn) if conn.alpn().as_deref() == Some(hq::ALPN) => {
-                        hq::serve_connection(conn, site).await
-                    }
-                    Ok(conn) => crate::h3::serve_connection(conn, site, alt_svc).await,
-                    Err(e) => tracing::info!(%remote, error = %e, "handshake failed"),
-                }
-            });
+            tokio::spawn(handle(connecting, site, alt_svc, h3));
         }
     };
     tokio::select! {
@@ -212,4 +370,24 @@ async fn serve(args: Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_parse_and_print() {
+        let t = |s: &str| s.parse::<Timeout>().map(|t| t.0);
+        assert_eq!(t("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(t("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(t("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(t("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(t("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["", "0", "-1s", "10h", "s", "1e99", "NaN", "inf"] {
+            assert!(t(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(Timeout(Duration::from_secs(75)).to_string(), "75s");
+        assert_eq!(Timeout(Duration::from_millis(400)).to_string(), "400ms");
+    }
 }

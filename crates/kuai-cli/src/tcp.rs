@@ -2,10 +2,13 @@
 //! `kuai server` runs on the same port as HTTP/3, advertising HTTP/3 with Alt-Svc, and the
 //! client side `kuai get --http2` / `--http1.1` (and the fallback when UDP is blocked).
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -15,10 +18,10 @@ use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 
 use crate::hq::{self, Site};
 use crate::url::Url;
@@ -102,14 +105,413 @@ pub fn server_tls(
     )?))
 }
 
-/// Accepts TCP connections and serves HTTP/1.1 or HTTP/2 (by ALPN) until the listener fails.
+/// What the TCP server allows a client, so that idle, slow and stalled connections cannot
+/// hold its sockets and memory (slowloris and its kin). Defaults follow nginx where it has
+/// one; `kuai server` sets them from its flags.
+#[derive(Clone, Debug)]
+pub struct TcpLimits {
+    /// Connections held at once, TLS handshakes included. At the cap a new connection makes
+    /// room by closing the oldest one with no request in flight (in its handshake, waiting
+    /// for or reading a request head, or idle between requests), as nginx reuses its idle
+    /// connections; if every connection has a request in flight it is closed at once.
+    pub max_connections: usize,
+    /// The TLS handshake must end within this.
+    pub handshake_timeout: Duration,
+    /// The first request head must be complete this long after the handshake; a later
+    /// HTTP/1.1 head this long after its first byte (nginx's client_header_timeout).
+    pub header_timeout: Duration,
+    /// After a response, the connection waits this long for another request, then closes
+    /// (nginx's keepalive_timeout); HTTP/2 with a GOAWAY.
+    pub idle_timeout: Duration,
+    /// A response that makes no progress this long (the client stopped reading) closes the
+    /// connection (nginx's send_timeout).
+    pub send_timeout: Duration,
+    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (nginx's http2_max_concurrent_streams).
+    pub h2_max_concurrent_streams: u32,
+    /// HTTP/2 PING after this long without a frame from the client; `None`: no pings.
+    pub h2_keepalive_interval: Option<Duration>,
+    /// A PING unanswered this long closes the connection.
+    pub h2_keepalive_timeout: Duration,
+    /// Largest request head: HTTP/1.1 start line and header lines, or HTTP/2
+    /// SETTINGS_MAX_HEADER_LIST_SIZE (field sizes + 32 each). Past it, 431 or a stream reset.
+    pub max_header_size: usize,
+    /// Most header lines in an HTTP/1.1 request; past it, 431.
+    pub max_headers: usize,
+}
+
+impl Default for TcpLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(75),
+            send_timeout: Duration::from_secs(60),
+            h2_max_concurrent_streams: 128,
+            h2_keepalive_interval: Some(Duration::from_secs(30)),
+            h2_keepalive_timeout: Duration::from_secs(20),
+            max_header_size: 64 * 1024,
+            max_headers: 100,
+        }
+    }
+}
+
+/// HTTP/2 receive windows. The server reads no request bodies (it answers GET and HEAD), so
+/// what a client sends on a stream waits unread until the stream ends: the windows bound it
+/// to 64 KiB per stream and 1 MiB per connection (the spec's default stream window is 64 KiB).
+const H2_STREAM_WINDOW: u32 = 64 * 1024;
+const H2_CONNECTION_WINDOW: u32 = 1 << 20;
+/// Response bytes a connection may hold made but not yet written to its socket (in hyper's
+/// and h2's buffers); past it its responses wait for the client to read.
+const RESPONSE_BUFFER: u64 = 256 * 1024;
+/// How long an HTTP/2 connection closed for idleness has to finish after its GOAWAY.
+const H2_GOAWAY_GRACE: Duration = Duration::from_secs(5);
+
+/// Milliseconds since the server started: connection timestamps fit in atomics.
+#[derive(Clone, Copy)]
+struct Clock(tokio::time::Instant);
+
+impl Clock {
+    fn now(self) -> u64 {
+        self.0.elapsed().as_millis() as u64
+    }
+
+    fn instant(self, ms: u64) -> tokio::time::Instant {
+        self.0 + Duration::from_millis(ms)
+    }
+}
+
+const NEVER: u64 = u64::MAX;
+
+/// What the watchdog of one connection needs to know, updated by its requests and reads.
+struct ConnState {
+    clock: Clock,
+    /// Requests whose response is not finished.
+    active: AtomicUsize,
+    /// Requests begun so far.
+    requests: AtomicU64,
+    /// When the TLS handshake ended or, after that, the last response finished.
+    idle_since: AtomicU64,
+    /// When the first byte after `idle_since` was read (the next HTTP/1.1 head began).
+    head_started: AtomicU64,
+    /// When a response body last asked for data (it only does when the client reads).
+    progress: AtomicU64,
+    /// Response body bytes handed to hyper, and bytes hyper wrote to the TLS stream (never
+    /// counted past `produced`, so headers and framing do not make room): the difference
+    /// is what waits in hyper's and h2's buffers.
+    produced: AtomicU64,
+    written: AtomicU64,
+    /// Response bodies waiting for `buffered()` to fall under `RESPONSE_BUFFER`.
+    drained: Mutex<Vec<std::task::Waker>>,
+    /// A request began or ended, or a head began: the deadline moved.
+    changed: Notify,
+    /// Closed to make room for a new connection.
+    evict: Notify,
+}
+
+/// Why the watchdog closes a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expiry {
+    /// No complete first request within the header timeout of the handshake.
+    FirstRequest,
+    /// A later HTTP/1.1 head not complete within the header timeout of its first byte.
+    Header,
+    /// No request for the idle timeout after the last response.
+    Idle,
+    /// A response made no progress for the send timeout.
+    Send,
+}
+
+impl ConnState {
+    fn new(clock: Clock) -> Self {
+        let now = clock.now();
+        Self {
+            clock,
+            active: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
+            idle_since: AtomicU64::new(now),
+            head_started: AtomicU64::new(NEVER),
+            progress: AtomicU64::new(now),
+            produced: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            drained: Mutex::new(Vec::new()),
+            changed: Notify::new(),
+            evict: Notify::new(),
+        }
+    }
+
+    /// The time (clock milliseconds) the connection is closed at unless something happens
+    /// first, and why.
+    fn deadline(&self, l: &TcpLimits, h2: bool) -> (u64, Expiry) {
+        let ms = |d: Duration| d.as_millis() as u64;
+        if self.active.load(Relaxed) > 0 {
+            return (
+                self.progress
+                    .load(Relaxed)
+                    .saturating_add(ms(l.send_timeout)),
+                Expiry::Send,
+            );
+        }
+        let idle_since = self.idle_since.load(Relaxed);
+        if self.requests.load(Relaxed) == 0 {
+            return (
+                idle_since.saturating_add(ms(l.header_timeout)),
+                Expiry::FirstRequest,
+            );
+        }
+        let head = self.head_started.load(Relaxed);
+        if !h2 && head != NEVER {
+            return (head.saturating_add(ms(l.header_timeout)), Expiry::Header);
+        }
+        (idle_since.saturating_add(ms(l.idle_timeout)), Expiry::Idle)
+    }
+
+    /// Response bytes produced and not yet written out.
+    fn buffered(&self) -> u64 {
+        self.produced
+            .load(Relaxed)
+            .saturating_sub(self.written.load(Relaxed))
+    }
+
+    /// `n` bytes went to the TLS stream: wakes the bodies waiting for room.
+    fn on_written(&self, n: usize) {
+        let produced = self.produced.load(Relaxed);
+        let _ = self.written.fetch_update(Relaxed, Relaxed, |w| {
+            Some(w.saturating_add(n as u64).min(produced.max(w)))
+        });
+        if self.buffered() < RESPONSE_BUFFER {
+            let waiting =
+                std::mem::take(&mut *self.drained.lock().unwrap_or_else(|e| e.into_inner()));
+            for w in waiting {
+                w.wake();
+            }
+        }
+    }
+
+    /// Whether a response body may make more data now; if not, `cx` is woken when it may.
+    fn room(&self, cx: &Context<'_>) -> bool {
+        if self.buffered() < RESPONSE_BUFFER {
+            return true;
+        }
+        let mut waiting = self.drained.lock().unwrap_or_else(|e| e.into_inner());
+        if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+            waiting.push(cx.waker().clone());
+        }
+        // Written out meanwhile: no wake-up would come.
+        self.buffered() < RESPONSE_BUFFER
+    }
+
+    /// Bytes arrived from the client.
+    fn on_read(&self) {
+        if self.active.load(Relaxed) == 0 && self.head_started.load(Relaxed) == NEVER {
+            self.head_started.store(self.clock.now(), Relaxed);
+            self.changed.notify_one();
+        }
+    }
+}
+
+/// Marks a request in flight from its head to the end of its response (dropped with the
+/// response body).
+struct InFlight(Arc<ConnState>);
+
+impl InFlight {
+    fn new(state: &Arc<ConnState>) -> Self {
+        let now = state.clock.now();
+        state.progress.store(now, Relaxed);
+        state.head_started.store(NEVER, Relaxed);
+        state.requests.fetch_add(1, Relaxed);
+        state.active.fetch_add(1, Relaxed);
+        state.changed.notify_one();
+        Self(state.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let s = &self.0;
+        s.idle_since.store(s.clock.now(), Relaxed);
+        s.head_started.store(NEVER, Relaxed);
+        s.active.fetch_sub(1, Relaxed);
+        s.changed.notify_one();
+    }
+}
+
+/// A response body that tells the watchdog when the client takes data.
+pub struct Tracked {
+    body: RespBody,
+    request: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let this = self.get_mut();
+        let s = &this.request.0;
+        // Past RESPONSE_BUFFER the connection's responses wait for the client to read (and
+        // make no progress, for the send timeout).
+        if !s.room(cx) {
+            return Poll::Pending;
+        }
+        s.progress.store(s.clock.now(), Relaxed);
+        let r = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &r
+            && let Some(data) = frame.data_ref()
+        {
+            s.produced.fetch_add(data.len() as u64, Relaxed);
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The TLS stream of a connection, telling the watchdog when bytes arrive.
+struct Watched {
+    io: tokio_rustls::server::TlsStream<TcpStream>,
+    state: Arc<ConnState>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.state.on_read();
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            this.state.on_written(n);
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            this.state.on_written(n);
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// The connections the server holds, oldest first, for the cap.
+struct Conns {
+    by_age: Mutex<BTreeMap<u64, Arc<ConnState>>>,
+    next: AtomicU64,
+    clock: Clock,
+}
+
+impl Conns {
+    fn new() -> Self {
+        Self {
+            by_age: Mutex::new(BTreeMap::new()),
+            next: AtomicU64::new(0),
+            clock: Clock(tokio::time::Instant::now()),
+        }
+    }
+
+    /// Takes a new connection in: its id and state, or `None` when it must be refused.
+    fn admit(&self, max: usize) -> Option<(u64, Arc<ConnState>)> {
+        let mut m = self.by_age.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= max.max(1) {
+            // Make room: the oldest connection with no request in flight goes.
+            let idle = m
+                .iter()
+                .find(|(_, c)| c.active.load(Relaxed) == 0)
+                .map(|(&id, _)| id)?;
+            if let Some(c) = m.remove(&idle) {
+                c.evict.notify_one();
+            }
+        }
+        let id = self.next.fetch_add(1, Relaxed);
+        let state = Arc::new(ConnState::new(self.clock));
+        m.insert(id, state.clone());
+        Some((id, state))
+    }
+
+    fn remove(&self, id: u64) {
+        self.by_age
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+}
+
+/// Takes a connection out of [`Conns`] when its task ends.
+struct Admitted<'a>(&'a Conns, u64);
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.0.remove(self.1);
+    }
+}
+
+/// Accepts TCP connections and serves HTTP/1.1 or HTTP/2 (by ALPN) until the listener fails,
+/// within `limits`.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     site: Arc<Site>,
     alt_svc: Option<String>,
+    limits: TcpLimits,
+) {
+    serve_with(listener, tls, site, alt_svc, limits, Arc::new(Conns::new())).await
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    site: Arc<Site>,
+    alt_svc: Option<String>,
+    limits: TcpLimits,
+    conns: Arc<Conns>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let limits = Arc::new(limits);
     loop {
         let (sock, remote) = match listener.accept().await {
             Ok(x) => x,
@@ -120,48 +522,158 @@ pub async fn serve(
                 continue;
             }
         };
+        let Some((id, state)) = conns.admit(limits.max_connections) else {
+            // Every connection has a request in flight: this one is closed at once, so
+            // the client can go elsewhere or retry, rather than wait unanswered.
+            tracing::debug!(%remote, "at the connection cap with no idle connection: refused");
+            continue;
+        };
         let _ = sock.set_nodelay(true);
         let acceptor = acceptor.clone();
         let site = site.clone();
         let alt_svc = alt_svc.clone();
+        let limits = limits.clone();
+        let conns = conns.clone();
         tokio::spawn(async move {
-            let tls =
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(sock)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::info!(%remote, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::info!(%remote, "TLS handshake timed out");
-                        return;
-                    }
-                };
-            let h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
-            let proto = if h2 { "h2" } else { "http/1.1" };
-            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let site = site.clone();
-                let alt_svc = alt_svc.clone();
-                async move {
-                    Ok::<_, Infallible>(
-                        respond(req, &site, alt_svc.as_deref(), remote, proto).await,
-                    )
-                }
-            });
-            let io = TokioIo::new(tls);
-            let r = if h2 {
-                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(io, svc)
-                    .await
-            } else {
-                hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, svc)
-                    .await
-            };
-            if let Err(e) = r {
-                tracing::debug!(%remote, error = %e, "{proto} connection ended");
-            }
+            let _admitted = Admitted(&conns, id);
+            serve_connection(sock, remote, acceptor, site, alt_svc, &limits, state).await;
         });
+    }
+}
+
+async fn serve_connection(
+    sock: TcpStream,
+    remote: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    site: Arc<Site>,
+    alt_svc: Option<String>,
+    limits: &TcpLimits,
+    state: Arc<ConnState>,
+) {
+    let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(sock));
+    let tls = tokio::select! {
+        r = handshake => match r {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%remote, "TLS handshake timed out");
+                return;
+            }
+        },
+        _ = state.evict.notified() => {
+            tracing::debug!(%remote, "closed in its TLS handshake to make room");
+            return;
+        }
+    };
+    state.idle_since.store(state.clock.now(), Relaxed);
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
+    let proto = if h2 { "h2" } else { "http/1.1" };
+    let st = state.clone();
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let site = site.clone();
+        let alt_svc = alt_svc.clone();
+        let request = InFlight::new(&st);
+        async move {
+            let resp = respond(req, &site, alt_svc.as_deref(), remote, proto).await;
+            Ok::<_, Infallible>(resp.map(|body| Tracked { body, request }))
+        }
+    });
+    let io = TokioIo::new(Watched {
+        io: tls,
+        state: state.clone(),
+    });
+    if h2 {
+        let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.h2_max_concurrent_streams)
+            .keep_alive_interval(limits.h2_keepalive_interval)
+            .keep_alive_timeout(limits.h2_keepalive_timeout)
+            .max_header_list_size(u32::try_from(limits.max_header_size).unwrap_or(u32::MAX))
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .serve_connection(io, svc);
+        watch(
+            conn,
+            |c| c.graceful_shutdown(),
+            &state,
+            limits,
+            true,
+            remote,
+        )
+        .await;
+    } else {
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            // hyper's own header timer starts when it begins waiting for a head, which on a
+            // kept-alive connection includes the idle time: the watchdog times the two apart.
+            .header_read_timeout(None)
+            .max_headers(limits.max_headers)
+            .max_header_size(limits.max_header_size)
+            .serve_connection(io, svc);
+        watch(
+            conn,
+            |c| c.graceful_shutdown(),
+            &state,
+            limits,
+            false,
+            remote,
+        )
+        .await;
+    }
+}
+
+/// Drives a connection until it ends, closing it when its deadline passes (see
+/// [`ConnState::deadline`]) or it is evicted. Idle connections are shut down gracefully
+/// (HTTP/2 GOAWAY, then `H2_GOAWAY_GRACE` to finish); the others are dropped.
+async fn watch<C>(
+    conn: C,
+    shutdown: impl Fn(Pin<&mut C>),
+    state: &ConnState,
+    limits: &TcpLimits,
+    h2: bool,
+    remote: SocketAddr,
+) where
+    C: std::future::Future<Output = Result<(), hyper::Error>>,
+{
+    let proto = if h2 { "h2" } else { "http/1.1" };
+    tokio::pin!(conn);
+    let mut grace: Option<tokio::time::Instant> = None;
+    loop {
+        let wake = grace.unwrap_or_else(|| state.clock.instant(state.deadline(limits, h2).0));
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(%remote, error = %e, "{proto} connection ended");
+                }
+                return;
+            }
+            _ = tokio::time::sleep_until(wake) => {
+                if grace.is_some() {
+                    tracing::debug!(%remote, "{proto} connection did not finish after GOAWAY");
+                    return;
+                }
+                // The deadline may have moved while asleep.
+                let (at, why) = state.deadline(limits, h2);
+                if at > state.clock.now() {
+                    continue;
+                }
+                tracing::debug!(%remote, ?why, "{proto} connection timed out");
+                if why != Expiry::Idle {
+                    return;
+                }
+                shutdown(conn.as_mut());
+                grace = Some(tokio::time::Instant::now() + H2_GOAWAY_GRACE);
+            }
+            // A request began or ended: compute the deadline again.
+            _ = state.changed.notified(), if grace.is_none() => {}
+            _ = state.evict.notified() => {
+                tracing::debug!(%remote, "{proto} connection closed to make room");
+                return;
+            }
+        }
     }
 }
 
@@ -447,4 +959,440 @@ async fn h1_handshake(
         let _ = conn.await;
     });
     Ok(send)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The TCP server's limits on real loopback sockets, with its timeouts made short
+    //! through the same settings `kuai server` takes from its flags.
+
+    use super::*;
+    use std::time::Instant;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    type Tls = tokio_rustls::client::TlsStream<TcpStream>;
+
+    struct Srv {
+        addr: SocketAddr,
+        client_tls: Arc<rustls::ClientConfig>,
+        conns: Arc<Conns>,
+    }
+
+    fn short_limits() -> TcpLimits {
+        TcpLimits {
+            max_connections: 1000,
+            handshake_timeout: Duration::from_millis(400),
+            header_timeout: Duration::from_millis(400),
+            idle_timeout: Duration::from_millis(1000),
+            send_timeout: Duration::from_millis(600),
+            h2_max_concurrent_streams: 7,
+            h2_keepalive_interval: None,
+            h2_keepalive_timeout: Duration::from_secs(20),
+            max_header_size: 8 * 1024,
+            max_headers: 20,
+        }
+    }
+
+    async fn start(limits: TcpLimits) -> Srv {
+        let identity = crate::tls::Identity::self_signed(&["localhost"]).unwrap();
+        let tls = server_tls(&identity, None).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = Arc::new(Conns::new());
+        let site = Arc::new(Site::Demo);
+        tokio::spawn(serve_with(listener, tls, site, None, limits, conns.clone()));
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(identity.certs[0].clone()).unwrap();
+        let client_tls = rustls::ClientConfig::builder_with_provider(kuai::crypto_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Srv {
+            addr,
+            client_tls: Arc::new(client_tls),
+            conns,
+        }
+    }
+
+    impl Srv {
+        async fn tls(&self, alpn: &[u8]) -> Tls {
+            let mut cfg = (*self.client_tls).clone();
+            cfg.alpn_protocols = vec![alpn.to_vec()];
+            let sock = TcpStream::connect(self.addr).await.unwrap();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            tokio_rustls::TlsConnector::from(Arc::new(cfg))
+                .connect(name, sock)
+                .await
+                .unwrap()
+        }
+
+        /// One GET /hello.txt with kuai's own client; the body.
+        async fn fetch(&self, proto: Proto) -> Result<Vec<u8>, String> {
+            let c = TcpClient::connect(proto, self.addr, "localhost", self.client_tls.clone(), 1)
+                .await?;
+            let url =
+                Url::parse(&format!("https://localhost:{}/hello.txt", self.addr.port())).unwrap();
+            let mut out = Vec::new();
+            let (status, _) = c.get_to(&url, &mut out, |_| {}).await?;
+            if status != StatusCode::OK {
+                return Err(format!("status {status}"));
+            }
+            Ok(out)
+        }
+    }
+
+    /// Waits up to `limit` for the peer to close `s` (EOF or an error on read); the time it
+    /// took, or `None` if it stayed open. Whatever arrives before is discarded.
+    async fn closed_within<S: AsyncRead + Unpin>(s: &mut S, limit: Duration) -> Option<Duration> {
+        let t = Instant::now();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let left = limit.checked_sub(t.elapsed())?;
+            match tokio::time::timeout(left, s.read(&mut buf)).await {
+                Err(_) => return None,
+                Ok(Ok(0)) | Ok(Err(_)) => return Some(t.elapsed()),
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// A TCP connection that never starts TLS is closed after the handshake timeout.
+    #[tokio::test]
+    async fn a_connection_that_never_starts_tls_is_closed() {
+        let srv = start(short_limits()).await;
+        let mut s = TcpStream::connect(srv.addr).await.unwrap();
+        let t = closed_within(&mut s, Duration::from_secs(5)).await;
+        let t = t.expect("still open after 5 s");
+        eprintln!("closed after {t:?}");
+        assert!(t >= Duration::from_millis(300), "closed after {t:?}");
+        assert!(t < Duration::from_millis(1500), "closed after {t:?}");
+    }
+
+    /// A TLS connection that sends no request is closed after the header timeout.
+    #[tokio::test]
+    async fn an_idle_tls_connection_is_closed() {
+        let srv = start(short_limits()).await;
+        for alpn in [ALPN_H1, ALPN_H2] {
+            let mut s = srv.tls(alpn).await;
+            if alpn == ALPN_H2 {
+                // The client preface and SETTINGS, then nothing.
+                s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+                    .await
+                    .unwrap();
+            }
+            let t = closed_within(&mut s, Duration::from_secs(5)).await;
+            let t = t.unwrap_or_else(|| panic!("{alpn:?}: still open after 5 s"));
+            eprintln!("{}: closed after {t:?}", String::from_utf8_lossy(alpn));
+            assert!(
+                t >= Duration::from_millis(300),
+                "{alpn:?}: closed after {t:?}"
+            );
+            assert!(
+                t < Duration::from_millis(1500),
+                "{alpn:?}: closed after {t:?}"
+            );
+        }
+    }
+
+    /// Slowloris: a request head sent a byte every 50 ms is cut off at the header timeout
+    /// (400 ms), however long it goes on.
+    #[tokio::test]
+    async fn a_header_sent_a_byte_at_a_time_is_cut_off() {
+        let srv = start(short_limits()).await;
+        let mut s = srv.tls(ALPN_H1).await;
+        let head = b"GET /hello.txt HTTP/1.1\r\nhost: localhost\r\nx-slow: ";
+        let t = Instant::now();
+        let mut buf = [0u8; 1024];
+        let mut closed = None;
+        for i in 0..100usize {
+            let byte = head.get(i).copied().unwrap_or(b'a');
+            if s.write_all(&[byte]).await.is_err() {
+                closed = Some(t.elapsed());
+                break;
+            }
+            match tokio::time::timeout(Duration::from_millis(50), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    closed = Some(t.elapsed());
+                    break;
+                }
+                Ok(Ok(_)) | Err(_) => {}
+            }
+        }
+        let t = closed.expect("still open after 100 bytes at one per 50 ms");
+        eprintln!("closed after {t:?}");
+        assert!(t >= Duration::from_millis(300), "closed after {t:?}");
+        assert!(t < Duration::from_millis(1500), "closed after {t:?}");
+    }
+
+    /// HTTP/1.1 keep-alive: after a response, the connection may wait for the next request
+    /// for the idle timeout (1 s, longer than the header timeout), then it is closed.
+    #[tokio::test]
+    async fn an_idle_keep_alive_connection_is_closed() {
+        let srv = start(short_limits()).await;
+        let mut s = srv.tls(ALPN_H1).await;
+        s.write_all(b"GET /hello.txt HTTP/1.1\r\nhost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(b"over QUIC\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before the response");
+            got.extend_from_slice(&buf[..n]);
+        }
+        let t = closed_within(&mut s, Duration::from_secs(5)).await;
+        let t = t.expect("still open after 5 s");
+        eprintln!("closed after {t:?}");
+        assert!(t >= Duration::from_millis(800), "closed after {t:?}");
+        assert!(t < Duration::from_millis(2500), "closed after {t:?}");
+    }
+
+    /// A client that stops reading a response: no progress for the send timeout, and the
+    /// connection is closed.
+    #[tokio::test]
+    async fn a_client_that_stops_reading_is_cut_off() {
+        let srv = start(short_limits()).await;
+        let mut s = srv.tls(ALPN_H1).await;
+        s.write_all(b"GET /bytes/10000000000 HTTP/1.1\r\nhost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        // Read a little, then nothing while the socket buffers fill.
+        let mut buf = vec![0u8; 16 * 1024];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Now read on: the stream ends (after what was buffered) instead of going on to
+        // 10 GB.
+        let mut total = 0u64;
+        let t = Instant::now();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => total += n as u64,
+                Err(_) => panic!("stalled"),
+            }
+            assert!(total < 1 << 30, "the response went on after the stall");
+            assert!(t.elapsed() < Duration::from_secs(20));
+        }
+        eprintln!("{total} bytes after the stall, then the end");
+    }
+
+    /// Header size and count limits: HTTP/1.1 answers 431 past them; HTTP/2 advertises
+    /// SETTINGS_MAX_HEADER_LIST_SIZE and SETTINGS_MAX_CONCURRENT_STREAMS.
+    #[tokio::test]
+    async fn header_limits_and_h2_settings() {
+        let srv = start(short_limits()).await;
+        let status_of = |req: Vec<u8>| {
+            let srv = &srv;
+            async move {
+                let mut s = srv.tls(ALPN_H1).await;
+                s.write_all(&req).await.unwrap();
+                let mut buf = vec![0u8; 4096];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                String::from_utf8_lossy(&buf[..n.min(12)]).into_owned()
+            }
+        };
+        let mut many = b"GET /hello.txt HTTP/1.1\r\nhost: localhost\r\n".to_vec();
+        for i in 0..30 {
+            many.extend_from_slice(format!("x-h{i}: v\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(status_of(many).await, "HTTP/1.1 431");
+        let mut big = b"GET /hello.txt HTTP/1.1\r\nhost: localhost\r\nx-big: ".to_vec();
+        big.extend_from_slice(&[b'a'; 10 * 1024]);
+        big.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(status_of(big).await, "HTTP/1.1 431");
+        let ok = b"GET /hello.txt HTTP/1.1\r\nhost: localhost\r\n\r\n".to_vec();
+        assert_eq!(status_of(ok).await, "HTTP/1.1 200");
+        // HTTP/2: the server's SETTINGS frame.
+        let mut s = srv.tls(ALPN_H2).await;
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        let mut hdr = [0u8; 9];
+        s.read_exact(&mut hdr).await.unwrap();
+        assert_eq!(hdr[3], 0x04, "SETTINGS first");
+        let len = u32::from_be_bytes([0, hdr[0], hdr[1], hdr[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).await.unwrap();
+        let settings: Vec<(u16, u32)> = payload
+            .chunks(6)
+            .map(|c| {
+                (
+                    u16::from_be_bytes([c[0], c[1]]),
+                    u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+                )
+            })
+            .collect();
+        assert!(settings.contains(&(0x3, 7)), "{settings:?}");
+        assert!(settings.contains(&(0x6, 8 * 1024)), "{settings:?}");
+    }
+
+    /// HTTP/2 keep-alive: a peer that answers nothing (here, not even PINGs) is closed after
+    /// the ping interval and timeout, well before the other timeouts.
+    #[tokio::test]
+    async fn an_h2_peer_that_does_not_answer_pings_is_closed() {
+        let srv = start(TcpLimits {
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+            h2_keepalive_interval: Some(Duration::from_millis(200)),
+            h2_keepalive_timeout: Duration::from_millis(300),
+            ..short_limits()
+        })
+        .await;
+        let mut s = srv.tls(ALPN_H2).await;
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        let t = Instant::now();
+        let mut frames = Vec::new();
+        loop {
+            let mut hdr = [0u8; 9];
+            let r = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hdr)).await;
+            match r {
+                Err(_) => panic!("still open after 5 s; frames {frames:?}"),
+                Ok(Err(_)) => break,
+                Ok(Ok(_)) => {}
+            }
+            let len = u32::from_be_bytes([0, hdr[0], hdr[1], hdr[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            if s.read_exact(&mut payload).await.is_err() {
+                break;
+            }
+            frames.push(hdr[3]);
+        }
+        eprintln!("frames {frames:?}, closed after {:?}", t.elapsed());
+        assert!(frames.contains(&0x6), "a PING was sent: {frames:?}");
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+
+    /// An HTTP/2 connection with no request in flight is closed (GOAWAY) after the idle
+    /// timeout; one in use stays.
+    #[tokio::test]
+    async fn an_idle_h2_connection_is_closed() {
+        let srv = start(short_limits()).await;
+        let c = TcpClient::connect(Proto::H2, srv.addr, "localhost", srv.client_tls.clone(), 1)
+            .await
+            .unwrap();
+        let url = Url::parse(&format!("https://localhost:{}/hello.txt", srv.addr.port())).unwrap();
+        // Requests every 300 ms for 1.5 s: longer than the idle timeout, never idle that long.
+        for _ in 0..5 {
+            let mut out = Vec::new();
+            c.get_to(&url, &mut out, |_| {}).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let t = Instant::now();
+        let h2 = c.h2.clone().unwrap();
+        while !h2.is_closed() {
+            assert!(t.elapsed() < Duration::from_secs(5), "still open after 5 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!("closed {:?} after the last response", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    /// The connection cap: past it, idle connections (here, ones that never start TLS) are
+    /// closed to make room, so the server holds at most the cap and a real client is
+    /// served at once, over HTTP/1.1 and HTTP/2.
+    #[tokio::test]
+    async fn connections_beyond_the_cap_do_not_exhaust_the_server() {
+        let srv = start(TcpLimits {
+            max_connections: 8,
+            handshake_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(30),
+            ..short_limits()
+        })
+        .await;
+        let mut idle = Vec::new();
+        for _ in 0..50 {
+            idle.push(TcpStream::connect(srv.addr).await.unwrap());
+        }
+        // Give the server a moment to accept them all.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut open = 0;
+        for s in &mut idle {
+            if closed_within(s, Duration::from_millis(20)).await.is_none() {
+                open += 1;
+            }
+        }
+        eprintln!("{open} of 50 idle connections held");
+        assert!(open <= 8, "{open} of 50 idle connections held");
+        // Real clients, while the idle ones (re)fill the cap.
+        for proto in [Proto::H1, Proto::H2, Proto::H1] {
+            for _ in 0..8 {
+                idle.push(TcpStream::connect(srv.addr).await.unwrap());
+            }
+            let t = Instant::now();
+            let body = tokio::time::timeout(Duration::from_secs(2), srv.fetch(proto))
+                .await
+                .unwrap_or_else(|_| panic!("{proto:?}: not served within 2 s"));
+            assert_eq!(body.unwrap(), b"hello from kuai over QUIC\n", "{proto:?}");
+            eprintln!("{proto:?} served in {:?}", t.elapsed());
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "{proto:?} {:?}",
+                t.elapsed()
+            );
+        }
+        // Slowloris clients that completed TLS are made room for in the same way.
+        let mut slow = Vec::new();
+        for _ in 0..16 {
+            let mut s = srv.tls(ALPN_H1).await;
+            let _ = s.write_all(b"GET / HTTP/1.1\r\n").await;
+            slow.push(s);
+        }
+        let body = tokio::time::timeout(Duration::from_secs(2), srv.fetch(Proto::H1)).await;
+        assert!(body.is_ok_and(|b| b.is_ok()), "served during the slowloris");
+    }
+
+    /// An HTTP/2 client that grants huge flow-control windows, asks for 64 large responses
+    /// and reads nothing: what the server holds for it in user space (response bytes made
+    /// and not yet written to the socket) stays bounded, whatever the streams and windows.
+    #[tokio::test]
+    async fn an_h2_client_that_reads_nothing_cannot_make_the_server_buffer_much() {
+        let srv = start(TcpLimits {
+            send_timeout: Duration::from_secs(30),
+            h2_max_concurrent_streams: 128,
+            ..short_limits()
+        })
+        .await;
+        let mut s = srv.tls(ALPN_H2).await;
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        // SETTINGS: INITIAL_WINDOW_SIZE 2^31-1; then the connection window to 2^31-1.
+        out.extend_from_slice(&[0, 0, 6, 0x4, 0, 0, 0, 0, 0, 0, 0x4, 0x7f, 0xff, 0xff, 0xff]);
+        let inc: u32 = 0x7fff_ffff - 65_535;
+        out.extend_from_slice(&[0, 0, 4, 0x8, 0, 0, 0, 0, 0]);
+        out.extend_from_slice(&inc.to_be_bytes());
+        // HEADERS (END_STREAM | END_HEADERS): GET https localhost /bytes/1000000000 with
+        // HPACK static indexes and literals without indexing (RFC 7541 §6.2.2).
+        let mut block = vec![0x82, 0x87, 0x01, 9];
+        block.extend_from_slice(b"localhost");
+        block.extend_from_slice(&[0x04, 17]);
+        block.extend_from_slice(b"/bytes/1000000000");
+        for i in 0..64u32 {
+            let id = 1 + 2 * i;
+            out.extend_from_slice(&[0, 0, block.len() as u8, 0x1, 0x5]);
+            out.extend_from_slice(&id.to_be_bytes());
+            out.extend_from_slice(&block);
+        }
+        s.write_all(&out).await.unwrap();
+        // Read nothing for a while.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (buffered, produced) = {
+            let m = srv.conns.by_age.lock().unwrap();
+            let c = m.values().next().expect("the connection is held");
+            (c.buffered(), c.produced.load(Relaxed))
+        };
+        eprintln!("{produced} bytes produced, {buffered} of them not yet written");
+        assert!(produced > 0, "the responses started");
+        assert!(
+            buffered <= RESPONSE_BUFFER + 4 * 64 * 1024,
+            "{buffered} bytes buffered for a client that reads nothing"
+        );
+    }
 }

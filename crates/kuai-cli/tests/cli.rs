@@ -305,3 +305,61 @@ fn blocked_udp_falls_back_to_http2() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// `kuai server --root`: over every protocol, a regular file is served, while a dotfile, a
+/// symlink out of the root, a FIFO (which would block a plain open) and an encoded `..` are
+/// 404 — and the FIFO does not hold the request up.
+#[test]
+fn file_server_serves_no_dotfile_symlink_out_or_fifo() {
+    let base = temp_dir("fileserver");
+    let root = base.join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(base.join("outside.txt"), "outside").unwrap();
+    std::fs::write(root.join("ok.txt"), "ok").unwrap();
+    std::fs::write(root.join(".env"), "SECRET=1").unwrap();
+    std::os::unix::fs::symlink(base.join("outside.txt"), root.join("out")).unwrap();
+    assert!(
+        Command::new("mkfifo")
+            .arg(root.join("fifo"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let srv = server(&root);
+    for proto in ["--http3", "--http2", "--http1.1", "--hq"] {
+        let out_dir = temp_dir(&format!("fs-out{}", proto.trim_start_matches('-')));
+        let url = |p: &str| format!("https://localhost:{}/{p}", srv.port);
+        let ok = get(&[
+            "--insecure",
+            proto,
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+            &url("ok.txt"),
+        ]);
+        assert!(ok.status.success(), "{proto}");
+        assert_eq!(std::fs::read(out_dir.join("ok.txt")).unwrap(), b"ok");
+        for path in [
+            ".env",
+            "out",
+            "fifo",
+            "%2e%2e/outside.txt",
+            "%2E%2E/outside.txt",
+        ] {
+            let t = Instant::now();
+            let out = get(&["--insecure", proto, "-o", "/dev/null", &url(path)]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{proto} {path} was served");
+            assert!(
+                err.contains("404") || err.contains("not found"),
+                "{proto} {path}: {err}"
+            );
+            assert!(t.elapsed() < Duration::from_secs(10), "{proto} {path}");
+        }
+        let _ = std::fs::remove_dir_all(&out_dir);
+    }
+    // Unblock anything that opened the FIFO (nothing should have).
+    let fifo = root.join("fifo");
+    std::thread::spawn(move || drop(std::fs::OpenOptions::new().write(true).open(fifo)));
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -1,6 +1,7 @@
 //! What both sides of an HTTP/3 connection share: the control and QPACK streams, settings,
 //! GOAWAY, and connection errors (RFC 9114 §6.2, §7.2.4, §5.2; RFC 9204 §4.2).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -36,6 +37,14 @@ pub struct Config {
     pub h3_datagram: bool,
     /// Send reserved ("grease") frame and stream types so peers stay tolerant of unknown ones.
     pub grease: bool,
+    /// Bytes queued for one of our control and QPACK streams that QUIC's send buffer has not
+    /// taken yet. Past it the peer is not reading that stream while making us write to it
+    /// (Section Acknowledgments for its requests, Insert Count Increments for its inserts):
+    /// the connection closes with H3_EXCESSIVE_LOAD (RFC 9204 §7.4, RFC 9114 §10.5).
+    pub critical_backlog: usize,
+    /// Server: a request stream's head must be complete this long after the stream
+    /// arrived, or the stream is rejected (H3_REQUEST_REJECTED); `None`: no limit.
+    pub request_head_timeout: Option<std::time::Duration>,
 }
 
 impl Default for Config {
@@ -47,6 +56,8 @@ impl Default for Config {
             enable_connect_protocol: true,
             h3_datagram: true,
             grease: true,
+            critical_backlog: 64 * 1024,
+            request_head_timeout: Some(std::time::Duration::from_secs(30)),
         }
     }
 }
@@ -89,11 +100,70 @@ pub(crate) struct Shared {
     /// Peer settings arrived, GOAWAY, or a connection error.
     pub changed: Notify,
     /// Bytes for our QPACK encoder stream, control stream and QPACK decoder stream.
-    pub encoder_tx: mpsc::UnboundedSender<Bytes>,
-    pub decoder_tx: mpsc::UnboundedSender<Bytes>,
-    pub control_tx: mpsc::UnboundedSender<Bytes>,
+    pub encoder_tx: Outbox,
+    pub decoder_tx: Outbox,
+    pub control_tx: Outbox,
     /// HTTP datagrams waiting for their request streams.
     pub datagrams: crate::datagram::Queues,
+}
+
+/// Bytes waiting for one of our unidirectional streams' writer task, at most
+/// `Config::critical_backlog` of them.
+pub(crate) struct Outbox {
+    tx: mpsc::UnboundedSender<Bytes>,
+    queued: Arc<AtomicUsize>,
+    limit: usize,
+    what: &'static str,
+}
+
+impl Outbox {
+    fn new(limit: usize, what: &'static str) -> (Self, OutboxRx) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let rx = OutboxRx {
+            rx,
+            queued: queued.clone(),
+        };
+        (
+            Self {
+                tx,
+                queued,
+                limit,
+                what,
+            },
+            rx,
+        )
+    }
+
+    /// Queues `b` for the stream; an H3_EXCESSIVE_LOAD error (nothing queued) once more than
+    /// the backlog limit would wait.
+    pub fn send(&self, b: Bytes) -> Result<(), H3Error> {
+        let n = b.len();
+        let before = self.queued.fetch_add(n, Ordering::Relaxed);
+        if before + n > self.limit {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            return Err(H3Error::new(Code::EXCESSIVE_LOAD, self.what));
+        }
+        let _ = self.tx.send(b);
+        Ok(())
+    }
+}
+
+/// The writer task's end of an [`Outbox`].
+pub(crate) struct OutboxRx {
+    rx: mpsc::UnboundedReceiver<Bytes>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl OutboxRx {
+    async fn recv(&mut self) -> Option<Bytes> {
+        self.rx.recv().await
+    }
+
+    /// `n` bytes were handed to QUIC (or dropped with the stream).
+    fn done(&self, n: usize) {
+        self.queued.fetch_sub(n, Ordering::Relaxed);
+    }
 }
 
 impl Shared {
@@ -155,7 +225,7 @@ impl Shared {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let mut out = Vec::new();
-            let r = {
+            let (r, queued) = {
                 let mut s = self.lock();
                 if let Some(e) = &s.error {
                     return Err(crate::Error::Protocol(e.clone()));
@@ -164,11 +234,17 @@ impl Shared {
                 // Queued under the lock, so decoder instructions leave in the order the
                 // decoder made them: a Section Acknowledgment overtaking the Insert Count
                 // Increment for the same entries would count them twice (RFC 9204 §4.4).
-                if !out.is_empty() {
-                    let _ = self.decoder_tx.send(Bytes::from(out));
-                }
-                r
+                let queued = if out.is_empty() {
+                    Ok(())
+                } else {
+                    self.decoder_tx.send(Bytes::from(out))
+                };
+                (r, queued)
             };
+            if let Err(e) = queued {
+                self.fail(e.clone());
+                return Err(crate::Error::Protocol(e));
+            }
             match r {
                 Ok(qpack::Decoded::Fields(f)) => return Ok(f),
                 Ok(qpack::Decoded::Blocked) => {
@@ -205,8 +281,15 @@ impl Shared {
             .map_err(|e| crate::Error::Protocol(H3Error::new(Code(e.code), e.reason)))?;
         // Queued under the lock: two requests encoded at once must put their insertions on
         // the encoder stream in the order the table numbered them.
-        if !enc.is_empty() {
-            let _ = self.encoder_tx.send(Bytes::from(enc));
+        let queued = if enc.is_empty() {
+            Ok(())
+        } else {
+            self.encoder_tx.send(Bytes::from(enc))
+        };
+        drop(s);
+        if let Err(e) = queued {
+            self.fail(e.clone());
+            return Err(crate::Error::Protocol(e));
         }
         Ok(block)
     }
@@ -216,8 +299,14 @@ impl Shared {
         let mut out = Vec::new();
         let mut s = self.lock();
         s.decoder.cancel_stream(stream_id, &mut out);
-        if !out.is_empty() {
-            let _ = self.decoder_tx.send(Bytes::from(out));
+        let queued = if out.is_empty() {
+            Ok(())
+        } else {
+            self.decoder_tx.send(Bytes::from(out))
+        };
+        drop(s);
+        if let Err(e) = queued {
+            self.fail(e);
         }
     }
 }
@@ -229,9 +318,13 @@ pub(crate) async fn start(
     side: Side,
     config: Config,
 ) -> Result<Arc<Shared>, crate::Error> {
-    let (encoder_tx, encoder_rx) = mpsc::unbounded_channel();
-    let (decoder_tx, decoder_rx) = mpsc::unbounded_channel();
-    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let backlog = config.critical_backlog;
+    let (encoder_tx, encoder_rx) =
+        Outbox::new(backlog, "the peer does not read our QPACK encoder stream");
+    let (decoder_tx, decoder_rx) =
+        Outbox::new(backlog, "the peer does not read our QPACK decoder stream");
+    let (control_tx, control_rx) =
+        Outbox::new(backlog, "the peer does not read our control stream");
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
             // Until the peer's SETTINGS arrive, its QPACK limits are zero (RFC 9204 §3.2.2).
@@ -312,7 +405,7 @@ fn rand_seed() -> u64 {
 async fn open_uni(
     shared: &Arc<Shared>,
     first: Vec<u8>,
-    mut rx: mpsc::UnboundedReceiver<Bytes>,
+    mut rx: OutboxRx,
 ) -> Result<(), crate::Error> {
     let mut stream = shared.quic.open_uni().await?;
     stream.write_all(&first).await.map_err(write_err)?;
@@ -336,18 +429,21 @@ async fn open_uni(
                 }
             };
             let Some(b) = next else { break };
-            match stream.write_chunk(b.clone()).await {
-                Ok(()) => {}
-                Err(kuai::WriteError::ZeroRttRejected) => {
-                    let Some(s) = reopen_uni(&quic, &first).await else {
-                        break;
-                    };
-                    stream = s;
-                    if stream.write_chunk(b).await.is_err() {
-                        break;
+            let n = b.len();
+            let written = match stream.write_chunk(b.clone()).await {
+                Ok(()) => true,
+                Err(kuai::WriteError::ZeroRttRejected) => match reopen_uni(&quic, &first).await {
+                    Some(s) => {
+                        stream = s;
+                        stream.write_chunk(b).await.is_ok()
                     }
-                }
-                Err(_) => break,
+                    None => false,
+                },
+                Err(_) => false,
+            };
+            rx.done(n);
+            if !written {
+                break;
             }
         }
     });
@@ -518,16 +614,19 @@ async fn read_encoder(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
         };
         tracing::trace!(len = chunk.len(), "QPACK encoder stream data");
         let mut out = Vec::new();
-        let r = {
+        let (r, queued) = {
             let mut s = shared.lock();
             let r = s.decoder.on_encoder_stream(&chunk, &mut out);
             // Under the lock: see decode_fields.
-            if !out.is_empty() {
-                let _ = shared.decoder_tx.send(Bytes::from(out));
-            }
-            r
+            let queued = if out.is_empty() {
+                Ok(())
+            } else {
+                shared.decoder_tx.send(Bytes::from(out))
+            };
+            (r, queued)
         };
         r.map_err(|e| H3Error::new(Code(e.code), e.reason))?;
+        queued?;
         shared.qpack_progress.notify_waiters();
     }
 }
@@ -566,5 +665,7 @@ pub(crate) fn send_goaway(shared: &Shared, id: u64) {
         &mut b,
     );
     b.put_var(id);
-    let _ = shared.control_tx.send(Bytes::from(b));
+    if let Err(e) = shared.control_tx.send(Bytes::from(b)) {
+        shared.fail(e);
+    }
 }

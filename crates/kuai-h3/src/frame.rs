@@ -14,6 +14,11 @@ pub const PUSH_PROMISE: u64 = 0x05;
 pub const GOAWAY: u64 = 0x07;
 pub const MAX_PUSH_ID: u64 = 0x0d;
 
+/// Most settings one SETTINGS frame may carry. kuai sends 6, browsers fewer than 10; past
+/// this a SETTINGS frame is only work for us (RFC 9114 §10.5), H3_EXCESSIVE_LOAD. It also
+/// bounds the duplicate check below to 256 × 255 / 2 comparisons.
+pub const MAX_SETTINGS: usize = 256;
+
 /// Frame types HTTP/2 had and HTTP/3 forbids (RFC 9114 §7.2.8).
 fn is_http2_frame(ty: u64) -> bool {
     matches!(ty, 0x02 | 0x06 | 0x08 | 0x09)
@@ -97,7 +102,7 @@ impl Settings {
     /// Parses a SETTINGS payload.
     pub fn decode(mut p: &[u8]) -> Result<Self, H3Error> {
         let mut s = Self::default();
-        let mut seen: Vec<u64> = Vec::new();
+        let mut seen: Vec<u64> = Vec::with_capacity(16);
         let err = |r| H3Error::new(Code::SETTINGS_ERROR, r);
         while !p.is_empty() {
             let id = p
@@ -106,10 +111,16 @@ impl Settings {
             let v = p
                 .get_var()
                 .map_err(|_| H3Error::new(Code::FRAME_ERROR, "truncated setting"))?;
+            if seen.len() == MAX_SETTINGS {
+                return Err(H3Error::new(
+                    Code::EXCESSIVE_LOAD,
+                    "more than 256 settings in one SETTINGS frame",
+                ));
+            }
+            // RFC 9114 §7.2.4: a repeated identifier is H3_SETTINGS_ERROR.
             if seen.contains(&id) {
                 return Err(err("setting repeated"));
             }
-            // Bounded: a SETTINGS frame is bounded by the frame size limit.
             seen.push(id);
             match id {
                 settings_id::QPACK_MAX_TABLE_CAPACITY => s.qpack_max_table_capacity = v,
@@ -180,6 +191,11 @@ impl FrameReader {
             skip_left: 0,
             max_frame,
         }
+    }
+
+    /// Bytes held: an incomplete frame header or non-DATA frame.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
     }
 
     pub fn push(&mut self, data: &[u8]) {
@@ -372,6 +388,62 @@ mod tests {
         );
         // Unknown settings are ignored.
         assert!(Settings::decode(&[0x21, 0x05]).is_ok());
+    }
+
+    fn settings_payload(ids: impl IntoIterator<Item = u64>) -> Vec<u8> {
+        let mut p = Vec::new();
+        for id in ids {
+            p.put_var(id);
+            p.put_var(0);
+        }
+        p
+    }
+
+    /// RFC 9114 §10.5: a SETTINGS frame of thousands of settings is work the peer makes us
+    /// do for nothing; past [`MAX_SETTINGS`] it is H3_EXCESSIVE_LOAD, whatever the ids.
+    #[test]
+    fn settings_count_is_bounded() {
+        // 0x21 + 0x1f * n: grease ids, distinct, each ignored on its own.
+        let many = settings_payload((0..2000u64).map(|n| 0x21 + 0x1f * n));
+        assert!(many.len() < 64 * 1024, "fits one control-stream frame");
+        assert_eq!(
+            Settings::decode(&many).unwrap_err().code,
+            Code::EXCESSIVE_LOAD
+        );
+        let at_cap = settings_payload((0..MAX_SETTINGS as u64).map(|n| 0x21 + 0x1f * n));
+        assert!(Settings::decode(&at_cap).is_ok());
+        // A repeat is still a SETTINGS_ERROR, wherever it is in the frame.
+        let mut ids: Vec<u64> = (0..MAX_SETTINGS as u64 - 1)
+            .map(|n| 0x21 + 0x1f * n)
+            .collect();
+        ids.push(0x21);
+        assert_eq!(
+            Settings::decode(&settings_payload(ids)).unwrap_err().code,
+            Code::SETTINGS_ERROR
+        );
+    }
+
+    /// A reserved frame type declaring a huge length is skipped as its bytes arrive: nothing
+    /// of it is held (RFC 9114 §9).
+    #[test]
+    fn unknown_frames_are_skipped_without_buffering() {
+        let mut r = FrameReader::new(1 << 16);
+        let mut b = Vec::new();
+        write_header(0x21 + 0x1f * 7, (1 << 62) - 1, &mut b);
+        r.push(&b);
+        assert!(matches!(r.next_frame(), Ok(Some(Frame::Unknown(_)))));
+        let chunk = vec![0u8; 64 * 1024];
+        for _ in 0..64 {
+            r.push(&chunk);
+            assert_eq!(r.next_frame(), Ok(None));
+            assert_eq!(r.buffered(), 0, "skipped bytes are not kept");
+        }
+        // A HEADERS frame declaring more than accepted is refused before its payload comes.
+        let mut r = FrameReader::new(1 << 16);
+        let mut b = Vec::new();
+        write_header(HEADERS, 1 << 30, &mut b);
+        r.push(&b);
+        assert_eq!(r.next_frame().unwrap_err().code, Code::EXCESSIVE_LOAD);
     }
 
     #[test]

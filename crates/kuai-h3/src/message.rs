@@ -117,6 +117,11 @@ fn regular_headers(fields: &[(Bytes, Bytes)], out: &mut HeaderMap) -> Result<(),
         if name == http::header::TE && &v[..] != b"trailers" {
             return Err("TE other than trailers");
         }
+        // field-content (RFC 9110 §5.5) neither starts nor ends with whitespace; a value
+        // that does is malformed (RFC 9114 §10.3).
+        if matches!(v.first(), Some(b' ' | b'\t')) || matches!(v.last(), Some(b' ' | b'\t')) {
+            return Err("header value with leading or trailing whitespace");
+        }
         let value =
             HeaderValue::from_maybe_shared(v.clone()).map_err(|_| "invalid header value")?;
         out.append(name, value);
@@ -184,9 +189,25 @@ pub fn parse_request(
         if path.is_empty() {
             return Err("empty :path");
         }
+        // RFC 9114 §4.3.1: http and https have a mandatory authority: :authority or Host,
+        // not empty (the same if both, checked below); their :path is an absolute path, or
+        // "*" for a server-wide OPTIONS.
+        let web = scheme.eq_ignore_ascii_case(b"http") || scheme.eq_ignore_ascii_case(b"https");
+        let host = host_header(regular)?;
+        let authority = authority.map(|a| &a[..]).or(host);
+        if web {
+            match authority {
+                None => return Err("request without :authority or host"),
+                Some([]) => return Err("empty :authority or host"),
+                Some(_) => {}
+            }
+            if !(path.starts_with(b"/") || (method == Method::OPTIONS && &path[..] == b"*")) {
+                return Err(":path neither absolute nor * for OPTIONS");
+            }
+        }
         let mut uri = Uri::builder().scheme(&scheme[..]);
         if let Some(a) = authority {
-            uri = uri.authority(&a[..]);
+            uri = uri.authority(a);
         }
         let uri = uri
             .path_and_query(&path[..])
@@ -210,6 +231,16 @@ pub fn parse_request(
             .insert(Protocol(String::from_utf8_lossy(p).into_owned()));
     }
     Ok(parts)
+}
+
+/// The value of the Host field among `regular`, if there is one; two are malformed.
+fn host_header(regular: &[(Bytes, Bytes)]) -> Result<Option<&[u8]>, &'static str> {
+    let mut hosts = regular.iter().filter(|(n, _)| &n[..] == b"host");
+    let first = hosts.next().map(|(_, v)| &v[..]);
+    if hosts.next().is_some() {
+        return Err("more than one host");
+    }
+    Ok(first)
 }
 
 /// A response head from its fields.
@@ -244,22 +275,37 @@ pub fn parse_trailers(fields: &[(Bytes, Bytes)]) -> Result<HeaderMap, &'static s
 }
 
 /// The declared content-length, if any and valid.
+///
+/// Content-Length = 1*DIGIT (RFC 9110 §8.6): no sign, no spaces inside, no other base. A list
+/// of identical values (from one field line "5, 5" or several lines) stands for that value;
+/// any member that is not 1*DIGIT, or two that differ, make the message malformed
+/// (RFC 9114 §4.1.2).
 pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> {
-    let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
-    let Some(first) = values.next() else {
-        return Ok(None);
-    };
-    let n: u64 = first
-        .to_str()
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .ok_or("invalid content-length")?;
-    for v in values {
-        if v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) != Some(n) {
-            return Err("conflicting content-length");
+    let mut n = None;
+    for v in headers.get_all(http::header::CONTENT_LENGTH) {
+        let v = v.as_bytes();
+        if v.first().is_some_and(u8::is_ascii_whitespace)
+            || v.last().is_some_and(u8::is_ascii_whitespace)
+        {
+            return Err("invalid content-length");
+        }
+        for member in v.split(|&c| c == b',') {
+            // Optional whitespace around list commas (RFC 9110 §5.6.1).
+            let member = member.trim_ascii();
+            if member.is_empty() || !member.iter().all(u8::is_ascii_digit) {
+                return Err("invalid content-length");
+            }
+            let value = member.iter().try_fold(0u64, |acc, &d| {
+                acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            });
+            let value = value.ok_or("content-length out of range")?;
+            if n.is_some_and(|n| n != value) {
+                return Err("conflicting content-length");
+            }
+            n = Some(value);
         }
     }
-    Ok(Some(n))
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -401,5 +447,121 @@ mod tests {
         assert_eq!(content_length(&h), Ok(Some(10)));
         h.append("content-length", HeaderValue::from_static("11"));
         assert!(content_length(&h).is_err());
+    }
+
+    /// Content-Length = 1*DIGIT (RFC 9110 §8.6): no sign, no inner space, no other base; a
+    /// list is accepted only when every member is the same number.
+    #[test]
+    fn content_length_is_digits_only() {
+        let one = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.append("content-length", HeaderValue::from_static(v));
+            content_length(&h)
+        };
+        for bad in [
+            "+5",
+            "-5",
+            "+0",
+            " 5",
+            "5 ",
+            "5 5",
+            "",
+            "0x5",
+            "5.0",
+            "1e3",
+            "5,6",
+            "5, 6",
+            "5,",
+            ",5",
+            "5,,5",
+            "18446744073709551616",
+            "99999999999999999999999",
+        ] {
+            assert!(one(bad).is_err(), "content-length {bad:?} accepted");
+        }
+        assert_eq!(one("0"), Ok(Some(0)));
+        assert_eq!(one("007"), Ok(Some(7)));
+        assert_eq!(one("18446744073709551615"), Ok(Some(u64::MAX)));
+        assert_eq!(one("5, 5"), Ok(Some(5)));
+        assert_eq!(one("5,5"), Ok(Some(5)));
+        // Two field lines that disagree, or one of them malformed.
+        let mut h = HeaderMap::new();
+        h.append("content-length", HeaderValue::from_static("5"));
+        h.append("content-length", HeaderValue::from_static("+5"));
+        assert!(content_length(&h).is_err());
+        let mut h = HeaderMap::new();
+        h.append("content-length", HeaderValue::from_static("5"));
+        h.append("content-length", HeaderValue::from_static("5, 5"));
+        assert_eq!(content_length(&h), Ok(Some(5)));
+    }
+
+    /// RFC 9114 §4.3.1: an http or https request carries :authority or Host, neither empty,
+    /// and the same if both; :path starts with "/" (or is "*" for OPTIONS).
+    #[test]
+    fn requests_need_an_authority() {
+        let base = [(":method", "GET"), (":scheme", "https"), (":path", "/")];
+        let with = |extra: &[(&str, &str)]| {
+            let mut v: Vec<(&str, &str)> = base.to_vec();
+            v.extend_from_slice(extra);
+            parse_request(&f(&v), false)
+        };
+        assert!(with(&[]).is_err(), "no :authority and no host");
+        assert!(with(&[(":authority", "")]).is_err(), "empty :authority");
+        assert!(with(&[("host", "")]).is_err(), "empty host");
+        let p = with(&[("host", "example.com")]).expect("host alone is enough");
+        assert_eq!(p.uri.authority().unwrap().as_str(), "example.com");
+        assert_eq!(p.uri.to_string(), "https://example.com/");
+        let p = with(&[(":authority", "example.com")]).unwrap();
+        assert_eq!(p.uri.to_string(), "https://example.com/");
+        // The same value in both is fine (host after the pseudo-headers).
+        let v = [
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":path", "/"),
+            (":authority", "a.example"),
+            ("host", "a.example"),
+        ];
+        assert!(parse_request(&f(&v), false).is_ok());
+        for path in ["foo", "*", "?q"] {
+            let v = [
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", path),
+                (":authority", "a"),
+            ];
+            assert!(parse_request(&f(&v), false).is_err(), ":path {path:?}");
+        }
+        let v = [
+            (":method", "OPTIONS"),
+            (":scheme", "https"),
+            (":path", "*"),
+            (":authority", "a"),
+        ];
+        assert!(parse_request(&f(&v), false).is_ok(), "OPTIONS *");
+    }
+
+    /// Field values are field-content (RFC 9110 §5.5): no leading or trailing whitespace;
+    /// anything else is malformed (RFC 9114 §10.3).
+    #[test]
+    fn field_values_without_surrounding_whitespace() {
+        for v in [" x", "x ", "\tx", "x\t"] {
+            let fields = f(&[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/"),
+                (":authority", "a"),
+                ("x-h", v),
+            ]);
+            assert!(parse_request(&fields, false).is_err(), "value {v:?}");
+        }
+        let fields = f(&[
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":path", "/"),
+            (":authority", "a"),
+            ("x-h", "a b"),
+            ("x-empty", ""),
+        ]);
+        assert!(parse_request(&fields, false).is_ok());
     }
 }

@@ -85,11 +85,28 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
         }
         let tx = tx.clone();
         let extended_connect = shared.config.enable_connect_protocol;
+        let head_timeout = shared.config.request_head_timeout;
         tokio::spawn(async move {
-            let head = match stream.recv.recv_fields().await {
+            let head = match head_timeout {
+                Some(t) => tokio::time::timeout(t, stream.recv.recv_fields()).await,
+                None => Ok(stream.recv.recv_fields().await),
+            };
+            let Ok(head) = head else {
+                // Not processed, so the client may send it again (RFC 9114 §8.1).
+                tracing::debug!(id, "request head not complete in time");
+                stream.cancel(Code::REQUEST_REJECTED);
+                return;
+            };
+            let head = match head {
                 Ok(Some(f)) => f,
                 Ok(None) => {
                     stream.cancel(Code::REQUEST_INCOMPLETE);
+                    return;
+                }
+                // A malformed head: reset our side too (RFC 9114 §4.1.2).
+                Err(Error::Malformed(why)) => {
+                    tracing::debug!(why, "malformed request head");
+                    stream.malformed(why);
                     return;
                 }
                 Err(e) => {
@@ -105,7 +122,9 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
                     return;
                 }
             };
-            if stream.recv.set_expected_len(&parts.headers).is_err() {
+            if let Err(Error::Malformed(why)) = stream.recv.set_expected_len(&parts.headers) {
+                tracing::debug!(why, "malformed request");
+                stream.malformed(why);
                 return;
             }
             // The head (some of it at least) came in 0-RTT: the handler sees it.

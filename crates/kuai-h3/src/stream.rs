@@ -229,8 +229,7 @@ impl RecvHalf {
             match self.read_frame().await? {
                 None => return Ok(None),
                 Some(Frame::Headers(block)) => {
-                    let fields = self.shared.decode_fields(self.id, &block).await?;
-                    self.decoded = true;
+                    let fields = self.decode(&block).await?;
                     let size: u64 = fields
                         .iter()
                         .map(|(n, v)| (n.len() + v.len() + 32) as u64)
@@ -244,6 +243,23 @@ impl RecvHalf {
                 Some(Frame::Data(_)) => return Err(self.unexpected("DATA before HEADERS")),
                 Some(_) => return Err(self.unexpected("frame not allowed on a request stream")),
             }
+        }
+    }
+
+    /// Decodes a header section. One larger than our SETTINGS_MAX_FIELD_SECTION_SIZE is a
+    /// malformed message (RFC 9114 §4.2.2): the stream is stopped with H3_MESSAGE_ERROR (the
+    /// decoder acknowledged the section, so QPACK state stays in step).
+    async fn decode(&mut self, block: &[u8]) -> Result<Fields, Error> {
+        match self.shared.decode_fields(self.id, block).await {
+            Ok(fields) => {
+                self.decoded = true;
+                Ok(fields)
+            }
+            Err(Error::Malformed(why)) => {
+                self.decoded = true;
+                Err(self.malformed(why))
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -313,7 +329,7 @@ impl RecvHalf {
                     if self.state == RecvState::Trailers {
                         return Err(self.unexpected("HEADERS after trailers"));
                     }
-                    let fields = self.shared.decode_fields(self.id, &block).await?;
+                    let fields = self.decode(&block).await?;
                     match message::parse_trailers(&fields) {
                         Ok(t) => self.trailers = Some(t),
                         Err(why) => return Err(self.malformed(why)),

@@ -248,3 +248,301 @@ async fn an_empty_uni_stream_does_not_hold_up_later_ones() {
     assert!(resp.ends_with(b"ok"));
     drop((silent, enc));
 }
+
+/// A HEADERS frame: the field section prefix (Required Insert Count 0, Base 0), then `lines`.
+fn headers_frame(lines: &[u8]) -> Vec<u8> {
+    use kuai::kuai_proto::coding::BufMutExt;
+    let mut f = Vec::new();
+    f.put_var(0x01);
+    f.put_var(lines.len() as u64 + 2);
+    f.extend_from_slice(&[0x00, 0x00]);
+    f.extend_from_slice(lines);
+    f
+}
+
+/// A literal field line with a static name reference (RFC 9204 §4.5.4); `value` under 127
+/// bytes.
+fn literal(index: u8, value: &[u8]) -> Vec<u8> {
+    assert!(index < 16 && value.len() < 127);
+    let mut l = vec![0x50 | index, value.len() as u8];
+    l.extend_from_slice(value);
+    l
+}
+
+/// :method GET, :scheme https, :path / (static entries 17, 23, 1).
+const GET_HTTPS_ROOT: [u8; 3] = [0xd1, 0xd7, 0xc1];
+
+/// Sends one request on a new stream and returns how the server ended it: the response
+/// bytes, or the reset code.
+async fn raw_request(conn: &Connection, frame: &[u8]) -> Result<Vec<u8>, kuai::ReadError> {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(frame).await.unwrap();
+    send.finish().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 20))
+        .await
+        .expect("server answered within 5 s")
+}
+
+/// RFC 9114 §4.1.2, §4.3.1 and RFC 9110 §8.6: a request without :authority or Host, or with
+/// a Content-Length that is not 1*DIGIT (or a list that disagrees), is malformed: the
+/// stream is reset with H3_MESSAGE_ERROR and the connection lives on.
+#[tokio::test]
+async fn malformed_authority_and_content_length_reset_the_stream() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let authority = literal(0, b"localhost");
+    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+    cases.push(("no :authority, no host", GET_HTTPS_ROOT.to_vec()));
+    cases.push((
+        "empty :authority",
+        [&GET_HTTPS_ROOT[..], &literal(0, b"")].concat(),
+    ));
+    for cl in [&b"+5"[..], b"-5", b" 5", b"5 5", b"0x5", b"5, 6", b""] {
+        // content-length is static entry 4.
+        cases.push((
+            "bad content-length",
+            [&GET_HTTPS_ROOT[..], &authority, &literal(4, cl)].concat(),
+        ));
+    }
+    for (what, lines) in &cases {
+        let r = raw_request(&conn, &headers_frame(lines)).await;
+        assert_eq!(
+            r,
+            Err(kuai::ReadError::Reset(Code::MESSAGE_ERROR.0)),
+            "{what}: {lines:x?}"
+        );
+    }
+    // Well-formed: :authority, or Host alone (static entry... none: literal name "host").
+    let ok = raw_request(
+        &conn,
+        &headers_frame(&[&GET_HTTPS_ROOT[..], &authority].concat()),
+    )
+    .await
+    .unwrap();
+    assert!(ok.ends_with(b"ok"));
+    // Literal field line with a literal name (RFC 9204 §4.5.6): "host: localhost".
+    let mut host = vec![0x24];
+    host.extend_from_slice(b"host");
+    host.push(9);
+    host.extend_from_slice(b"localhost");
+    let ok = raw_request(
+        &conn,
+        &headers_frame(&[&GET_HTTPS_ROOT[..], &host].concat()),
+    )
+    .await
+    .unwrap();
+    assert!(ok.ends_with(b"ok"));
+    assert!(conn.close_reason().is_none(), "the connection lives on");
+}
+
+/// RFC 9114 §10.5: a SETTINGS frame with thousands of entries costs the receiver work for
+/// nothing. It closes the connection with H3_EXCESSIVE_LOAD.
+#[tokio::test]
+async fn settings_with_thousands_of_entries_are_excessive_load() {
+    use kuai::kuai_proto::coding::BufMutExt;
+    let (_ep, conn, _s) = raw_client().await;
+    let mut payload = Vec::new();
+    for n in 0..10_000u64 {
+        payload.put_var(0x21 + 0x1f * n); // distinct reserved ids, each ignored alone
+        payload.put_var(0);
+    }
+    assert!(payload.len() < 64 * 1024);
+    let mut frame = Vec::new();
+    frame.put_var(0x04);
+    frame.put_var(payload.len() as u64);
+    frame.extend_from_slice(&payload);
+    control_stream(&conn, &frame).await;
+    assert_eq!(closed_with(&conn).await, Code::EXCESSIVE_LOAD.0);
+}
+
+/// RFC 9114 §4.2.2: a header section larger than the SETTINGS_MAX_FIELD_SECTION_SIZE we
+/// advertised (64 KiB; 500 cookie lines of 100 bytes count 69 KB) is refused for that
+/// request only: the stream is reset with H3_MESSAGE_ERROR and nothing more of it is held.
+#[tokio::test]
+async fn oversized_header_section_resets_only_its_stream() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let mut lines = [&GET_HTTPS_ROOT[..], &literal(0, b"localhost")].concat();
+    for _ in 0..500 {
+        lines.extend_from_slice(&literal(5, &[b'c'; 100])); // cookie: static entry 5
+    }
+    let r = raw_request(&conn, &headers_frame(&lines)).await;
+    assert_eq!(r, Err(kuai::ReadError::Reset(Code::MESSAGE_ERROR.0)));
+    let ok = raw_request(
+        &conn,
+        &headers_frame(&[&GET_HTTPS_ROOT[..], &literal(0, b"localhost")].concat()),
+    )
+    .await
+    .unwrap();
+    assert!(ok.ends_with(b"ok"));
+}
+
+/// RFC 9114 §6.2: a unidirectional stream of an unknown type is not read: the server stops
+/// it with H3_STREAM_CREATION_ERROR, so nothing of it is buffered, however much is sent.
+#[tokio::test]
+async fn unknown_uni_streams_are_stopped() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    for ty in [0x21u8, 0x3f] {
+        let mut s = conn.open_uni().await.unwrap();
+        s.write_all(&[ty]).await.unwrap();
+        let stopped = tokio::time::timeout(Duration::from_secs(5), async {
+            // Keep writing until the server's STOP_SENDING arrives.
+            loop {
+                if let Err(e) = s.write_all(&[0u8; 1024]).await {
+                    return e;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("stopped within 5 s");
+        assert_eq!(
+            stopped,
+            kuai::WriteError::Stopped(Code::STREAM_CREATION_ERROR.0)
+        );
+    }
+    assert!(conn.close_reason().is_none());
+}
+
+/// RFC 9204 §7.4 and RFC 9114 §10.5: what we queue for our QPACK decoder stream (Section
+/// Acknowledgments here) is bounded. A client that makes the server acknowledge sections but
+/// never reads the decoder stream (its 1 KiB stream window and the server's 1 KiB send
+/// buffer fill) makes the queue reach `Config::critical_backlog` and the connection close
+/// with H3_EXCESSIVE_LOAD, instead of growing for as long as requests come.
+#[tokio::test]
+async fn unread_decoder_stream_is_bounded() {
+    let (mut scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    scfg.transport(kuai::TransportConfig {
+        send_buffer: 1024,
+        ..Default::default()
+    });
+    let sep = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = sep.local_addr().unwrap();
+    let e = sep.clone();
+    tokio::spawn(async move {
+        while let Some(c) = e.accept().await {
+            tokio::spawn(async move {
+                if let Ok(conn) = c.await {
+                    let config = Config {
+                        critical_backlog: 512,
+                        ..Config::default()
+                    };
+                    let _ = kuai_h3::serve(conn, config, handler).await;
+                }
+            });
+        }
+    });
+    let mut ccfg = ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap();
+    ccfg.transport(kuai::TransportConfig {
+        stream_receive_window: 1024,
+        max_stream_receive_window: 1024,
+        ..Default::default()
+    });
+    let ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let conn = ep
+        .connect_with(ccfg, addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let mut enc = conn.open_uni().await.unwrap();
+    // Set Dynamic Table Capacity 4096; insert :authority "localhost" (static name 0).
+    let mut ins = vec![0x02, 0x3f, 0xe1, 0x1f, 0xc0, 0x09];
+    ins.extend_from_slice(b"localhost");
+    enc.write_all(&ins).await.unwrap();
+    // Each request references dynamic entry 0 (Required Insert Count 1, encoded 2), so the
+    // server acknowledges each section on its decoder stream.
+    let mut block = vec![0x02, 0x00];
+    block.extend_from_slice(&GET_HTTPS_ROOT);
+    block.push(0x80);
+    let mut frame = vec![0x01, block.len() as u8];
+    frame.extend_from_slice(&block);
+    let mut sent = 0;
+    let closed = 'outer: {
+        for _ in 0..200 {
+            let mut batch = Vec::new();
+            for _ in 0..20 {
+                let c = conn.clone();
+                let frame = frame.clone();
+                batch.push(tokio::spawn(async move {
+                    let (mut send, mut recv) = c.open_bi().await.ok()?;
+                    send.write_all(&frame).await.ok()?;
+                    send.finish().ok()?;
+                    recv.read_to_end(1 << 16).await.ok()
+                }));
+            }
+            for t in batch {
+                let _ = t.await;
+                sent += 1;
+            }
+            if let Some(e) = conn.close_reason() {
+                break 'outer Some(e);
+            }
+        }
+        None
+    };
+    // 4,000 requests at 2-3 bytes of acknowledgment each is over 8 KiB for the decoder stream.
+    eprintln!("closed after {sent} requests: {closed:?}");
+    match closed {
+        Some(ConnectionError::ApplicationClosed { code, .. }) => {
+            assert_eq!(code, Code::EXCESSIVE_LOAD.0, "after {sent} requests")
+        }
+        other => panic!("after {sent} requests the connection is {other:?}"),
+    }
+    drop(enc);
+}
+
+/// A request stream whose head never completes (opened empty, or a HEADERS frame cut
+/// short) is rejected after `Config::request_head_timeout` with H3_REQUEST_REJECTED: a
+/// client cannot hold the server's request slots with heads it never finishes.
+#[tokio::test]
+async fn an_unfinished_request_head_is_rejected_after_the_timeout() {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    let sep = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = sep.local_addr().unwrap();
+    let e = sep.clone();
+    tokio::spawn(async move {
+        while let Some(c) = e.accept().await {
+            tokio::spawn(async move {
+                if let Ok(conn) = c.await {
+                    let config = Config {
+                        request_head_timeout: Some(Duration::from_millis(300)),
+                        ..Config::default()
+                    };
+                    let _ = kuai_h3::serve(conn, config, handler).await;
+                }
+            });
+        }
+    });
+    let ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let conn = ep
+        .connect_with(
+            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    control_stream(&conn, &[0x04, 0x00]).await;
+    // A HEADERS frame declaring 20 bytes, 3 of them sent; and a stream with one byte only
+    // (a stream the server learns of needs a byte).
+    let mut streams = Vec::new();
+    for first in [&[0x01u8, 20, 0x00, 0x00, 0xd1][..], &[0x01]] {
+        let (mut send, recv) = conn.open_bi().await.unwrap();
+        send.write_all(first).await.unwrap();
+        streams.push((send, recv));
+    }
+    let t = std::time::Instant::now();
+    for (_send, mut recv) in streams {
+        let r = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1024))
+            .await
+            .expect("answered within 5 s");
+        assert_eq!(r, Err(kuai::ReadError::Reset(Code::REQUEST_REJECTED.0)));
+    }
+    let took = t.elapsed();
+    eprintln!("rejected after {took:?}");
+    assert!(took >= Duration::from_millis(250), "{took:?}");
+    assert!(conn.close_reason().is_none(), "the connection lives on");
+}

@@ -1331,3 +1331,44 @@ fn compression_ratio() {
         }
     }
 }
+
+/// RFC 9204 §7.4: the encoder keeps every section that references the dynamic table until
+/// the decoder acknowledges it. A decoder that acknowledges inserts (Insert Count Increment)
+/// but never a section would make that list grow with every response; past
+/// `MAX_UNACKNOWLEDGED_SECTIONS` the encoder uses the static table and literals only, and
+/// goes back to the dynamic table once acknowledgments come.
+#[test]
+fn unacknowledged_sections_are_bounded() {
+    use kuai_h3::qpack::MAX_UNACKNOWLEDGED_SECTIONS;
+    let mut enc = Encoder::new(4096, 0);
+    let fields = [f("server", "kuai"), f("x-custom", "a value that repeats")];
+    let (mut block, mut es) = (Vec::new(), Vec::new());
+    enc.encode(0, &fields, &mut block, &mut es).unwrap();
+    // The decoder received the inserts: an Insert Count Increment, never a Section Ack.
+    let inserts = enc.insert_count();
+    assert!(inserts > 0);
+    let mut ici = Vec::new();
+    DecoderInstruction::InsertCountIncrement(inserts).encode(&mut ici);
+    enc.on_decoder_stream(&ici).unwrap();
+    for n in 1..5000u64 {
+        block.clear();
+        es.clear();
+        enc.encode(4 * n, &fields, &mut block, &mut es).unwrap();
+    }
+    assert!(
+        enc.unacknowledged_sections() <= MAX_UNACKNOWLEDGED_SECTIONS,
+        "{} sections held",
+        enc.unacknowledged_sections()
+    );
+    // The last section is self-contained: Required Insert Count 0.
+    assert_eq!(block[0], 0, "no dynamic reference past the cap");
+    // Acknowledging the oldest section (stream 4's: stream 0's referenced nothing, its
+    // inserts were not acknowledged yet) makes room again.
+    let mut ack = Vec::new();
+    DecoderInstruction::SectionAck(4).encode(&mut ack);
+    enc.on_decoder_stream(&ack).unwrap();
+    block.clear();
+    es.clear();
+    enc.encode(4 * 5000, &fields, &mut block, &mut es).unwrap();
+    assert_ne!(block[0], 0, "dynamic references again");
+}

@@ -217,6 +217,8 @@ pub struct Encoder {
     hash_seed: u64,
     /// Unacknowledged sections that reference the dynamic table, by stream, oldest first.
     outstanding: HashMap<u64, VecDeque<Section>>,
+    /// The number of sections in `outstanding`.
+    unacked: usize,
     /// By name hash.
     name_stats: HashIndex<NameStats>,
     /// Cached draining index (`None`: recompute).
@@ -226,6 +228,10 @@ pub struct Encoder {
     stats: EncoderStats,
     scratch: Vec<u8>,
 }
+
+/// Sections referencing the dynamic table the encoder keeps waiting for acknowledgment; past
+/// this it stops referencing the table until acknowledgments come (RFC 9204 §7.4).
+pub const MAX_UNACKNOWLEDGED_SECTIONS: usize = 1024;
 
 fn decoder_stream_error(reason: &'static str) -> QpackError {
     QpackError {
@@ -237,6 +243,8 @@ fn decoder_stream_error(reason: &'static str) -> QpackError {
 /// The state of one section being encoded.
 struct SectionState {
     base: u64,
+    /// The section may use the dynamic table at all (see [`MAX_UNACKNOWLEDGED_SECTIONS`]).
+    dynamic: bool,
     blocking_ok: bool,
     refs: Vec<u64>,
 }
@@ -259,6 +267,7 @@ impl Encoder {
             by_name: HashIndex::default(),
             hash_seed: RandomState::new().hash_one(0x51_u8),
             outstanding: HashMap::new(),
+            unacked: 0,
             name_stats: HashIndex::default(),
             draining: None,
             dec_buf: Vec::new(),
@@ -301,7 +310,7 @@ impl Encoder {
     /// Encoded sections with dynamic table references the decoder has not acknowledged (nor
     /// cancelled) yet.
     pub fn unacknowledged_sections(&self) -> usize {
-        self.outstanding.values().map(|q| q.len()).sum()
+        self.unacked
     }
 
     /// Whether any entry is still referenced by an unacknowledged section.
@@ -347,6 +356,7 @@ impl Encoder {
                 || self.blocking_streams() < self.max_blocked_streams);
         let mut st = SectionState {
             base: self.insert_count(),
+            dynamic: self.unacked < MAX_UNACKNOWLEDGED_SECTIONS,
             blocking_ok,
             refs: Vec::new(),
         };
@@ -369,6 +379,7 @@ impl Encoder {
                     required_insert_count: ric,
                     refs: st.refs,
                 });
+            self.unacked += 1;
         }
         self.stats.sections += 1;
         self.stats.fields += fields.len() as u64;
@@ -392,7 +403,7 @@ impl Encoder {
         }
         let never_index = is_sensitive(name, value);
         let name_hash = hash_bytes(self.hash_seed, name);
-        if !never_index && self.capacity > 0 {
+        if !never_index && self.capacity > 0 && st.dynamic {
             let size = name.len() as u64 + value.len() as u64 + ENTRY_OVERHEAD;
             let field_hash = hash_bytes(name_hash, value);
             if let Some(abs) = self.find_field(field_hash, name, value) {
@@ -444,7 +455,7 @@ impl Encoder {
             self.stats.name_refs += 1;
         } else if let Some(abs) = self
             .find_name(name_hash, name)
-            .filter(|&a| self.can_reference(a, st.blocking_ok))
+            .filter(|&a| st.dynamic && self.can_reference(a, st.blocking_ok))
         {
             st.refs.push(abs);
             self.entries[(abs - self.dropped) as usize].refs += 1;
@@ -675,11 +686,13 @@ impl Encoder {
                 if self.outstanding.get(&stream).is_some_and(|q| q.is_empty()) {
                     self.outstanding.remove(&stream);
                 }
+                self.unacked -= 1;
                 self.known_received = self.known_received.max(section.required_insert_count);
                 self.release(section);
             }
             DecoderInstruction::StreamCancel(stream) => {
                 if let Some(queue) = self.outstanding.remove(&stream) {
+                    self.unacked -= queue.len();
                     for section in queue {
                         self.release(section);
                     }

@@ -6,7 +6,9 @@
 //!   likely to repeat (`:authority`, `user-agent`, `accept*`, `cookie`, `referer`, custom
 //!   headers) on first sight but never per-message values such as `:path`, `date` or
 //!   `content-length`; it respects the peer's blocked-streams limit and never evicts an entry
-//!   still referenced by an unacknowledged section (draining with Duplicate, RFC 9204 §2.1.1.1).
+//!   still referenced by an unacknowledged section (draining with Duplicate, RFC 9204 §2.1.1.1);
+//!   it keeps at most [`MAX_UNACKNOWLEDGED_SECTIONS`] sections waiting for acknowledgment and
+//!   uses only the static table and literals past that.
 //! * [`Decoder`] reads the peer's encoder stream into its dynamic table, decodes field sections
 //!   (or reports them [`Decoded::Blocked`] until the entries they need arrive) and writes the
 //!   decoder stream. Every size the peer controls is bounded: the table capacity by our
@@ -73,7 +75,7 @@ mod decoder;
 mod encoder;
 
 pub use decoder::{Decoded, Decoder};
-pub use encoder::{ENCODER_CAPACITY_LIMIT, Encoder, EncoderStats};
+pub use encoder::{ENCODER_CAPACITY_LIMIT, Encoder, EncoderStats, MAX_UNACKNOWLEDGED_SECTIONS};
 
 /// QPACK_DECOMPRESSION_FAILED: a field section could not be decoded (connection error).
 pub const QPACK_DECOMPRESSION_FAILED: u64 = 0x200;
