@@ -1,6 +1,5 @@
 //! HTTP/3 serving and fetching for the command line.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,62 +14,9 @@ use crate::hq::{self, Body, Site};
 
 pub use kuai_h3::ALPN;
 
-/// Serves every request of a connection (established: its handshake is complete).
+/// Serves every request of a connection.
 pub async fn serve_connection(conn: Connection, site: Arc<Site>, alt_svc: Option<String>) {
-    let early = EarlyData::none();
-    serve_connection_with(conn, site, alt_svc, Config::default(), early, None).await
-}
-
-/// Whether a request may have arrived in 0-RTT, where an attacker can replay it (RFC 9001
-/// §9.2, RFC 8446 §8): requests with a method that is not idempotent are then answered
-/// 425 Too Early (RFC 8470 §5.2), and the client sends them again after the handshake.
-///
-/// Today the test is the connection's: a request handled before the handshake completed
-/// (kuai answers 0-RTT requests at once, in 0.5-RTT) certainly came in 0-RTT; a replayed
-/// flight never completes the handshake, so its requests are always caught. When the
-/// transport says per stream whether its data arrived in 0-RTT, [`Self::request_in_0rtt`]
-/// takes that instead (the one line marked there).
-pub struct EarlyData {
-    /// Resolves once the handshake completed; `None` once it has (or for a connection that
-    /// was established before serving began).
-    handshake: std::sync::Mutex<Option<kuai::ZeroRttAccepted>>,
-}
-
-impl EarlyData {
-    /// A connection whose handshake is complete: nothing on it is early data.
-    pub fn none() -> Self {
-        Self {
-            handshake: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// A connection served from 0-RTT on; `handshake` is the future `into_0rtt` returned.
-    pub fn until(handshake: kuai::ZeroRttAccepted) -> Self {
-        Self {
-            handshake: std::sync::Mutex::new(Some(handshake)),
-        }
-    }
-
-    /// Whether the handshake is complete now (checked without waiting).
-    fn handshake_done(&self) -> bool {
-        let mut h = self.handshake.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(fut) = h.as_mut() else {
-            return true;
-        };
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        // A server's ZeroRttAccepted is ready (true) once the handshake completed.
-        if std::pin::Pin::new(fut).poll(&mut cx).is_ready() {
-            *h = None;
-            return true;
-        }
-        false
-    }
-
-    /// Whether `stream`'s request may have come in 0-RTT.
-    fn request_in_0rtt(&self, stream: &RequestStream) -> bool {
-        let _ = stream; // hookup: `stream.arrived_in_0rtt()` once the transport tells it
-        !self.handshake_done()
-    }
+    serve_connection_with(conn, site, alt_svc, Config::default(), None).await
 }
 
 /// RFC 8470 §5.2 and RFC 9110 §9.2.2: a request in early data whose method is not
@@ -114,10 +60,8 @@ pub async fn serve_connection_with(
     site: Arc<Site>,
     alt_svc: Option<String>,
     config: Config,
-    early: EarlyData,
     idle_timeout: Option<std::time::Duration>,
 ) {
-    let early = Arc::new(early);
     let remote = conn.remote_address();
     let mut server = match Server::new(conn, config).await {
         Ok(s) => s,
@@ -156,7 +100,9 @@ pub async fn serve_connection_with(
         let request = Request::new(&in_flight);
         let site = site.clone();
         let alt_svc = alt_svc.clone();
-        let in_0rtt = early.request_in_0rtt(&stream);
+        // Its head arrived (at least in part) in 0-RTT: an attacker may replay it (RFC 9001
+        // §9.2, RFC 8446 §8).
+        let in_0rtt = req.extensions().get::<kuai_h3::EarlyData>().is_some();
         tokio::spawn(async move {
             let _request = request;
             let start = Instant::now();

@@ -149,20 +149,20 @@ pub(crate) async fn handle(
     let remote = connecting.remote_address();
     // Serve at once: a 0-RTT request is answered in 0.5-RTT.
     let conn = match connecting.into_0rtt() {
-        Ok((conn, handshake)) => Ok((conn, crate::h3::EarlyData::until(handshake))),
-        Err(c) => c.await.map(|conn| (conn, crate::h3::EarlyData::none())),
+        Ok((conn, _)) => Ok(conn),
+        Err(c) => c.await,
     };
     match conn {
-        Ok((conn, _)) if conn.alpn().as_deref() == Some(hq::ALPN) => {
+        Ok(conn) if conn.alpn().as_deref() == Some(hq::ALPN) => {
             // HTTP/0.9 has only GET, which early data may carry.
             hq::serve_connection(conn, site).await
         }
-        Ok((conn, early)) => {
+        Ok(conn) => {
             let H3Settings {
                 config,
                 idle_timeout,
             } = h3;
-            crate::h3::serve_connection_with(conn, site, alt_svc, config, early, idle_timeout).await
+            crate::h3::serve_connection_with(conn, site, alt_svc, config, idle_timeout).await
         }
         Err(e) => tracing::info!(%remote, error = %e, "handshake failed"),
     }
