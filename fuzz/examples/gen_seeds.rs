@@ -11,6 +11,9 @@
 //! made by `Frame::encode`. The RFC 9001 / RFC 9369
 //! Appendix A packets are copied from `crates/kuai-proto/tests/vectors.rs`.
 
+// ACK ranges are given as slices of ranges, often of one.
+#![allow(clippy::single_range_in_vec_init)]
+
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::path::{Path, PathBuf};
 
@@ -849,6 +852,400 @@ fn connection_seeds(dir: &Path) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// `handshake`: byte 0 picks the target (bit 0: client), the GSO batch (bits 1-2) and the
+// server's configuration (bits 3-4); then `[op][len][body]` chunks with `op = kind | flags << 4`
+// (see fuzz_targets/handshake.rs).
+
+mod hs {
+    pub const RAW: u8 = 0;
+    pub const MUTATE: u8 = 1;
+    pub const SEAL: u8 = 2;
+    pub const CLOCK: u8 = 3;
+    pub const PUMP: u8 = 4;
+    pub const APP: u8 = 5;
+    pub const REPLAY: u8 = 7;
+    pub const SPOOF: u8 = 8;
+    pub const STEP: u8 = 9;
+    pub const PACKET: u8 = 10;
+    pub const COALESCED: u8 = 11;
+    pub const RETRY: u8 = 12;
+    pub const SETTLE: u8 = 13;
+    pub const NEXT: u8 = 14;
+    pub const DEADLINE: u8 = 15;
+    /// Sources (the `s` flags): the peer, its other port, the two victims.
+    pub const PEER: u8 = 0;
+    pub const ALT: u8 = 1;
+    pub const VICTIM: u8 = 2;
+    pub const VICTIM2: u8 = 3;
+}
+
+fn hs_input(config: u8, ops: &[(u8, u8, Vec<u8>)]) -> Vec<u8> {
+    let mut out = vec![config];
+    for (kind, flags, body) in ops {
+        assert!(*kind < 16 && *flags < 16 && body.len() <= 255);
+        out.push(kind | flags << 4);
+        out.push(body.len() as u8);
+        out.extend_from_slice(body);
+    }
+    out
+}
+
+/// `(offset u16 LE, len)` triples cutting the ClientHello into CRYPTO frames.
+fn pieces(p: &[(u16, u8)]) -> Vec<u8> {
+    p.iter()
+        .flat_map(|&(o, l)| [o.to_le_bytes()[0], o.to_le_bytes()[1], l])
+        .collect()
+}
+
+fn handshake_seeds(dir: &Path) {
+    use hs::*;
+    const SERVER: u8 = 0;
+    const CLIENT: u8 = 1;
+    let both = [("s", SERVER), ("c", CLIENT)];
+    let crypto = |offset: u64, data: &'static [u8]| {
+        encode_frames(&[Frame::Crypto {
+            offset,
+            data: Bytes::from_static(data),
+        }])
+    };
+    // Whole handshakes: at once, datagram by datagram, with loss, duplicates and reordering,
+    // for each server configuration.
+    for (side, t) in both {
+        for variant in 0..4u8 {
+            let config = t | variant << 3;
+            write(
+                dir,
+                &format!("settle_v{variant}_{side}.bin"),
+                &hs_input(config, &[(SETTLE, 0, vec![])]),
+            );
+        }
+        let steps: Ops = (0..12)
+            .map(|i| (STEP, (i % 2) as u8, vec![0]))
+            .chain([(SETTLE, 0, vec![])])
+            .collect();
+        write(dir, &format!("steps_{side}.bin"), &hs_input(t, &steps));
+        write(
+            dir,
+            &format!("lose_first_{side}.bin"),
+            &hs_input(
+                t,
+                &[
+                    (STEP, 0b0010 | (t ^ 1), vec![0]),
+                    (DEADLINE, 0, vec![]),
+                    (SETTLE, 0, vec![]),
+                ],
+            ),
+        );
+        write(
+            dir,
+            &format!("lose_server_flight_{side}.bin"),
+            &hs_input(
+                t,
+                &[
+                    (STEP, 1, vec![0]),
+                    (STEP, 0b0010, vec![7]),
+                    (CLOCK, 0, ms(400)),
+                    (SETTLE, 0, vec![]),
+                ],
+            ),
+        );
+        write(
+            dir,
+            &format!("dup_reorder_{side}.bin"),
+            &hs_input(
+                t,
+                &[
+                    (STEP, 0b0101, vec![0]),
+                    (STEP, 0b0110, vec![3]),
+                    (STEP, 0b0101, vec![3]),
+                    (SETTLE, 0, vec![]),
+                ],
+            ),
+        );
+        write(
+            dir,
+            &format!("gso_settle_{side}.bin"),
+            &hs_input(
+                t | 0b110,
+                &[(SETTLE, 0, vec![]), (APP, 0, app(0, 1, b"hi"))],
+            ),
+        );
+        // The peer's first datagram with bytes flipped, and re-sealed around extra frames.
+        write(
+            dir,
+            &format!("mutate_first_{side}.bin"),
+            &hs_input(
+                t,
+                &[
+                    (STEP, 0, vec![0]),
+                    (MUTATE, ALT, flips(&[(30, 0x01), (200, 0x80)])),
+                    (SETTLE, 0, vec![]),
+                ],
+            ),
+        );
+        for (name, frames) in [
+            ("ping", encode_frames(&[Frame::Ping])),
+            ("ack", encode_frames(&[ack(0, &[0..1], None)])),
+            ("crypto_gap", crypto(5000, b"late")),
+            ("crypto_dup", crypto(0, b"\x01\x00")),
+            (
+                "close",
+                encode_frames(&[Frame::Close(Close {
+                    error_code: 0x0a,
+                    frame_type: Some(0),
+                    reason: Bytes::from_static(b"no"),
+                })]),
+            ),
+            (
+                "new_token",
+                encode_frames(&[Frame::NewToken {
+                    token: Bytes::from_static(b"not in Initial"),
+                }]),
+            ),
+            ("stream", encode_frames(&[stream(0, 0, true, b"early")])),
+            ("padding", vec![0; 40]),
+        ] {
+            for (mode, mname) in [(0u8, "replace"), (1, "append"), (2, "prepend")] {
+                let body = [&[0u8][..], &frames].concat();
+                let mut ops: Ops = Vec::new();
+                if t == CLIENT {
+                    // The server's first flight: deliver the client's Initial first.
+                    ops.push((STEP, 1, vec![0]));
+                }
+                ops.push((SEAL, mode, body));
+                ops.push((SETTLE, 0, vec![]));
+                write(
+                    dir,
+                    &format!("seal_{name}_{mname}_{side}.bin"),
+                    &hs_input(t, &ops),
+                );
+            }
+        }
+        // The second packet of the server's first datagram (its Handshake packet).
+        write(
+            dir,
+            &format!("seal_second_packet_{side}.bin"),
+            &hs_input(
+                t,
+                &[
+                    (STEP, 1, vec![0]),
+                    (
+                        SEAL,
+                        1,
+                        [&[1u8][..], &encode_frames(&[Frame::Ping])].concat(),
+                    ),
+                    (SETTLE, 0, vec![]),
+                ],
+            ),
+        );
+        // Packets from scratch in each space, after the first flights.
+        for (space, sname) in [(0u8, "initial"), (1, "handshake"), (2, "onertt")] {
+            for (pn, pname) in [(0u8, "next"), (1, "same"), (2, "gap"), (3, "zero")] {
+                let c = space | pn << 2 | 0x10;
+                let frames = match space {
+                    0 => [encode_frames(&[Frame::Ping, ack(0, &[0..1], None)])].concat(),
+                    1 => crypto(3, b"\x14\x00\x00\x20odd"),
+                    _ => encode_frames(&[Frame::Ping, Frame::MaxData(1 << 20)]),
+                };
+                write(
+                    dir,
+                    &format!("packet_{sname}_{pname}_{side}.bin"),
+                    &hs_input(
+                        t,
+                        &[
+                            (STEP, 1, vec![1]),
+                            (STEP, 0, vec![1]),
+                            (PACKET, PEER, [&[c][..], &frames].concat()),
+                            (SETTLE, 0, vec![]),
+                        ],
+                    ),
+                );
+            }
+        }
+        // A Handshake and an Initial packet coalesced (in the wrong order), then sent.
+        write(
+            dir,
+            &format!("coalesced_{side}.bin"),
+            &hs_input(
+                t,
+                &[
+                    (STEP, 1, vec![1]),
+                    (STEP, 0, vec![1]),
+                    (
+                        PACKET,
+                        0b1000,
+                        [&[1u8][..], &encode_frames(&[Frame::Ping])].concat(),
+                    ),
+                    (
+                        PACKET,
+                        0b1100,
+                        [&[0u8][..], &encode_frames(&[Frame::Ping])].concat(),
+                    ),
+                    (COALESCED, 0b0100, vec![]),
+                    (SETTLE, 0, vec![]),
+                ],
+            ),
+        );
+    }
+    // The server's accept path: the real ClientHello from spoofed addresses, whole, in pieces,
+    // at odd offsets and beyond its end, with tokens, in v2, too short, coalesced.
+    for variant in 0..4u8 {
+        let config = SERVER | variant << 3;
+        let ops: Ops = (0..8u8)
+            .map(|k| {
+                (
+                    SPOOF,
+                    [VICTIM, VICTIM2][usize::from(k % 2)],
+                    vec![2 + k % 6],
+                )
+            })
+            .chain([(SETTLE, 0, vec![])])
+            .collect();
+        write(
+            dir,
+            &format!("spoof_v{variant}.bin"),
+            &hs_input(config, &ops),
+        );
+    }
+    let spoofs: &[(&str, u8, u8, Vec<u8>)] = &[
+        ("whole_odcid", VICTIM, 0, vec![]),
+        ("whole_peer", PEER, 0, vec![]),
+        ("whole_alt", ALT, 0, vec![]),
+        ("v2", VICTIM, 2 | 16, vec![]),
+        ("fixed_scid", VICTIM, 3 | 8, vec![]),
+        ("junk_token", VICTIM, 4 | 2 << 5, vec![]),
+        ("long_token", VICTIM, 5 | 3 << 5, vec![]),
+        ("retry_token", ALT, 6 | 1 << 5, vec![]),
+        ("halves", VICTIM, 2, pieces(&[(0, 150), (150, 255)])),
+        ("reversed", VICTIM, 2, pieces(&[(150, 255), (0, 150)])),
+        (
+            "overlap",
+            VICTIM,
+            3,
+            pieces(&[(0, 100), (50, 100), (100, 255)]),
+        ),
+        (
+            "odd_offsets",
+            VICTIM,
+            4,
+            pieces(&[(1, 7), (9, 3), (255, 255), (0, 1)]),
+        ),
+        (
+            "beyond",
+            VICTIM,
+            5,
+            pieces(&[(4000, 10), (65535, 255), (60000, 1)]),
+        ),
+        (
+            "bytes",
+            VICTIM,
+            6,
+            pieces(&(0..60).map(|i| (i * 3, 2)).collect::<Vec<_>>()),
+        ),
+    ];
+    for (name, src, c, triples) in spoofs {
+        write(
+            dir,
+            &format!("spoof_{name}.bin"),
+            &hs_input(
+                SERVER | 1 << 3,
+                &[
+                    (SPOOF, *src, [&[*c][..], triples].concat()),
+                    (SETTLE, 0, vec![]),
+                ],
+            ),
+        );
+        write(
+            dir,
+            &format!("spoof_{name}_default.bin"),
+            &hs_input(
+                SERVER,
+                &[
+                    (SPOOF, *src, [&[*c][..], triples].concat()),
+                    (SETTLE, 0, vec![]),
+                ],
+            ),
+        );
+    }
+    // The ClientHello over many small Initials, then the rest of the handshake.
+    let mut ops: Ops = Vec::new();
+    for i in 0..40u16 {
+        ops.push((SPOOF, VICTIM, [&[7u8][..], &pieces(&[(i * 8, 8)])].concat()));
+    }
+    ops.push((SETTLE, 0, vec![]));
+    write(dir, "spoof_many_packets.bin", &hs_input(SERVER, &ops));
+    // Unpadded (too short) and coalesced Initials, the real client's among them.
+    write(
+        dir,
+        "spoof_short_coalesced.bin",
+        &hs_input(
+            SERVER,
+            &[
+                (
+                    SPOOF,
+                    VICTIM | 0b1100,
+                    [&[2u8][..], &pieces(&[(0, 100)])].concat(),
+                ),
+                (
+                    SPOOF,
+                    VICTIM | 0b1100,
+                    [&[2u8][..], &pieces(&[(100, 255)])].concat(),
+                ),
+                (COALESCED, VICTIM | 0b0100, vec![]),
+                (SPOOF, VICTIM | 0b0100, vec![3]),
+                (MUTATE, VICTIM, flips(&[(0, 0)])),
+                (REPLAY, VICTIM2, vec![0]),
+                (RAW, VICTIM | 0b0100, vec![0xc0, 0, 0, 0, 1, 8]),
+                (SETTLE, 0, vec![]),
+            ],
+        ),
+    );
+    // As many half-open handshakes as an input can make (the memory bound is set from this).
+    let flood: Ops = (0..127u8)
+        .map(|k| (SPOOF, VICTIM | (k & 1), vec![(4 + k % 4) | (k & 0x60)]))
+        .collect();
+    write(dir, "spoof_flood.bin", &hs_input(SERVER, &flood));
+    // Retry and Version Negotiation for the client.
+    for (name, flags, body) in [
+        ("retry", 0u8, [&[0u8][..], b"token"].concat()),
+        ("retry_bad_tag", 0, vec![1, 1, 2, 3]),
+        ("retry_other_odcid", 0, vec![2, 9]),
+        ("retry_victim", 0b10, vec![0, 7]),
+        (
+            "vn",
+            1,
+            [0x0a0a_0a0au32, 0x6b33_43cf, 2]
+                .iter()
+                .flat_map(|v| v.to_be_bytes())
+                .collect(),
+        ),
+        ("vn_v1", 1, 1u32.to_be_bytes().to_vec()),
+    ] {
+        write(
+            dir,
+            &format!("client_{name}.bin"),
+            &hs_input(CLIENT, &[(RETRY, flags, body), (SETTLE, 0, vec![])]),
+        );
+    }
+    // Timers in the middle of the handshake, and the application before it completes.
+    write(
+        dir,
+        "timers_midway.bin",
+        &hs_input(
+            SERVER,
+            &[
+                (NEXT, 0, vec![0]),
+                (PUMP, 0b0001, vec![3]),
+                (CLOCK, 0b0001, ms(1000)),
+                (DEADLINE, 1, vec![]),
+                (APP, 1, app(0, 0, b"0-rtt?")),
+                (PUMP, 0b0010, vec![2]),
+            ],
+        ),
+    );
+}
+
 fn main() {
     let root = PathBuf::from(
         std::env::args()
@@ -860,6 +1257,7 @@ fn main() {
         ("packet_header", packet_seeds),
         ("transport_params", tp_seeds),
         ("connection", connection_seeds),
+        ("handshake", handshake_seeds),
     ] {
         let dir = root.join(name);
         std::fs::create_dir_all(&dir).unwrap();

@@ -7,7 +7,9 @@ use kuai_h3::frame::{Frame, FrameReader, Settings};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&split, rest)) = data.split_first() else { return };
+    let Some((&split, rest)) = data.split_first() else {
+        return;
+    };
     let chunk = usize::from(split % 17) + 1;
     let mut reader = FrameReader::new(4096);
     let mut fields = Vec::new();

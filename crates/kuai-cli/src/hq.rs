@@ -44,11 +44,7 @@ async fn serve_request(
     let start = Instant::now();
     let req = recv.read_to_end(8 * 1024).await?;
     let line = String::from_utf8_lossy(&req);
-    let path = line
-        .trim()
-        .strip_prefix("GET ")
-        .map(str::trim)
-        .unwrap_or("");
+    let path = request_path(&line);
     let (status, bytes) = match resolve(site, path).await {
         Some(Body::File(mut f, len)) => {
             let mut buf = vec![0u8; 64 * 1024];
@@ -89,6 +85,15 @@ async fn serve_request(
     Ok(())
 }
 
+/// The path of an HTTP/0.9 request, `GET /path\r\n`; empty when it is not a GET.
+pub(crate) fn request_path(request: &str) -> &str {
+    request
+        .trim()
+        .strip_prefix("GET ")
+        .map(str::trim)
+        .unwrap_or("")
+}
+
 pub enum Body {
     File(tokio::fs::File, u64),
     Bytes(Bytes),
@@ -121,7 +126,7 @@ pub async fn resolve(site: &Site, path: &str) -> Option<Body> {
 
 /// A request path as a path below the root, and whether it named a directory (a trailing
 /// `/`); `None` for anything that could leave the root or name a dotfile.
-fn safe_relative(path: &str) -> Option<(PathBuf, bool)> {
+pub(crate) fn safe_relative(path: &str) -> Option<(PathBuf, bool)> {
     let mut out = PathBuf::new();
     let mut want_dir = false;
     for raw in path.split('/') {

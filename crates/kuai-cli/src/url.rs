@@ -11,6 +11,13 @@ pub struct Url {
 
 impl Url {
     pub fn parse(s: &str) -> Result<Self, String> {
+        // RFC 3986 §2: no spaces or control characters anywhere in a URL (they would also end
+        // up in an HTTP/0.9 request line).
+        if s.chars()
+            .any(|c| c.is_ascii_whitespace() || c.is_ascii_control())
+        {
+            return Err(format!("{s:?}: spaces or control characters in the URL"));
+        }
         let rest = s
             .strip_prefix("https://")
             .ok_or_else(|| format!("{s}: only https:// URLs are supported"))?;
@@ -35,14 +42,25 @@ impl Url {
             };
             (host.to_string(), port)
         } else {
-            match authority.rsplit_once(':') {
+            let (host, port) = match authority.rsplit_once(':') {
                 Some((h, p)) => (
                     h.to_string(),
                     p.parse().map_err(|_| format!("{s}: bad port {p:?}"))?,
                 ),
                 None => (authority.to_string(), 443),
+            };
+            if host.contains(':') {
+                return Err(format!("{s}: an IPv6 address goes in brackets"));
             }
+            (host, port)
         };
+        // What is written back (Display, authority) must parse to the same URL.
+        if host.is_empty() {
+            return Err(format!("{s}: no host"));
+        }
+        if host.contains(['[', ']']) {
+            return Err(format!("{s}: bad host {host:?}"));
+        }
         Ok(Self {
             host,
             port,
@@ -114,5 +132,38 @@ mod tests {
         assert!(Url::parse("http://x/").is_err());
         assert!(Url::parse("https://x:notaport/").is_err());
         assert!(Url::parse("https:///x").is_err());
+    }
+
+    /// Found by the `url` fuzz target: each of these parsed, and the URL it gave was written
+    /// (`Display`) as something that parsed to another URL or not at all, or had no host.
+    #[test]
+    fn refuses_hosts_that_do_not_round_trip() {
+        for bad in [
+            "https://:80/",
+            "https://[]/",
+            "https://[[a]:1/",
+            "https://a]:b:1/",
+            "https://h]/x",
+            "https://a:b:1/",
+            "https://h\r\n/x",
+            "https://h/a b",
+            "https://h/\0",
+        ] {
+            assert!(
+                Url::parse(bad).is_err(),
+                "{bad:?} parsed: {:?}",
+                Url::parse(bad)
+            );
+        }
+        for good in [
+            "https://h/",
+            "https://h:1/p?q#f",
+            "https://[::1]/",
+            "https://[fe80::1%25eth0]:8443/x",
+            "https://127.0.0.1:4433/a/b",
+        ] {
+            let u = Url::parse(good).unwrap();
+            assert_eq!(Url::parse(&u.to_string()).unwrap(), u, "{good}");
+        }
     }
 }

@@ -13,6 +13,10 @@ use std::time::Duration;
 /// The bytes one delivery opportunity carries: one packet of the link's MTU.
 pub const OPPORTUNITY_BYTES: usize = 1500;
 
+/// The longest trace period accepted, in milliseconds: a day. Longer ones are surely a
+/// mistake, and the times of later loops (`loop x period + timestamp`) stay far from overflow.
+pub const MAX_PERIOD_MS: u64 = 24 * 3600 * 1000;
+
 /// A parsed trace: the opportunities of one period, in milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
@@ -31,6 +35,12 @@ impl Trace {
             let v: u64 = line
                 .parse()
                 .map_err(|_| format!("line {}: `{line}` is not a millisecond count", i + 1))?;
+            if v > MAX_PERIOD_MS {
+                return Err(format!(
+                    "line {}: {v} ms is beyond a day ({MAX_PERIOD_MS} ms), the longest trace",
+                    i + 1
+                ));
+            }
             if let Some(&last) = ms.last()
                 && v < last
             {
@@ -51,7 +61,8 @@ impl Trace {
         Trace::parse(&text).map_err(|e| format!("trace {}: {e}", path.display()))
     }
 
-    /// A trace from opportunity timestamps (milliseconds, non-decreasing, last one above 0).
+    /// A trace from opportunity timestamps (milliseconds, non-decreasing, last one above 0
+    /// and at most [`MAX_PERIOD_MS`]).
     pub fn new(ms: Vec<u64>) -> Result<Trace, String> {
         if ms.windows(2).any(|w| w[1] < w[0]) {
             return Err("timestamps must not decrease".into());
@@ -59,6 +70,9 @@ impl Trace {
         match ms.last() {
             None => Err("the trace has no delivery opportunity".into()),
             Some(0) => Err("the trace must last longer than 0 ms".into()),
+            Some(&p) if p > MAX_PERIOD_MS => Err(format!(
+                "the trace lasts {p} ms, beyond a day ({MAX_PERIOD_MS} ms)"
+            )),
             Some(_) => Ok(Trace { ms }),
         }
     }
@@ -225,6 +239,29 @@ mod tests {
         // A partly used opportunity in the future keeps its credit.
         assert_eq!(c.send(&t, ms(121), 100), ms(130));
         assert_eq!(c.send(&t, ms(122), 100), ms(130));
+    }
+
+    #[test]
+    fn periods_are_bounded() {
+        // Found by the netsim_trace fuzz target: a trace whose last timestamp is u64::MAX ms
+        // parsed, and its second loop overflowed `cycle * period + ms` (a panic in debug
+        // builds, wrong times in release).
+        assert!(Trace::parse("4\n18446744073709551615\n").is_err());
+        assert!(Trace::parse("86400001\n").is_err());
+        // The longest period allowed (a day) loops without overflow.
+        let t = Trace::parse("1\n86400000\n").unwrap();
+        let mut c = TraceCursor::new();
+        let times: Vec<_> = (0..5).map(|_| c.send(&t, ms(0), 1500)).collect();
+        assert_eq!(
+            times,
+            [
+                ms(1),
+                ms(86_400_000),
+                ms(86_400_001),
+                ms(172_800_000),
+                ms(172_800_001)
+            ]
+        );
     }
 
     #[test]
