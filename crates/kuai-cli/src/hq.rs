@@ -154,6 +154,10 @@ fn percent_decode(s: &str) -> Option<String> {
     while i < b.len() {
         if b[i] == b'%' {
             let hex = b.get(i + 1..i + 3)?;
+            // Two hex digits exactly: from_str_radix alone would take "+1".
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
             let hex = std::str::from_utf8(hex).ok()?;
             out.push(u8::from_str_radix(hex, 16).ok()?);
             i += 3;
@@ -333,6 +337,17 @@ mod tests {
     /// `kuai server --root`: regular files below the root are served; dotfiles, symlinks that
     /// leave the root, FIFOs, sockets and devices are 404, and no spelling of a path (`..`,
     /// `%2e%2e`, `%2f`, backslashes, NUL) leaves the root.
+    /// RFC 3986 §2.1: an escape is `%` and two hex digits; `%+1` is not one (found by the
+    /// hq_request fuzz target's model).
+    #[test]
+    fn malformed_percent_escapes_are_refused() {
+        assert_eq!(safe_relative("/a%2f"), None, "a / in a segment");
+        assert_eq!(safe_relative("/a%41"), Some((PathBuf::from("aA"), false)));
+        for bad in ["/a%+1", "/a%-1", "/a%4", "/a% 1", "/a%zz"] {
+            assert_eq!(safe_relative(bad), None, "{bad}");
+        }
+    }
+
     #[tokio::test]
     async fn the_file_server_serves_regular_files_below_the_root_only() {
         let t = tree("serve");
