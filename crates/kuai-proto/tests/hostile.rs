@@ -1009,3 +1009,62 @@ fn an_ack_after_the_finished_in_one_packet_is_fine() {
     assert!(!conn.is_closed(), "{:?}", conn.close_reason());
     assert!(conn.is_established(), "{:?}", conn.stats());
 }
+
+/// RFC 9000 §13.2.1: an ACK-only packet is never sent in answer to packets that were not
+/// ack-eliciting. A client Initial holding only a PING (found by the handshake fuzz target)
+/// made the server and the client acknowledge each other's Initial ACKs for ever.
+#[test]
+fn handshake_acks_are_not_acknowledged() {
+    use kuai_proto::crypto::initial_keys;
+    use kuai_proto::packet::{self, LongType, PartialDecode};
+    use kuai_proto::{Side, Version};
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    );
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    let mut buf = Vec::new();
+    let t = client.poll_transmit(now, 1, &mut buf).unwrap();
+    // The client's Initial with its ClientHello replaced by a PING.
+    let (pd, _) = PartialDecode::new(BytesMut::from(&buf[..t.size]), 8).unwrap();
+    let (dcid, scid) = (pd.dst_cid(), pd.src_cid().unwrap());
+    let keys = initial_keys(Version::V1, &dcid, Side::Client);
+    let mut pkt = Vec::new();
+    let pos = packet::write_long_header(
+        &mut pkt,
+        Version::V1,
+        LongType::Initial,
+        &dcid,
+        &scid,
+        &[],
+        0,
+        4,
+    );
+    pkt.push(0x01);
+    pkt.resize(1200 - 16, 0);
+    packet::seal_packet(
+        &mut pkt,
+        &pos,
+        0,
+        keys.local.header.as_ref(),
+        keys.local.packet.as_ref(),
+    )
+    .unwrap();
+    server.handle_datagram(now, caddr, None, None, BytesMut::from(&pkt[..]));
+    let mut moved = 0;
+    for _ in 0..100 {
+        moved += pump(now, &mut server, saddr, &mut client);
+        moved += pump(now, &mut client, caddr, &mut server);
+    }
+    assert!(moved <= 4, "{moved} datagrams of acknowledgements");
+}

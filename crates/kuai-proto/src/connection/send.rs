@@ -156,10 +156,14 @@ impl Connection {
         if !has_keys {
             return false;
         }
+        // RFC 9000 §13.2.1: a packet with nothing but an ACK is never sent in answer to
+        // packets that were not ack-eliciting (two endpoints would acknowledge each other's
+        // acknowledgements for ever); the handshake spaces acknowledge ack-eliciting packets
+        // at once (`immediate`), the Data space when the ACK delay says.
         let ack_due = if space == SpaceId::Data {
             sp.ack.due(now) && self.one_rtt.is_some()
         } else {
-            sp.ack.new_since_ack
+            sp.ack.new_since_ack && sp.ack.immediate
         };
         if ack_due || sp.probes > 0 || sp.crypto_send.has_sendable() {
             return true;
