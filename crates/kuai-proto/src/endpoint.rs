@@ -617,8 +617,21 @@ impl Endpoint {
         for c in extra {
             self.route_cid(c, h);
         }
-        self.incoming.push_back(h);
         self.deliver(h, now, remote, local_ip, ecn, data);
+        // RFC 9001 §5.2: an Initial that fails authentication is discarded, and it leaves
+        // nothing behind: a connection whose first datagram held no packet it could open is
+        // gone at once (it was never announced), so junk Initials cost no state.
+        if self
+            .slot(h)
+            .is_some_and(|e| e.conn.packets_received() == 0 && !e.conn.is_closed())
+        {
+            self.remove(h);
+            self.removed.retain(|&r| r != h);
+            self.events.retain(|(x, _)| *x != h);
+            self.stats.dropped += 1;
+            return;
+        }
+        self.incoming.push_back(h);
     }
 
     fn send_retry(

@@ -1068,3 +1068,39 @@ fn handshake_acks_are_not_acknowledged() {
     }
     assert!(moved <= 4, "{moved} datagrams of acknowledgements");
 }
+
+/// An Initial whose header parses but whose payload does not authenticate (found by the
+/// handshake fuzz target: a real client Initial with bytes flipped) leaves no connection
+/// behind. It used to create one with no timer at all, which never went away: a stream of
+/// such datagrams from spoofed addresses filled the server with half-open connections.
+#[test]
+fn an_initial_that_fails_authentication_leaves_no_connection() {
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    );
+    let mut initial = client_initial(now, saddr);
+    let n = initial.len();
+    initial[n - 20] ^= 0x55; // in the AEAD tag
+    for i in 0..100u16 {
+        let from = SocketAddr::from(([10, 0, 1, i as u8], 2000 + i));
+        server.handle_datagram(now, from, None, None, BytesMut::from(&initial[..]));
+    }
+    assert_eq!(
+        server.connection_count(),
+        0,
+        "junk Initials left connections"
+    );
+    assert!(server.accept().is_none());
+    // And nothing lingers for the clock either.
+    now += Duration::from_secs(60);
+    server.handle_timeout(now);
+    assert_eq!(server.connection_count(), 0);
+}

@@ -668,7 +668,14 @@ impl Connection {
         conn.trace(TraceEvent::ConnectionStateUpdated {
             new: "handshake_started",
         });
+        // The handshake timeout runs from the start, whatever the first datagram holds.
+        conn.reset_idle_timer(now);
         conn
+    }
+
+    /// Packets authenticated and processed so far.
+    pub(crate) fn packets_received(&self) -> u64 {
+        self.stats.packets_received
     }
 
     #[allow(clippy::too_many_arguments)]
