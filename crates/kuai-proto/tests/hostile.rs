@@ -1104,3 +1104,49 @@ fn an_initial_that_fails_authentication_leaves_no_connection() {
     server.handle_timeout(now);
     assert_eq!(server.connection_count(), 0);
 }
+
+/// RFC 9000 §8.1: a Handshake packet validates the address it came from. The client's
+/// Handshake flight relayed from another address (found by the handshake fuzz target) must
+/// not lift the 3x limit toward the address of its Initial, which sent nothing more.
+#[test]
+fn a_handshake_packet_from_elsewhere_validates_nothing_here() {
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let elsewhere: SocketAddr = "192.0.2.66:7001".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let mut server = Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    );
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    let mut buf = Vec::new();
+    let mut received = 0u64;
+    while let Some(t) = client.poll_transmit(now, 1, &mut buf) {
+        received += t.size as u64;
+        server.handle_datagram(now, caddr, None, None, BytesMut::from(&buf[..t.size]));
+    }
+    pump(now, &mut server, saddr, &mut client);
+    // The client's answer (its Finished) reaches the server from elsewhere.
+    pump(now, &mut client, elsewhere, &mut server);
+    let mut sent = 0u64;
+    for _ in 0..200 {
+        now += Duration::from_millis(50);
+        server.handle_timeout(now);
+        while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
+            if t.destination == caddr {
+                sent += t.size as u64;
+            }
+        }
+    }
+    assert!(
+        sent <= 3 * received,
+        "{sent} bytes sent to {caddr}, which sent {received}"
+    );
+}

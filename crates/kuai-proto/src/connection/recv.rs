@@ -352,9 +352,13 @@ impl Connection {
                 }
             }
             SpaceId::Handshake if self.side.is_server() => {
-                // RFC 9000 §8.1: a Handshake packet proves the client's address, and the
-                // server discards Initial keys (RFC 9001 §4.9.1).
-                self.path.validated = true;
+                // RFC 9000 §8.1: a Handshake packet proves the client's address, the address
+                // it came from, which must be the path's (found by fuzzing: one relayed from
+                // elsewhere let the server send without limit to an address that had sent
+                // one Initial). The server discards Initial keys (RFC 9001 §4.9.1).
+                if self.on_active_path(remote, local_ip) {
+                    self.path.validated = true;
+                }
                 self.discard_space(SpaceId::Initial, now);
             }
             SpaceId::Data if !is_0rtt && self.side.is_server() && self.zero_rtt_keys.is_some() => {
