@@ -163,7 +163,12 @@ fn pattern() -> Bytes {
 
 /// CPU seconds this process used so far (user + system).
 pub fn cpu_seconds() -> f64 {
-    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+    proc_cpu_seconds("self")
+}
+
+/// CPU seconds process `pid` ("self" for this one) used so far; 0 if it cannot be read.
+pub fn proc_cpu_seconds(pid: &str) -> f64 {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };
     // Fields after the command name (which may contain spaces) start after ") ".
@@ -179,7 +184,12 @@ pub fn cpu_seconds() -> f64 {
 
 /// Resident memory of this process, in bytes.
 pub fn rss_bytes() -> u64 {
-    let Ok(s) = std::fs::read_to_string("/proc/self/statm") else {
+    proc_rss_bytes("self")
+}
+
+/// Resident memory of process `pid` ("self" for this one), in bytes; 0 if it cannot be read.
+pub fn proc_rss_bytes(pid: &str) -> u64 {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/statm")) else {
         return 0;
     };
     let pages: u64 = s

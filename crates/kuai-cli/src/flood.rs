@@ -58,6 +58,7 @@ pub fn run(a: FloodArgs) -> Result<(), String> {
         .map_err(|e| format!("bind: {e}"))?;
 
     let rss_before = a.server_pid.map(rss_of).unwrap_or(0);
+    let cpu_before = a.server_pid.map(cpu_of).unwrap_or(0.0);
     let done = Arc::new(AtomicBool::new(false));
     let peak = Arc::new(AtomicU64::new(rss_before));
     let sampler = a.server_pid.map(|pid| {
@@ -125,6 +126,7 @@ pub fn run(a: FloodArgs) -> Result<(), String> {
         let _ = s.join();
     }
     let rss_after = a.server_pid.map(rss_of).unwrap_or(0);
+    let cpu = a.server_pid.map(cpu_of).unwrap_or(0.0) - cpu_before;
 
     let ok: Vec<f64> = probes
         .iter()
@@ -139,7 +141,8 @@ pub fn run(a: FloodArgs) -> Result<(), String> {
     println!(
         "{{\"initials\":{sent},\"send_errors\":{send_errors},\"flood_s\":{:.2},\
          \"probes\":{},\"probes_ok\":{},\"probe_ms_median\":{median:.0},\"probe_ms_max\":{max:.0},\
-         \"rss_before_mib\":{:.1},\"rss_peak_mib\":{:.1},\"rss_after_mib\":{:.1}}}",
+         \"rss_before_mib\":{:.1},\"rss_peak_mib\":{:.1},\"rss_after_mib\":{:.1},\
+         \"server_cpu_s\":{cpu:.2}}}",
         flood_time.as_secs_f64(),
         probes.len(),
         ok.len(),
@@ -182,10 +185,10 @@ fn make_initials(server: SocketAddr, n: usize) -> Result<Vec<Vec<u8>>, String> {
     Ok(out)
 }
 
-/// Resident memory of a process, in bytes (0 if it cannot be read).
+fn cpu_of(pid: u32) -> f64 {
+    crate::bench::proc_cpu_seconds(&pid.to_string())
+}
+
 fn rss_of(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/statm"))
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * 4096)
+    crate::bench::proc_rss_bytes(&pid.to_string())
 }
