@@ -25,7 +25,7 @@
 //! | 4 | write a GOAWAY, MAX_PUSH_ID or CANCEL_PUSH frame (`body[0] % 3`) for the ID `body[1..9]` (little-endian, 62 bits) |
 //! | 5 | finish a stream (FIN) |
 //! | 6 | reset a stream |
-//! | 7 | a request and its response, both ways through the target (synchronises) |
+//! | 7 | a request and its response, both ways through the target (synchronises; 4 per input at most) |
 //!
 //! # Checks
 //!
@@ -59,6 +59,8 @@ use tokio::sync::{Mutex, mpsc};
 use tokio::time::timeout;
 
 const MAX_OPS: usize = 64;
+/// Round trips an input may ask for (op 7), besides the last one; each may wait 2 s.
+const MAX_ROUND_TRIPS: usize = 4;
 const MAX_STREAMS: usize = 8;
 
 /// Frame types op 2 writes.
@@ -514,7 +516,7 @@ fn headers_frame(fields: &[(&str, &str)]) -> Vec<u8> {
 /// A request through the target and its response, so that what was written before has been
 /// read; errors are fine (the connection may be closing).
 async fn round_trip(raw: &Connection, target: &Target) {
-    let t = Duration::from_secs(3);
+    let t = Duration::from_secs(2);
     match target {
         Target::Server => {
             let _ = timeout(t, async {
@@ -614,6 +616,7 @@ async fn run(w: &Net, target_is_client: bool, mut ops: &[u8]) {
     });
 
     let mut streams: Vec<RawStream> = Vec::new();
+    let mut round_trips = 0;
     for _ in 0..MAX_OPS {
         let [op, len, tail @ ..] = ops else { break };
         let n = usize::from(*len).min(tail.len());
@@ -690,7 +693,10 @@ async fn run(w: &Net, target_is_client: bool, mut ops: &[u8]) {
                     s.model.end = End::Reset;
                 }
             }
-            7 => round_trip(&raw, &target).await,
+            7 if round_trips < MAX_ROUND_TRIPS => {
+                round_trips += 1;
+                round_trip(&raw, &target).await;
+            }
             _ => {}
         }
     }
