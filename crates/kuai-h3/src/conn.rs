@@ -494,6 +494,14 @@ async fn dispatch_uni(shared: Arc<Shared>, mut recv: RecvStream) {
                 return;
             }
         }
+        stream_type::PUSH if shared.side.is_server() => {
+            // Only servers push (RFC 9114 §6.2.2).
+            shared.fail(H3Error::new(
+                Code::STREAM_CREATION_ERROR,
+                "push stream from a client",
+            ));
+            return;
+        }
         stream_type::PUSH => {
             // We never send MAX_PUSH_ID, so a push stream is an error (RFC 9114 §4.6).
             shared.fail(H3Error::new(
@@ -540,6 +548,7 @@ fn closed_critical() -> H3Error {
 async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), H3Error> {
     let mut reader = FrameReader::new(64 * 1024);
     let mut first = true;
+    let mut max_push_id: Option<u64> = None;
     loop {
         let chunk = match recv.read_chunk(64 * 1024).await {
             Ok(Some(c)) => c,
@@ -590,8 +599,22 @@ async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
                     drop(s);
                     shared.changed.notify_waiters();
                 }
-                Frame::MaxPushId(_) if shared.side.is_server() => {}
-                Frame::CancelPush(_) => {}
+                Frame::MaxPushId(id) if shared.side.is_server() => {
+                    // RFC 9114 §7.2.7: the maximum push ID cannot go down.
+                    if max_push_id.is_some_and(|m| id < m) {
+                        return Err(H3Error::new(Code::ID_ERROR, "MAX_PUSH_ID went down"));
+                    }
+                    max_push_id = Some(id);
+                }
+                Frame::CancelPush(_) => {
+                    // RFC 9114 §7.2.3: we never send PUSH_PROMISE (server) nor MAX_PUSH_ID
+                    // (client), so no push ID can be cancelled: every one is beyond what is
+                    // allowed or was never promised.
+                    return Err(H3Error::new(
+                        Code::ID_ERROR,
+                        "CANCEL_PUSH for a push that cannot exist",
+                    ));
+                }
                 Frame::Unknown(_) => {}
                 Frame::Data(_) | Frame::Headers(_) | Frame::PushPromise | Frame::MaxPushId(_) => {
                     return Err(H3Error::new(

@@ -546,3 +546,58 @@ async fn an_unfinished_request_head_is_rejected_after_the_timeout() {
     assert!(took >= Duration::from_millis(250), "{took:?}");
     assert!(conn.close_reason().is_none(), "the connection lives on");
 }
+
+// Found by the h3_control fuzz target: the control and push stream rules of RFC 9114 that
+// kuai-h3 did not enforce.
+
+/// Only servers push: a client's push stream is H3_STREAM_CREATION_ERROR (RFC 9114 §6.2.2).
+#[tokio::test]
+async fn push_stream_from_a_client_is_a_stream_creation_error() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let mut s = conn.open_uni().await.unwrap();
+    s.write_all(&[0x01, 0x00]).await.unwrap();
+    std::mem::forget(s);
+    assert_eq!(closed_with(&conn).await, Code::STREAM_CREATION_ERROR.0);
+}
+
+/// The server never promised a push, so CANCEL_PUSH names one it cannot have (§7.2.3).
+#[tokio::test]
+async fn cancel_push_to_a_server_is_an_id_error() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00, 0x03, 0x01, 0x00]).await;
+    assert_eq!(closed_with(&conn).await, Code::ID_ERROR.0);
+}
+
+/// MAX_PUSH_ID cannot go down (§7.2.7).
+#[tokio::test]
+async fn max_push_id_cannot_go_down() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00, 0x0d, 0x01, 0x09, 0x0d, 0x01, 0x03]).await;
+    assert_eq!(closed_with(&conn).await, Code::ID_ERROR.0);
+}
+
+/// A client that sent no MAX_PUSH_ID allows no push ID: CANCEL_PUSH from the server names one
+/// beyond what is allowed (§7.2.3).
+#[tokio::test]
+async fn cancel_push_to_a_client_is_an_id_error() {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    let sep = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = sep.local_addr().unwrap();
+    let e = sep.clone();
+    let raw = tokio::spawn(async move { e.accept().await.unwrap().await.unwrap() });
+    let cep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let conn = cep
+        .connect_with(
+            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    let _client = kuai_h3::Client::new(conn, Config::default()).await.unwrap();
+    let raw = raw.await.unwrap();
+    control_stream(&raw, &[0x04, 0x00, 0x03, 0x01, 0x00]).await;
+    assert_eq!(closed_with(&raw).await, Code::ID_ERROR.0);
+}
