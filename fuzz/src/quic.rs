@@ -39,16 +39,17 @@
 //! - **Memory**: the heap (counted by [`crate::alloc`]) never grows by more than
 //!   [`MEM_BOUND`] during one input, the harness's setup included.
 //!
-//! `KUAI_FUZZ_SKIP` (comma-separated) turns off the checks that known, not yet fixed findings
-//! trip, so a campaign can go past them: `path-response` leaves datagrams that carry a
-//! PATH_RESPONSE out of the amplification count (issue 17 finding 1); `ack-loop` cuts an
+//! `KUAI_FUZZ_SKIP` (comma-separated) turns off checks, so a campaign can go past a finding
+//! while its fix lands. Those it names were all found and are all fixed (the fix named after
+//! each), so nothing is skipped by default: `path-response` leaves datagrams that carry a
+//! PATH_RESPONSE out of the amplification count (issue 17 finding 1; 7d966f9); `ack-loop` cuts an
 //! exchange that passes `MAX_DATAGRAMS` with only non-ack-eliciting datagrams for the last 100
 //! (the endpoints acknowledging each other's ACK-only Initial or Handshake packets forever, found
-//! by this target) instead of failing; `stuck-initial` lets a server connection that never
+//! by this target; 5ff0cda) instead of failing; `stuck-initial` lets a server connection that never
 //! processed a packet and has no timer outlive the input (a server connection made for an
-//! Initial that fails packet protection is never removed, found by this target); `recount`
+//! Initial that fails packet protection is never removed, found by this target; 9e05e1b); `recount`
 //! allows 9x instead of 3x (issue 17 finding 7: packets that could not be decrypted count
-//! toward the budget again each time they are retried, up to three times); `memory` turns the
+//! toward the budget again each time they are retried, up to three times; 71b93e8); `memory` turns the
 //! memory check off, `amplification` the whole amplification check.
 
 use std::collections::{HashMap, VecDeque};
