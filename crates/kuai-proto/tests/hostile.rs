@@ -11,7 +11,76 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use kuai_proto::config::TransportConfig;
 use kuai_proto::{Endpoint, Event};
-use support::hostile::{Hostile, stream_frame};
+use support::hostile::{Hostile, KeyLogSecrets, aes128_client_tls, stream_frame};
+
+/// A server endpoint with this configuration (wrapped for the endpoint).
+fn server_endpoint(now: Instant, scfg: kuai_proto::ServerConfig) -> Endpoint {
+    Endpoint::new(
+        support::endpoint_config(),
+        Some(Arc::new(scfg)),
+        now,
+        0,
+        Some(1),
+    )
+}
+
+/// A client endpoint whose randomness comes from `seed`.
+fn client_endpoint(now: Instant, seed: u64) -> Endpoint {
+    Endpoint::new(support::endpoint_config(), None, now, 0, Some(seed))
+}
+
+/// A client Initial packet (QUIC v1) with these connection IDs and frames, sealed with the
+/// Initial keys of `dcid`, its payload padded with PADDING to `len` bytes (none if shorter).
+fn initial_packet(
+    dcid: &kuai_proto::ConnectionId,
+    scid: &kuai_proto::ConnectionId,
+    pn: u64,
+    frames: &[u8],
+    len: usize,
+) -> Vec<u8> {
+    use kuai_proto::packet::{self, LongType};
+    let keys =
+        kuai_proto::crypto::initial_keys(kuai_proto::Version::V1, dcid, kuai_proto::Side::Client);
+    let mut buf = Vec::new();
+    let pos = packet::write_long_header(
+        &mut buf,
+        kuai_proto::Version::V1,
+        LongType::Initial,
+        dcid,
+        scid,
+        &[],
+        pn,
+        4,
+    );
+    buf.extend_from_slice(frames);
+    // Room for the header-protection sample, and the AEAD tag within `len`.
+    buf.resize(
+        (buf.len().max(pos.payload_offset() + 4)).max(len.saturating_sub(16)),
+        0,
+    );
+    packet::seal_packet(
+        &mut buf,
+        &pos,
+        pn,
+        keys.local.header.as_ref(),
+        keys.local.packet.as_ref(),
+    )
+    .unwrap();
+    buf
+}
+
+/// Asserts that `conn` was closed with this transport error code.
+fn assert_closed_with(
+    conn: &kuai_proto::Connection,
+    code: kuai_proto::TransportErrorCode,
+    why: &str,
+) {
+    let err = conn.close_reason();
+    assert!(
+        matches!(err, Some(kuai_proto::ConnectionError::TransportError(e)) if e.code == code),
+        "{why}: {err:?}"
+    );
+}
 
 /// PATH_CHALLENGE frame (RFC 9000 §19.17).
 fn path_challenge(data: [u8; 8]) -> Vec<u8> {
@@ -119,7 +188,7 @@ fn pump(now: Instant, from: &mut Endpoint, addr: SocketAddr, to: &mut Endpoint) 
 fn client_initial(now: Instant, saddr: SocketAddr) -> Vec<u8> {
     let certs = support::certs();
     let ccfg = support::client_config(&certs, TransportConfig::default());
-    let mut c = Endpoint::new(support::endpoint_config(), None, now, 0, Some(7));
+    let mut c = client_endpoint(now, 7);
     c.connect(now, &ccfg, saddr, "localhost").unwrap();
     let mut buf = Vec::new();
     let t = c.poll_transmit(now, 1, &mut buf).unwrap();
@@ -139,13 +208,7 @@ fn a_flood_of_spoofed_initials_does_not_lock_real_clients_out() {
     // The default limits, scaled down so the test stays quick.
     scfg.max_handshakes = 40;
     let handshake_timeout = scfg.handshake_timeout;
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(scfg)),
-        now,
-        0,
-        Some(1),
-    );
+    let mut server = server_endpoint(now, scfg);
     let initial = client_initial(now, saddr);
     let mut buf = Vec::new();
     let (mut refused, mut retries) = (0, 0);
@@ -178,7 +241,7 @@ fn a_flood_of_spoofed_initials_does_not_lock_real_clients_out() {
     // A real client during the flood: Retry, then its handshake goes through.
     let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
     let ccfg = support::client_config(&certs, TransportConfig::default());
-    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    let mut client = client_endpoint(now, 2);
     client.connect(now, &ccfg, saddr, "localhost").unwrap();
     let mut connected = false;
     for _ in 0..50 {
@@ -280,13 +343,7 @@ fn a_handshake_orphaned_by_a_retry_is_dropped() {
     // Shorter than the Retry token's lifetime, which the client's token must survive.
     scfg.handshake_timeout = Duration::from_secs(2);
     let timeout = scfg.handshake_timeout;
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(scfg)),
-        now,
-        0,
-        Some(1),
-    );
+    let mut server = server_endpoint(now, scfg);
     // One handshake in flight (from elsewhere), so the client's Initial gets a Retry.
     let other = client_initial(now, saddr);
     server.handle_datagram(
@@ -299,7 +356,7 @@ fn a_handshake_orphaned_by_a_retry_is_dropped() {
     let mut buf = Vec::new();
     while server.poll_transmit(now, 1, &mut buf).is_some() {}
     let ccfg = support::client_config(&certs, TransportConfig::default());
-    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    let mut client = client_endpoint(now, 2);
     client.connect(now, &ccfg, saddr, "localhost").unwrap();
     let t = client.poll_transmit(now, 1, &mut buf).unwrap();
     let initial = buf[..t.size].to_vec();
@@ -365,11 +422,10 @@ fn fragmented_stream_data_is_bounded_by_the_window() {
         );
     }
     let i = closed_at.expect("the connection took every fragment");
-    let err = h.server_conn().close_reason().cloned();
-    assert!(
-        matches!(&err, Some(kuai_proto::ConnectionError::TransportError(e))
-            if e.code == kuai_proto::TransportErrorCode::FLOW_CONTROL_ERROR),
-        "{err:?} after {i} pieces"
+    assert_closed_with(
+        h.server_conn(),
+        kuai_proto::TransportErrorCode::FLOW_CONTROL_ERROR,
+        &format!("after {i} pieces"),
     );
 }
 
@@ -379,47 +435,15 @@ fn fragmented_stream_data_is_bounded_by_the_window() {
 /// instead of growing it.
 #[test]
 fn fragmented_crypto_data_is_bounded() {
-    use kuai_proto::crypto::initial_keys;
-    use kuai_proto::packet::{self, LongType};
-    use kuai_proto::{ConnectionId, Side, Version};
+    use kuai_proto::ConnectionId;
     let certs = support::certs();
     let now = Instant::now();
     let scfg = support::server_config(&certs, TransportConfig::default());
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(scfg)),
-        now,
-        0,
-        Some(1),
-    );
+    let mut server = server_endpoint(now, scfg);
     let from: SocketAddr = "10.0.0.9:1234".parse().unwrap();
     let dcid = ConnectionId::try_from_slice(&[7; 8]).unwrap();
     let scid = ConnectionId::try_from_slice(&[9; 8]).unwrap();
-    let keys = initial_keys(Version::V1, &dcid, Side::Client);
-    let initial = |pn: u64, frames: &[u8]| {
-        let mut buf = Vec::new();
-        let pos = packet::write_long_header(
-            &mut buf,
-            Version::V1,
-            LongType::Initial,
-            &dcid,
-            &scid,
-            &[],
-            pn,
-            4,
-        );
-        buf.extend_from_slice(frames);
-        buf.resize(1200 - 16, 0);
-        packet::seal_packet(
-            &mut buf,
-            &pos,
-            pn,
-            keys.local.header.as_ref(),
-            keys.local.packet.as_ref(),
-        )
-        .unwrap();
-        buf
-    };
+    let initial = |pn: u64, frames: &[u8]| initial_packet(&dcid, &scid, pn, frames, 1200);
     let crypto = |offset: u64, data: &[u8]| {
         let mut f = vec![0x06];
         kuai_proto::VarInt::saturating(offset).encode(&mut f);
@@ -458,23 +482,16 @@ fn fragmented_crypto_data_is_bounded() {
         "{worst} bytes held for one half-open handshake"
     );
     let h = server.handles().next().expect("a connection");
-    let err = server.connection(h).unwrap().close_reason().cloned();
-    assert!(
-        matches!(&err, Some(kuai_proto::ConnectionError::TransportError(e))
-            if e.code == kuai_proto::TransportErrorCode::CRYPTO_BUFFER_EXCEEDED),
-        "the fragments were all taken: {err:?}"
+    assert_closed_with(
+        server.connection(h).unwrap(),
+        kuai_proto::TransportErrorCode::CRYPTO_BUFFER_EXCEEDED,
+        "the fragments were all taken",
     );
 
     // A ClientHello that says it is 16 MiB long.
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(support::server_config(
-            &certs,
-            TransportConfig::default(),
-        ))),
+    let mut server = server_endpoint(
         now,
-        0,
-        Some(1),
+        support::server_config(&certs, TransportConfig::default()),
     );
     let mut frames = crypto(0, &[1, 0xff, 0xff, 0xff]);
     frames.extend(crypto(4, &[0u8; 1000]));
@@ -486,11 +503,10 @@ fn fragmented_crypto_data_is_bounded() {
         BytesMut::from(&initial(0, &frames)[..]),
     );
     let h = server.handles().next().expect("a connection");
-    let err = server.connection(h).unwrap().close_reason().cloned();
-    assert!(
-        matches!(&err, Some(kuai_proto::ConnectionError::TransportError(e))
-            if e.code == kuai_proto::TransportErrorCode::CRYPTO_BUFFER_EXCEEDED),
-        "{err:?}"
+    assert_closed_with(
+        server.connection(h).unwrap(),
+        kuai_proto::TransportErrorCode::CRYPTO_BUFFER_EXCEEDED,
+        "a 16 MiB ClientHello",
     );
 }
 
@@ -514,7 +530,7 @@ fn windows_shrink_under_memory_pressure() {
     let mut clients = Vec::new();
     for (i, port) in [5001u16, 5002].into_iter().enumerate() {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut c = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2 + i as u64));
+        let mut c = client_endpoint(now, 2 + i as u64);
         let h = c.connect(now, &ccfg, saddr, "localhost").unwrap();
         clients.push((c, addr, h));
     }
@@ -642,11 +658,10 @@ fn unacknowledged_retirements_are_bounded() {
         "closed only after {} retirements",
         n - 99
     );
-    let err = h.server_conn().close_reason().cloned();
-    assert!(
-        matches!(&err, Some(kuai_proto::ConnectionError::TransportError(e))
-            if e.code == kuai_proto::TransportErrorCode::CONNECTION_ID_LIMIT_ERROR),
-        "{err:?}"
+    assert_closed_with(
+        h.server_conn(),
+        kuai_proto::TransportErrorCode::CONNECTION_ID_LIMIT_ERROR,
+        "retirements past the limit",
     );
 }
 
@@ -685,11 +700,10 @@ fn an_optimistic_ack_of_a_skipped_packet_number_is_caught() {
     let largest = *h.server_pns.iter().max().unwrap();
     let p = h.packet(&ack_frame(&[0..=largest]));
     h.inject(h.caddr, &p);
-    let err = h.server_conn().close_reason().cloned();
-    assert!(
-        matches!(&err, Some(kuai_proto::ConnectionError::TransportError(e))
-            if e.code == kuai_proto::TransportErrorCode::PROTOCOL_VIOLATION),
-        "ACK of skipped packet {skipped}: {err:?}"
+    assert_closed_with(
+        h.server_conn(),
+        kuai_proto::TransportErrorCode::PROTOCOL_VIOLATION,
+        &format!("ACK of skipped packet {skipped}"),
     );
 }
 
@@ -725,21 +739,13 @@ fn spurious_migrations_keep_the_last_validated_path() {
 /// the first one.
 #[test]
 fn a_later_initial_in_a_short_datagram_is_dropped() {
-    use kuai_proto::crypto::initial_keys;
-    use kuai_proto::packet::{self, PartialDecode};
-    use kuai_proto::{Side, Version};
+    use kuai_proto::packet::PartialDecode;
     let certs = support::certs();
     let now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let caddr: SocketAddr = "10.0.0.9:1234".parse().unwrap();
     let scfg = support::server_config(&certs, TransportConfig::default());
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(scfg)),
-        now,
-        0,
-        Some(1),
-    );
+    let mut server = server_endpoint(now, scfg);
     let first = client_initial(now, saddr);
     server.handle_datagram(now, caddr, None, None, BytesMut::from(&first[..]));
     let h = server.handles().next().unwrap();
@@ -748,27 +754,7 @@ fn a_later_initial_in_a_short_datagram_is_dropped() {
     let (pd, _) = PartialDecode::new(BytesMut::from(&first[..]), 8).unwrap();
     let dcid = pd.dst_cid();
     let scid = pd.src_cid().unwrap();
-    let keys = initial_keys(Version::V1, &dcid, Side::Client);
-    let mut buf = Vec::new();
-    let pos = packet::write_long_header(
-        &mut buf,
-        Version::V1,
-        packet::LongType::Initial,
-        &dcid,
-        &scid,
-        &[],
-        1,
-        4,
-    );
-    buf.extend_from_slice(&[0x01, 0, 0, 0]);
-    packet::seal_packet(
-        &mut buf,
-        &pos,
-        1,
-        keys.local.header.as_ref(),
-        keys.local.packet.as_ref(),
-    )
-    .unwrap();
+    let buf = initial_packet(&dcid, &scid, 1, &[0x01], 0);
     assert!(buf.len() < 1200);
     server.handle_datagram(now, caddr, None, None, BytesMut::from(&buf[..]));
     assert_eq!(
@@ -788,15 +774,9 @@ fn a_packet_buffered_for_its_keys_is_counted_once() {
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
     let scfg = support::server_config(&certs, TransportConfig::default());
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(scfg)),
-        now,
-        0,
-        Some(1),
-    );
+    let mut server = server_endpoint(now, scfg);
     let ccfg = support::client_config(&certs, TransportConfig::default());
-    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    let mut client = client_endpoint(now, 2);
     let ch = client.connect(now, &ccfg, saddr, "localhost").unwrap();
     pump(now, &mut client, caddr, &mut server);
     let mut flight = Vec::new();
@@ -831,24 +811,12 @@ fn a_new_token_validates_once() {
     let now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let scfg = support::server_config(&certs, TransportConfig::default());
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(scfg)),
-        now,
-        0,
-        Some(1),
-    );
+    let mut server = server_endpoint(now, scfg);
     let ccfg = support::client_config(&certs, TransportConfig::default());
     let mut t = now;
     let mut connect = |server: &mut Endpoint, port: u16, token: bytes::Bytes| {
         let caddr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut client = Endpoint::new(
-            support::endpoint_config(),
-            None,
-            t,
-            0,
-            Some(u64::from(port)),
-        );
+        let mut client = client_endpoint(t, u64::from(port));
         client
             .connect_with_token(t, &ccfg, saddr, "localhost", token)
             .unwrap();
@@ -880,25 +848,6 @@ fn a_new_token_validates_once() {
     );
 }
 
-/// Handshake secrets of the latest handshake, from the client's key log.
-#[derive(Debug, Default)]
-struct HandshakeSecrets(std::sync::Mutex<(Vec<u8>, Vec<u8>)>);
-
-impl rustls::KeyLog for HandshakeSecrets {
-    fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
-        let mut s = self.0.lock().unwrap();
-        match label {
-            "CLIENT_HANDSHAKE_TRAFFIC_SECRET" => s.0 = secret.to_vec(),
-            "SERVER_HANDSHAKE_TRAFFIC_SECRET" => s.1 = secret.to_vec(),
-            _ => {}
-        }
-    }
-
-    fn will_log(&self, _label: &str) -> bool {
-        true
-    }
-}
-
 /// A client Handshake packet that carries its Finished and then an ACK (valid: frames may
 /// come in any order, and quinn's client sends them so) completes the handshake, which
 /// discards the server's Handshake keys (RFC 9001 §4.9.2); the ACK after it in the same
@@ -914,36 +863,17 @@ fn an_ack_after_the_finished_in_one_packet_is_fine() {
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
     let scfg = support::server_config(&certs, TransportConfig::default());
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(scfg)),
-        now,
-        0,
-        Some(1),
-    );
-    let provider = rustls::crypto::CryptoProvider {
-        cipher_suites: vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256],
-        ..rustls::crypto::ring::default_provider()
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(certs.cert.clone()).unwrap();
-    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![support::ALPN.to_vec()];
-    let secrets = Arc::new(HandshakeSecrets::default());
-    let mut ccfg = kuai_proto::ClientConfig::new(Arc::new(tls));
+    let mut server = server_endpoint(now, scfg);
+    let secrets = Arc::new(KeyLogSecrets::default());
+    let mut ccfg = kuai_proto::ClientConfig::new(Arc::new(aes128_client_tls(&certs)));
     ccfg.set_key_log(secrets.clone());
-    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    let mut client = client_endpoint(now, 2);
     client.connect(now, &ccfg, saddr, "localhost").unwrap();
     pump(now, &mut client, caddr, &mut server);
     pump(now, &mut server, saddr, &mut client);
-    let (c, s) = secrets.0.lock().unwrap().clone();
     let captured = CapturedSecrets {
-        client_handshake: c,
-        server_handshake: s,
+        client_handshake: secrets.get("CLIENT_HANDSHAKE_TRAFFIC_SECRET"),
+        server_handshake: secrets.get("SERVER_HANDSHAKE_TRAFFIC_SECRET"),
         ..Default::default()
     };
     let algs = SuiteAlgs::of(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256).unwrap();
@@ -1015,51 +945,22 @@ fn an_ack_after_the_finished_in_one_packet_is_fine() {
 /// made the server and the client acknowledge each other's Initial ACKs for ever.
 #[test]
 fn handshake_acks_are_not_acknowledged() {
-    use kuai_proto::crypto::initial_keys;
-    use kuai_proto::packet::{self, LongType, PartialDecode};
-    use kuai_proto::{Side, Version};
+    use kuai_proto::packet::PartialDecode;
     let certs = support::certs();
     let now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
     let scfg = support::server_config(&certs, TransportConfig::default());
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(scfg)),
-        now,
-        0,
-        Some(1),
-    );
+    let mut server = server_endpoint(now, scfg);
     let ccfg = support::client_config(&certs, TransportConfig::default());
-    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    let mut client = client_endpoint(now, 2);
     client.connect(now, &ccfg, saddr, "localhost").unwrap();
     let mut buf = Vec::new();
     let t = client.poll_transmit(now, 1, &mut buf).unwrap();
     // The client's Initial with its ClientHello replaced by a PING.
     let (pd, _) = PartialDecode::new(BytesMut::from(&buf[..t.size]), 8).unwrap();
     let (dcid, scid) = (pd.dst_cid(), pd.src_cid().unwrap());
-    let keys = initial_keys(Version::V1, &dcid, Side::Client);
-    let mut pkt = Vec::new();
-    let pos = packet::write_long_header(
-        &mut pkt,
-        Version::V1,
-        LongType::Initial,
-        &dcid,
-        &scid,
-        &[],
-        0,
-        4,
-    );
-    pkt.push(0x01);
-    pkt.resize(1200 - 16, 0);
-    packet::seal_packet(
-        &mut pkt,
-        &pos,
-        0,
-        keys.local.header.as_ref(),
-        keys.local.packet.as_ref(),
-    )
-    .unwrap();
+    let pkt = initial_packet(&dcid, &scid, 0, &[0x01], 1200);
     server.handle_datagram(now, caddr, None, None, BytesMut::from(&pkt[..]));
     let mut moved = 0;
     for _ in 0..100 {
@@ -1079,13 +980,7 @@ fn an_initial_that_fails_authentication_leaves_no_connection() {
     let mut now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let scfg = support::server_config(&certs, TransportConfig::default());
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(scfg)),
-        now,
-        0,
-        Some(1),
-    );
+    let mut server = server_endpoint(now, scfg);
     let mut initial = client_initial(now, saddr);
     let n = initial.len();
     initial[n - 20] ^= 0x55; // in the AEAD tag
@@ -1116,15 +1011,9 @@ fn a_handshake_packet_from_elsewhere_validates_nothing_here() {
     let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
     let elsewhere: SocketAddr = "192.0.2.66:7001".parse().unwrap();
     let scfg = support::server_config(&certs, TransportConfig::default());
-    let mut server = Endpoint::new(
-        support::endpoint_config(),
-        Some(Arc::new(scfg)),
-        now,
-        0,
-        Some(1),
-    );
+    let mut server = server_endpoint(now, scfg);
     let ccfg = support::client_config(&certs, TransportConfig::default());
-    let mut client = Endpoint::new(support::endpoint_config(), None, now, 0, Some(2));
+    let mut client = client_endpoint(now, 2);
     client.connect(now, &ccfg, saddr, "localhost").unwrap();
     let mut buf = Vec::new();
     let mut received = 0u64;

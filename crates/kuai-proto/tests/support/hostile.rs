@@ -16,23 +16,51 @@ use kuai_proto::{ConnectionHandle, ConnectionId, Endpoint, Event};
 /// Length of the connection IDs the server issues (kuai's default generator).
 const CID_LEN: usize = 8;
 
-/// 1-RTT traffic secrets, from the client's key log.
+/// The TLS secrets a client logged, by label (SSLKEYLOGFILE labels), latest handshake.
 #[derive(Debug, Default)]
-struct Secrets(Mutex<(Vec<u8>, Vec<u8>)>);
+pub struct KeyLogSecrets(Mutex<HashMap<String, Vec<u8>>>);
 
-impl rustls::KeyLog for Secrets {
+impl KeyLogSecrets {
+    /// The secret of `label`, empty if none was logged.
+    pub fn get(&self, label: &str) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap()
+            .get(label)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+impl rustls::KeyLog for KeyLogSecrets {
     fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
-        let mut s = self.0.lock().unwrap();
-        match label {
-            "CLIENT_TRAFFIC_SECRET_0" => s.0 = secret.to_vec(),
-            "SERVER_TRAFFIC_SECRET_0" => s.1 = secret.to_vec(),
-            _ => {}
-        }
+        self.0
+            .lock()
+            .unwrap()
+            .insert(label.to_owned(), secret.to_vec());
     }
 
-    fn will_log(&self, label: &str) -> bool {
-        matches!(label, "CLIENT_TRAFFIC_SECRET_0" | "SERVER_TRAFFIC_SECRET_0")
+    fn will_log(&self, _label: &str) -> bool {
+        true
     }
+}
+
+/// A client TLS configuration that offers one cipher suite, AES-128-GCM, so a test knows
+/// which packet keys to derive from the secrets it logs.
+pub fn aes128_client_tls(certs: &super::Certs) -> rustls::ClientConfig {
+    let provider = rustls::crypto::CryptoProvider {
+        cipher_suites: vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256],
+        ..rustls::crypto::ring::default_provider()
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(certs.cert.clone()).unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![super::ALPN.to_vec()];
+    tls
 }
 
 pub const SERVER: &str = "127.0.0.1:4433";
@@ -67,20 +95,8 @@ impl Hostile {
         let saddr: SocketAddr = SERVER.parse().unwrap();
         let caddr: SocketAddr = CLIENT.parse().unwrap();
         let scfg = Arc::new(super::server_config(&certs, stransport));
-        // One cipher suite, so the test knows which keys to derive.
-        let provider = rustls::crypto::CryptoProvider {
-            cipher_suites: vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256],
-            ..rustls::crypto::ring::default_provider()
-        };
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(certs.cert.clone()).unwrap();
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        tls.alpn_protocols = vec![super::ALPN.to_vec()];
-        let secrets = Arc::new(Secrets::default());
+        let mut tls = aes128_client_tls(&certs);
+        let secrets = Arc::new(KeyLogSecrets::default());
         tls.key_log = secrets.clone();
         let mut ccfg = kuai_proto::ClientConfig::new(Arc::new(tls));
         ccfg.transport = Arc::new(ctransport);
@@ -122,10 +138,9 @@ impl Hostile {
             }
         }
         assert!(confirmed, "the handshake did not complete");
-        let (client_traffic, server_traffic) = secrets.0.lock().unwrap().clone();
         let secrets = CapturedSecrets {
-            client_traffic,
-            server_traffic,
+            client_traffic: secrets.get("CLIENT_TRAFFIC_SECRET_0"),
+            server_traffic: secrets.get("SERVER_TRAFFIC_SECRET_0"),
             ..Default::default()
         };
         let algs = SuiteAlgs::of(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256).unwrap();
