@@ -1039,3 +1039,39 @@ fn a_handshake_packet_from_elsewhere_validates_nothing_here() {
         "{sent} bytes sent to {caddr}, which sent {received}"
     );
 }
+
+/// Unread DATAGRAM frames (RFC 9221) are kept as copies when small, so none holds on to the
+/// datagram it came in, and at most 1 MiB of them is kept, the oldest dropped first.
+#[test]
+fn unread_datagrams_are_bounded_and_hold_no_datagram() {
+    let mut h = Hostile::connect(TransportConfig::default(), TransportConfig::default());
+    let datagram = |data: &[u8]| {
+        let mut f = vec![0x31];
+        kuai_proto::VarInt::saturating(data.len() as u64).encode(&mut f);
+        f.extend_from_slice(data);
+        f
+    };
+    // A 16-byte datagram in a padded packet.
+    let mut frames = datagram(&[7; 16]);
+    frames.resize(1100, 0);
+    let p = h.packet(&frames);
+    let d = BytesMut::from(&p[..]);
+    let span = d.as_ptr() as usize..d.as_ptr() as usize + d.len();
+    h.server.handle_datagram(h.now, h.caddr, None, None, d);
+    let got = h.server_conn().recv_datagram().expect("the datagram");
+    assert_eq!(&got[..], &[7; 16]);
+    assert!(
+        !span.contains(&(got.as_ptr() as usize)),
+        "a 16-byte datagram kept its 1,100-byte packet"
+    );
+    // Thousands of large ones, never read.
+    for _ in 0..3000 {
+        let p = h.packet(&datagram(&[9; 1100]));
+        h.inject(h.caddr, &p);
+    }
+    let held = h.server_conn().memory().receive;
+    assert!(
+        held <= (1 << 20) + 64 * 1024,
+        "{held} bytes of unread datagrams"
+    );
+}
