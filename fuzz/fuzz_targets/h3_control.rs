@@ -211,6 +211,10 @@ fn control_stream(target_is_client: bool, frames: &[u8], end: End, v: &mut Verdi
                 v.must(c);
             } else {
                 v.may(c);
+                if end == End::Fin {
+                    // A reader still waiting for the payload sees the stream end first.
+                    v.must(Code::CLOSED_CRITICAL_STREAM);
+                }
             }
             return;
         }
