@@ -468,6 +468,9 @@ pub struct Harness {
     pub acct: [HashMap<SocketAddr, Budget>; 2],
     /// Per endpoint: PATH_CHALLENGE data it sent, with the address sent to.
     challenges: [Vec<(SocketAddr, [u8; 8])>; 2],
+    /// The largest PTO estimate any connection had at a check: an idle timer armed then may
+    /// run 3 x that PTO (RFC 9000 §10.1), even after a path change brought a smaller one.
+    max_pto: Duration,
     /// Addresses the server sent an Initial packet to.
     server_initials_to: Vec<SocketAddr>,
     server_variant: ServerVariant,
@@ -607,6 +610,7 @@ impl Harness {
             wire: [VecDeque::new(), VecDeque::new()],
             acct,
             challenges: [Vec::new(), Vec::new()],
+            max_pto: Duration::ZERO,
             server_initials_to: Vec::new(),
             server_variant: variant,
             mem_base,
@@ -1497,13 +1501,13 @@ impl Harness {
     }
 
     /// End of the input: let the clock run without delivering anything; every connection must
-    /// drain within `max(60 s, 6 x PTO)`.
+    /// drain within `max(60 s, 6 x PTO)`, PTO the largest any connection had at a check.
     pub fn quiesce(&mut self) {
         for w in &mut self.wire {
             w.clear();
         }
         let start = self.now;
-        let mut horizon = Duration::from_secs(60);
+        let mut horizon = Duration::from_secs(60).max(self.max_pto * 6);
         for who in BOTH {
             let ep = &self.eps[who as usize];
             for h in ep.handles() {
@@ -1576,6 +1580,7 @@ impl Harness {
             let ep_deadline = ep.poll_timeout();
             for h in handles {
                 let c = ep.connection_mut(h).unwrap();
+                self.max_pto = self.max_pto.max(pto_estimate(c));
                 let deadline = c.poll_timeout();
                 if let Some(t) = deadline {
                     assert!(
