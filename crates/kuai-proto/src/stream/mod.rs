@@ -509,13 +509,18 @@ impl Streams {
             return;
         };
         let limit = Self::stream_send_limit(&self.cfg, s);
-        if s.want_writable
-            && limit.saturating_sub(s.buf.buffered()) >= writable_room(limit)
-            && conn_limit.saturating_sub(self.send_buffered)
-                >= writable_room(conn_limit).min(writable_room(limit))
+        if !s.want_writable || limit.saturating_sub(s.buf.buffered()) < writable_room(limit) {
+            return;
+        }
+        if conn_limit.saturating_sub(self.send_buffered)
+            >= writable_room(conn_limit).min(writable_room(limit))
         {
             s.want_writable = false;
             self.events.push_back(StreamEvent::Writable(id));
+        } else {
+            // Its own limit has room again but the connection's is full: wait with the
+            // writers the connection refused, or nothing would wake it when others free room.
+            push_unique(&mut self.send_buffer_blocked, id);
         }
     }
 
@@ -993,14 +998,17 @@ impl Streams {
                 if fin {
                     s.fin_acked = true;
                 }
-                if s.fin_acked && s.buf.is_fully_acked() {
+                let done = s.fin_acked && s.buf.is_fully_acked();
+                if done {
                     self.events.push_back(StreamEvent::Finished(id));
                     self.send.remove(&id);
                     self.maybe_cleanup(id);
-                } else {
+                }
+                // Free first, so the stream's own check counts the room its ACK made.
+                self.on_send_buffer_freed(freed);
+                if !done {
                     self.maybe_writable(id);
                 }
-                self.on_send_buffer_freed(freed);
             }
             SentFrame::ResetStream(id) => {
                 self.send.remove(&id);
@@ -1442,4 +1450,88 @@ fn push_unique(v: &mut Vec<StreamId>, id: StreamId) {
 /// of the buffer, so a bulk writer wakes for a large write instead of after every ACK.
 fn writable_room(send_buffer: u64) -> u64 {
     (send_buffer / 8).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn streams(connection_send_buffer: u64, stream_credit: u64) -> Streams {
+        let mut s = Streams::new(
+            Side::Client,
+            StreamConfig {
+                max_concurrent_bidi: 100,
+                max_concurrent_uni: 100,
+                stream_window: 1 << 20,
+                stream_window_cap: 1 << 20,
+                conn_window: 1 << 20,
+                conn_window_cap: 1 << 20,
+                send_buffer: 1 << 20,
+                connection_send_buffer,
+            },
+        );
+        s.apply_peer_params(&TransportParameters {
+            initial_max_data: 64 << 20,
+            initial_max_streams_uni: 10,
+            initial_max_stream_data_uni: stream_credit,
+            ..TransportParameters::default()
+        });
+        s
+    }
+
+    /// Sends everything the flow-control limits allow; the frames sent per stream.
+    fn send_all(s: &mut Streams) -> Vec<SentFrame> {
+        let mut out = Vec::new();
+        loop {
+            let (mut buf, mut sent) = (Vec::new(), Vec::new());
+            s.write_stream_frames(&mut buf, 1200, &mut sent);
+            if sent.is_empty() {
+                return out;
+            }
+            out.append(&mut sent);
+        }
+    }
+
+    fn writable(s: &mut Streams) -> Vec<StreamId> {
+        std::iter::from_fn(|| s.poll_event())
+            .filter_map(|e| match e {
+                StreamEvent::Writable(id) => Some(id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A writer refused by its own limit, whose limit then grows while the connection's
+    /// send buffer is full, is woken once other streams' ACKs free the connection's buffer
+    /// (it was never woken before: only writers refused by the connection's limit were).
+    #[test]
+    fn a_writer_whose_own_limit_reopens_while_the_connection_is_full_is_woken_later() {
+        let conn = 256 * 1024;
+        let credit = 16 * 1024;
+        let mut s = streams(conn, credit);
+        let b = s.open(Dir::Uni).unwrap();
+        let a = s.open(Dir::Uni).unwrap();
+        // B: its own limit (credit + 64 KiB) refuses it; the connection has room.
+        let own = credit + SEND_AHEAD_OF_CREDIT;
+        assert_eq!(s.write(b, Bytes::from(vec![0; 200 * 1024])).unwrap() as u64, own);
+        // A, with a large credit, fills the connection's send buffer.
+        s.on_max_stream_data(a, 1 << 20).unwrap();
+        assert_eq!(
+            s.write(a, Bytes::from(vec![0; 400 * 1024])).unwrap() as u64,
+            conn - own
+        );
+        let sent = send_all(&mut s);
+        // B's credit grows while the connection is still full: not writable yet.
+        s.on_max_stream_data(b, 200 * 1024).unwrap();
+        assert_eq!(writable(&mut s), Vec::<StreamId>::new());
+        // The peer acknowledges A's data: the connection has room for both again.
+        for f in &sent {
+            if matches!(f, SentFrame::Stream { id, .. } if *id == a) {
+                s.on_frame_acked(f);
+            }
+        }
+        let woken = writable(&mut s);
+        assert!(woken.contains(&a), "A woken: {woken:?}");
+        assert!(woken.contains(&b), "B woken: {woken:?}");
+    }
 }
