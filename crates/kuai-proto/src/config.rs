@@ -243,9 +243,16 @@ pub struct ServerConfig {
     /// Refuse (or Retry, per `retry`) new handshakes above this many in flight; clients whose
     /// address was validated (a Retry or NEW_TOKEN token) are refused only above twice this.
     pub max_handshakes: usize,
+    /// Handshakes in flight begun with a validated address (a Retry or NEW_TOKEN token) from
+    /// one IP: past this the IP's new ones are refused, so one host with tokens for many
+    /// ports cannot use up `2 x max_handshakes` for everyone. Spoofed Initials cannot count
+    /// here: they carry no valid token.
+    pub max_validated_handshakes_per_ip: u32,
     /// A handshake that hears nothing from the client for this long is dropped without a
     /// word (the idle timeout applies once it completes): half-open state from spoofed or
-    /// abandoned Initials does not stay for the whole idle timeout.
+    /// abandoned Initials does not stay for the whole idle timeout. One that has not
+    /// completed twice this long after it began is dropped too, however often the client
+    /// speaks.
     pub handshake_timeout: Duration,
     pub preferred_address: Option<PreferredAddressConfig>,
 }
@@ -264,6 +271,7 @@ impl ServerConfig {
             accept_0rtt: true,
             max_connections: 100_000,
             max_handshakes: 10_000,
+            max_validated_handshakes_per_ip: 256,
             handshake_timeout: Duration::from_secs(10),
             preferred_address: None,
         }

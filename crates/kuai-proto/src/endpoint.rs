@@ -64,6 +64,9 @@ struct Entry {
     scheduled: Option<Instant>,
     /// Bytes the connection held when last counted against the memory budget.
     memory: u64,
+    /// A handshake begun with a validated address, counted for that IP (see
+    /// `ServerConfig::max_validated_handshakes_per_ip`) until it completes or goes.
+    validated_ip: Option<IpAddr>,
 }
 
 /// Retired CIDs each connection keeps routed (see `Entry::retired`).
@@ -119,6 +122,8 @@ pub struct Endpoint {
     events: VecDeque<(ConnectionHandle, Event)>,
     incoming: VecDeque<ConnectionHandle>,
     handshakes: usize,
+    /// Handshakes in flight begun with a validated address, per client IP.
+    validated_by_ip: HashMap<IpAddr, u32>,
     timeout_epoch: u64,
     rng: StdRng,
     anchor: (Instant, u64),
@@ -156,6 +161,7 @@ impl Endpoint {
             events: VecDeque::new(),
             incoming: VecDeque::new(),
             handshakes: 0,
+            validated_by_ip: HashMap::new(),
             timeout_epoch: 0,
             rng,
             anchor: (now, unix_ms),
@@ -305,6 +311,7 @@ impl Endpoint {
             timeout_epoch: 0,
             scheduled: None,
             memory: 0,
+            validated_ip: None,
         });
         if !cid.is_empty() {
             self.route_cid(cid, h);
@@ -557,7 +564,15 @@ impl Endpoint {
             }
             return;
         }
-        if validated && self.handshakes >= server.max_handshakes.saturating_mul(2) {
+        let ip_handshakes = if validated {
+            self.validated_by_ip.get(&remote.ip()).copied().unwrap_or(0)
+        } else {
+            0
+        };
+        if validated
+            && (self.handshakes >= server.max_handshakes.saturating_mul(2)
+                || ip_handshakes >= server.max_validated_handshakes_per_ip)
+        {
             self.refuse(
                 remote,
                 local_ip,
@@ -604,8 +619,12 @@ impl Endpoint {
             timeout_epoch: 0,
             scheduled: None,
             memory: 0,
+            validated_ip: validated.then_some(remote.ip()),
         });
         self.handshakes += 1;
+        if validated {
+            *self.validated_by_ip.entry(remote.ip()).or_insert(0) += 1;
+        }
         self.stats.accepted += 1;
         self.route_cid(local_cid, h);
         self.by_initial.insert((remote, dcid), h);
@@ -798,6 +817,9 @@ impl Endpoint {
         if entry.handshaking && (entry.conn.is_established() || entry.conn.is_closed()) {
             entry.handshaking = false;
             self.handshakes -= 1;
+            if let Some(ip) = entry.validated_ip.take() {
+                uncount_ip(&mut self.validated_by_ip, ip);
+            }
             // The client's initial DCID is no longer needed for routing once it has ours.
             if let Some(k) = entry.initial_key.take() {
                 self.by_initial.remove(&k);
@@ -851,6 +873,9 @@ impl Endpoint {
         };
         if entry.handshaking {
             self.handshakes -= 1;
+            if let Some(ip) = entry.validated_ip {
+                uncount_ip(&mut self.validated_by_ip, ip);
+            }
         }
         self.config.memory_budget.update(entry.memory, 0);
         if let Some(k) = entry.initial_key {
@@ -1030,4 +1055,14 @@ fn long_header_ids(data: &[u8]) -> Option<LongIds> {
         dcid_bytes,
         scid,
     })
+}
+
+/// One handshake fewer for `ip` (the entry goes with the last).
+fn uncount_ip(counts: &mut HashMap<IpAddr, u32>, ip: IpAddr) {
+    if let std::collections::hash_map::Entry::Occupied(mut e) = counts.entry(ip) {
+        *e.get_mut() -= 1;
+        if *e.get() == 0 {
+            e.remove();
+        }
+    }
 }

@@ -275,6 +275,97 @@ fn a_flood_of_spoofed_initials_does_not_lock_real_clients_out() {
     );
 }
 
+/// A handshake that never completes is gone twice its timeout after it began, however often
+/// the client (or someone spoofing its address) keeps it busy: before, each Initial restarted
+/// the timeout, so a trickle of one packet a second per connection kept half-open state (and
+/// the count of handshakes in flight that decides on Retry or refusal) up for good.
+#[test]
+fn a_trickle_of_initials_does_not_keep_a_handshake_alive() {
+    use kuai_proto::ConnectionId;
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let spoofed: SocketAddr = "10.9.8.7:6543".parse().unwrap();
+    let mut scfg = support::server_config(&certs, TransportConfig::default());
+    scfg.handshake_timeout = Duration::from_secs(2);
+    let timeout = scfg.handshake_timeout;
+    let mut server = server_endpoint(now, scfg);
+    let first = client_initial(now, saddr);
+    // The client's CIDs, from the long header (RFC 9000 §17.2).
+    let dcid_len = usize::from(first[5]);
+    let dcid = ConnectionId::new(&first[6..6 + dcid_len]);
+    let scid_at = 6 + dcid_len;
+    let scid = ConnectionId::new(&first[scid_at + 1..scid_at + 1 + usize::from(first[scid_at])]);
+    server.handle_datagram(now, spoofed, None, None, BytesMut::from(&first[..]));
+    let mut buf = Vec::new();
+    while server.poll_transmit(now, 1, &mut buf).is_some() {}
+    assert_eq!(server.connection_count(), 1);
+    let start = now;
+    let mut gone_at = None;
+    for pn in 1..=20u64 {
+        now += Duration::from_millis(500);
+        server.handle_timeout(now);
+        if server.connection_count() == 0 {
+            gone_at = Some(now - start);
+            break;
+        }
+        // A PING in a padded Initial, with the next packet number.
+        let p = initial_packet(&dcid, &scid, pn, &[0x01], 1200);
+        server.handle_datagram(now, spoofed, None, None, BytesMut::from(&p[..]));
+        while server.poll_transmit(now, 1, &mut buf).is_some() {}
+    }
+    let gone_at = gone_at.expect("the half-open connection outlived 10 s of trickled Initials");
+    assert!(
+        gone_at <= timeout * 2 + Duration::from_millis(500),
+        "gone after {gone_at:?}"
+    );
+}
+
+/// One host that collects Retry tokens on many ports cannot fill the server with validated
+/// half-open handshakes (they are refused only above twice `max_handshakes`, for everyone):
+/// past `max_validated_handshakes_per_ip` its new ones are refused, other hosts still get in.
+#[test]
+fn one_host_with_retry_tokens_cannot_take_every_handshake_slot() {
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let mut scfg = support::server_config(&certs, TransportConfig::default());
+    scfg.retry = kuai_proto::config::RetryPolicy::Always;
+    scfg.max_validated_handshakes_per_ip = 3;
+    let mut server = server_endpoint(now, scfg);
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    // A client at `caddr` gets a Retry, comes back with its token, and never finishes; the
+    // server's answers to its Initial with the token are dropped (true if it was accepted).
+    let half_open = |server: &mut Endpoint, now: Instant, caddr: SocketAddr, seed: u64| -> bool {
+        let mut client = client_endpoint(now, seed);
+        client.connect(now, &ccfg, saddr, "localhost").unwrap();
+        pump(now, &mut client, caddr, server);
+        pump(now, server, saddr, &mut client);
+        let before = server.connection_count();
+        pump(now, &mut client, caddr, server);
+        let mut buf = Vec::new();
+        while server.poll_transmit(now, 1, &mut buf).is_some() {}
+        server.connection_count() > before
+    };
+    let accepted: Vec<bool> = (0..6u16)
+        .map(|i| {
+            let caddr = SocketAddr::from(([10, 0, 0, 5], 5000 + i));
+            half_open(&mut server, now, caddr, 10 + u64::from(i))
+        })
+        .collect();
+    assert_eq!(accepted, [true, true, true, false, false, false]);
+    assert_eq!(server.stats().refused, 3);
+    // Another host is not affected.
+    let other: SocketAddr = "10.0.0.6:5000".parse().unwrap();
+    assert!(half_open(&mut server, now, other, 99));
+    // Once its handshakes time out, the host may begin new ones.
+    now += Duration::from_secs(30);
+    server.handle_timeout(now);
+    assert_eq!(server.connection_count(), 0);
+    let again: SocketAddr = "10.0.0.5:6000".parse().unwrap();
+    assert!(half_open(&mut server, now, again, 100));
+}
+
 /// A client that grants one byte of credit per stream and asks for large responses on 100
 /// streams cannot make the server hold the responses: a stream buffers at most its credit
 /// plus 64 KiB, and the connection at most `connection_send_buffer`.

@@ -2072,7 +2072,13 @@ impl Connection {
         if let Some(t) = t {
             // RFC 9000 §10.1: at least 3 PTO so probes can do their work.
             let pto = self.pto_duration(SpaceId::Data);
-            self.timers.set(Timer::Idle, Some(now + t.max(pto * 3)));
+            let mut deadline = now + t.max(pto * 3);
+            if let Some(h) = handshake {
+                // However often the client speaks, a handshake gets twice its timeout in all:
+                // a trickle of packets cannot keep half-open state alive for good.
+                deadline = deadline.min(self.timers.start + h * 2);
+            }
+            self.timers.set(Timer::Idle, Some(deadline));
         }
     }
 

@@ -1513,7 +1513,10 @@ mod tests {
         let a = s.open(Dir::Uni).unwrap();
         // B: its own limit (credit + 64 KiB) refuses it; the connection has room.
         let own = credit + SEND_AHEAD_OF_CREDIT;
-        assert_eq!(s.write(b, Bytes::from(vec![0; 200 * 1024])).unwrap() as u64, own);
+        assert_eq!(
+            s.write(b, Bytes::from(vec![0; 200 * 1024])).unwrap() as u64,
+            own
+        );
         // A, with a large credit, fills the connection's send buffer.
         s.on_max_stream_data(a, 1 << 20).unwrap();
         assert_eq!(
