@@ -366,6 +366,90 @@ fn one_host_with_retry_tokens_cannot_take_every_handshake_slot() {
     assert!(half_open(&mut server, now, again, 100));
 }
 
+/// Packets buffered until their keys arrive are processed in the middle of the datagram
+/// whose packet brought the keys; the packets after it in that datagram must still be judged
+/// by its size. Before, the buffered packet's size stood in for it, and a second Initial in a
+/// full-size datagram was dropped as if it came in a datagram under 1,200 bytes.
+#[test]
+fn packets_after_buffered_ones_keep_their_datagram_size() {
+    use kuai_proto::ConnectionId;
+    use kuai_proto::frame::{Frame, FrameIter};
+    use kuai_proto::packet::PartialDecode;
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "10.0.0.3:4000".parse().unwrap();
+    let mut server = server_endpoint(
+        now,
+        support::server_config(&certs, TransportConfig::default()),
+    );
+    // A real client's ClientHello, out of its first Initial.
+    let first = client_initial(now, saddr);
+    let dcid = ConnectionId::new(&first[6..6 + usize::from(first[5])]);
+    let scid_at = 6 + dcid.len();
+    let scid = ConnectionId::new(&first[scid_at + 1..scid_at + 1 + usize::from(first[scid_at])]);
+    let keys =
+        kuai_proto::crypto::initial_keys(kuai_proto::Version::V1, &dcid, kuai_proto::Side::Server);
+    let (pd, _) = PartialDecode::new(BytesMut::from(&first[..]), 8).unwrap();
+    let packet = pd
+        .unprotect(keys.remote.header.as_ref(), None)
+        .unwrap()
+        .decrypt(keys.remote.packet.as_ref())
+        .unwrap();
+    let hello = FrameIter::new(packet.payload)
+        .find_map(|f| match f {
+            Ok(Frame::Crypto { offset: 0, data }) => Some(data),
+            _ => None,
+        })
+        .unwrap();
+    let crypto = |offset: usize, data: &[u8]| {
+        let mut f = vec![0x06];
+        kuai_proto::VarInt::saturating(offset as u64).encode(&mut f);
+        kuai_proto::VarInt::saturating(data.len() as u64).encode(&mut f);
+        f.extend_from_slice(data);
+        f
+    };
+    let half = hello.len() / 2;
+    let mut buf = Vec::new();
+    let mut send = |server: &mut Endpoint, d: &[u8]| {
+        server.handle_datagram(now, caddr, None, None, BytesMut::from(d));
+        while server.poll_transmit(now, 1, &mut buf).is_some() {}
+    };
+    // 1. The first half of the ClientHello: a connection, no keys beyond Initial yet.
+    send(
+        &mut server,
+        &initial_packet(&dcid, &scid, 0, &crypto(0, &hello[..half]), 1200),
+    );
+    let h = server.handles().next().expect("a connection");
+    // 2. A Handshake packet it cannot open yet: buffered.
+    let mut hs = vec![0xe0 | 0x03, 0, 0, 0, 1];
+    hs.push(dcid.len() as u8);
+    hs.extend_from_slice(&dcid);
+    hs.push(scid.len() as u8);
+    hs.extend_from_slice(&scid);
+    hs.extend_from_slice(&[0x40, 40]);
+    hs.extend_from_slice(&[0x5a; 40]);
+    send(&mut server, &hs);
+    // 3. One full-size datagram: the rest of the ClientHello (the keys arrive; the buffered
+    // packet is tried), then a second Initial with a PING.
+    let mut d = initial_packet(&dcid, &scid, 1, &crypto(half, &hello[half..]), 0);
+    d.extend(initial_packet(&dcid, &scid, 2, &[0x01], 0));
+    d.resize(1200, 0);
+    let dropped = server.connection(h).unwrap().stats().packets_dropped;
+    send(&mut server, &d);
+    let c = server.connection(h).unwrap();
+    assert!(!c.is_closed(), "{:?}", c.close_reason());
+    assert!(
+        c.stats().packets_dropped > dropped,
+        "the buffered Handshake packet was not tried"
+    );
+    assert_eq!(
+        c.stats().packets_received,
+        3,
+        "the second Initial of the full-size datagram was judged by the buffered packet's size"
+    );
+}
+
 /// A client that grants one byte of credit per stream and asks for large responses on 100
 /// streams cannot make the server hold the responses: a stream buffers at most its credit
 /// plus 64 KiB, and the connection at most `connection_send_buffer`.

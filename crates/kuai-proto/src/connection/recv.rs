@@ -437,9 +437,13 @@ impl Connection {
             return;
         }
         let pending = std::mem::take(&mut self.undecryptable);
+        // Called in the middle of a datagram: the packets after this one in it are still to
+        // be judged by that datagram's size.
+        let outer_len = self.rx_datagram_len;
         for (_, remote, ecn, data) in pending {
             self.process_datagram(now, remote, None, ecn, data, false);
         }
+        self.rx_datagram_len = outer_len;
     }
 
     /// An ack-eliciting packet arrived: decide when to acknowledge (RFC 9000 §13.2.1).
