@@ -297,7 +297,9 @@ pub type CidGeneratorFactory = Arc<dyn Fn() -> Box<dyn ConnectionIdGenerator> + 
 ///
 /// Past the limit every connection advertises small receive windows (64 KiB a stream,
 /// 256 KiB a connection) and buffers at most 256 KiB of send data, until the total falls
-/// below the limit again: peers send more slowly instead of the process growing.
+/// below the limit again: peers send more slowly instead of the process growing. Connections
+/// accepted meanwhile start with those windows. It is a soft limit: credit already granted is
+/// never taken back.
 #[derive(Debug)]
 pub struct MemoryBudget {
     limit: u64,

@@ -606,6 +606,7 @@ impl Endpoint {
                 reset_key: self.config.reset_key,
                 unix_ms,
                 seed,
+                memory_pressure: self.config.memory_budget.under_pressure(),
             },
             now,
         );

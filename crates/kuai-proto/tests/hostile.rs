@@ -776,6 +776,88 @@ fn windows_shrink_under_memory_pressure() {
     );
 }
 
+/// Connections accepted while the endpoint is over its memory budget start with the small
+/// windows too: credit given in the transport parameters cannot be taken back, so new
+/// connections must not each get the full initial windows while memory is short.
+#[test]
+fn connections_accepted_under_memory_pressure_get_small_windows() {
+    use kuai_proto::config::{EndpointConfig, MemoryBudget};
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let budget = MemoryBudget::new(64 << 10);
+    let econfig = Arc::new(EndpointConfig {
+        memory_budget: budget.clone(),
+        ..EndpointConfig::default()
+    });
+    let scfg = Arc::new(support::server_config(&certs, TransportConfig::default()));
+    let mut server = Endpoint::new(econfig, Some(scfg), now, 0, Some(1));
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let connect = |server: &mut Endpoint, now: &mut Instant, port: u16, seed: u64| {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut c = client_endpoint(*now, seed);
+        let h = c.connect(*now, &ccfg, saddr, "localhost").unwrap();
+        let mut buf = Vec::new();
+        for _ in 0..20 {
+            c.handle_timeout(*now);
+            server.handle_timeout(*now);
+            pump(*now, &mut c, addr, server);
+            while let Some(t) = server.poll_transmit(*now, 1, &mut buf) {
+                if t.destination == addr {
+                    c.handle_datagram(*now, saddr, None, t.ecn, BytesMut::from(&buf[..t.size]));
+                }
+            }
+            *now += Duration::from_millis(1);
+        }
+        let conn = c.connection(h).unwrap();
+        assert!(conn.is_established(), "client {port} did not connect");
+        (c, addr, h)
+    };
+    // Before any pressure: the configured windows.
+    let (mut first, faddr, fh) = connect(&mut server, &mut now, 5001, 2);
+    let tp = first.connection(fh).unwrap().peer_params().unwrap().clone();
+    assert!(tp.initial_max_data > 256 << 10);
+    // The first client sends data the server does not read, past the budget.
+    let conn = first.connection_mut(fh).unwrap();
+    let id = conn.open_stream(kuai_proto::Dir::Uni).unwrap();
+    conn.write(id, bytes::Bytes::from(vec![1u8; 512 << 10]))
+        .unwrap();
+    for _ in 0..200 {
+        pump(now, &mut first, faddr, &mut server);
+        pump(now, &mut server, saddr, &mut first);
+        now += Duration::from_millis(1);
+        server.handle_timeout(now);
+        first.handle_timeout(now);
+        if budget.under_pressure() {
+            break;
+        }
+    }
+    assert!(
+        budget.under_pressure(),
+        "no pressure: {} bytes",
+        budget.used()
+    );
+    let (second, _, sh) = connect(&mut server, &mut now, 5002, 3);
+    let tp = second
+        .connection(sh)
+        .unwrap()
+        .peer_params()
+        .unwrap()
+        .clone();
+    assert!(
+        tp.initial_max_data <= 256 << 10,
+        "{} bytes of connection credit",
+        tp.initial_max_data
+    );
+    for w in [
+        tp.initial_max_stream_data_bidi_local,
+        tp.initial_max_stream_data_bidi_remote,
+        tp.initial_max_stream_data_uni,
+    ] {
+        assert!(w <= 64 << 10, "{w} bytes of stream credit");
+    }
+}
+
 /// A peer that never acknowledges anything, but keeps the connection alive with packets
 /// the server must acknowledge: the records of the server's ACK-only packets stay bounded.
 #[test]

@@ -477,6 +477,8 @@ pub(crate) struct ServerConnectionParams {
     pub reset_key: [u8; 32],
     pub unix_ms: u64,
     pub seed: u64,
+    /// The endpoint is over its memory budget: start with the small windows.
+    pub memory_pressure: bool,
 }
 
 /// Why a client connection could not be started.
@@ -607,7 +609,13 @@ impl Connection {
 
     pub(crate) fn new_server(p: ServerConnectionParams, now: Instant) -> Self {
         let config = p.config.transport.clone();
-        let streams = Streams::new(Side::Server, stream_config(&config));
+        let mut scfg = stream_config(&config);
+        if p.memory_pressure {
+            // Credit in the transport parameters cannot be taken back later.
+            scfg.shrink_for_pressure();
+        }
+        let mut streams = Streams::new(Side::Server, scfg);
+        streams.set_memory_pressure(p.memory_pressure);
         let mut tp = local_transport_params(&config, &streams);
         tp.original_destination_connection_id = Some(p.original_dcid);
         tp.initial_source_connection_id = Some(p.local_cid);

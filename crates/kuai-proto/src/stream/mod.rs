@@ -173,6 +173,15 @@ pub struct StreamConfig {
     pub connection_send_buffer: u64,
 }
 
+impl StreamConfig {
+    /// The initial receive windows of a connection made under memory pressure (see
+    /// `crate::config::MemoryBudget`); they grow again by auto-tuning once it is over.
+    pub(crate) fn shrink_for_pressure(&mut self) {
+        self.stream_window = self.stream_window.min(PRESSURE_STREAM_WINDOW);
+        self.conn_window = self.conn_window.min(PRESSURE_CONN_WINDOW);
+    }
+}
+
 /// Bytes a stream may buffer beyond what the peer's flow-control credit lets it send: a peer
 /// that grants little credit cannot make us hold much (a 1-byte window and a large response
 /// pin 64 KiB, not the whole send buffer), while data is ready the moment credit arrives.
