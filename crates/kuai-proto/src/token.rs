@@ -155,7 +155,9 @@ impl TokenLog {
     ) -> bool {
         use std::hash::BuildHasher;
         let slot_ms = (lifetime.as_millis() as u64 / 2).max(1);
-        let slot = issued_ms / slot_ms;
+        // A token from the future (another server's clock ahead of ours) is logged as issued
+        // now: its own slot would take the place of one whose tokens are still valid.
+        let slot = issued_ms.min(now_ms) / slot_ms;
         // Tokens issued three slots or more ago are past their lifetime: their filters go.
         if slot + 2 < now_ms / slot_ms {
             return false;
@@ -284,6 +286,23 @@ pub fn reset_token(reset_key: &[u8; 32], cid: &ConnectionId) -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A token issued "in the future" by a server whose clock is ahead must not clear the
+    /// log of tokens still valid (it shared their filter's place), letting them be replayed.
+    #[test]
+    fn a_token_from_the_future_does_not_clear_the_log() {
+        let log = TokenLog::new();
+        let life = Duration::from_secs(24 * 3600);
+        let hour = 3600 * 1000;
+        let now = 100 * 12 * hour + hour;
+        let old = [1; NONCE_LEN];
+        assert!(log.first_use(&old, now - 20 * hour, now, life));
+        assert!(log.first_use(&[2; NONCE_LEN], now + 12 * hour, now, life));
+        assert!(
+            !log.first_use(&old, now - 20 * hour, now, life),
+            "a token used before validated again"
+        );
+    }
 
     #[test]
     fn retry_token_roundtrip_and_checks() {
