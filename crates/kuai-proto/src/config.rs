@@ -246,7 +246,9 @@ pub struct ServerConfig {
     /// Handshakes in flight begun with a validated address (a Retry or NEW_TOKEN token) from
     /// one IP: past this the IP's new ones are refused, so one host with tokens for many
     /// ports cannot use up `2 x max_handshakes` for everyone. Spoofed Initials cannot count
-    /// here: they carry no valid token.
+    /// here: they carry no valid token. The default, `max_handshakes`, leaves half of the
+    /// validated slots to other hosts while a load generator or a large NAT on one address
+    /// still gets thousands at once.
     pub max_validated_handshakes_per_ip: u32,
     /// A handshake that hears nothing from the client for this long is dropped without a
     /// word (the idle timeout applies once it completes): half-open state from spoofed or
@@ -271,7 +273,7 @@ impl ServerConfig {
             accept_0rtt: true,
             max_connections: 100_000,
             max_handshakes: 10_000,
-            max_validated_handshakes_per_ip: 256,
+            max_validated_handshakes_per_ip: 10_000,
             handshake_timeout: Duration::from_secs(10),
             preferred_address: None,
         }
