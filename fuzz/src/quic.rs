@@ -1592,7 +1592,9 @@ impl Harness {
                     );
                 }
                 if c.is_closed() {
-                    let bound = Duration::from_secs(60).max(pto_estimate(c) * 4);
+                    // The closing period is 3 PTO as of the close (RFC 9000 §10.2); samples
+                    // taken since may have made the PTO smaller.
+                    let bound = Duration::from_secs(60).max(self.max_pto * 4);
                     assert!(
                         deadline.is_some_and(|t| t <= now + bound),
                         "closed connection {h:?} of the {who:?} will not drain: deadline {:?} \
