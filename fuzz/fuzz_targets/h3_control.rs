@@ -770,19 +770,29 @@ fn rotate() {
         &mut *w.net.lock().unwrap(),
         std::sync::Arc::new(w.rt.block_on(net())),
     );
-    w.rt.block_on(async {
+    let base = BASE.load(Ordering::Relaxed);
+    // The old endpoints wind down in their own time (their connections drain, tasks see the
+    // close): wait for them, up to 5 s, before judging what stays.
+    let live = w.rt.block_on(async {
         old.client.close(0, b"");
         for s in &old._servers {
             s.close(0, b"");
         }
         drop(old);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut live = 0;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            live = kuai_fuzz::alloc::live();
+            if base != 0 && live <= base + HEAP_SLACK {
+                break;
+            }
+        }
+        live
     });
-    let live = kuai_fuzz::alloc::live();
     if std::env::var_os("KUAI_FUZZ_DEBUG").is_some() {
         eprintln!("{n} inputs: new endpoints; {live} bytes of heap live");
     }
-    let base = match BASE.load(Ordering::Relaxed) {
+    let base = match base {
         0 => {
             BASE.store(live, Ordering::Relaxed);
             live
