@@ -251,10 +251,10 @@ pub struct ServerConfig {
     /// still gets thousands at once.
     pub max_validated_handshakes_per_ip: u32,
     /// A handshake that hears nothing from the client for this long is dropped without a
-    /// word (the idle timeout applies once it completes): half-open state from spoofed or
-    /// abandoned Initials does not stay for the whole idle timeout. One that has not
-    /// completed twice this long after it began is dropped too, however often the client
-    /// speaks.
+    /// word, until the client sends a Handshake packet (the idle timeout applies after that):
+    /// half-open state from spoofed or abandoned Initials does not stay for the whole idle
+    /// timeout. One that has not completed twice this long after it began is dropped too,
+    /// however often the client speaks.
     pub handshake_timeout: Duration,
     pub preferred_address: Option<PreferredAddressConfig>,
 }

@@ -321,6 +321,65 @@ fn a_trickle_of_initials_does_not_keep_a_handshake_alive() {
     );
 }
 
+/// A real client whose Finished is lost again and again (the interop case handshakeloss, with
+/// quinn's client: its retransmission came 10.2 s after its last Handshake packet) keeps its
+/// handshake: the short handshake timeout is for clients that never sent a Handshake packet
+/// (which proves they hold its keys); after one, the idle timeout applies, within the
+/// 2 x handshake_timeout cap.
+#[test]
+fn a_client_that_sent_a_handshake_packet_gets_the_idle_timeout() {
+    let names: Vec<String> = std::iter::once("localhost".to_string())
+        .chain((0..300).map(|i| format!("name-{i}.example")))
+        .collect();
+    // A certificate too large for 3 x 1,200 bytes: the client acknowledges the first part of
+    // the server's flight in a Handshake packet of its own before it can send its Finished.
+    let ck = rcgen::generate_simple_self_signed(names).unwrap();
+    let certs = support::Certs {
+        cert: ck.cert.der().clone(),
+        key: rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
+            ck.key_pair.serialize_der(),
+        )),
+    };
+    assert!(certs.cert.len() > 4000);
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let timeout = scfg.handshake_timeout;
+    let mut server = server_endpoint(now, scfg);
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut client = client_endpoint(now, 2);
+    let ch = client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    pump(now, &mut client, caddr, &mut server); // the ClientHello
+    pump(now, &mut server, saddr, &mut client); // the first 3 x 1,200 bytes
+    assert!(!client.connection(ch).unwrap().is_established());
+    pump(now, &mut client, caddr, &mut server); // its ACKs, a Handshake packet among them
+    pump(now, &mut server, saddr, &mut client); // the rest of the flight
+    assert!(client.connection(ch).unwrap().is_established());
+    // From now on nothing from the client arrives: its Finished is lost, again and again.
+    let start = now;
+    let mut buf = Vec::new();
+    while now - start < timeout * 3 / 2 {
+        now += Duration::from_millis(100);
+        server.handle_timeout(now);
+        client.handle_timeout(now);
+        while client.poll_transmit(now, 1, &mut buf).is_some() {}
+        pump(now, &mut server, saddr, &mut client);
+    }
+    assert_eq!(
+        server.connection_count(),
+        1,
+        "the handshake was dropped {:?} after the client's last packet",
+        timeout
+    );
+    while now - start < timeout * 2 + Duration::from_secs(1) {
+        now += Duration::from_millis(100);
+        server.handle_timeout(now);
+        while server.poll_transmit(now, 1, &mut buf).is_some() {}
+    }
+    assert_eq!(server.connection_count(), 0, "past 2 x handshake_timeout");
+}
+
 /// One host that collects Retry tokens on many ports cannot fill the server with validated
 /// half-open handshakes (they are refused only above twice `max_handshakes`, for everyone):
 /// past `max_validated_handshakes_per_ip` its new ones are refused, other hosts still get in.

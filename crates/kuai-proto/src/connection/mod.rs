@@ -2073,20 +2073,25 @@ impl Connection {
             .as_ref()
             .filter(|_| !self.handshake_complete)
             .map(|c| c.handshake_timeout);
-        let t = match (self.idle_timeout, handshake) {
+        // The short one holds until the client sends a Handshake packet, which shows it holds
+        // the handshake keys (the server then drops the Initial keys, RFC 9001 §4.9.1): a real
+        // client whose Finished is lost again and again gets the idle timeout.
+        let short = handshake.filter(|_| !self.spaces[SpaceId::Initial.index()].discarded);
+        let t = match (self.idle_timeout, short) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        if let Some(t) = t {
-            // RFC 9000 §10.1: at least 3 PTO so probes can do their work.
-            let pto = self.pto_duration(SpaceId::Data);
-            let mut deadline = now + t.max(pto * 3);
-            if let Some(h) = handshake {
-                // However often the client speaks, a handshake gets twice its timeout in all:
-                // a trickle of packets cannot keep half-open state alive for good.
-                deadline = deadline.min(self.timers.start + h * 2);
-            }
-            self.timers.set(Timer::Idle, Some(deadline));
+        // RFC 9000 §10.1: at least 3 PTO so probes can do their work.
+        let pto = self.pto_duration(SpaceId::Data);
+        let mut deadline = t.map(|t| now + t.max(pto * 3));
+        if let Some(h) = handshake {
+            // However often the client speaks, a handshake gets twice its timeout in all:
+            // a trickle of packets cannot keep half-open state alive for good.
+            let cap = self.timers.start + h * 2;
+            deadline = Some(deadline.map_or(cap, |d| d.min(cap)));
+        }
+        if let Some(d) = deadline {
+            self.timers.set(Timer::Idle, Some(d));
         }
     }
 
