@@ -501,7 +501,7 @@ impl Endpoint {
                     // Initial that arrived after the Retry was sent, and was accepted, is a
                     // handshake nobody will finish.
                     if let Some(&orphan) = self.by_initial.get(&(remote, odcid)) {
-                        if let Some(e) = self.slot_mut(orphan) {
+                        if let Some(e) = self.slot_mut(orphan).filter(|e| e.handshaking) {
                             e.conn.abandon();
                         }
                         self.after_conn_op(orphan, now);
@@ -821,10 +821,10 @@ impl Endpoint {
             if let Some(ip) = entry.validated_ip.take() {
                 uncount_ip(&mut self.validated_by_ip, ip);
             }
-            // The client's initial DCID is no longer needed for routing once it has ours.
-            if let Some(k) = entry.initial_key.take() {
-                self.by_initial.remove(&k);
-            }
+            // The client's initial DCID stays routed here until the connection goes: a late
+            // or duplicated Initial of the client (an ACK of ours, a retransmission) is then
+            // dropped by this connection (its Initial keys are gone) instead of starting a
+            // second connection that would answer it.
         }
         for cid in &retire {
             let Some(e) = self.slot_mut(h) else { break };

@@ -380,6 +380,46 @@ fn a_client_that_sent_a_handshake_packet_gets_the_idle_timeout() {
     assert_eq!(server.connection_count(), 0, "past 2 x handshake_timeout");
 }
 
+/// A client Initial that arrives late (a retransmission or a duplicate, delayed past the end of
+/// the handshake) goes to the connection it belongs to, which drops it: it must not start a
+/// second connection, as it did once the client's initial DCID was no longer routed after the
+/// handshake (seen in the interop case handshakeloss: one connection more than the client
+/// made, its server Initial a CONNECTION_CLOSE).
+#[test]
+fn a_late_client_initial_starts_no_second_connection() {
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let mut server = server_endpoint(
+        now,
+        support::server_config(&certs, TransportConfig::default()),
+    );
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut client = client_endpoint(now, 2);
+    let ch = client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    let mut buf = Vec::new();
+    let t = client.poll_transmit(now, 1, &mut buf).unwrap();
+    let first = buf[..t.size].to_vec();
+    server.handle_datagram(now, caddr, None, None, BytesMut::from(&first[..]));
+    for _ in 0..20 {
+        pump(now, &mut server, saddr, &mut client);
+        pump(now, &mut client, caddr, &mut server);
+        now += Duration::from_millis(1);
+    }
+    assert!(client.connection(ch).unwrap().is_established());
+    assert_eq!(server.stats().accepted, 1);
+    // The client's first datagram again, late.
+    server.handle_datagram(now, caddr, None, None, BytesMut::from(&first[..]));
+    while server.poll_transmit(now, 1, &mut buf).is_some() {}
+    assert_eq!(
+        server.stats().accepted,
+        1,
+        "a second connection was started"
+    );
+    assert_eq!(server.connection_count(), 1);
+}
+
 /// One host that collects Retry tokens on many ports cannot fill the server with validated
 /// half-open handshakes (they are refused only above twice `max_handshakes`, for everyone):
 /// past `max_validated_handshakes_per_ip` its new ones are refused, other hosts still get in.
