@@ -29,6 +29,31 @@ fn client_endpoint(now: Instant, seed: u64) -> Endpoint {
     Endpoint::new(support::endpoint_config(), None, now, 0, Some(seed))
 }
 
+/// A server endpoint whose connections count against a memory budget of `limit` bytes.
+fn server_with_budget(
+    now: Instant,
+    certs: &support::Certs,
+    limit: u64,
+) -> (Endpoint, Arc<kuai_proto::config::MemoryBudget>) {
+    let budget = kuai_proto::config::MemoryBudget::new(limit);
+    let econfig = Arc::new(kuai_proto::config::EndpointConfig {
+        memory_budget: budget.clone(),
+        ..kuai_proto::config::EndpointConfig::default()
+    });
+    let scfg = Arc::new(support::server_config(certs, TransportConfig::default()));
+    (Endpoint::new(econfig, Some(scfg), now, 0, Some(1)), budget)
+}
+
+/// The DCID and SCID of a client's long-header packet (RFC 9000 §17.2).
+fn long_header_cids(p: &[u8]) -> (kuai_proto::ConnectionId, kuai_proto::ConnectionId) {
+    let dcid_at = 6;
+    let dcid = kuai_proto::ConnectionId::new(&p[dcid_at..dcid_at + usize::from(p[5])]);
+    let scid_at = dcid_at + dcid.len();
+    let scid_len = usize::from(p[scid_at]);
+    let scid = kuai_proto::ConnectionId::new(&p[scid_at + 1..scid_at + 1 + scid_len]);
+    (dcid, scid)
+}
+
 /// A client Initial packet (QUIC v1) with these connection IDs and frames, sealed with the
 /// Initial keys of `dcid`, its payload padded with PADDING to `len` bytes (none if shorter).
 fn initial_packet(
@@ -281,7 +306,6 @@ fn a_flood_of_spoofed_initials_does_not_lock_real_clients_out() {
 /// the count of handshakes in flight that decides on Retry or refusal) up for good.
 #[test]
 fn a_trickle_of_initials_does_not_keep_a_handshake_alive() {
-    use kuai_proto::ConnectionId;
     let certs = support::certs();
     let mut now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
@@ -291,11 +315,7 @@ fn a_trickle_of_initials_does_not_keep_a_handshake_alive() {
     let timeout = scfg.handshake_timeout;
     let mut server = server_endpoint(now, scfg);
     let first = client_initial(now, saddr);
-    // The client's CIDs, from the long header (RFC 9000 §17.2).
-    let dcid_len = usize::from(first[5]);
-    let dcid = ConnectionId::new(&first[6..6 + dcid_len]);
-    let scid_at = 6 + dcid_len;
-    let scid = ConnectionId::new(&first[scid_at + 1..scid_at + 1 + usize::from(first[scid_at])]);
+    let (dcid, scid) = long_header_cids(&first);
     server.handle_datagram(now, spoofed, None, None, BytesMut::from(&first[..]));
     let mut buf = Vec::new();
     while server.poll_transmit(now, 1, &mut buf).is_some() {}
@@ -471,7 +491,6 @@ fn one_host_with_retry_tokens_cannot_take_every_handshake_slot() {
 /// full-size datagram was dropped as if it came in a datagram under 1,200 bytes.
 #[test]
 fn packets_after_buffered_ones_keep_their_datagram_size() {
-    use kuai_proto::ConnectionId;
     use kuai_proto::frame::{Frame, FrameIter};
     use kuai_proto::packet::PartialDecode;
     let certs = support::certs();
@@ -484,9 +503,7 @@ fn packets_after_buffered_ones_keep_their_datagram_size() {
     );
     // A real client's ClientHello, out of its first Initial.
     let first = client_initial(now, saddr);
-    let dcid = ConnectionId::new(&first[6..6 + usize::from(first[5])]);
-    let scid_at = 6 + dcid.len();
-    let scid = ConnectionId::new(&first[scid_at + 1..scid_at + 1 + usize::from(first[scid_at])]);
+    let (dcid, scid) = long_header_cids(&first);
     let keys =
         kuai_proto::crypto::initial_keys(kuai_proto::Version::V1, &dcid, kuai_proto::Side::Server);
     let (pd, _) = PartialDecode::new(BytesMut::from(&first[..]), 8).unwrap();
@@ -789,17 +806,10 @@ fn fragmented_crypto_data_is_bounded() {
 /// promptly, is then granted 256 KiB of connection credit at a time instead of megabytes.
 #[test]
 fn windows_shrink_under_memory_pressure() {
-    use kuai_proto::config::{EndpointConfig, MemoryBudget};
     let certs = support::certs();
     let mut now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
-    let budget = MemoryBudget::new(512 << 10);
-    let econfig = Arc::new(EndpointConfig {
-        memory_budget: budget.clone(),
-        ..EndpointConfig::default()
-    });
-    let scfg = Arc::new(support::server_config(&certs, TransportConfig::default()));
-    let mut server = Endpoint::new(econfig, Some(scfg), now, 0, Some(1));
+    let (mut server, budget) = server_with_budget(now, &certs, 512 << 10);
     let ccfg = support::client_config(&certs, TransportConfig::default());
     let mut clients = Vec::new();
     for (i, port) in [5001u16, 5002].into_iter().enumerate() {
@@ -880,17 +890,10 @@ fn windows_shrink_under_memory_pressure() {
 /// connections must not each get the full initial windows while memory is short.
 #[test]
 fn connections_accepted_under_memory_pressure_get_small_windows() {
-    use kuai_proto::config::{EndpointConfig, MemoryBudget};
     let certs = support::certs();
     let mut now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
-    let budget = MemoryBudget::new(64 << 10);
-    let econfig = Arc::new(EndpointConfig {
-        memory_budget: budget.clone(),
-        ..EndpointConfig::default()
-    });
-    let scfg = Arc::new(support::server_config(&certs, TransportConfig::default()));
-    let mut server = Endpoint::new(econfig, Some(scfg), now, 0, Some(1));
+    let (mut server, budget) = server_with_budget(now, &certs, 64 << 10);
     let ccfg = support::client_config(&certs, TransportConfig::default());
     let connect = |server: &mut Endpoint, now: &mut Instant, port: u16, seed: u64| {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
