@@ -41,7 +41,7 @@ enum Mode {
         /// Disable UDP GSO/GRO.
         #[arg(long)]
         no_offload: bool,
-        /// QUIC congestion control: newreno, bbr or bbr-loss-tolerant.
+        /// QUIC congestion control: newreno, cubic, bbr or bbr-loss-tolerant.
         #[arg(long, default_value = "newreno")]
         cc: kuai::CongestionAlgorithm,
         /// Endpoint workers (sockets on the port, each with its own driver). One by default:
@@ -76,7 +76,7 @@ enum Mode {
         seconds: u64,
         #[arg(long)]
         no_offload: bool,
-        /// QUIC congestion control: newreno, bbr or bbr-loss-tolerant.
+        /// QUIC congestion control: newreno, cubic, bbr or bbr-loss-tolerant.
         #[arg(long, default_value = "newreno")]
         cc: kuai::CongestionAlgorithm,
         /// Endpoint workers (sockets on the port, each with its own driver). One by default:

@@ -86,7 +86,7 @@ pub struct Args {
     /// Give up on a fetch (one run with --repeat) after this many seconds (0: no limit).
     #[arg(long, default_value_t = 0.0)]
     max_time: f64,
-    /// QUIC congestion control: newreno, bbr (BBRv3) or bbr-loss-tolerant.
+    /// QUIC congestion control: newreno, cubic, bbr (BBRv3) or bbr-loss-tolerant.
     #[arg(long, default_value = "newreno")]
     cc: kuai::CongestionAlgorithm,
     /// On a lossy path (2 % or more of packets lost), send a second copy of the last packets

@@ -40,7 +40,7 @@ pub struct Args {
     /// Do not serve HTTP/1.1 and HTTP/2 over TCP on the same port.
     #[arg(long)]
     no_tcp: bool,
-    /// QUIC congestion control: newreno, bbr (BBRv3) or bbr-loss-tolerant.
+    /// QUIC congestion control: newreno, cubic, bbr (BBRv3) or bbr-loss-tolerant.
     #[arg(long, default_value = "newreno")]
     cc: kuai::CongestionAlgorithm,
     /// On a lossy path (2 % or more of packets lost), send a second copy of the last packets

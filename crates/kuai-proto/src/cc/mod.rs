@@ -5,6 +5,7 @@
 //! [`ControllerFactory`] and lives in the `Custom` variant.
 
 mod bbr;
+mod cubic;
 mod new_reno;
 
 use std::fmt;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use bbr::{Bbr, BbrOptions};
+pub use cubic::{Cubic, CubicOptions};
 pub use new_reno::NewReno;
 
 use crate::recovery::RttEstimator;
@@ -135,6 +137,8 @@ pub enum CongestionAlgorithm {
     /// NewReno as in RFC 9002 §7.
     #[default]
     NewReno,
+    /// CUBIC (RFC 9438) with HyStart++ (RFC 9406) for the first slow start.
+    Cubic(CubicOptions),
     /// BBR version 3 (draft-ietf-ccwg-bbr): paces at the measured bottleneck rate and does
     /// not halve its window on random loss.
     Bbr(BbrOptions),
@@ -145,16 +149,17 @@ pub enum CongestionAlgorithm {
 impl std::str::FromStr for CongestionAlgorithm {
     type Err = String;
 
-    /// Parses a built-in algorithm's name: `newreno`, `bbr` or `bbr-loss-tolerant`.
+    /// Parses a built-in algorithm's name: `newreno`, `cubic`, `bbr` or `bbr-loss-tolerant`.
     fn from_str(s: &str) -> Result<Self, String> {
         match s.to_ascii_lowercase().as_str() {
             "newreno" | "reno" => Ok(Self::NewReno),
+            "cubic" => Ok(Self::Cubic(CubicOptions::default())),
             "bbr" | "bbr3" | "bbrv3" => Ok(Self::Bbr(BbrOptions::default())),
             "bbr-loss-tolerant" => Ok(Self::Bbr(BbrOptions {
                 loss_tolerant: true,
             })),
             _ => Err(format!(
-                "unknown congestion control {s:?} (known: newreno, bbr, bbr-loss-tolerant)"
+                "unknown congestion control {s:?} (known: newreno, cubic, bbr, bbr-loss-tolerant)"
             )),
         }
     }
@@ -164,6 +169,7 @@ impl CongestionAlgorithm {
     pub fn build(&self, now: Instant, max_datagram_size: u64) -> Congestion {
         match self {
             Self::NewReno => Congestion::NewReno(NewReno::new(max_datagram_size)),
+            Self::Cubic(o) => Congestion::Cubic(Box::new(Cubic::new(max_datagram_size, *o))),
             Self::Bbr(o) => Congestion::Bbr(Box::new(Bbr::new(max_datagram_size, *o))),
             Self::Custom(f) => Congestion::Custom(f.build(now, max_datagram_size)),
         }
@@ -174,6 +180,8 @@ impl CongestionAlgorithm {
 #[derive(Debug)]
 pub enum Congestion {
     NewReno(NewReno),
+    /// Boxed: its state is three times NewReno's, and most connections idle.
+    Cubic(Box<Cubic>),
     /// Boxed: its state is several times NewReno's, and most connections idle.
     Bbr(Box<Bbr>),
     Custom(Box<dyn CongestionController>),
@@ -183,6 +191,7 @@ macro_rules! dispatch {
     ($self:ident, $c:ident => $e:expr) => {
         match $self {
             Congestion::NewReno($c) => $e,
+            Congestion::Cubic($c) => $e,
             Congestion::Bbr($c) => $e,
             Congestion::Custom($c) => $e,
         }
