@@ -1307,7 +1307,7 @@ fn redundancy_cuts_the_tail_of_small_responses_under_heavy_loss() {
     use kuai_proto::config::Redundancy;
     let mut plain = TransportConfig::default();
     plain.congestion = CongestionAlgorithm::Bbr(BbrOptions {
-        loss_tolerant: true,
+        loss_response: kuai_proto::cc::LossResponse::Never,
     });
     let mut redundant = plain.clone();
     redundant.redundancy = Some(Redundancy::default());
@@ -1341,7 +1341,7 @@ fn loss_tolerant_bbr_keeps_its_window_under_random_loss() {
     let reno = median(CongestionAlgorithm::NewReno);
 
     let bbr = median(CongestionAlgorithm::Bbr(BbrOptions {
-        loss_tolerant: true,
+        loss_response: kuai_proto::cc::LossResponse::Never,
     }));
     // NewReno halves its window on each loss and, application-limited, never grows it back:
     // a 10 KB response then takes several round trips. Measured: 120 ms against 40 ms.

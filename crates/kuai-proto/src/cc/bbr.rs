@@ -68,15 +68,34 @@ enum AckPhase {
     ProbeFeedback,
 }
 
-/// Options of [`Bbr`].
+/// How BBR answers packet loss.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BbrOptions {
+pub enum LossResponse {
+    /// BBRv3 as drafted: a round losing more than 2 % bounds inflight (`inflight_hi` while
+    /// probing, `inflight_lo`/`bw_lo` shrunk by β = 0.7 otherwise), and Startup may end on
+    /// loss.
+    #[default]
+    Always,
     /// Leave the model alone on loss: no `inflight_hi`, `inflight_lo` or `bw_lo` bounds,
     /// and Startup does not end on loss. For links with random (non-congestive) loss, such
     /// as lossy wireless hops, where BBRv3's loss response would shrink the window of a
     /// request-response flow to a few packets. Chromium's BBRv2 has the same switch for the
     /// same reason. Queue overflow is still bounded by the model's 2 x BDP window.
-    pub loss_tolerant: bool,
+    Never,
+    /// Tell the two apart by the path's own delay signal: a loss counts as congestion (the
+    /// `Always` response) when the newest RTT sample stood above the path's minimum by a
+    /// queue's worth — clamp(min_rtt / 8, 4 ms, 16 ms), HyStart++'s threshold (RFC 9406
+    /// §4.2) — and as random loss (the `Never` response) when the queue was empty. A
+    /// drop-tail bottleneck drops only once its queue is full, and the packets around the
+    /// lost one show it; ECN-CE is always congestion. Until the path has an RTT sample every
+    /// loss is congestion.
+    Adaptive,
+}
+
+/// Options of [`Bbr`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BbrOptions {
+    pub loss_response: LossResponse,
 }
 
 #[derive(Debug, Clone)]
@@ -318,6 +337,20 @@ impl Bbr {
         self.inflight_lo = self
             .inflight_latest
             .max(gain(self.inflight_lo, BETA_PERMILLE));
+    }
+
+    /// Whether the RTT at a loss shows a queue at the bottleneck: the newest sample above
+    /// min_rtt by clamp(min_rtt / 8, 4 ms, 16 ms). A queue that overflows is full, so the
+    /// packets acknowledged around the lost one waited in it; random loss on an empty
+    /// queue leaves them at the minimum. Jitter errs towards the congestion response.
+    /// Without samples, assume a queue.
+    fn queue_standing(&self, latest_rtt: Option<Duration>) -> bool {
+        const MIN_THRESH: Duration = Duration::from_millis(4);
+        const MAX_THRESH: Duration = Duration::from_millis(16);
+        let (Some(min), Some(latest)) = (self.min_rtt, latest_rtt) else {
+            return true;
+        };
+        latest >= min + (min / 8).clamp(MIN_THRESH, MAX_THRESH)
     }
 
     fn reset_lower_bounds(&mut self) {
@@ -685,8 +718,16 @@ impl CongestionController for Bbr {
     }
 
     fn on_congestion_event(&mut self, now: Instant, loss: &LossEvent) {
-        if self.opts.loss_tolerant && !loss.ecn_ce {
-            return;
+        if !loss.ecn_ce {
+            match self.opts.loss_response {
+                LossResponse::Always => {}
+                LossResponse::Never => return,
+                LossResponse::Adaptive => {
+                    if !self.queue_standing(loss.latest_rtt) {
+                        return;
+                    }
+                }
+            }
         }
         if loss.ecn_ce {
             // BBRv3 reacts to ECN only with L4S-style marking; classic CE is treated as loss
@@ -733,10 +774,10 @@ impl CongestionController for Bbr {
     }
 
     fn name(&self) -> &'static str {
-        if self.opts.loss_tolerant {
-            "bbr-loss-tolerant"
-        } else {
-            "bbr"
+        match self.opts.loss_response {
+            LossResponse::Always => "bbr",
+            LossResponse::Never => "bbr-loss-tolerant",
+            LossResponse::Adaptive => "bbr-adaptive",
         }
     }
 }
@@ -811,6 +852,7 @@ mod tests {
             lost_bytes: lost,
             ecn_ce: false,
             bytes_in_flight: in_flight,
+            latest_rtt: None,
         }
     }
 
@@ -820,12 +862,12 @@ mod tests {
         let rate = 1_250_000;
         let rtt = Duration::from_millis(40);
         for tolerant in [false, true] {
-            let mut b = Bbr::new(
-                MDS,
-                BbrOptions {
-                    loss_tolerant: tolerant,
-                },
-            );
+            let loss_response = if tolerant {
+                LossResponse::Never
+            } else {
+                LossResponse::Always
+            };
+            let mut b = Bbr::new(MDS, BbrOptions { loss_response });
             let mut now = drive(&mut b, t0, 30, rate, rtt);
             let before = b.window();
             // Five rounds, each losing a tenth of what it sent.
@@ -846,6 +888,60 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn adaptive_loss_response_needs_a_queue() {
+        let t0 = Instant::now();
+        let rate = 1_250_000;
+        let rtt = Duration::from_millis(40);
+        let adaptive = BbrOptions {
+            loss_response: LossResponse::Adaptive,
+        };
+        let lossy = |b: &mut Bbr, now: Instant, at: Duration, lost: u64| {
+            let mut ev = loss(now, lost, lost * 5);
+            ev.latest_rtt = Some(at);
+            b.on_congestion_event(now, &ev);
+        };
+        let mut b = Bbr::new(MDS, adaptive);
+        let mut now = drive(&mut b, t0, 30, rate, rtt);
+        let before = b.window();
+        // Lossy rounds, each loss seen at the path's minimum RTT, or 4 ms above it (below
+        // the 5 ms threshold of a 40 ms path): random loss, the model is left alone.
+        for extra in [0, 0, 0, 4, 4] {
+            lossy(&mut b, now, rtt + Duration::from_millis(extra), before / 10);
+            now = drive(&mut b, now, 1, rate, rtt);
+        }
+        assert_eq!(b.inflight_lo, u64::MAX);
+        assert!(b.window() >= before * 9 / 10);
+        // No RTT sample at all: congestion.
+        let mut b = Bbr::new(MDS, adaptive);
+        let mut now = drive(&mut b, now, 30, rate, rtt);
+        let mut ev = loss(now, before / 10, before / 2);
+        ev.latest_rtt = None;
+        b.on_congestion_event(now, &ev);
+        now = drive(&mut b, now, 1, rate, rtt);
+        assert!(b.inflight_lo < u64::MAX);
+        // The same losses seen 6 ms above the minimum: a queue, so congestion.
+        let mut b = Bbr::new(MDS, adaptive);
+        let mut now = drive(&mut b, now, 30, rate, rtt);
+        lossy(&mut b, now, rtt + Duration::from_millis(6), before / 10);
+        now = drive(&mut b, now, 1, rate, rtt);
+        assert!(
+            b.inflight_lo < u64::MAX,
+            "a lossy round with a queue sets inflight_lo"
+        );
+        // ECN-CE is congestion whatever the delay.
+        let mut b = Bbr::new(MDS, adaptive);
+        let now = drive(&mut b, now, 30, rate, rtt);
+        for _ in 0..(before / 10 / MDS) {
+            let mut ce = loss(now, 0, before / 2);
+            ce.ecn_ce = true;
+            ce.latest_rtt = Some(rtt);
+            b.on_congestion_event(now, &ce);
+        }
+        drive(&mut b, now, 1, rate, rtt);
+        assert!(b.inflight_lo < u64::MAX, "CE marks set inflight_lo");
     }
 
     #[test]

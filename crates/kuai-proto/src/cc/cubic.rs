@@ -462,6 +462,7 @@ mod tests {
                 lost_bytes: MDS,
                 ecn_ce: false,
                 bytes_in_flight: 0,
+                latest_rtt: None,
             };
             self.now += Duration::from_millis(1);
             self.cc.on_congestion_event(self.now, &ev);

@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use bbr::{Bbr, BbrOptions};
+pub use bbr::{Bbr, BbrOptions, LossResponse};
 pub use cubic::{Cubic, CubicOptions};
 pub use new_reno::NewReno;
 
@@ -78,6 +78,10 @@ pub struct LossEvent {
     pub ecn_ce: bool,
     /// Bytes in flight after removing the lost packets.
     pub bytes_in_flight: u64,
+    /// The path's newest RTT sample (RFC 9002 §5.1 latest_rtt, ack delay included), `None`
+    /// before the first. A receiver acknowledges at once when it sees a gap (RFC 9000
+    /// §13.2.1), so at a loss this is usually the queue the packets after the lost one met.
+    pub latest_rtt: Option<Duration>,
 }
 
 /// A congestion controller for one path. Implement this to bring your own algorithm.
@@ -149,17 +153,21 @@ pub enum CongestionAlgorithm {
 impl std::str::FromStr for CongestionAlgorithm {
     type Err = String;
 
-    /// Parses a built-in algorithm's name: `newreno`, `cubic`, `bbr` or `bbr-loss-tolerant`.
+    /// Parses a built-in algorithm's name: `newreno`, `cubic`, `bbr`, `bbr-loss-tolerant` or
+    /// `bbr-adaptive`.
     fn from_str(s: &str) -> Result<Self, String> {
         match s.to_ascii_lowercase().as_str() {
             "newreno" | "reno" => Ok(Self::NewReno),
             "cubic" => Ok(Self::Cubic(CubicOptions::default())),
             "bbr" | "bbr3" | "bbrv3" => Ok(Self::Bbr(BbrOptions::default())),
             "bbr-loss-tolerant" => Ok(Self::Bbr(BbrOptions {
-                loss_tolerant: true,
+                loss_response: LossResponse::Never,
+            })),
+            "bbr-adaptive" => Ok(Self::Bbr(BbrOptions {
+                loss_response: LossResponse::Adaptive,
             })),
             _ => Err(format!(
-                "unknown congestion control {s:?} (known: newreno, cubic, bbr, bbr-loss-tolerant)"
+                "unknown congestion control {s:?} (known: newreno, cubic, bbr, bbr-loss-tolerant, bbr-adaptive)"
             )),
         }
     }

@@ -147,6 +147,7 @@ mod tests {
             lost_bytes: 1200,
             ecn_ce: false,
             bytes_in_flight: 0,
+            latest_rtt: None,
         };
         cc.on_congestion_event(t1, &loss);
         assert_eq!(cc.window(), 12_000);

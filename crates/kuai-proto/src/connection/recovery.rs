@@ -283,6 +283,7 @@ impl Connection {
                 lost_bytes: 0,
                 ecn_ce: true,
                 bytes_in_flight: self.path.bytes_in_flight,
+                latest_rtt: self.path.rtt.has_sample().then(|| self.path.rtt.latest()),
             };
             self.congestion_event(now, &ev);
         }
@@ -421,6 +422,7 @@ impl Connection {
             lost_bytes,
             ecn_ce: false,
             bytes_in_flight: self.path.bytes_in_flight,
+            latest_rtt: self.path.rtt.has_sample().then(|| self.path.rtt.latest()),
         };
         self.congestion_event(now, &ev);
         // RFC 9002 §7.6: persistent congestion when the lost ack-eliciting packets span more
