@@ -96,13 +96,18 @@ pub fn queue(s: &str) -> Result<QueueLimit, String> {
     let n: usize = num
         .parse()
         .map_err(|_| format!("`{s}` is not a queue size (like 25, 25p or 64kb)"))?;
+    let bytes = |unit: usize| {
+        n.checked_mul(unit)
+            .map(QueueLimit::Bytes)
+            .ok_or_else(|| format!("`{s}`: too large a queue"))
+    };
     let limit = match unit.trim() {
         "" | "p" | "pkt" | "pkts" | "packets" => QueueLimit::Packets(n),
         "b" | "bytes" => QueueLimit::Bytes(n),
-        "kb" => QueueLimit::Bytes(n * 1000),
-        "kib" => QueueLimit::Bytes(n * 1024),
-        "mb" => QueueLimit::Bytes(n * 1_000_000),
-        "mib" => QueueLimit::Bytes(n * 1024 * 1024),
+        "kb" => bytes(1000)?,
+        "kib" => bytes(1024)?,
+        "mb" => bytes(1_000_000)?,
+        "mib" => bytes(1024 * 1024)?,
         _ => {
             return Err(format!(
                 "`{s}`: a queue is counted in packets (25p) or bytes (64kb)"
@@ -208,6 +213,9 @@ mod tests {
         assert!(queue("0").is_err());
         assert!(queue("100b").is_err());
         assert!(queue("25 furlongs").is_err());
+        // A count that overflows once multiplied by its unit (found by fuzzing).
+        assert!(queue("6477777777777777777KiB").is_err());
+        assert!(queue(&format!("{}mb", usize::MAX / 1000)).is_err());
     }
 
     #[test]
