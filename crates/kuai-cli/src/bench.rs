@@ -41,9 +41,10 @@ enum Mode {
         /// Disable UDP GSO/GRO.
         #[arg(long)]
         no_offload: bool,
-        /// QUIC congestion control: newreno, cubic, bbr or bbr-loss-tolerant.
-        #[arg(long, default_value = "newreno")]
-        cc: kuai::CongestionAlgorithm,
+        /// QUIC congestion control: bbr-adaptive (the library's default), bbr, bbr-loss-tolerant,
+        /// cubic or newreno.
+        #[arg(long)]
+        cc: Option<kuai::CongestionAlgorithm>,
         /// Endpoint workers (sockets on the port, each with its own driver). One by default:
         /// with client and server sharing this machine's cores, more workers cost more in
         /// smaller batches than they gain in parallel crypto (BENCHMARKS.md).
@@ -76,9 +77,10 @@ enum Mode {
         seconds: u64,
         #[arg(long)]
         no_offload: bool,
-        /// QUIC congestion control: newreno, cubic, bbr or bbr-loss-tolerant.
-        #[arg(long, default_value = "newreno")]
-        cc: kuai::CongestionAlgorithm,
+        /// QUIC congestion control: bbr-adaptive (the library's default), bbr, bbr-loss-tolerant,
+        /// cubic or newreno.
+        #[arg(long)]
+        cc: Option<kuai::CongestionAlgorithm>,
         /// Endpoint workers (sockets on the port, each with its own driver). One by default:
         /// with client and server sharing this machine's cores, more workers cost more in
         /// smaller batches than they gain in parallel crypto (BENCHMARKS.md).
@@ -137,10 +139,10 @@ pub async fn run(args: Args) -> ExitCode {
     }
 }
 
-fn transport_config(cc: &kuai::CongestionAlgorithm) -> TransportConfig {
+fn transport_config(cc: &Option<kuai::CongestionAlgorithm>) -> TransportConfig {
     // Large windows so flow control never limits a loopback transfer.
     TransportConfig {
-        congestion: cc.clone(),
+        congestion: cc.clone().unwrap_or_default(),
         stream_receive_window: 8 << 20,
         max_stream_receive_window: 64 << 20,
         receive_window: 16 << 20,
@@ -204,7 +206,7 @@ async fn server(
     listen: SocketAddr,
     transport: &str,
     no_offload: bool,
-    cc: kuai::CongestionAlgorithm,
+    cc: Option<kuai::CongestionAlgorithm>,
     workers: usize,
 ) -> Result<(), String> {
     let id = Identity::self_signed(&["localhost"])?;
@@ -349,7 +351,7 @@ struct Workload {
     response: u64,
     seconds: u64,
     no_offload: bool,
-    cc: kuai::CongestionAlgorithm,
+    cc: Option<kuai::CongestionAlgorithm>,
     workers: usize,
 }
 

@@ -86,13 +86,15 @@ pub struct Args {
     /// Give up on a fetch (one run with --repeat) after this many seconds (0: no limit).
     #[arg(long, default_value_t = 0.0)]
     max_time: f64,
-    /// QUIC congestion control: newreno, cubic, bbr (BBRv3) or bbr-loss-tolerant.
-    #[arg(long, default_value = "newreno")]
-    cc: kuai::CongestionAlgorithm,
-    /// On a lossy path (2 % or more of packets lost), send a second copy of the last packets
-    /// of each flight (up to 16) when there is nothing new to send.
+    /// QUIC congestion control: bbr-adaptive (the default: BBRv3 that keeps its rate through
+    /// random loss on an empty queue), bbr (BBRv3), bbr-loss-tolerant, cubic or newreno.
     #[arg(long)]
-    redundancy: bool,
+    cc: Option<kuai::CongestionAlgorithm>,
+    /// Never send redundant copies. By default, on a lossy path (2 % or more of packets
+    /// lost), the last packets of each flight (up to 16) go out twice when there is nothing
+    /// new to send.
+    #[arg(long)]
+    no_redundancy: bool,
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -471,7 +473,7 @@ async fn fetch_all(args: Args) -> Result<(), String> {
         &[quic_alpn],
         args.keylog.as_deref(),
     )?;
-    crate::set_transport(&mut cfg.proto_mut().transport, &args.cc, args.redundancy);
+    crate::set_transport(&mut cfg.proto_mut().transport, &args.cc, args.no_redundancy);
     let tcp_tls = cfg.proto_tls();
     let ep = if matches!(mode, Mode::Tcp(_)) {
         None

@@ -95,13 +95,18 @@ fn main() -> ExitCode {
 /// A path argument, for clap.
 pub type PathArg = PathBuf;
 
-/// Sets the congestion controller and redundancy of a client's or server's transport.
+/// Sets the congestion controller (when chosen) and turns redundancy off (when asked) in a
+/// client's or server's transport; the library's defaults stand otherwise.
 fn set_transport(
     t: &mut std::sync::Arc<kuai::TransportConfig>,
-    cc: &kuai::CongestionAlgorithm,
-    redundancy: bool,
+    cc: &Option<kuai::CongestionAlgorithm>,
+    no_redundancy: bool,
 ) {
     let t = std::sync::Arc::make_mut(t);
-    t.congestion = cc.clone();
-    t.redundancy = redundancy.then(kuai::kuai_proto::config::Redundancy::default);
+    if let Some(cc) = cc {
+        t.congestion = cc.clone();
+    }
+    if no_redundancy {
+        t.redundancy = None;
+    }
 }

@@ -40,13 +40,15 @@ pub struct Args {
     /// Do not serve HTTP/1.1 and HTTP/2 over TCP on the same port.
     #[arg(long)]
     no_tcp: bool,
-    /// QUIC congestion control: newreno, cubic, bbr (BBRv3) or bbr-loss-tolerant.
-    #[arg(long, default_value = "newreno")]
-    cc: kuai::CongestionAlgorithm,
-    /// On a lossy path (2 % or more of packets lost), send a second copy of the last packets
-    /// of each flight (up to 16) when there is nothing new to send.
+    /// QUIC congestion control: bbr-adaptive (the default: BBRv3 that keeps its rate through
+    /// random loss on an empty queue), bbr (BBRv3), bbr-loss-tolerant, cubic or newreno.
     #[arg(long)]
-    redundancy: bool,
+    cc: Option<kuai::CongestionAlgorithm>,
+    /// Never send redundant copies. By default, on a lossy path (2 % or more of packets
+    /// lost), the last packets of each flight (up to 16) go out twice when there is nothing
+    /// new to send.
+    #[arg(long)]
+    no_redundancy: bool,
     /// Also listen on this address and offer it to clients as the server's preferred address
     /// (RFC 9000 §9.6): they move to it after the handshake. It needs an IP address other
     /// than the one of --listen.
@@ -282,7 +284,7 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
-    crate::set_transport(&mut cfg.proto_mut().transport, &args.cc, args.redundancy);
+    crate::set_transport(&mut cfg.proto_mut().transport, &args.cc, args.no_redundancy);
     let mut builder = Endpoint::builder().server(cfg).workers(args.workers);
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);

@@ -72,7 +72,8 @@ pub struct TransportConfig {
     /// Client: move to the server's preferred address once the handshake is confirmed and
     /// the address answers a path challenge (RFC 9000 §9.6.1).
     pub migrate_to_preferred_address: bool,
-    /// Redundant copies of short flights on lossy paths; `None` (the default) sends none.
+    /// Redundant copies of short flights on lossy paths (on by default; they are sent only
+    /// once the path loses 2 % of its packets); `None` sends none.
     pub redundancy: Option<Redundancy>,
 }
 
@@ -133,7 +134,7 @@ impl Default for TransportConfig {
             grease_quic_bit: true,
             disable_active_migration: false,
             migrate_to_preferred_address: true,
-            redundancy: None,
+            redundancy: Some(Redundancy::default()),
         }
     }
 }

@@ -113,10 +113,11 @@ async fn an_idle_connection_costs_the_server_little_heap() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let per_conn = (LIVE.load(Ordering::Relaxed) - base) as f64 / N as f64;
     eprintln!("server heap per idle connection: {per_conn:.0} bytes");
-    // About 7.2 KB today; allocator overhead and fragmentation come on top in resident
-    // memory (`kuai bench`'s idle workload).
+    // About 8.5 KB today: 8.1 KB with NewReno and 384 bytes more for the default controller's
+    // (BBR's) boxed state. Allocator overhead and fragmentation come on top in resident memory
+    // (`kuai bench`'s idle workload).
     assert!(
-        per_conn < 8_400.0,
+        per_conn < 8_800.0,
         "{per_conn:.0} bytes of server heap per idle connection"
     );
     drop(conns);

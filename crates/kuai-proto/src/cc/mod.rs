@@ -136,10 +136,13 @@ pub trait ControllerFactory: Send + Sync + fmt::Debug {
 }
 
 /// Which congestion controller new paths get.
-#[derive(Clone, Debug, Default)]
+///
+/// The default is BBRv3 with the adaptive loss response ([`LossResponse::Adaptive`]): it
+/// paces at the measured bottleneck rate, backs off when a loss comes with a queue or an
+/// ECN-CE mark, and keeps its rate through random loss on an empty queue.
+#[derive(Clone, Debug)]
 pub enum CongestionAlgorithm {
     /// NewReno as in RFC 9002 §7.
-    #[default]
     NewReno,
     /// CUBIC (RFC 9438) with HyStart++ (RFC 9406) for the first slow start.
     Cubic(CubicOptions),
@@ -148,6 +151,14 @@ pub enum CongestionAlgorithm {
     Bbr(BbrOptions),
     /// A user-supplied algorithm.
     Custom(Arc<dyn ControllerFactory>),
+}
+
+impl Default for CongestionAlgorithm {
+    fn default() -> Self {
+        Self::Bbr(BbrOptions {
+            loss_response: LossResponse::Adaptive,
+        })
+    }
 }
 
 impl std::str::FromStr for CongestionAlgorithm {
