@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The weak-network lab: kuai's HTTP/3 against TCP + TLS (HTTP/2, HTTP/1.1) on an emulated link.
 
-    lab/lab.py exp1|exp2|exp3|exp4|exp5|exp6|all [--quick] [--runs N] [--out DIR]
+    lab/lab.py exp1|exp2|exp3|exp4|exp5|exp6|exp7|all [--quick] [--runs N] [--out DIR]
 
 Every experiment runs `kuai server` in the server namespace of `kuai netsim` and `kuai get`
 in the client namespace (the same program on both sides, for every protocol), reads the JSON
@@ -20,6 +20,8 @@ The experiments (see LAB.md for the results beside the seeds' figures):
   exp5  handshake latency at 50, 200 and 500 ms RTT: TCP + TLS 1.3, QUIC 1-RTT, QUIC 0-RTT.
   exp6  goodput of 10 MiB over 10 Mbit/s, 30 ms RTT, a 25-packet queue; recovery across
         5 s on / 2 s off outages.
+  exp7  fairness: one kuai flow against one TCP flow (Linux CUBIC, then BBR) or a second kuai
+        flow, sharing 10 Mbit/s, 30 ms RTT and a one-BDP drop-tail queue, at 0 and 2 % loss.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def make_site(d: Path) -> dict:
         return "/" + name
 
     site = {"10k": [put("10k.bin", 10 * 1024)], "1m": [put("1m.bin", 1 << 20)],
-            "10m": [put("10m.bin", 10 << 20)], "30m": [put("30m.bin", 30 << 20)]}
+            "10m": [put("10m.bin", 10 << 20)], "30m": [put("30m.bin", 30 << 20)],
+            "64m": [put("64m.bin", 64 << 20)]}
     # Seed 003: 16 images between 20 and 200 KB.
     sizes = [20, 32, 45, 58, 70, 84, 96, 110, 122, 135, 148, 160, 172, 185, 193, 200]
     site["images"] = [put(f"img{i:02d}.jpg", s * 1024) for i, s in enumerate(sizes)]
@@ -113,12 +116,18 @@ RAW_LOG: Path | None = None
 
 
 def run_condition(kuai: Path, site_dir: Path, link: dict, client_cmds: list[list[str]],
-                  limit: float, server_args: list[str] | None = None) -> list[dict]:
-    """Starts the link, the server and each client command in turn (one shell in the client
-    namespace); returns every JSON line the clients printed."""
+                  limit: float, server_args: list[str] | None = None, *, parallel=False,
+                  tcp_cc: str | None = None) -> list[dict]:
+    """Starts the link, the server and each client command in turn (all at once with
+    `parallel`; one shell in the client namespace); returns every JSON line the clients
+    printed. `tcp_cc` sets the server namespace's TCP congestion control (the sender's)."""
     server = [str(kuai), "server", "--listen", f"{SERVER_IP}:{PORT}", "--root", str(site_dir),
               *(server_args or [])]
-    script = " ; ".join(" ".join(shlex.quote(x) for x in c) for c in client_cmds)
+    if tcp_cc:
+        server = ["sh", "-c", f"sysctl -qw net.ipv4.tcp_congestion_control={tcp_cc} && exec "
+                  + " ".join(shlex.quote(x) for x in server)]
+    quoted = [" ".join(shlex.quote(x) for x in c) for c in client_cmds]
+    script = " & ".join(quoted) + " & wait" if parallel else " ; ".join(quoted)
     client = ["sh", "-c", script]
     cmd = [str(kuai), "netsim", "--name", NETSIM_NAME, "--quiet", "--wait-port", str(PORT), *link_args(link), "--",
            *server, "--", *client]
@@ -529,8 +538,74 @@ def exp6(a, kuai, site_dir, site, out):
     plot(out, "exp6", draw)
 
 
+def allow_tcp_cc(names: list[str]) -> None:
+    """A network namespace may only pick a TCP congestion control the host allows: adds
+    `names` to net.ipv4.tcp_allowed_congestion_control (the host's default stays)."""
+    key = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+    allowed = key.read_text().split()
+    missing = [n for n in names if n not in allowed]
+    if missing:
+        key.write_text(" ".join(allowed + missing))
+
+
+def exp7(a, kuai, site_dir, site, out):
+    allow_tcp_cc(["cubic", "bbr"])
+    runs = a.runs or (1 if a.quick else 3)
+    secs = 15 if a.quick else 30
+    # 10 Mbit/s x 30 ms = 37.5 kB: a queue of 25 full-size packets is one BDP.
+    base = {"delay": "15ms", "rate": "10mbit", "queue": "25", "seed": 7}
+    url = site["64m"]
+    kuai_flow = get_cmd(kuai, "http3", url, 1, max_time=secs)
+    tcp_flow = get_cmd(kuai, "http2", url, 1, max_time=secs)
+    # (kuai's congestion control, its server flags, the loss rates): the defaults, and BBRv3's
+    # own loss response for comparison.
+    kuais = [("defaults", [], (0, 2)), ("BBRv3 (--cc bbr)", ["--cc", "bbr"], (0,))]
+    against = [("TCP CUBIC", "cubic", tcp_flow), ("TCP BBR", "bbr", tcp_flow),
+               ("kuai (same)", "bbr", kuai_flow)]
+    data = {}
+    rows = []
+    for kname, kargs, losses in kuais:
+        for loss in losses:
+            link = dict(base, loss=f"{loss}%") if loss else base
+            for oname, cc, other in against:
+                key = f"{kname}/{loss}/{oname}"
+                cell = []
+                for r in range(runs):
+                    got = run_condition(kuai, site_dir, dict(link, seed=7 + r),
+                                        [kuai_flow, other], limit=secs + 60, server_args=kargs,
+                                        parallel=True, tcp_cc=cc)
+                    rate = [g["bytes"] * 8 / 1e6 / (g["total_ms"] / 1000) for g in got
+                            if g.get("total_ms")]
+                    protos = [g.get("protocol") for g in got]
+                    if len(rate) != 2:
+                        print(f"exp7 {key} run {r}: {len(rate)} flows reported", file=sys.stderr)
+                        continue
+                    if oname.startswith("TCP"):
+                        k = rate[protos.index("h3")] if "h3" in protos else float("nan")
+                        o = rate[protos.index("h2")] if "h2" in protos else float("nan")
+                    else:
+                        k, o = max(rate), min(rate)
+                    cell.append({"kuai": k, "other": o, "runs": got})
+                data[key] = cell
+                ratios = [c["kuai"] / c["other"] for c in cell if c["other"] > 0]
+                ks = [c["kuai"] for c in cell]
+                os_ = [c["other"] for c in cell]
+                rows.append([kname, f"{loss} %", oname, f"{len(cell)}/{runs}",
+                             f"{statistics.median(ks):.2f}" if ks else "—",
+                             f"{statistics.median(os_):.2f}" if os_ else "—",
+                             (f"{statistics.median(ratios):.2f} [{min(ratios):.2f}–"
+                              f"{max(ratios):.2f}]") if ratios else "—"])
+                print(f"exp7 {key}: {rows[-1]}", file=sys.stderr)
+    hdr = ["kuai", "loss", "against", "runs", "kuai Mbit/s (median)", "other Mbit/s (median)",
+           "kuai / other, median [min–max]"]
+    md = (f"### Experiment 7: one kuai flow against one other flow for {secs} s, 10 Mbit/s, "
+          "30 ms RTT, 25-packet (one-BDP) drop-tail queue\n\n" + table(hdr, rows)
+          + "\n\nAgainst kuai itself the ratio is the faster flow over the slower one.")
+    save(out, "exp7", data, md)
+
+
 EXPERIMENTS = {"exp1": exp1, "exp2": exp2, "exp3": exp3, "exp4": exp4, "exp5": exp5,
-               "exp6": exp6}
+               "exp6": exp6, "exp7": exp7}
 
 
 def main() -> int:

@@ -83,7 +83,8 @@ pub struct Args {
     /// Milliseconds to wait between runs.
     #[arg(long, default_value_t = 0)]
     interval_ms: u64,
-    /// Give up on a fetch (one run with --repeat) after this many seconds (0: no limit).
+    /// Give up on a fetch (one run with --repeat) after this many seconds (0: no limit). A
+    /// run cut short reports the bytes it received until then.
     #[arg(long, default_value_t = 0.0)]
     max_time: f64,
     /// QUIC congestion control: bbr-adaptive (the default: BBRv3 that keeps its rate through
@@ -509,8 +510,8 @@ async fn fetch_all(args: Args) -> Result<(), String> {
 
     let session = Arc::new(origin.connect().await?);
     let connected = start.elapsed();
-    let first_byte = Arc::new(std::sync::Mutex::new(None::<Duration>));
-    let work = fetch_urls(&args, &session, &urls, start, first_byte.clone(), true);
+    let progress = Arc::new(Progress::default());
+    let work = fetch_urls(&args, &session, &urls, start, progress.clone(), true);
     let results = match max_time {
         Some(t) => tokio::time::timeout(t, work)
             .await
@@ -534,7 +535,7 @@ async fn fetch_all(args: Args) -> Result<(), String> {
             session.protocol(),
             ms(connected)
         );
-        if let Some(fb) = *first_byte.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(fb) = progress.first_byte() {
             eprintln!("* first byte at {:.1} ms", ms(fb));
         }
         eprintln!(
@@ -552,13 +553,30 @@ async fn fetch_all(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// What a run has received so far, across its URLs: when the first byte came and how many.
+#[derive(Default)]
+struct Progress {
+    first_byte: std::sync::Mutex<Option<Duration>>,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl Progress {
+    fn first_byte(&self) -> Option<Duration> {
+        *self.first_byte.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// Fetches every URL in parallel on `session`; returns (bytes, body kept for stdout) per URL.
 async fn fetch_urls(
     args: &Args,
     session: &Arc<Session>,
     urls: &[Url],
     start: Instant,
-    first_byte: Arc<std::sync::Mutex<Option<Duration>>>,
+    progress: Arc<Progress>,
     keep_bodies: bool,
 ) -> Result<Vec<(u64, Vec<u8>)>, String> {
     // Progress bars for downloads to files when a person is watching.
@@ -583,7 +601,7 @@ async fn fetch_urls(
             (None, true, None) => Some(PathBuf::from(url.file_name())),
             (None, false, None) => None,
         };
-        let fb = first_byte.clone();
+        let progress = progress.clone();
         let bar = bars.as_ref().map(|m| {
             let b = m.add(indicatif::ProgressBar::new_spinner());
             b.set_style(
@@ -611,11 +629,20 @@ async fn fetch_urls(
                 None if keep_bodies => &mut body,
                 None => &mut discard,
             };
+            let mut seen = 0u64;
             let on_data = |total: u64| {
                 if let Some(b) = &bar {
                     b.set_position(total);
                 }
-                let mut f = fb.lock().unwrap_or_else(|e| e.into_inner());
+                progress.bytes.fetch_add(
+                    total.saturating_sub(seen),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                seen = seen.max(total);
+                let mut f = progress
+                    .first_byte
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
                 if f.is_none() {
                     *f = Some(start.elapsed());
                 }
@@ -666,7 +693,7 @@ async fn repeat(
         let start = Instant::now();
         let mut report = RunReport::default();
         let new_connection = session.is_none() || !args.reuse;
-        let first_byte = Arc::new(std::sync::Mutex::new(None::<Duration>));
+        let progress = Arc::new(Progress::default());
         let work = async {
             if new_connection {
                 if let Some(old) = session.take() {
@@ -676,7 +703,7 @@ async fn repeat(
                 report.connected = Some(start.elapsed());
             }
             let s = session.as_ref().expect("connected").clone();
-            fetch_urls(args, &s, urls, start, first_byte.clone(), false).await
+            fetch_urls(args, &s, urls, start, progress.clone(), false).await
         };
         let r = match max_time {
             Some(t) => tokio::time::timeout(t, work)
@@ -685,23 +712,27 @@ async fn repeat(
             None => work.await,
         };
         report.total = start.elapsed();
-        report.first_byte = *first_byte.lock().unwrap_or_else(|e| e.into_inner());
+        report.first_byte = progress.first_byte();
         match r {
             Ok(results) => {
                 report.bytes = results.iter().map(|r| r.0).sum();
                 report.responses = results.len();
             }
             Err(e) => {
+                // A run cut short (--max-time) reports what it received until then.
+                report.bytes = progress.bytes();
                 report.error = Some(e);
                 failed += 1;
-                // A connection that failed a run is not trusted with the next one.
-                if let Some(old) = session.take() {
-                    old.close();
-                }
             }
         }
         let line = run_json(run, new_connection, session.as_deref(), &report);
         writeln!(stdout, "{line}").map_err(|e| format!("stdout: {e}"))?;
+        if report.error.is_some() {
+            // A connection that failed a run is not trusted with the next one.
+            if let Some(old) = session.take() {
+                old.close();
+            }
+        }
         if !args.reuse
             && run + 1 < args.repeat
             && let Some(s) = &session

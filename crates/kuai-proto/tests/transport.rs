@@ -1544,8 +1544,8 @@ fn defaults_keep_small_responses_fast_under_random_loss() {
     }
 }
 
-/// ... and on a bottleneck whose drop-tail queue overflows they back off as BBRv3 does, where
-/// loss-tolerant BBR keeps overflowing it.
+/// ... and when Startup overflows a bottleneck's drop-tail queue, the losses come with a queue
+/// and end Startup as in BBRv3, where loss-tolerant BBR keeps doubling into it.
 #[test]
 fn defaults_back_off_when_a_queue_overflows() {
     use kuai_proto::cc::{BbrOptions, CongestionAlgorithm, LossResponse};

@@ -82,13 +82,14 @@ pub enum LossResponse {
     /// request-response flow to a few packets. Chromium's BBRv2 has the same switch for the
     /// same reason. Queue overflow is still bounded by the model's 2 x BDP window.
     Never,
-    /// Tell the two apart by the path's own delay signal: a loss counts as congestion (the
-    /// `Always` response) when the newest RTT sample stood above the path's minimum by a
-    /// queue's worth — clamp(min_rtt / 8, 4 ms, 16 ms), HyStart++'s threshold (RFC 9406
-    /// §4.2) — and as random loss (the `Never` response) when the queue was empty. A
-    /// drop-tail bottleneck drops only once its queue is full, and the packets around the
-    /// lost one show it; ECN-CE is always congestion. Until the path has an RTT sample every
-    /// loss is congestion.
+    /// The default. Startup ends on loss as in BBRv3, but only on losses that come with a
+    /// queue: the newest RTT sample above min_rtt by clamp(min_rtt / 8, 4 ms, 16 ms),
+    /// HyStart++'s threshold (RFC 9406 §4.2). So a flow stops doubling into a buffer it
+    /// overflows, and random loss on an empty queue does not end Startup at a fraction of
+    /// the path's rate. After Startup, loss leaves the model alone, as with `Never`: the
+    /// measured delivery rate and min_rtt bound the flow (2 x BDP in flight), and in a
+    /// drop-tail queue kept full by a loss-based TCP flow, BBRv3's per-round cuts left kuai
+    /// a fifth of the link (LAB.md, experiment 7). ECN-CE always counts as congestion.
     Adaptive,
 }
 
@@ -723,7 +724,7 @@ impl CongestionController for Bbr {
                 LossResponse::Always => {}
                 LossResponse::Never => return,
                 LossResponse::Adaptive => {
-                    if !self.queue_standing(loss.latest_rtt) {
+                    if self.state != State::Startup || !self.queue_standing(loss.latest_rtt) {
                         return;
                     }
                 }
@@ -891,56 +892,60 @@ mod tests {
     }
 
     #[test]
-    fn adaptive_loss_response_needs_a_queue() {
+    fn adaptive_startup_ends_on_loss_only_with_a_queue() {
         let t0 = Instant::now();
-        let rate = 1_250_000;
         let rtt = Duration::from_millis(40);
         let adaptive = BbrOptions {
             loss_response: LossResponse::Adaptive,
         };
-        let lossy = |b: &mut Bbr, now: Instant, at: Duration, lost: u64| {
-            let mut ev = loss(now, lost, lost * 5);
-            ev.latest_rtt = Some(at);
-            b.on_congestion_event(now, &ev);
+        // Startup on a fast path: rounds of growing deliveries, each with heavy loss (six
+        // loss events, 10 % of what was sent) seen at `extra` above the minimum RTT.
+        let startup = |extra: u64| {
+            let mut b = Bbr::new(MDS, adaptive);
+            let mut now = drive(&mut b, t0, 2, 100_000_000, rtt);
+            for _ in 0..3 {
+                let w = b.window();
+                for _ in 0..STARTUP_FULL_LOSS_COUNT {
+                    let mut ev = loss(now, w / 60, w / 2);
+                    ev.latest_rtt = Some(rtt + Duration::from_millis(extra));
+                    b.on_congestion_event(now, &ev);
+                }
+                now = drive(&mut b, now, 1, 100_000_000, rtt);
+            }
+            b
         };
+        // 4 ms above a 40 ms minimum is below the threshold (5 ms): random loss, Startup
+        // goes on. 6 ms is a queue: Startup ends and inflight_hi is set, as in BBRv3.
+        let random = startup(4);
+        assert_eq!(random.state, State::Startup);
+        assert_eq!(random.inflight_hi, u64::MAX);
+        let queue = startup(6);
+        assert_ne!(queue.state, State::Startup);
+        assert!(queue.inflight_hi < u64::MAX);
+
+        // After Startup, lossy rounds leave the model alone even with a queue.
+        let rate = 1_250_000;
         let mut b = Bbr::new(MDS, adaptive);
         let mut now = drive(&mut b, t0, 30, rate, rtt);
         let before = b.window();
-        // Lossy rounds, each loss seen at the path's minimum RTT, or 4 ms above it (below
-        // the 5 ms threshold of a 40 ms path): random loss, the model is left alone.
-        for extra in [0, 0, 0, 4, 4] {
-            lossy(&mut b, now, rtt + Duration::from_millis(extra), before / 10);
+        for _ in 0..5 {
+            let mut ev = loss(now, before / 10, before / 2);
+            ev.latest_rtt = Some(rtt * 2);
+            b.on_congestion_event(now, &ev);
             now = drive(&mut b, now, 1, rate, rtt);
         }
         assert_eq!(b.inflight_lo, u64::MAX);
         assert!(b.window() >= before * 9 / 10);
-        // No RTT sample at all: congestion.
-        let mut b = Bbr::new(MDS, adaptive);
-        let mut now = drive(&mut b, now, 30, rate, rtt);
-        let mut ev = loss(now, before / 10, before / 2);
-        ev.latest_rtt = None;
-        b.on_congestion_event(now, &ev);
-        now = drive(&mut b, now, 1, rate, rtt);
-        assert!(b.inflight_lo < u64::MAX);
-        // The same losses seen 6 ms above the minimum: a queue, so congestion.
-        let mut b = Bbr::new(MDS, adaptive);
-        let mut now = drive(&mut b, now, 30, rate, rtt);
-        lossy(&mut b, now, rtt + Duration::from_millis(6), before / 10);
-        now = drive(&mut b, now, 1, rate, rtt);
-        assert!(
-            b.inflight_lo < u64::MAX,
-            "a lossy round with a queue sets inflight_lo"
-        );
         // ECN-CE is congestion whatever the delay.
-        let mut b = Bbr::new(MDS, adaptive);
-        let now = drive(&mut b, now, 30, rate, rtt);
-        for _ in 0..(before / 10 / MDS) {
-            let mut ce = loss(now, 0, before / 2);
-            ce.ecn_ce = true;
-            ce.latest_rtt = Some(rtt);
-            b.on_congestion_event(now, &ce);
+        for _ in 0..5 {
+            for _ in 0..(before / 10 / MDS) {
+                let mut ce = loss(now, 0, before / 2);
+                ce.ecn_ce = true;
+                ce.latest_rtt = Some(rtt);
+                b.on_congestion_event(now, &ce);
+            }
+            now = drive(&mut b, now, 1, rate, rtt);
         }
-        drive(&mut b, now, 1, rate, rtt);
         assert!(b.inflight_lo < u64::MAX, "CE marks set inflight_lo");
     }
 

@@ -138,8 +138,9 @@ pub trait ControllerFactory: Send + Sync + fmt::Debug {
 /// Which congestion controller new paths get.
 ///
 /// The default is BBRv3 with the adaptive loss response ([`LossResponse::Adaptive`]): it
-/// paces at the measured bottleneck rate, backs off when a loss comes with a queue or an
-/// ECN-CE mark, and keeps its rate through random loss on an empty queue.
+/// paces at the measured bottleneck rate; its Startup ends on losses that come with a queue
+/// (not on random loss); afterwards the measured rate and minimum RTT bound it, not loss;
+/// ECN-CE marks count as congestion.
 #[derive(Clone, Debug)]
 pub enum CongestionAlgorithm {
     /// NewReno as in RFC 9002 §7.
