@@ -1355,30 +1355,7 @@ fn loss_tolerant_bbr_keeps_its_window_under_random_loss() {
 #[test]
 fn bbr_fills_a_bottleneck_without_flooding_its_queue() {
     use kuai_proto::cc::{BbrOptions, CongestionAlgorithm};
-    let run = |cc: CongestionAlgorithm| {
-        let mut t = TransportConfig::default();
-        t.congestion = cc;
-        let ccfg = quic::client_config(t.clone());
-        let mut p = quic::pair_with(
-            74,
-            quic::server_config(t),
-            &ccfg,
-            Client::with_requests([4_000_000]),
-            |n| {
-                n.set_default_link(LinkConfig {
-                    delay: Duration::from_millis(20),
-                    rate_bps: Some(20_000_000),
-                    queue_bytes: 100_000,
-                    ..LinkConfig::default()
-                })
-            },
-        );
-        let start = p.net.now();
-        assert!(p.run_until_done(Duration::from_secs(60)));
-        let took = p.client_app().requests[0].done_at.unwrap() - start;
-        let lost = p.server_conn().unwrap().stats().packets_lost;
-        (took, lost)
-    };
+    let run = |cc| bottleneck_download(cc, 100_000, 74);
     let (bbr, bbr_lost) = run(CongestionAlgorithm::Bbr(BbrOptions::default()));
     let (reno, reno_lost) = run(CongestionAlgorithm::NewReno);
     // 4 MB at 20 Mbit/s is 1.6 s of serialisation. Measured: BBR 1.83 s with 72 packets

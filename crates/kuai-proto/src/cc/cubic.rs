@@ -473,6 +473,21 @@ mod tests {
             self.now += d;
         }
 
+        /// Slow start, one ACK per datagram, up to `segments` datagrams of window.
+        fn grow_to(&mut self, segments: u64) {
+            while self.cc.window() < segments * MDS {
+                self.ack(MDS);
+            }
+        }
+
+        /// Congestion avoidance, one ACK per datagram every 5 ms, up to `segments`.
+        fn avoid_to(&mut self, segments: u64) {
+            while self.cc.window() < segments * MDS {
+                self.advance(Duration::from_millis(5));
+                self.ack(MDS);
+            }
+        }
+
         /// One round trip of window-limited ACKs, one per datagram.
         fn round(&mut self) {
             let n = self.cc.window() / MDS;
@@ -502,9 +517,7 @@ mod tests {
     fn loss_cuts_to_beta_and_sets_k_from_the_formula() {
         let mut s = Sim::new(no_hystart());
         // Slow start to 100 segments.
-        while s.cc.window() < 100 * MDS {
-            s.ack(MDS);
-        }
+        s.grow_to(100);
         assert_eq!(s.cc.window(), 100 * MDS);
         s.loss();
         // β = 0.7 of the window, W_max the window before (no previous maximum).
@@ -522,15 +535,10 @@ mod tests {
     #[test]
     fn fast_convergence_applies_beta_once() {
         let mut s = Sim::new(no_hystart());
-        while s.cc.window() < 100 * MDS {
-            s.ack(MDS);
-        }
+        s.grow_to(100);
         s.loss();
         // Grow a little, to 80 segments, then lose again below the old maximum of 100.
-        while s.cc.window() < 80 * MDS {
-            s.advance(Duration::from_millis(5));
-            s.ack(MDS);
-        }
+        s.avoid_to(80);
         let before = s.cc.window();
         s.loss();
         // W_max = cwnd (1 + β) / 2 = 85 % of the window before; the window itself is cut to
@@ -543,14 +551,9 @@ mod tests {
             fast_convergence: false,
             hystart: false,
         });
-        while s.cc.window() < 100 * MDS {
-            s.ack(MDS);
-        }
+        s.grow_to(100);
         s.loss();
-        while s.cc.window() < 80 * MDS {
-            s.advance(Duration::from_millis(5));
-            s.ack(MDS);
-        }
+        s.avoid_to(80);
         let before = s.cc.window() as f64;
         s.loss();
         assert_eq!(s.cc.w_max(), before);
@@ -560,9 +563,7 @@ mod tests {
     fn window_follows_the_cubic_curve_back_to_w_max_in_k_seconds() {
         // A large window, where the cubic region dominates the Reno-friendly one.
         let mut s = Sim::new(no_hystart());
-        while s.cc.window() < 1000 * MDS {
-            s.ack(MDS);
-        }
+        s.grow_to(1000);
         s.loss();
         let k = (300.0f64 / 0.4).cbrt(); // 9.09 s
         // ACKs every 10 ms for K seconds; the window is limited to [cwnd, 1.5 cwnd] targets.
@@ -594,9 +595,7 @@ mod tests {
         let mut s = Sim::new(no_hystart());
         s.rtt = RttEstimator::new(Duration::from_millis(10));
         s.rtt.update(Duration::ZERO, Duration::from_millis(10));
-        while s.cc.window() < 20 * MDS {
-            s.ack(MDS);
-        }
+        s.grow_to(20);
         s.loss();
         assert_eq!(s.cc.window(), 14 * MDS);
         // 10 round trips of 10 ms, one ACK per segment. W_est gains α segments per window
@@ -621,9 +620,7 @@ mod tests {
     #[test]
     fn application_limited_time_does_not_count() {
         let mut s = Sim::new(no_hystart());
-        while s.cc.window() < 1000 * MDS {
-            s.ack(MDS);
-        }
+        s.grow_to(1000);
         s.loss();
         s.advance(Duration::from_millis(10));
         s.ack(MDS);
@@ -656,9 +653,7 @@ mod tests {
     #[test]
     fn spurious_loss_is_undone() {
         let mut s = Sim::new(no_hystart());
-        while s.cc.window() < 100 * MDS {
-            s.ack(MDS);
-        }
+        s.grow_to(100);
         s.loss();
         assert_eq!(s.cc.window(), 70 * MDS);
         s.cc.on_spurious_congestion_event();
@@ -673,16 +668,12 @@ mod tests {
     #[test]
     fn persistent_congestion_restarts_with_k_zero() {
         let mut s = Sim::new(no_hystart());
-        while s.cc.window() < 100 * MDS {
-            s.ack(MDS);
-        }
+        s.grow_to(100);
         s.loss();
         s.cc.on_persistent_congestion(s.now);
         assert_eq!(s.cc.window(), 2 * MDS);
         // Slow start back to ssthresh, then a stage with W_max = its start and K = 0.
-        while s.cc.window() < 70 * MDS {
-            s.ack(MDS);
-        }
+        s.grow_to(70);
         s.ack(MDS);
         assert_eq!(s.cc.k, 0.0);
         assert_eq!(s.cc.w_max(), (70 * MDS) as f64);
