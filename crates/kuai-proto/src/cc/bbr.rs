@@ -87,9 +87,10 @@ pub enum LossResponse {
     /// HyStart++'s threshold (RFC 9406 §4.2). So a flow stops doubling into a buffer it
     /// overflows, and random loss on an empty queue does not end Startup at a fraction of
     /// the path's rate. After Startup, loss leaves the model alone, as with `Never`: the
-    /// measured delivery rate and min_rtt bound the flow (2 x BDP in flight), and in a
-    /// drop-tail queue kept full by a loss-based TCP flow, BBRv3's per-round cuts left kuai
-    /// a fifth of the link (LAB.md, experiment 7). ECN-CE always counts as congestion.
+    /// measured delivery rate and min_rtt bound the flow (2 x BDP in flight). In a drop-tail
+    /// queue kept full by a Linux TCP flow, BBRv3's per-round cuts left kuai 0.70 of CUBIC's
+    /// rate and 0.25 of BBR's; this response shares about evenly (LAB.md, experiment 7).
+    /// ECN-CE always counts as congestion.
     Adaptive,
 }
 
