@@ -200,7 +200,7 @@ impl CongestionAlgorithm {
 #[derive(Debug)]
 pub enum Congestion {
     NewReno(NewReno),
-    /// Boxed: its state is three times NewReno's, and most connections idle.
+    /// Boxed: its state is four times NewReno's, and most connections idle.
     Cubic(Box<Cubic>),
     /// Boxed: its state is several times NewReno's, and most connections idle.
     Bbr(Box<Bbr>),
