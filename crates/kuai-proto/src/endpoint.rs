@@ -15,7 +15,8 @@ use rand::{Rng, SeedableRng};
 use crate::cid::{ConnectionId, ConnectionIdGenerator, MAX_CID_SIZE};
 use crate::config::{ClientConfig, EndpointConfig, RetryPolicy, ServerConfig};
 use crate::connection::{
-    ConnectError, Connection, EcnCodepoint, EndpointEvent, Event, ServerConnectionParams, Transmit,
+    ConnectError, Connection, EcnCodepoint, EndpointEvent, Event, PathHint, ServerConnectionParams,
+    Transmit,
 };
 use crate::error::TransportErrorCode;
 use crate::frame::{Close, Frame};
@@ -128,7 +129,14 @@ pub struct Endpoint {
     rng: StdRng,
     anchor: (Instant, u64),
     stats: EndpointStats,
+    /// What client connections learnt about their servers' paths, for the next connection
+    /// to the same address; the oldest entry goes first past [`PATH_HINTS`].
+    path_hints: HashMap<SocketAddr, PathHint>,
+    path_hint_order: VecDeque<SocketAddr>,
 }
+
+/// Servers a client endpoint remembers a path hint for.
+const PATH_HINTS: usize = 1024;
 
 impl Endpoint {
     /// Creates an endpoint. `unix_ms` is the wall-clock time at `now` (used only inside
@@ -166,6 +174,8 @@ impl Endpoint {
             rng,
             anchor: (now, unix_ms),
             stats: EndpointStats::default(),
+            path_hints: HashMap::new(),
+            path_hint_order: VecDeque::new(),
         }
     }
 
@@ -300,7 +310,9 @@ impl Endpoint {
     ) -> Result<ConnectionHandle, ConnectError> {
         let cid = self.new_cid();
         let seed = self.rng.random();
-        let conn = Connection::new_client(config, server_name, remote, cid, token, now, seed)?;
+        let hint = self.path_hints.get(&remote).copied();
+        let conn =
+            Connection::new_client(config, server_name, remote, cid, token, now, seed, hint)?;
         let h = self.insert(Entry {
             conn,
             handshaking: false,
@@ -318,6 +330,25 @@ impl Endpoint {
         }
         self.after_conn_op(h, now);
         Ok(h)
+    }
+
+    /// What the last client connection to `server` learnt about the path (its smoothed RTT
+    /// and loss rate), which the next [`Endpoint::connect`] to that address starts from.
+    pub fn path_hint(&self, server: SocketAddr) -> Option<PathHint> {
+        self.path_hints.get(&server).copied()
+    }
+
+    /// Records a path hint for `server`, as a client connection does when it ends; an
+    /// application that keeps hints across processes gives them back here.
+    pub fn remember_path(&mut self, server: SocketAddr, hint: PathHint) {
+        if self.path_hints.insert(server, hint).is_none() {
+            self.path_hint_order.push_back(server);
+            if self.path_hint_order.len() > PATH_HINTS
+                && let Some(old) = self.path_hint_order.pop_front()
+            {
+                self.path_hints.remove(&old);
+            }
+        }
     }
 
     /// Takes the next connection a client opened to us.
@@ -879,6 +910,11 @@ impl Endpoint {
             }
         }
         self.config.memory_budget.update(entry.memory, 0);
+        if entry.conn.side().is_client()
+            && let Some(hint) = entry.conn.path_hint()
+        {
+            self.remember_path(entry.conn.remote_address(), hint);
+        }
         if let Some(k) = entry.initial_key {
             self.by_initial.remove(&k);
         }

@@ -26,7 +26,7 @@ pub mod varint;
 
 pub use cid::{ConnectionId, ConnectionIdGenerator, RandomCidGenerator};
 pub use config::{ClientConfig, EndpointConfig, ServerConfig, TransportConfig};
-pub use connection::{Connection, ConnectionError, Event, MemoryUse, Transmit};
+pub use connection::{Connection, ConnectionError, Event, MemoryUse, PathHint, Transmit};
 pub use endpoint::{ConnectionHandle, Endpoint};
 pub use error::{TransportError, TransportErrorCode};
 pub use stream::{Priority, StreamEvent};

@@ -1542,3 +1542,63 @@ fn defaults_back_off_when_a_queue_overflows() {
         );
     }
 }
+
+/// Runs `p` until its client connection is established, after dropping the first datagram the
+/// client sends from now (its Initial); returns how long that took.
+fn handshake_with_first_initial_lost(p: &mut quic::Pair) -> Duration {
+    let (c, start) = (p.client, p.net.now());
+    let mut dropped = false;
+    p.net.set_filter(move |ctx| {
+        if ctx.from_node == c && !dropped {
+            dropped = true;
+            return common::sim::Verdict::Drop;
+        }
+        common::sim::Verdict::Pass
+    });
+    assert!(p.run_until(Duration::from_secs(5), |p| p.client_conn().is_established()));
+    p.net.clear_filter();
+    p.net.now() - start
+}
+
+/// A client remembers the path to a server: its next connection there starts its timers from
+/// the last smoothed RTT (RFC 9002 §6.2.2), so on a 10 ms path a lost first Initial costs a
+/// probe timeout of tens of milliseconds, not the 300 ms of the 100 ms initial RTT.
+#[test]
+fn a_new_connection_starts_from_the_last_rtt_to_its_server() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = quic::pair_with(
+        77,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([100]),
+        |n| n.set_default_link(link(5, 0.0)),
+    );
+    let first = handshake_with_first_initial_lost(&mut p);
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    assert_eq!(p.client().ep.path_hint(quic::server_addr()), None);
+    let now = p.net.now();
+    let ch = p.ch;
+    p.client_mut()
+        .ep
+        .connection_mut(ch)
+        .unwrap()
+        .close(now, 0, b"bye");
+    // Past the draining period: the endpoint forgets the connection and keeps its hint.
+    p.net.run_for(Duration::from_millis(500));
+    let hint = p
+        .client()
+        .ep
+        .path_hint(quic::server_addr())
+        .expect("a hint");
+    assert!(
+        hint.rtt >= Duration::from_millis(10) && hint.rtt < Duration::from_millis(15),
+        "{hint:?}"
+    );
+    assert_eq!(hint.loss_permille, 0);
+    reconnect(&mut p, &ccfg, Client::with_requests([100]));
+    let second = handshake_with_first_initial_lost(&mut p);
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    eprintln!("lost first Initial: handshake in {first:?} without a hint, {second:?} with");
+    assert!(first > Duration::from_millis(300), "first {first:?}");
+    assert!(second < Duration::from_millis(80), "second {second:?}");
+}

@@ -24,6 +24,18 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 pub use paths::{EcnCodepoint, EcnState};
+
+/// What a client learnt about the path to a server, for its next connection there: the
+/// endpoint keeps one per server address ([`crate::Endpoint::path_hint`]) and a new connection
+/// starts its timers from `rtt` (RFC 9002 §6.2.2) and its loss estimate, which decides
+/// redundancy, from `loss_permille`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathHint {
+    /// The last connection's smoothed RTT.
+    pub rtt: Duration,
+    /// Its recent loss rate, per mille of packets sent.
+    pub loss_permille: u32,
+}
 pub use spaces::MAX_ACK_RANGES;
 
 use self::cids::{LocalCids, RemoteCids};
@@ -544,6 +556,7 @@ impl Connection {
         token: Bytes,
         now: Instant,
         seed: u64,
+        hint: Option<PathHint>,
     ) -> Result<Self, ConnectError> {
         let mut rng = StdRng::seed_from_u64(seed);
         let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
@@ -561,17 +574,26 @@ impl Connection {
         tp.encode_with_rng(&mut tp_bytes, &mut rng);
         let tls =
             Tls::client(cfg.tls.clone(), cfg.version, name, tp_bytes).map_err(ConnectError::Tls)?;
-        let path = Path::new(
+        // RFC 9002 §6.2.2: a connection may start from the smoothed RTT an earlier one to the
+        // same server measured, instead of the configured guess.
+        let initial_rtt = hint.map_or(config.initial_rtt, |h| {
+            h.rtt
+                .clamp(crate::recovery::GRANULARITY, Duration::from_secs(10))
+        });
+        let mut path = Path::new(
             PathId(0),
             remote,
             None,
             now,
-            config.initial_rtt,
+            initial_rtt,
             &config.congestion,
             (config.initial_mtu, config.max_mtu),
             config.ecn,
             true,
         );
+        if let Some(h) = hint {
+            path.assume_loss_rate(h.loss_permille);
+        }
         let mut conn = Self::base(
             Side::Client,
             cfg.version,
@@ -819,6 +841,15 @@ impl Connection {
 
     pub fn remote_address(&self) -> SocketAddr {
         self.path.remote
+    }
+
+    /// What this connection learnt about its path, for the next connection to the same
+    /// server: the smoothed RTT and the recent loss rate. `None` before an RTT sample.
+    pub fn path_hint(&self) -> Option<PathHint> {
+        self.path.rtt.has_sample().then(|| PathHint {
+            rtt: self.path.rtt.smoothed(),
+            loss_permille: self.path.recent_loss_permille(),
+        })
     }
 
     /// Whether the handshake completed (1-RTT keys in use).

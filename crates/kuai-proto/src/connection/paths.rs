@@ -350,6 +350,13 @@ impl Path {
         (u64::from(self.recent_lost) * 1000 / u64::from(self.recent_sent)) as u32
     }
 
+    /// Starts the loss-rate estimate from an earlier connection's rate (per mille): as if
+    /// 200 packets had been sent at that rate, so real ones take over within a few hundred.
+    pub fn assume_loss_rate(&mut self, permille: u32) {
+        self.recent_sent = 200;
+        self.recent_lost = permille.min(1000) / 5;
+    }
+
     pub fn count_sent_for_loss_rate(&mut self) {
         self.recent_sent += 1;
         if self.recent_sent >= 1024 {
