@@ -186,9 +186,12 @@ enum Timer {
     FirstFlight,
     /// A quiet spell: give back the buffers the last burst of activity grew.
     Quiet,
+    /// Client on a path known to lose packets: its Initial, and later its Handshake flight,
+    /// go out a second time this long after the first.
+    CopyFlight,
 }
 
-const TIMER_COUNT: usize = 11;
+const TIMER_COUNT: usize = 12;
 
 /// The connection's deadlines, as nanoseconds after its start (0: unset): half the size of
 /// an array of `Option<Instant>`. The start is the connection's own.
@@ -376,6 +379,8 @@ pub struct Connection {
     sent_eliciting_since_rx: bool,
     /// Redundant copies are queued and not all sent yet; packets sent meanwhile are copies.
     sending_copies: bool,
+    /// Client: the handshake flight's second copy is scheduled (see `Timer::CopyFlight`).
+    handshake_copy_armed: bool,
     pto_count: u32,
     /// When a probe timeout last fired, before the handshake was confirmed (see
     /// `Timers::stamp`; 0: never). An ACK that arrives after we gave its packet up gives no
@@ -619,6 +624,7 @@ impl Connection {
         )));
         conn.drive_tls(now)?;
         conn.start_0rtt();
+        conn.arm_flight_copy(now);
         if conn.zero_rtt == ZeroRtt::Attempting && !conn.config.zero_rtt_hold.is_zero() {
             conn.timers
                 .set(Timer::FirstFlight, Some(now + conn.config.zero_rtt_hold));
@@ -782,6 +788,7 @@ impl Connection {
             idle_timeout: (!config.max_idle_timeout.is_zero()).then_some(config.max_idle_timeout),
             sent_eliciting_since_rx: false,
             sending_copies: false,
+            handshake_copy_armed: false,
             pto_count: 0,
             handshake_pto_at: 0,
             timers: Timers::new(now),
@@ -1910,10 +1917,55 @@ impl Connection {
                 x if x == Timer::Mtu as usize => {}
                 x if x == Timer::FirstFlight as usize => {}
                 x if x == Timer::Quiet as usize => self.release_idle_memory(),
+                x if x == Timer::CopyFlight as usize => self.copy_flight(),
                 _ => {}
             }
         }
         self.update_timers(now);
+    }
+
+    /// Whether the path is known to lose packets: redundancy is on and the loss estimate,
+    /// remembered from an earlier connection or measured, reaches its threshold.
+    fn known_lossy(&self) -> bool {
+        self.config
+            .redundancy
+            .is_some_and(|r| self.path.recent_loss_permille() >= r.min_loss_permille)
+    }
+
+    /// Client on a known-lossy path: schedules a second copy of the flight just sent, a
+    /// quarter of the RTT later (2 to 100 ms), so that one loss, or a short burst, does not
+    /// cost a probe timeout. The client sends no more than it would without the copy in the
+    /// first round trip's window, and a client has no amplification limit.
+    fn arm_flight_copy(&mut self, now: Instant) {
+        if !self.side.is_client() || !self.known_lossy() {
+            return;
+        }
+        let gap = (self.path.rtt.smoothed() / 4)
+            .clamp(Duration::from_millis(2), Duration::from_millis(100));
+        self.timers.set(Timer::CopyFlight, Some(now + gap));
+    }
+
+    /// Queues the flight's handshake data once more (and 0-RTT data waiting for its
+    /// acknowledgment), without declaring anything lost.
+    fn copy_flight(&mut self) {
+        if self.handshake_complete {
+            return;
+        }
+        let space = if self.spaces[SpaceId::Handshake.index()].keys.is_some() {
+            SpaceId::Handshake
+        } else {
+            SpaceId::Initial
+        };
+        let copied = self.spaces[space.index()]
+            .sent
+            .iter()
+            .filter(|(_, p)| p.ack_eliciting)
+            .count();
+        self.queue_probe_data(space);
+        if space == SpaceId::Initial && self.zero_rtt == ZeroRtt::Attempting {
+            self.queue_probe_data(SpaceId::Data);
+        }
+        self.stats.redundant_packets += copied as u64;
     }
 
     fn on_challenge_timeout(&mut self, now: Instant) {

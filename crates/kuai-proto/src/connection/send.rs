@@ -527,6 +527,10 @@ impl Connection {
         // RFC 9001 §4.9.1: a client discards Initial keys when it first sends a Handshake packet.
         if space == SpaceId::Handshake && self.side.is_client() {
             self.discard_space(SpaceId::Initial, now);
+            if ack_eliciting && !self.handshake_copy_armed {
+                self.handshake_copy_armed = true;
+                self.arm_flight_copy(now);
+            }
         }
         Some(PacketOut {
             ack_eliciting,
