@@ -130,13 +130,45 @@ pub struct Endpoint {
     anchor: (Instant, u64),
     stats: EndpointStats,
     /// What client connections learnt about their servers' paths, for the next connection
-    /// to the same address; the oldest entry goes first past [`PATH_HINTS`].
-    path_hints: HashMap<SocketAddr, PathHint>,
-    path_hint_order: VecDeque<SocketAddr>,
+    /// to the same address.
+    path_hints: Hints<SocketAddr>,
+    /// What established server connections learnt about their clients' paths, by client IP
+    /// (a NAT gives a returning client another port).
+    client_hints: Hints<IpAddr>,
 }
 
-/// Servers a client endpoint remembers a path hint for.
+/// Peers an endpoint remembers a path hint for, each way.
 const PATH_HINTS: usize = 1024;
+
+/// Path hints by peer, at most [`PATH_HINTS`], the oldest entry out first.
+struct Hints<K> {
+    by_peer: HashMap<K, PathHint>,
+    order: VecDeque<K>,
+}
+
+impl<K: std::hash::Hash + Eq + Copy> Hints<K> {
+    fn new() -> Self {
+        Self {
+            by_peer: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    fn get(&self, k: &K) -> Option<PathHint> {
+        self.by_peer.get(k).copied()
+    }
+
+    fn insert(&mut self, k: K, hint: PathHint) {
+        if self.by_peer.insert(k, hint).is_none() {
+            self.order.push_back(k);
+            if self.order.len() > PATH_HINTS
+                && let Some(old) = self.order.pop_front()
+            {
+                self.by_peer.remove(&old);
+            }
+        }
+    }
+}
 
 impl Endpoint {
     /// Creates an endpoint. `unix_ms` is the wall-clock time at `now` (used only inside
@@ -174,8 +206,8 @@ impl Endpoint {
             rng,
             anchor: (now, unix_ms),
             stats: EndpointStats::default(),
-            path_hints: HashMap::new(),
-            path_hint_order: VecDeque::new(),
+            path_hints: Hints::new(),
+            client_hints: Hints::new(),
         }
     }
 
@@ -310,7 +342,7 @@ impl Endpoint {
     ) -> Result<ConnectionHandle, ConnectError> {
         let cid = self.new_cid();
         let seed = self.rng.random();
-        let hint = self.path_hints.get(&remote).copied();
+        let hint = self.path_hints.get(&remote);
         let conn =
             Connection::new_client(config, server_name, remote, cid, token, now, seed, hint)?;
         let h = self.insert(Entry {
@@ -335,20 +367,19 @@ impl Endpoint {
     /// What the last client connection to `server` learnt about the path (its smoothed RTT
     /// and loss rate), which the next [`Endpoint::connect`] to that address starts from.
     pub fn path_hint(&self, server: SocketAddr) -> Option<PathHint> {
-        self.path_hints.get(&server).copied()
+        self.path_hints.get(&server)
     }
 
     /// Records a path hint for `server`, as a client connection does when it ends; an
     /// application that keeps hints across processes gives them back here.
     pub fn remember_path(&mut self, server: SocketAddr, hint: PathHint) {
-        if self.path_hints.insert(server, hint).is_none() {
-            self.path_hint_order.push_back(server);
-            if self.path_hint_order.len() > PATH_HINTS
-                && let Some(old) = self.path_hint_order.pop_front()
-            {
-                self.path_hints.remove(&old);
-            }
-        }
+        self.path_hints.insert(server, hint);
+    }
+
+    /// Server: what the last established connection from `client` learnt about its path,
+    /// which the next connection from that IP starts from.
+    pub fn client_path_hint(&self, client: IpAddr) -> Option<PathHint> {
+        self.client_hints.get(&client)
     }
 
     /// Takes the next connection a client opened to us.
@@ -638,6 +669,7 @@ impl Endpoint {
                 unix_ms,
                 seed,
                 memory_pressure: self.config.memory_budget.under_pressure(),
+                hint: self.client_hints.get(&remote.ip()),
             },
             now,
         );
@@ -910,10 +942,14 @@ impl Endpoint {
             }
         }
         self.config.memory_budget.update(entry.memory, 0);
-        if entry.conn.side().is_client()
-            && let Some(hint) = entry.conn.path_hint()
-        {
-            self.remember_path(entry.conn.remote_address(), hint);
+        if let Some(hint) = entry.conn.path_hint() {
+            let remote = entry.conn.remote_address();
+            if entry.conn.side().is_client() {
+                self.path_hints.insert(remote, hint);
+            } else if entry.conn.is_established() {
+                // Only a handshake that completed: its address was real.
+                self.client_hints.insert(remote.ip(), hint);
+            }
         }
         if let Some(k) = entry.initial_key {
             self.by_initial.remove(&k);

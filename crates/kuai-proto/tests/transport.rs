@@ -1682,3 +1682,37 @@ fn known_loss_sends_the_first_flights_twice() {
     eprintln!("clean path: {c1:?} with copies, {c0:?} without");
     assert!(c1 <= c0 + Duration::from_millis(1), "{c1:?} against {c0:?}");
 }
+
+/// A server remembers what an established connection learnt about a client's path, by IP: the
+/// client's next connection starts known-lossy on the server's side too, so the server copies
+/// its handshake flight and the short responses that follow at once.
+#[test]
+fn a_server_remembers_a_lossy_client() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = quic::pair_with(
+        78,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests(vec![10_000; 20]),
+        |n| n.set_default_link(link(20, 0.2)),
+    );
+    assert!(p.run_until_done(Duration::from_secs(60)));
+    let ip = quic::client_addr().ip();
+    assert_eq!(p.server().ep.client_path_hint(ip), None);
+    let now = p.net.now();
+    let ch = p.ch;
+    p.client_mut()
+        .ep
+        .connection_mut(ch)
+        .unwrap()
+        .close(now, 0, b"bye");
+    p.net.run_for(Duration::from_secs(3));
+    let hint = p.server().ep.client_path_hint(ip).expect("a hint");
+    assert!(hint.loss_permille >= 100, "{hint:?}");
+    reconnect(&mut p, &ccfg, Client::with_requests([10_000]));
+    assert!(p.run_until_done(Duration::from_secs(30)));
+    let s = p.server_conn().unwrap().stats();
+    // The handshake flight and the response went out twice (a clean hint sends none: see
+    // known_loss_sends_the_first_flights_twice).
+    assert!(s.redundant_packets >= 2, "{s:?}");
+}

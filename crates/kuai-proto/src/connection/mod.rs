@@ -25,16 +25,26 @@ use rand::{Rng, SeedableRng};
 
 pub use paths::{EcnCodepoint, EcnState};
 
-/// What a client learnt about the path to a server, for its next connection there: the
-/// endpoint keeps one per server address ([`crate::Endpoint::path_hint`]) and a new connection
-/// starts its timers from `rtt` (RFC 9002 §6.2.2) and its loss estimate, which decides
-/// redundancy, from `loss_permille`.
+/// What a connection learnt about its path, for the next connection between the same peers:
+/// a client endpoint keeps one per server address ([`crate::Endpoint::path_hint`]), a server
+/// one per client IP ([`crate::Endpoint::client_path_hint`]). A new connection starts its
+/// timers from `rtt` (RFC 9002 §6.2.2) and its loss estimate, which decides redundancy and
+/// the second copy of the handshake flights, from `loss_permille`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PathHint {
     /// The last connection's smoothed RTT.
     pub rtt: Duration,
     /// Its recent loss rate, per mille of packets sent.
     pub loss_permille: u32,
+}
+
+/// The initial RTT of a new connection: the hint's smoothed RTT when there is one (RFC 9002
+/// §6.2.2 lets a connection start from an earlier one's), within 1 ms and 10 s.
+fn hint_rtt(hint: Option<PathHint>, configured: Duration) -> Duration {
+    hint.map_or(configured, |h| {
+        h.rtt
+            .clamp(crate::recovery::GRANULARITY, Duration::from_secs(10))
+    })
 }
 pub use spaces::MAX_ACK_RANGES;
 
@@ -496,6 +506,8 @@ pub(crate) struct ServerConnectionParams {
     pub seed: u64,
     /// The endpoint is over its memory budget: start with the small windows.
     pub memory_pressure: bool,
+    /// What the last connection from this client's IP learnt about the path.
+    pub hint: Option<PathHint>,
 }
 
 /// Why a client connection could not be started.
@@ -579,18 +591,12 @@ impl Connection {
         tp.encode_with_rng(&mut tp_bytes, &mut rng);
         let tls =
             Tls::client(cfg.tls.clone(), cfg.version, name, tp_bytes).map_err(ConnectError::Tls)?;
-        // RFC 9002 §6.2.2: a connection may start from the smoothed RTT an earlier one to the
-        // same server measured, instead of the configured guess.
-        let initial_rtt = hint.map_or(config.initial_rtt, |h| {
-            h.rtt
-                .clamp(crate::recovery::GRANULARITY, Duration::from_secs(10))
-        });
         let mut path = Path::new(
             PathId(0),
             remote,
             None,
             now,
-            initial_rtt,
+            hint_rtt(hint, config.initial_rtt),
             &config.congestion,
             (config.initial_mtu, config.max_mtu),
             config.ecn,
@@ -654,13 +660,16 @@ impl Connection {
             p.remote,
             p.local_ip,
             now,
-            config.initial_rtt,
+            hint_rtt(p.hint, config.initial_rtt),
             &config.congestion,
             (config.initial_mtu, config.max_mtu),
             config.ecn,
             p.address_validated,
         );
         path.validated = p.address_validated;
+        if let Some(h) = p.hint {
+            path.assume_loss_rate(h.loss_permille);
+        }
         let mut conn = Self::base(
             Side::Server,
             p.version,
@@ -696,6 +705,7 @@ impl Connection {
             });
         }
         conn.server_config = Some(p.config);
+        conn.arm_flight_copy(now);
         conn.spaces[SpaceId::Initial.index()].keys = Some(Box::new(crypto::initial_keys(
             p.version,
             &p.initial_dcid,
@@ -1932,12 +1942,12 @@ impl Connection {
             .is_some_and(|r| self.path.recent_loss_permille() >= r.min_loss_permille)
     }
 
-    /// Client on a known-lossy path: schedules a second copy of the flight just sent, a
-    /// quarter of the RTT later (2 to 100 ms), so that one loss, or a short burst, does not
-    /// cost a probe timeout. The client sends no more than it would without the copy in the
-    /// first round trip's window, and a client has no amplification limit.
+    /// On a known-lossy path: schedules a second copy of the handshake flight about to go
+    /// out, a quarter of the RTT later (2 to 100 ms), so that one loss, or a short burst,
+    /// does not cost a probe timeout. A client has no amplification limit; a server's copy
+    /// waits for its budget like any packet (RFC 9000 §8.1).
     fn arm_flight_copy(&mut self, now: Instant) {
-        if !self.side.is_client() || !self.known_lossy() {
+        if !self.known_lossy() {
             return;
         }
         let gap = (self.path.rtt.smoothed() / 4)
@@ -1951,18 +1961,16 @@ impl Connection {
         if self.handshake_complete {
             return;
         }
-        let space = if self.spaces[SpaceId::Handshake.index()].keys.is_some() {
-            SpaceId::Handshake
-        } else {
-            SpaceId::Initial
-        };
-        let copied = self.spaces[space.index()]
-            .sent
-            .iter()
-            .filter(|(_, p)| p.ack_eliciting)
-            .count();
-        self.queue_probe_data(space);
-        if space == SpaceId::Initial && self.zero_rtt == ZeroRtt::Attempting {
+        let mut copied = 0;
+        for space in [SpaceId::Initial, SpaceId::Handshake] {
+            let s = &self.spaces[space.index()];
+            if s.keys.is_none() {
+                continue;
+            }
+            copied += s.sent.iter().filter(|(_, p)| p.ack_eliciting).count();
+            self.queue_probe_data(space);
+        }
+        if self.zero_rtt == ZeroRtt::Attempting {
             self.queue_probe_data(SpaceId::Data);
         }
         self.stats.redundant_packets += copied as u64;
