@@ -10,8 +10,9 @@ the raw results (JSON) to lab/results/ (or --out). Needs root (network namespace
 release build of kuai (built when missing); matplotlib for the plots.
 
 The experiments (see LAB.md for the results beside the seeds' figures):
-  exp1  10 KB responses, loss 0/5/15/30 %, RTT 40 ms, warm and new connections: CDF of the
-        completion time, share within 200 ms (seed 001).
+  exp1  10 KB responses, loss 0/5/15/30 %, RTT 40 ms, warm and new connections (and new with
+        0-RTT for kuai): CDF of the completion time, share within 200 ms (seed 001). kuai
+        with no flags against TCP + TLS with Linux CUBIC and BBR, through kuai get and curl.
   exp2  16 images of 20-200 KB on three mobile links x loss 0-30 %: total time (seed 003).
   exp3  a page (HTML + 12 resources, and + 60) on a 4G-like link: load time with HTTP/3,
         HTTP/2 and HTTP/1.1 (seed 000).
@@ -223,7 +224,6 @@ def times(rows: list[dict], n: int, limit_ms: float) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 # Experiments
 
-EXP1_PROTOS = ("http3w", "http3", "http2")
 EXP2_PROTOS = ("http3w", "http2")
 EXP3_PROTOS = ("http3w", "http3", "http2", "http1.1")
 EXP4_PROTOS = ("http3w", "http3", "http2")
@@ -237,42 +237,78 @@ def server_args(proto: str) -> list[str] | None:
 SEED001 = {5: (95, 78), 15: (90, 50), 30: (62, 22)}
 
 
+def curl_cmd(url: str, n: int, *, warm: bool, max_time: float) -> list[str]:
+    """curl (Debian's, HTTP/2 over TCP + TLS 1.3) fetching `url` n times: one invocation with
+    n URLs, so the connection is reused (warm), or one invocation per run (new). Prints one
+    JSON line per transfer, which `curl_rows` turns into `kuai get`'s shape."""
+    fmt_ = '{"run":0,"curl":true,"code":"%{http_code}","connects":%{num_connects},' \
+           '"total_s":%{time_total}}\\n'
+    base = ["curl", "-sk", "--http2", "--max-time", str(max_time), "-w", fmt_]
+    if warm:
+        args = []
+        for _ in range(n):
+            args += [url, "-o", "/dev/null"]
+        return base + args
+    one = " ".join(shlex.quote(x) for x in base + ["-o", "/dev/null", url])
+    return ["sh", "-c", f"for i in $(seq {n}); do {one}; done"]
+
+
+def curl_rows(rows: list[dict]) -> list[dict]:
+    return [dict(r, ok=r.get("code") == "200", total_ms=1000 * r.get("total_s", 0),
+                 new_connection=r.get("connects", 1) > 0) for r in rows]
+
+
 def exp1(a, kuai, site_dir, site, out):
     runs = a.runs or (100 if a.quick else 1000)
     losses = [0, 5, 15, 30]
     limit_ms = 5000.0
+    allow_tcp_cc(["cubic", "bbr"])
+    url = f"https://{SERVER_IP}:{PORT}{site['10k'][0]}"
+    # (label, mode, tcp_cc, command for n runs): kuai with no flags, then TCP + TLS with
+    # Linux CUBIC and BBR, each through kuai get and through curl.
+    cells = [("kuai HTTP/3", "warm", None,
+              lambda n: get_cmd(kuai, "http3", site["10k"], n, reuse=True, max_time=5)),
+             ("kuai HTTP/3", "new", None,
+              lambda n: get_cmd(kuai, "http3", site["10k"], n, max_time=5)),
+             ("kuai HTTP/3", "new, 0-RTT", None,
+              lambda n: get_cmd(kuai, "http3", site["10k"], n, zero_rtt=True, max_time=5))]
+    for cc in ("cubic", "bbr"):
+        for mode, warm in (("warm", True), ("new", False)):
+            cells.append((f"kuai get HTTP/2, TCP {cc.upper()}", mode, cc,
+                          lambda n, w=warm: get_cmd(kuai, "http2", site["10k"], n, reuse=w,
+                                                    max_time=5)))
+            cells.append((f"curl HTTP/2, TCP {cc.upper()}", mode, cc,
+                          lambda n, w=warm: curl_cmd(url, n, warm=w, max_time=5)))
     data = {}
     for loss in losses:
-        for proto in EXP1_PROTOS:
-            for warm in (True, False):
-                if proto == "http3" and not warm:
-                    continue  # the defaults on warm connections only: a reference point
-                link = {"delay": "20ms", "loss": f"{loss}%", "seed": 1 + loss}
-                # Warm: the connection is set up first and reused; the first run (the
-                # handshake) is left out of the statistics.
-                n = runs + 1 if warm else runs
-                cmd = get_cmd(kuai, proto, site["10k"], n, reuse=warm, max_time=limit_ms / 1000)
-                rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 6 + 120,
-                                     server_args=server_args(proto))
-                if warm:
-                    rows = [r for r in rows if not r.get("new_connection")]
-                data[f"{loss}/{proto}/{'warm' if warm else 'new'}"] = times(rows, runs, limit_ms)
-                print(f"exp1 loss {loss}% {proto} {'warm' if warm else 'new'}: {len(rows)} runs",
-                      file=sys.stderr)
+        link = {"delay": "20ms", "loss": f"{loss}%", "seed": 1 + loss}
+        for label, mode, cc, cmd in cells:
+            warm = mode == "warm"
+            # Warm: the first run (the handshake) is left out of the statistics.
+            n = runs + 1 if warm else runs
+            rows = run_condition(kuai, site_dir, link, [cmd(n)], limit=runs * 6 + 120,
+                                 tcp_cc=cc)
+            if label.startswith("curl"):
+                rows = curl_rows(rows)
+            if warm:
+                rows = rows[1:] if label.startswith("curl") else \
+                    [r for r in rows if not r.get("new_connection")]
+            data[f"{loss}/{label}/{mode}"] = times(rows, runs, limit_ms)
+            print(f"exp1 loss {loss}% {label} {mode}: {len(rows)} runs", file=sys.stderr)
     hdr = ["loss", "connection", "protocol", "within 200 ms", "seed 001", "median ms", "p90 ms",
            "p99 ms"]
     rows = []
     for loss in losses:
-        for mode in ("warm", "new"):
-            for proto in EXP1_PROTOS:
-                t = data.get(f"{loss}/{proto}/{mode}")
-                if t is None:
+        for mode in ("warm", "new", "new, 0-RTT"):
+            for label, m, _, _ in cells:
+                t = data.get(f"{loss}/{label}/{mode}")
+                if m != mode or t is None:
                     continue
                 share = 100 * sum(1 for x in t if x <= 200) / len(t)
                 seed = SEED001.get(loss)
-                seed_s = "—" if seed is None else (f"QUIC {seed[0]} %" if proto != "http2"
+                seed_s = "—" if seed is None else (f"QUIC {seed[0]} %" if "HTTP/3" in label
                                                    else f"TCP {seed[1]} %")
-                rows.append([f"{loss} %", mode, PROTO_LABEL[proto], f"{share:.1f} %", seed_s,
+                rows.append([f"{loss} %", mode, label, f"{share:.1f} %", seed_s,
                              fmt(pct(t, 50)), fmt(pct(t, 90)), fmt(pct(t, 99))])
     md = (f"### Experiment 1: 10 KB responses, RTT 40 ms, {runs} runs per cell\n\n"
           + table(hdr, rows))
@@ -281,14 +317,15 @@ def exp1(a, kuai, site_dir, site, out):
     def draw(plt):
         fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharey=True)
         for j, loss in enumerate(losses):
-            for i, mode in enumerate(("warm", "new")):
+            for i, group in enumerate((("warm",), ("new", "new, 0-RTT"))):
                 ax = axes[i][j]
-                for proto in EXP1_PROTOS:
-                    if f"{loss}/{proto}/{mode}" not in data:
+                mode = group[0]
+                for label, m, _, _ in cells:
+                    if m not in group or f"{loss}/{label}/{m}" not in data:
                         continue
-                    t = sorted(data[f"{loss}/{proto}/{mode}"])
+                    t = sorted(data[f"{loss}/{label}/{m}"])
                     ax.plot(t, [(k + 1) / len(t) for k in range(len(t))],
-                            label=PROTO_LABEL[proto])
+                            label=f"{label} ({m})")
                 ax.axvline(200, color="grey", ls=":")
                 ax.set_xscale("log")
                 ax.set_title(f"loss {loss} %, {mode} connection")
