@@ -118,7 +118,7 @@ RAW_LOG: Path | None = None
 
 def run_condition(kuai: Path, site_dir: Path, link: dict, client_cmds: list[list[str]],
                   limit: float, server_args: list[str] | None = None, *, parallel=False,
-                  tcp_cc: str | None = None) -> list[dict]:
+                  tcp_cc: str | None = None, tag: str | None = None) -> list[dict]:
     """Starts the link, the server and each client command in turn (all at once with
     `parallel`; one shell in the client namespace); returns every JSON line the clients
     printed. `tcp_cc` sets the server namespace's TCP congestion control (the sender's)."""
@@ -149,7 +149,8 @@ def run_condition(kuai: Path, site_dir: Path, link: dict, client_cmds: list[list
     if RAW_LOG is not None:
         with RAW_LOG.open("a") as f:
             for r in rows:
-                f.write(json.dumps({"link": link, "cmd": client_cmds[0][2:6], **r}) + "\n")
+                f.write(json.dumps({"link": link, "cmd": client_cmds[0][2:6], "cell": tag,
+                                    **r}) + "\n")
     return rows
 
 
@@ -287,7 +288,7 @@ def exp1(a, kuai, site_dir, site, out):
             # Warm: the first run (the handshake) is left out of the statistics.
             n = runs + 1 if warm else runs
             rows = run_condition(kuai, site_dir, link, [cmd(n)], limit=runs * 6 + 120,
-                                 tcp_cc=cc)
+                                 tcp_cc=cc, tag=f"{label}/{mode}")
             if label.startswith("curl"):
                 rows = curl_rows(rows)
             if warm:
