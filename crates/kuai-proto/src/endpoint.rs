@@ -1139,3 +1139,29 @@ fn uncount_ip(counts: &mut HashMap<IpAddr, u32>, ip: IpAddr) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn path_hints_keep_the_newest_thousand() {
+        let mut h = Hints::new();
+        let hint = |ms| PathHint {
+            rtt: Duration::from_millis(ms),
+            loss_permille: 0,
+        };
+        for i in 0..(PATH_HINTS as u64 + 10) {
+            h.insert(i, hint(i));
+        }
+        assert_eq!(h.by_peer.len(), PATH_HINTS);
+        assert_eq!(h.order.len(), PATH_HINTS);
+        assert_eq!(h.get(&9), None);
+        assert_eq!(h.get(&10), Some(hint(10)));
+        // A peer seen again keeps its place and takes the newer hint.
+        h.insert(10, hint(1));
+        assert_eq!(h.get(&10), Some(hint(1)));
+        assert_eq!(h.order.len(), PATH_HINTS);
+    }
+}

@@ -8,13 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::quic::{self, Client, pair};
-use common::quic::{QuicNode, Server};
 use common::sim::LinkConfig;
-use common::sim::Network;
-use kuai_proto::Endpoint;
-use kuai_proto::config::EndpointConfig;
-use kuai_proto::config::TransportConfig;
-use std::sync::Arc;
+use kuai_proto::config::{EndpointConfig, TransportConfig};
 
 fn link(delay_ms: u64, loss: f64) -> LinkConfig {
     LinkConfig {
@@ -1611,46 +1606,23 @@ fn a_new_connection_starts_from_the_last_rtt_to_its_server() {
 /// Handshake time of a new connection over a 40 ms RTT path losing `loss` each way, from a
 /// client endpoint that remembers `hint` for the server.
 fn handshake_time_with_hint(seed: u64, loss: f64, hint: kuai_proto::PathHint) -> Duration {
-    let ccfg = quic::client_config(TransportConfig::default());
-    let scfg = quic::server_config(TransportConfig::default());
-    let mut net = Network::new(seed);
-    net.set_default_link(link(20, loss));
-    let now = net.now();
-    let sep = Endpoint::new(
-        Arc::new(EndpointConfig::default()),
-        Some(Arc::new(scfg)),
-        now,
-        1_700_000_000_000,
-        Some(seed * 3 + 1),
+    let mut p = quic::pair_prepared(
+        seed,
+        EndpointConfig::default(),
+        quic::server_config(TransportConfig::default()),
+        &quic::client_config(TransportConfig::default()),
+        Client::with_requests([]),
+        |n| n.set_default_link(link(20, loss)),
+        |ep| ep.remember_path(quic::server_addr(), hint),
     );
-    let mut cep = Endpoint::new(
-        Arc::new(EndpointConfig::default()),
-        None,
-        now,
-        1_700_000_000_000,
-        Some(seed * 5 + 2),
-    );
-    cep.remember_path(quic::server_addr(), hint);
-    let h = cep
-        .connect(now, &ccfg, quic::server_addr(), "localhost")
-        .unwrap();
-    let mut app = Client::with_requests([]);
-    app.handle = Some(h);
-    net.add_node(quic::server_addr(), QuicNode::new(sep, Server::default()));
-    let c = net.add_node(quic::client_addr(), QuicNode::new(cep, app));
-    let start = net.now();
-    while net.now() - start < Duration::from_secs(30) {
-        net.run_for(Duration::from_millis(1));
-        if net
-            .node::<QuicNode>(c)
-            .ep
-            .connection(h)
-            .is_some_and(|c| c.is_established())
-        {
-            return net.now() - start;
-        }
+    let start = p.net.now();
+    if p.run_until(Duration::from_secs(30), |p| {
+        p.client_conn().is_established()
+    }) {
+        p.net.now() - start
+    } else {
+        Duration::from_secs(30)
     }
-    Duration::from_secs(30)
 }
 
 /// On a path the client knows to be lossy, its first flights go out twice, a quarter of an RTT
@@ -1715,4 +1687,34 @@ fn a_server_remembers_a_lossy_client() {
     // The handshake flight and the response went out twice (a clean hint sends none: see
     // known_loss_sends_the_first_flights_twice).
     assert!(s.redundant_packets >= 2, "{s:?}");
+}
+
+/// A handshake that never completes (a spoofed or lost client) leaves the server no hint for
+/// that IP: only a client that proved its address shapes the next connection's start.
+#[test]
+fn an_unfinished_handshake_leaves_no_client_hint() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = quic::pair_with(
+        79,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([100]),
+        |n| n.set_default_link(link(20, 0.0)),
+    );
+    let s = p.server;
+    // Nothing from the server reaches the client: the server sees the client's Initials and
+    // never its Handshake packets.
+    p.net.set_filter(move |ctx| {
+        if ctx.from_node == s {
+            common::sim::Verdict::Drop
+        } else {
+            common::sim::Verdict::Pass
+        }
+    });
+    p.net.run_for(Duration::from_secs(60));
+    assert_eq!(p.server().ep.connection_count(), 0);
+    assert_eq!(
+        p.server().ep.client_path_hint(quic::client_addr().ip()),
+        None
+    );
 }

@@ -266,6 +266,28 @@ pub fn pair_with_endpoint(
     client_app: Client,
     setup: impl FnOnce(&mut Network),
 ) -> Pair {
+    pair_prepared(
+        seed,
+        server_endpoint,
+        server_cfg,
+        client_cfg,
+        client_app,
+        setup,
+        |_| {},
+    )
+}
+
+/// [`pair_with_endpoint`], with `prepare` given the client endpoint before it connects (to
+/// give it path hints, ...).
+pub fn pair_prepared(
+    seed: u64,
+    server_endpoint: EndpointConfig,
+    server_cfg: ServerConfig,
+    client_cfg: &ClientConfig,
+    client_app: Client,
+    setup: impl FnOnce(&mut Network),
+    prepare: impl FnOnce(&mut Endpoint),
+) -> Pair {
     let mut net = Network::new(seed);
     setup(&mut net);
     let now = net.now();
@@ -283,6 +305,7 @@ pub fn pair_with_endpoint(
         1_700_000_000_000,
         Some(seed.wrapping_mul(5) + 2),
     );
+    prepare(&mut cep);
     let ch = cep
         .connect(now, client_cfg, server_addr(), "localhost")
         .unwrap();
