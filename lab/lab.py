@@ -54,6 +54,8 @@ WEAK = ["--cc", "bbr-loss-tolerant"]
 
 
 def kuai_bin() -> Path:
+    if os.environ.get("KUAI_BIN"):  # a fixed binary: a long run survives rebuilds
+        return Path(os.environ["KUAI_BIN"])
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     b = target / "release" / "kuai"
     if not b.exists():

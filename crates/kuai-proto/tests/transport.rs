@@ -1718,3 +1718,151 @@ fn an_unfinished_handshake_leaves_no_client_hint() {
         None
     );
 }
+
+/// Times of `n` new connections, each resuming the one before and sending its 10 KB request
+/// in 0-RTT, on a 40 ms path with `loss` each way (lab experiment 1, "new, 0-RTT"). The first
+/// connection (no ticket yet) is left out; each run closes its connection 50 ms after its
+/// response, as `kuai get --repeat` does, so a NEW_TOKEN may not make it to the next one.
+fn zero_rtt_10k_times(loss: f64, seed: u64, n: usize) -> Vec<Duration> {
+    let t = TransportConfig::default();
+    let ccfg = quic::client_config(t.clone());
+    let mut p = quic::pair_with(
+        seed,
+        quic::server_config(t),
+        &ccfg,
+        Client::with_requests([10_000]),
+        |net| net.set_default_link(link(20, loss)),
+    );
+    assert!(p.run_until_done(Duration::from_secs(30)));
+    let mut out = Vec::new();
+    for _ in 0..n {
+        p.net.run_for(Duration::from_millis(50));
+        let (now, ch) = (p.net.now(), p.ch);
+        if let Some(c) = p.client_mut().ep.connection_mut(ch) {
+            c.close(now, 0, b"bye");
+        }
+        p.net.run_for(Duration::from_millis(50));
+        reconnect(
+            &mut p,
+            &ccfg,
+            Client {
+                use_0rtt: true,
+                ..Client::with_requests([10_000])
+            },
+        );
+        let start = p.net.now();
+        assert!(p.run_until_done(Duration::from_secs(30)));
+        p.client_app().assert_all_intact();
+        out.push(p.client_app().requests[0].done_at.unwrap() - start);
+    }
+    out
+}
+
+/// New connections in 0-RTT on a lossy path finish within 200 ms as often as issue 18 asks
+/// (90 / 75 / 45 % at 5 / 15 / 30 % loss): both endpoints remember the path's loss from the
+/// packets they sent and the gaps in what they received, and copy their first flights.
+#[test]
+fn new_zero_rtt_connections_survive_loss() {
+    // Measured over 4 seeds x 100 runs: 0.96 / 0.90 / 0.61 (before the receive side counted
+    // towards the hint, and before the anti-deadlock fix: 0.92 / 0.70 / 0.61 on one seed).
+    for (loss, least) in [(0.05, 0.9), (0.15, 0.8), (0.3, 0.5)] {
+        let mut t = Vec::new();
+        for seed in 91..93 {
+            t.extend(zero_rtt_10k_times(loss, seed, 100));
+        }
+        let share = share_within(&t, Duration::from_millis(200));
+        assert!(share >= least, "{loss}: within 200 ms {share:.2}");
+    }
+}
+
+/// A client that only downloads sends too few packets to measure its path's loss by its
+/// own; the gaps in the server's packet numbers tell it, so its next connection to that
+/// server starts known-lossy.
+#[test]
+fn a_downloading_client_learns_the_loss_from_what_it_receives() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = quic::pair_with(
+        81,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([30_000]),
+        |n| n.set_default_link(link(20, 0.15)),
+    );
+    assert!(p.run_until_done(Duration::from_secs(30)));
+    let sent = p.client_conn().stats().packets_sent;
+    let (now, ch) = (p.net.now(), p.ch);
+    p.client_mut()
+        .ep
+        .connection_mut(ch)
+        .unwrap()
+        .close(now, 0, b"bye");
+    p.net.run_for(Duration::from_secs(3));
+    let hint = p
+        .client()
+        .ep
+        .path_hint(quic::server_addr())
+        .expect("a hint");
+    assert!(sent < 32, "the client sent {sent} packets");
+    assert!(hint.loss_permille >= 50, "{hint:?}");
+}
+
+/// RFC 9002 §6.2.4: a client with 0-RTT packets in flight but no Handshake packet yet probes
+/// with a Handshake packet. Here the server has no token to validate the client, its
+/// Handshake flight is lost, and so is the client's acknowledgment of its Initial: the server
+/// has spent its 3x budget on its flight and 0.5-RTT data. 0-RTT probes would add only a
+/// little budget each; a Handshake packet validates the client's address (RFC 9000 §8.1) and
+/// the server resends at once.
+#[test]
+fn a_blocked_server_is_unblocked_by_the_clients_handshake_probe() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = quic::pair_with(
+        82,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([100]),
+        |n| n.set_default_link(link(20, 0.0)),
+    );
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    p.net.run_for(Duration::from_millis(200));
+    let (now, ch) = (p.net.now(), p.ch);
+    p.client_mut()
+        .ep
+        .connection_mut(ch)
+        .unwrap()
+        .close(now, 0, b"bye");
+    p.net.run_for(Duration::from_millis(500));
+    // No token: the new connection's address is not validated.
+    p.client_mut().app_mut::<Client>().tokens.clear();
+    reconnect(
+        &mut p,
+        &ccfg,
+        Client {
+            use_0rtt: true,
+            ..Client::with_requests([30_000])
+        },
+    );
+    assert!(p.client_conn().is_0rtt_available());
+    let c = p.client;
+    let (mut server_flight_dropped, mut client_datagrams) = (false, 0);
+    p.net.set_filter(move |ctx| {
+        let long = ctx.data.first().is_some_and(|b| b & 0x80 != 0);
+        if ctx.from_node == c {
+            client_datagrams += 1;
+            // The client's second datagram: its acknowledgment of the server's Initial.
+            if client_datagrams == 2 {
+                return common::sim::Verdict::Drop;
+            }
+        } else if long && !server_flight_dropped {
+            server_flight_dropped = true;
+            return common::sim::Verdict::Drop;
+        }
+        common::sim::Verdict::Pass
+    });
+    let start = p.net.now();
+    assert!(p.run_until_done(Duration::from_secs(30)));
+    p.client_app().assert_all_intact();
+    let took = p.client_app().requests[0].done_at.unwrap() - start;
+    // Measured: 0.49 s. With 0-RTT probes instead it had not finished after 30 s; in the
+    // lossy run that showed it, the server waited 3.8 s for five of them.
+    assert!(took < Duration::from_millis(600), "took {took:?}");
+}

@@ -34,7 +34,8 @@ pub use paths::{EcnCodepoint, EcnState};
 pub struct PathHint {
     /// The last connection's smoothed RTT.
     pub rtt: Duration,
-    /// Its recent loss rate, per mille of packets sent.
+    /// Its recent loss rate, per mille: the packets it lost and the peer's packets that
+    /// never reached it, together (a downloading client sends too few to tell by itself).
     pub loss_permille: u32,
 }
 
@@ -861,11 +862,12 @@ impl Connection {
     }
 
     /// What this connection learnt about its path, for the next connection to the same
-    /// server: the smoothed RTT and the recent loss rate. `None` before an RTT sample.
+    /// server: the smoothed RTT and the recent loss rate both ways. `None` before an RTT
+    /// sample.
     pub fn path_hint(&self) -> Option<PathHint> {
         self.path.rtt.has_sample().then(|| PathHint {
             rtt: self.path.rtt.smoothed(),
-            loss_permille: self.path.recent_loss_permille(),
+            loss_permille: self.path.hint_loss_permille(),
         })
     }
 

@@ -299,6 +299,12 @@ pub struct Path {
     /// a decaying loss-rate estimate for [`crate::config::Redundancy`].
     pub recent_sent: u32,
     pub recent_lost: u32,
+    /// The peer's packets this side has seen the packet numbers of, and of those the ones
+    /// that never arrived (gaps below the largest), halved together like `recent_sent`. A
+    /// client that downloads sends a handful of packets per connection, so its own loss
+    /// count says little about the path; the gaps in what it receives say more.
+    pub rx_numbered: u32,
+    pub rx_missing: u32,
 }
 
 impl Path {
@@ -339,6 +345,8 @@ impl Path {
             congestion_events: 0,
             recent_sent: 0,
             recent_lost: 0,
+            rx_numbered: 0,
+            rx_missing: 0,
         }
     }
 
@@ -355,6 +363,45 @@ impl Path {
     pub fn assume_loss_rate(&mut self, permille: u32) {
         self.recent_sent = 200;
         self.recent_lost = permille.min(1000) / 5;
+        // The receive side's prior weighs less, so that a path whose loss changed shows it
+        // in the next connection's hint within a few short connections.
+        self.rx_numbered = 100;
+        self.rx_missing = permille.min(1000) / 10;
+    }
+
+    /// A packet numbered `pn` arrived in a space whose largest number so far was
+    /// `prev_largest`: numbers skipped over are counted missing until they arrive late.
+    /// (A peer may skip a number on purpose, RFC 9000 §21.4; one now and then is noise.)
+    pub fn count_received_for_loss_rate(&mut self, pn: u64, prev_largest: Option<u64>) {
+        let (numbered, missing) = match prev_largest {
+            None => (pn.saturating_add(1), pn),
+            Some(l) if pn > l => (pn - l, pn - l - 1),
+            Some(_) => {
+                self.rx_missing = self.rx_missing.saturating_sub(1);
+                return;
+            }
+        };
+        // A jump of more than a few hundred is not loss (or is too much to weigh).
+        let numbered = numbered.min(256) as u32;
+        let missing = (missing.min(255) as u32).min(numbered - 1);
+        self.rx_numbered += numbered;
+        self.rx_missing += missing;
+        while self.rx_numbered >= 1024 {
+            self.rx_numbered /= 2;
+            self.rx_missing /= 2;
+        }
+    }
+
+    /// The loss rate to remember for the next connection on this path (per mille): the
+    /// packets this side lost and the peer's packets that never arrived, together, once at
+    /// least 16 were counted (0 before).
+    pub fn hint_loss_permille(&self) -> u32 {
+        let total = u64::from(self.recent_sent) + u64::from(self.rx_numbered);
+        if total < 16 {
+            return 0;
+        }
+        let lost = u64::from(self.recent_lost) + u64::from(self.rx_missing);
+        (lost * 1000 / total).min(1000) as u32
     }
 
     pub fn count_sent_for_loss_rate(&mut self) {
@@ -395,6 +442,50 @@ impl Path {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hint_counts_gaps_in_what_arrives_and_forgives_late_packets() {
+        let t = Instant::now();
+        let addr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+        let cc = CongestionAlgorithm::default();
+        let mut p = Path::new(
+            PathId(0),
+            addr,
+            None,
+            t,
+            Duration::from_millis(40),
+            &cc,
+            (1200, 1452),
+            false,
+            true,
+        );
+        // 0..=19 with 3, 7 and 11 missing, then 7 arrives late: 2 of 20 lost.
+        let mut largest = None;
+        for pn in (0..20u64).filter(|n| ![3, 7, 11].contains(n)).chain([7]) {
+            p.count_received_for_loss_rate(pn, largest);
+            largest = largest.max(Some(pn));
+        }
+        assert_eq!((p.rx_numbered, p.rx_missing), (20, 2));
+        assert_eq!(p.hint_loss_permille(), 100);
+        // Fewer than 16 counted: no estimate.
+        let mut q = Path::new(
+            PathId(0),
+            addr,
+            None,
+            t,
+            Duration::from_millis(40),
+            &cc,
+            (1200, 1452),
+            false,
+            true,
+        );
+        q.count_received_for_loss_rate(9, None);
+        assert_eq!(q.hint_loss_permille(), 0);
+        // A hint's prior weighs in, and a huge jump counts as at most 256 numbers.
+        q.assume_loss_rate(200);
+        q.count_received_for_loss_rate(1_000_000, Some(9));
+        assert!(q.rx_numbered < 1024 && q.rx_missing < q.rx_numbered);
+    }
 
     #[test]
     fn mtud_searches_and_survives_ordinary_loss() {

@@ -569,9 +569,17 @@ impl Connection {
     /// RFC 9002 Appendix A.8 GetPtoTimeAndSpace.
     fn pto_time_and_space(&self, now: Instant) -> Option<(Instant, SpaceId)> {
         let dur = backoff(self.path.rtt.pto_base(), self.pto_count);
-        if !self.any_eliciting_in_flight() {
+        let handshake_in_flight = [SpaceId::Initial, SpaceId::Handshake]
+            .iter()
+            .any(|s| self.spaces[s.index()].sent.has_ack_eliciting_in_flight());
+        if !self.any_eliciting_in_flight()
+            || (!handshake_in_flight && !self.peer_validated_address && !self.handshake_confirmed)
+        {
             // Anti-deadlock probe from a client whose address the server may not have
-            // validated yet.
+            // validated yet (RFC 9002 §6.2.2.1, §6.2.4): a Handshake packet once it has the
+            // keys. 0-RTT packets in flight do not count: a server blocked by its
+            // amplification limit cannot answer them, while a Handshake packet validates
+            // the client's address (RFC 9000 §8.1) and unblocks it.
             let space = if self.spaces[SpaceId::Handshake.index()].keys.is_some() {
                 SpaceId::Handshake
             } else {

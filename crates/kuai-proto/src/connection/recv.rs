@@ -312,6 +312,7 @@ impl Connection {
             return PacketResult::default();
         }
         let is_largest = self.spaces[si].ack.largest.is_some_and(|(l, _)| l == pn);
+        self.path.count_received_for_loss_rate(pn, prev_largest);
         if key_update {
             if !self.handshake_confirmed && self.side.is_client() {
                 // RFC 9001 §6.1: no key update before the handshake is confirmed.
