@@ -395,13 +395,7 @@ impl Bbr {
             return;
         }
         self.full_bw_reached = true;
-        // Under the adaptive response no later loss moves inflight_hi, so a bound set here
-        // would stay at what Startup reached when the queue first overflowed, often while a
-        // competing flow held most of the queue, and grow back only a few packets per
-        // probe. The model's 2 x BDP window bounds the flow instead.
-        if self.opts.loss_response == LossResponse::Always {
-            self.inflight_hi = self.bdp(self.max_bw, 1000).max(self.inflight_latest);
-        }
+        self.inflight_hi = self.bdp(self.max_bw, 1000).max(self.inflight_latest);
     }
 
     fn check_startup_done(&mut self, now: Instant) {
@@ -922,25 +916,13 @@ mod tests {
             b
         };
         // 4 ms above a 40 ms minimum is below the threshold (5 ms): random loss, Startup
-        // goes on. 6 ms is a queue: Startup ends, but unlike BBRv3 no inflight_hi stays
-        // behind (no later loss would move it).
+        // goes on. 6 ms is a queue: Startup ends and inflight_hi is set, as in BBRv3.
         let random = startup(4);
         assert_eq!(random.state, State::Startup);
         assert_eq!(random.inflight_hi, u64::MAX);
         let queue = startup(6);
         assert_ne!(queue.state, State::Startup);
-        assert_eq!(queue.inflight_hi, u64::MAX);
-        let mut v3 = Bbr::new(MDS, BbrOptions::default());
-        let mut now = drive(&mut v3, t0, 2, 100_000_000, rtt);
-        for _ in 0..3 {
-            let w = v3.window();
-            for _ in 0..STARTUP_FULL_LOSS_COUNT {
-                v3.on_congestion_event(now, &loss(now, w / 60, w / 2));
-            }
-            now = drive(&mut v3, now, 1, 100_000_000, rtt);
-        }
-        assert_ne!(v3.state, State::Startup);
-        assert!(v3.inflight_hi < u64::MAX, "BBRv3 keeps the bound");
+        assert!(queue.inflight_hi < u64::MAX);
 
         // After Startup, lossy rounds leave the model alone even with a queue.
         let rate = 1_250_000;
