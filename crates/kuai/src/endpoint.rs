@@ -664,6 +664,25 @@ impl Endpoint {
         self.first().lock().max_segments
     }
 
+    /// What this endpoint remembers of the path to `server` from its last connection there
+    /// (smoothed RTT, loss rate both ways), which the next connection starts from. An
+    /// application that outlives the process saves it and gives it back with
+    /// [`Endpoint::remember_path`].
+    pub fn path_hint(&self, server: SocketAddr) -> Option<kuai_proto::PathHint> {
+        self.workers
+            .all
+            .iter()
+            .find_map(|w| w.lock().ep.path_hint(server))
+    }
+
+    /// Gives the endpoint a path hint for `server`, as one of its own connections would when
+    /// it ends (every worker gets it).
+    pub fn remember_path(&self, server: SocketAddr, hint: kuai_proto::PathHint) {
+        for w in self.workers.all.iter() {
+            w.lock().ep.remember_path(server, hint);
+        }
+    }
+
     /// Counters of the endpoint: accepted, refused, Retry and reset packets sent, ...
     pub fn stats(&self) -> kuai_proto::endpoint::EndpointStats {
         let mut sum = kuai_proto::endpoint::EndpointStats::default();

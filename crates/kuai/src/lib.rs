@@ -65,7 +65,7 @@ pub use kuai_proto::cc::CongestionAlgorithm;
 pub use kuai_proto::config::{RetryPolicy, TransportConfig};
 pub use kuai_proto::connection::DatagramError;
 pub use kuai_proto::trace::ConnectionStats;
-pub use kuai_proto::{ConnectionError, Dir, Priority, StreamId, TransportError, Version};
+pub use kuai_proto::{ConnectionError, Dir, PathHint, Priority, StreamId, TransportError, Version};
 pub use rustls;
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};

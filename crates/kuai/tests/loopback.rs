@@ -166,6 +166,37 @@ async fn without_gso_sendmmsg_batches_datagrams() {
     );
 }
 
+/// A client endpoint keeps what a finished connection learnt of its server's path, and takes
+/// a hint saved by an earlier process.
+#[tokio::test]
+async fn a_client_endpoint_remembers_its_servers_path() {
+    let (scfg, cert) = server_config();
+    let (_server, addr) = start_server(scfg).await;
+    let (client, conn) = connect(cert, addr).await;
+    assert_eq!(fetch(&conn, 100_000).await, 100_000);
+    assert_eq!(client.path_hint(addr), None, "the connection is still open");
+    conn.close(0, b"");
+    drop(conn);
+    // The hint is kept once the connection is gone (after its draining period).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let hint = loop {
+        if let Some(h) = client.path_hint(addr) {
+            break h;
+        }
+        assert!(std::time::Instant::now() < deadline, "no hint after 5 s");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(hint.rtt < std::time::Duration::from_millis(100), "{hint:?}");
+    assert_eq!(hint.loss_permille, 0, "loopback loses nothing");
+    let elsewhere: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let saved = kuai::PathHint {
+        rtt: std::time::Duration::from_millis(80),
+        loss_permille: 150,
+    };
+    client.remember_path(elsewhere, saved);
+    assert_eq!(client.path_hint(elsewhere), Some(saved));
+}
+
 #[tokio::test]
 async fn zero_rtt_on_the_second_connection() {
     let (scfg, cert) = server_config();
