@@ -513,10 +513,10 @@ impl Endpoint {
             }
             _ => addr,
         };
-        let token = lock(&s.tokens)
-            .get(server_name)
-            .cloned()
-            .unwrap_or_default();
+        // Each token goes into one connection attempt (RFC 9000 §8.1.3: reuse would link
+        // the connections, and kuai's server accepts a token once); the new connection's
+        // NEW_TOKEN replaces it.
+        let token = lock(&s.tokens).remove(server_name).unwrap_or_default();
         let now = Instant::now();
         let h =
             s.ep.connect_with_token(now, &config.proto, addr, server_name, token)
