@@ -100,11 +100,15 @@ pub type PathArg = PathBuf;
 fn set_transport(
     t: &mut std::sync::Arc<kuai::TransportConfig>,
     cc: &Option<kuai::CongestionAlgorithm>,
+    initial_window: Option<u32>,
     no_redundancy: bool,
 ) {
     let t = std::sync::Arc::make_mut(t);
     if let Some(cc) = cc {
         t.congestion = cc.clone();
+    }
+    if let Some(n) = initial_window {
+        t.initial_window_packets = n;
     }
     if no_redundancy {
         t.redundancy = None;

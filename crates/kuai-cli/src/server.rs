@@ -44,6 +44,10 @@ pub struct Args {
     /// random loss on an empty queue), bbr (BBRv3), bbr-loss-tolerant, cubic or newreno.
     #[arg(long)]
     cc: Option<kuai::CongestionAlgorithm>,
+    /// QUIC initial congestion window in 1,200-byte packets (the library's default, 10, as
+    /// RFC 9002 says, when not given).
+    #[arg(long, value_name = "PACKETS", value_parser = clap::value_parser!(u32).range(2..=1000))]
+    initial_window: Option<u32>,
     /// Never send redundant copies. By default, on a lossy path (2 % or more of packets
     /// lost), the last packets of each flight (up to 16) go out twice when there is nothing
     /// new to send.
@@ -284,7 +288,12 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
-    crate::set_transport(&mut cfg.proto_mut().transport, &args.cc, args.no_redundancy);
+    crate::set_transport(
+        &mut cfg.proto_mut().transport,
+        &args.cc,
+        args.initial_window,
+        args.no_redundancy,
+    );
     let mut builder = Endpoint::builder().server(cfg).workers(args.workers);
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);

@@ -104,6 +104,8 @@ pub struct BbrOptions {
 pub struct Bbr {
     opts: BbrOptions,
     mds: u64,
+    /// The window before the first RTT sample (RFC 9002 §7.2 unless configured).
+    initial_cwnd: u64,
     state: State,
     cwnd: u64,
     pacing_rate: u64,
@@ -174,6 +176,7 @@ impl Bbr {
         let mut b = Self {
             opts,
             mds: max_datagram_size,
+            initial_cwnd: cwnd,
             state: State::Startup,
             cwnd,
             pacing_rate: 0,
@@ -224,6 +227,15 @@ impl Bbr {
         b
     }
 
+    /// Starts from `bytes` instead of RFC 9002's initial window (at least 4 datagrams).
+    pub fn with_initial_window(mut self, bytes: u64) -> Self {
+        self.cwnd = bytes.max(self.min_cwnd());
+        self.initial_cwnd = self.cwnd;
+        self.prior_cwnd = self.cwnd;
+        self.pacing_rate = self.initial_pacing_rate(None);
+        self
+    }
+
     /// §4.6.2: startup gain times the initial window over the first RTT (1 ms before any).
     fn initial_pacing_rate(&self, srtt: Option<Duration>) -> u64 {
         let us = srtt.map_or(1000, |d| d.as_micros().max(1));
@@ -248,7 +260,7 @@ impl Bbr {
     /// Bandwidth-delay product at `gain_permille`, or the initial window before an RTT sample.
     fn bdp(&self, bw: u64, gain_permille: u64) -> u64 {
         let Some(rtt) = self.min_rtt else {
-            return initial_window(self.mds);
+            return self.initial_cwnd;
         };
         let b = u128::from(bw) * rtt.as_micros() / 1_000_000;
         gain(b.min(u128::from(u64::MAX)) as u64, gain_permille)
@@ -655,7 +667,7 @@ impl Bbr {
         }
         if self.full_bw_reached {
             self.cwnd = self.cwnd.saturating_add(acked).min(max_inflight);
-        } else if self.cwnd < max_inflight || self.delivered < initial_window(self.mds) {
+        } else if self.cwnd < max_inflight || self.delivered < self.initial_cwnd {
             self.cwnd = self.cwnd.saturating_add(acked);
         }
         self.cwnd = self.cwnd.max(self.min_cwnd());

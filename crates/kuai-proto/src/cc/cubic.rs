@@ -137,6 +137,13 @@ impl Cubic {
         }
     }
 
+    /// Starts from `bytes` instead of RFC 9002's initial window (at least 2 datagrams).
+    pub fn with_initial_window(mut self, bytes: u64) -> Self {
+        self.window = bytes.max(2 * self.max_datagram_size);
+        self.cwnd_prior = self.window;
+        self
+    }
+
     fn in_recovery(&self, sent_time: Instant) -> bool {
         self.recovery_start.is_some_and(|start| sent_time <= start)
     }

@@ -186,12 +186,31 @@ impl std::str::FromStr for CongestionAlgorithm {
 }
 
 impl CongestionAlgorithm {
+    /// A controller with RFC 9002's initial window.
     pub fn build(&self, now: Instant, max_datagram_size: u64) -> Congestion {
+        self.build_with_window(now, max_datagram_size, initial_window(max_datagram_size))
+    }
+
+    /// A controller whose first window is `initial_window` bytes (a custom controller picks
+    /// its own).
+    pub fn build_with_window(
+        &self,
+        now: Instant,
+        max_datagram_size: u64,
+        initial_window: u64,
+    ) -> Congestion {
+        let mds = max_datagram_size;
         match self {
-            Self::NewReno => Congestion::NewReno(NewReno::new(max_datagram_size)),
-            Self::Cubic(o) => Congestion::Cubic(Box::new(Cubic::new(max_datagram_size, *o))),
-            Self::Bbr(o) => Congestion::Bbr(Box::new(Bbr::new(max_datagram_size, *o))),
-            Self::Custom(f) => Congestion::Custom(f.build(now, max_datagram_size)),
+            Self::NewReno => {
+                Congestion::NewReno(NewReno::new(mds).with_initial_window(initial_window))
+            }
+            Self::Cubic(o) => Congestion::Cubic(Box::new(
+                Cubic::new(mds, *o).with_initial_window(initial_window),
+            )),
+            Self::Bbr(o) => Congestion::Bbr(Box::new(
+                Bbr::new(mds, *o).with_initial_window(initial_window),
+            )),
+            Self::Custom(f) => Congestion::Custom(f.build(now, mds)),
         }
     }
 }
