@@ -45,12 +45,6 @@ SERVER_IP = "10.77.0.1"
 # of namespaces, so the addresses do not clash).
 NETSIM_NAME = os.environ.get("LAB_NAME", "kuailab")
 PORT = 4433
-# kuai's former weak-network profile, for server and client alike: BBRv3 without its loss
-# response (random loss is not congestion) and redundant copies of short flights once the
-# path's loss rate reaches 2 % (now on by default). Since 2026-11-26 the defaults (BBRv3 with
-# the adaptive loss response) are meant to replace it; it stays for comparison. "http3w" in
-# the tables is kuai with this profile.
-WEAK = ["--cc", "bbr-loss-tolerant"]
 
 
 def kuai_bin() -> Path:
@@ -158,9 +152,8 @@ def run_condition(kuai: Path, site_dir: Path, link: dict, client_cmds: list[list
 
 def get_cmd(kuai: Path, proto: str, paths: list[str], repeat: int, *, reuse=False, zero_rtt=False,
             page=False, max_time=None) -> list[str]:
-    weak = proto == "http3w"
-    c = [str(kuai), "get", "--insecure", "--http3" if weak else f"--{proto}", "--repeat",
-         str(repeat), "--connect-timeout", "30", *(WEAK if weak else [])]
+    c = [str(kuai), "get", "--insecure", f"--{proto}", "--repeat", str(repeat),
+         "--connect-timeout", "30"]
     if reuse:
         c.append("--reuse")
     if zero_rtt:
@@ -214,8 +207,15 @@ def plot(out: Path, name: str, draw) -> None:
     print(f"plot: {out / (name + '.png')}")
 
 
-PROTO_LABEL = {"http3": "kuai HTTP/3 (defaults)", "http3w": "kuai HTTP/3 (weak-network profile)",
-               "http2": "TCP+TLS HTTP/2", "http1.1": "TCP+TLS HTTP/1.1"}
+# The rows of experiments 2-6: kuai with no flags on either side, and TCP + TLS with the
+# server namespace's Linux congestion control set to CUBIC and to BBR (the sender's choice).
+# Each is (the protocol kuai get speaks, the TCP congestion control or None).
+VARIANTS = {"http3": ("http3", None),
+            "http2-cubic": ("http2", "cubic"), "http2-bbr": ("http2", "bbr"),
+            "http1.1-cubic": ("http1.1", "cubic"), "http1.1-bbr": ("http1.1", "bbr")}
+PROTO_LABEL = {"http3": "kuai HTTP/3", "http2-cubic": "HTTP/2, TCP CUBIC",
+               "http2-bbr": "HTTP/2, TCP BBR", "http1.1-cubic": "HTTP/1.1, TCP CUBIC",
+               "http1.1-bbr": "HTTP/1.1, TCP BBR"}
 
 
 def times(rows: list[dict], n: int, limit_ms: float) -> list[float]:
@@ -227,14 +227,10 @@ def times(rows: list[dict], n: int, limit_ms: float) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 # Experiments
 
-EXP2_PROTOS = ("http3w", "http2")
-EXP3_PROTOS = ("http3w", "http3", "http2", "http1.1")
-EXP4_PROTOS = ("http3w", "http3", "http2")
-EXP6_PROTOS = ("http3w", "http3", "http2")
-
-
-def server_args(proto: str) -> list[str] | None:
-    return WEAK if proto == "http3w" else None
+EXP2_PROTOS = ("http3", "http2-cubic", "http2-bbr")
+EXP3_PROTOS = ("http3", "http2-cubic", "http2-bbr", "http1.1-cubic", "http1.1-bbr")
+EXP4_PROTOS = ("http3", "http2-cubic", "http2-bbr")
+EXP6_PROTOS = ("http3", "http2-cubic", "http2-bbr")
 
 # Seed 001's shares within 200 ms (QUIC, TCP) at 5, 15 and 30 % loss.
 SEED001 = {5: (95, 78), 15: (90, 50), 30: (62, 22)}
@@ -245,6 +241,7 @@ def curl_cmd(url: str, n: int, *, warm: bool, max_time: float) -> list[str]:
     n URLs, so the connection is reused (warm), or one invocation per run (new). Prints one
     JSON line per transfer, which `curl_rows` turns into `kuai get`'s shape."""
     fmt_ = '{"run":0,"curl":true,"code":"%{http_code}","connects":%{num_connects},' \
+           '"connect_s":%{time_appconnect},"first_byte_s":%{time_starttransfer},' \
            '"total_s":%{time_total}}\\n'
     base = ["curl", "-sk", "--http2", "--max-time", str(max_time), "-w", fmt_]
     if warm:
@@ -257,7 +254,11 @@ def curl_cmd(url: str, n: int, *, warm: bool, max_time: float) -> list[str]:
 
 
 def curl_rows(rows: list[dict]) -> list[dict]:
+    """curl's lines in kuai get's shape: TLS done (`time_appconnect`) as connect_ms, and
+    `time_starttransfer` as first_byte_ms."""
     return [dict(r, ok=r.get("code") == "200", total_ms=1000 * r.get("total_s", 0),
+                 connect_ms=1000 * r["connect_s"] if r.get("connect_s") else None,
+                 first_byte_ms=1000 * r["first_byte_s"] if r.get("first_byte_s") else None,
                  new_connection=r.get("connects", 1) > 0) for r in rows]
 
 
@@ -282,13 +283,17 @@ def exp1(a, kuai, site_dir, site, out):
                                                     max_time=5)))
             cells.append((f"curl HTTP/2, TCP {cc.upper()}", mode, cc,
                           lambda n, w=warm: curl_cmd(url, n, warm=w, max_time=5)))
+    if a.cells:
+        cells = [c for c in cells if a.cells in f"{c[0]}/{c[1]}"]
     data = {}
     for loss in losses:
         link = {"delay": "20ms", "loss": f"{loss}%", "seed": 1 + loss}
         for label, mode, cc, cmd in cells:
             warm = mode == "warm"
-            # Warm: the first run (the handshake) is left out of the statistics.
-            n = runs + 1 if warm else runs
+            zero = "0-RTT" in mode
+            # Warm: the first run (the handshake) is left out of the statistics; 0-RTT: the
+            # first run too (it has no ticket yet; the "new" row measures such connections).
+            n = runs + 1 if warm or zero else runs
             rows = run_condition(kuai, site_dir, link, [cmd(n)], limit=runs * 6 + 120,
                                  tcp_cc=cc, tag=f"{label}/{mode}")
             if label.startswith("curl"):
@@ -296,6 +301,8 @@ def exp1(a, kuai, site_dir, site, out):
             if warm:
                 rows = rows[1:] if label.startswith("curl") else \
                     [r for r in rows if not r.get("new_connection")]
+            elif zero:
+                rows = [r for r in rows if r.get("run") != 0]
             data[f"{loss}/{label}/{mode}"] = times(rows, runs, limit_ms)
             print(f"exp1 loss {loss}% {label} {mode}: {len(rows)} runs", file=sys.stderr)
     hdr = ["loss", "connection", "protocol", "within 200 ms", "seed 001", "median ms", "p90 ms",
@@ -343,6 +350,7 @@ def exp1(a, kuai, site_dir, site, out):
 
 
 def exp2(a, kuai, site_dir, site, out):
+    allow_tcp_cc(["cubic", "bbr"])
     runs = a.runs or (2 if a.quick else 5)
     links = [("5.7 Mbit/s, 466 ms", "5.7mbit", 233), ("2.3 Mbit/s, 68 ms", "2.3mbit", 34),
              ("6.3 Mbit/s, 123 ms", "6.3mbit", 61)]
@@ -354,9 +362,9 @@ def exp2(a, kuai, site_dir, site, out):
             for proto in EXP2_PROTOS:
                 link = {"delay": f"{owd}ms", "rate": rate, "queue": "100",
                         "loss": f"{loss}%", "seed": 3 + loss}
-                cmd = get_cmd(kuai, proto, site["images"], runs, max_time=limit_s)
+                cmd = get_cmd(kuai, VARIANTS[proto][0], site["images"], runs, max_time=limit_s)
                 rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * (limit_s + 30) + 60,
-                                     server_args=server_args(proto))
+                                     tcp_cc=VARIANTS[proto][1], tag=f"{name}/{loss}/{proto}")
                 data[f"{name}/{loss}/{proto}"] = times(rows, runs, float("inf"))
                 print(f"exp2 {name} loss {loss}% {proto}: {len(rows)} runs", file=sys.stderr)
     hdr = ["link", "loss"] + [f"{PROTO_LABEL[p]} median s (done)" for p in EXP2_PROTOS]
@@ -395,6 +403,7 @@ def exp2(a, kuai, site_dir, site, out):
 
 
 def exp3(a, kuai, site_dir, site, out):
+    allow_tcp_cc(["cubic", "bbr"])
     runs = a.runs or (3 if a.quick else 20)
     # A 4G-like link: 12 Mbit/s down, 4 Mbit/s up, 70 ms RTT (jitter 5 ms), 0.5 % loss.
     link = {"delay": "35ms", "jitter": "5ms", "down_rate": "12mbit", "up_rate": "4mbit",
@@ -402,21 +411,21 @@ def exp3(a, kuai, site_dir, site, out):
     data = {}
     for page in ("page12", "page60"):
         for proto in EXP3_PROTOS:
-            cmd = get_cmd(kuai, proto, site[page], runs, page=True, max_time=60)
+            cmd = get_cmd(kuai, VARIANTS[proto][0], site[page], runs, page=True, max_time=60)
             rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 70 + 60,
-                                 server_args=server_args(proto))
+                                 tcp_cc=VARIANTS[proto][1], tag=f"{page}/{proto}")
             data[f"{page}/{proto}"] = [r["total_ms"] for r in rows if r.get("ok")]
             print(f"exp3 {page} {proto}: {len(rows)} runs", file=sys.stderr)
-    hdr = ["page", "protocol", "median ms", "mean ms", "p90 ms", "vs kuai HTTP/3 (profile)"]
+    hdr = ["page", "protocol", "median ms", "mean ms", "p90 ms", "vs kuai HTTP/3"]
     rows = []
     for page in ("page12", "page60"):
-        h3 = statistics.median(data[f"{page}/http3w"]) if data[f"{page}/http3w"] else float("nan")
+        h3 = statistics.median(data[f"{page}/http3"]) if data[f"{page}/http3"] else float("nan")
         for proto in EXP3_PROTOS:
             t = data[f"{page}/{proto}"]
             med = statistics.median(t) if t else float("nan")
             rows.append([f"HTML + {page[4:]}", PROTO_LABEL[proto], fmt(med),
                          fmt(statistics.mean(t) if t else float("nan")), fmt(pct(t, 90)),
-                         f"{(med / h3 - 1) * 100:+.0f} %" if proto != "http3w" else "—"])
+                         f"{(med / h3 - 1) * 100:+.0f} %" if proto != "http3" else "—"])
     md = (f"### Experiment 3: page loads on a 4G-like link (12/4 Mbit/s, 70 ms RTT, "
           f"0.5 % loss), new connection per load, {runs} loads per cell\n\n" + table(hdr, rows))
     save(out, "exp3", data, md)
@@ -439,6 +448,7 @@ def exp3(a, kuai, site_dir, site, out):
 
 
 def exp4(a, kuai, site_dir, site, out):
+    allow_tcp_cc(["cubic", "bbr"])
     conns = a.runs or (100 if a.quick else 1000)
     concurrency = 10
     # As netem on the server's egress: 5 % loss, 20 +- 5 ms, 10 % of packets reordered.
@@ -447,10 +457,10 @@ def exp4(a, kuai, site_dir, site, out):
     data = {}
     for proto in EXP4_PROTOS:
         per = conns // concurrency
-        cmd = get_cmd(kuai, proto, site["1m"], per, max_time=30)
+        cmd = get_cmd(kuai, VARIANTS[proto][0], site["1m"], per, max_time=30)
         shell = " & ".join(" ".join(shlex.quote(x) for x in cmd) for _ in range(concurrency))
         rows = run_condition(kuai, site_dir, link, [["sh", "-c", shell + " & wait"]],
-                             limit=per * 40 + 120, server_args=server_args(proto))
+                             limit=per * 40 + 120, tcp_cc=VARIANTS[proto][1], tag=proto)
         data[proto] = rows
         print(f"exp4 {proto}: {len(rows)} connections", file=sys.stderr)
     hdr = ["protocol", "connections (ok)", "handshake mean ms", "handshake p99 ms",
@@ -487,23 +497,38 @@ def exp4(a, kuai, site_dir, site, out):
 
 
 def exp5(a, kuai, site_dir, site, out):
+    allow_tcp_cc(["cubic", "bbr"])
     runs = a.runs or (5 if a.quick else 30)
     data = {}
+    url = f"https://{SERVER_IP}:{PORT}{site['10k'][0]}"
+    # (row, tcp_cc, command for n runs, curl): TCP + TLS 1.3 through kuai get and through
+    # curl, with Linux CUBIC and BBR (the handshake itself does not depend on it), then QUIC.
+    cells = []
+    for cc in ("cubic", "bbr"):
+        cells.append((f"TCP + TLS 1.3, {cc.upper()} (kuai get)", cc,
+                      lambda n: get_cmd(kuai, "http2", site["10k"], n, max_time=20), False))
+        cells.append((f"TCP + TLS 1.3, {cc.upper()} (curl)", cc,
+                      lambda n: curl_cmd(url, n, warm=False, max_time=20), True))
+    cells.append(("QUIC 1-RTT", None,
+                  lambda n: get_cmd(kuai, "http3", site["10k"], n, max_time=20), False))
+    cells.append(("QUIC 0-RTT", None,
+                  lambda n: get_cmd(kuai, "http3", site["10k"], n, zero_rtt=True, max_time=20),
+                  False))
+    names = [c[0] for c in cells]
     for rtt in (50, 200, 500):
         link = {"delay": f"{rtt // 2}ms", "seed": rtt}
-        for name, proto, zero in (("TCP + TLS 1.3", "http2", False),
-                                  ("QUIC 1-RTT", "http3", False),
-                                  ("QUIC 0-RTT", "http3", True)):
+        for name, cc, cmd, curl in cells:
             # One extra run first: it fetches the session ticket 0-RTT needs.
-            cmd = get_cmd(kuai, proto, site["10k"], runs + 1, zero_rtt=zero, max_time=20)
-            rows = run_condition(kuai, site_dir, link, [cmd], limit=(runs + 1) * 25 + 60)[1:]
+            rows = run_condition(kuai, site_dir, link, [cmd(runs + 1)],
+                                 limit=(runs + 1) * 25 + 60, tcp_cc=cc, tag=f"{rtt}/{name}")
+            rows = (curl_rows(rows) if curl else rows)[1:]
             data[f"{rtt}/{name}"] = rows
             print(f"exp5 rtt {rtt} {name}: {len(rows)} runs", file=sys.stderr)
     hdr = ["RTT", "handshake", "connected ms (median)", "first byte ms (median)",
            "first byte in RTTs", "0-RTT accepted"]
     rows = []
     for rtt in (50, 200, 500):
-        for name in ("TCP + TLS 1.3", "QUIC 1-RTT", "QUIC 0-RTT"):
+        for name in names:
             ok = [r for r in data[f"{rtt}/{name}"] if r.get("ok")]
             c = [r["connect_ms"] for r in ok if r.get("connect_ms") is not None]
             fb = [r["first_byte_ms"] for r in ok if r.get("first_byte_ms") is not None]
@@ -517,15 +542,14 @@ def exp5(a, kuai, site_dir, site, out):
 
     def draw(plt):
         fig, ax = plt.subplots(figsize=(8, 4))
-        names = ("TCP + TLS 1.3", "QUIC 1-RTT", "QUIC 0-RTT")
         for i, name in enumerate(names):
             ys = []
             for rtt in (50, 200, 500):
                 fb = [r["first_byte_ms"] for r in data[f"{rtt}/{name}"]
                       if r.get("ok") and r.get("first_byte_ms") is not None]
                 ys.append(statistics.median(fb) if fb else 0)
-            ax.bar([k * 4 + i for k in range(3)], ys, label=name, color=f"C{i}")
-        ax.set_xticks([1, 5, 9], ["50 ms", "200 ms", "500 ms"])
+            ax.bar([k * 7 + i for k in range(3)], ys, label=name, color=f"C{i}")
+        ax.set_xticks([2.5, 9.5, 16.5], ["50 ms", "200 ms", "500 ms"])
         ax.set_xlabel("RTT")
         ax.set_ylabel("time to first byte of a 10 KB response (ms)")
         ax.legend()
@@ -535,15 +559,16 @@ def exp5(a, kuai, site_dir, site, out):
 
 
 def exp6(a, kuai, site_dir, site, out):
+    allow_tcp_cc(["cubic", "bbr"])
     runs = a.runs or (1 if a.quick else 3)
     data = {}
     base = {"delay": "15ms", "rate": "10mbit", "queue": "25", "seed": 6}
     outage = dict(base, blackhole="5s/2s")
     for name, link, paths in (("steady", base, site["10m"]), ("outages", outage, site["30m"])):
         for proto in EXP6_PROTOS:
-            cmd = get_cmd(kuai, proto, paths, runs, max_time=180)
+            cmd = get_cmd(kuai, VARIANTS[proto][0], paths, runs, max_time=180)
             rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 200 + 60,
-                                 server_args=server_args(proto))
+                                 tcp_cc=VARIANTS[proto][1], tag=f"{name}/{proto}")
             data[f"{name}/{proto}"] = rows
             print(f"exp6 {name} {proto}: {len(rows)} runs", file=sys.stderr)
     hdr = ["link", "protocol", "runs ok", "time s (median)", "goodput Mbit/s (median)"]
@@ -655,6 +680,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer runs and conditions")
     ap.add_argument("--runs", type=int, default=0, help="runs per cell (default per experiment)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--cells", default="",
+                    help="exp1: only the cells whose 'label/mode' contains this (like 'kuai HTTP/3')")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("lab: network namespaces need root", file=sys.stderr)
