@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shlex
 import statistics
 import subprocess
@@ -284,7 +285,7 @@ def exp1(a, kuai, site_dir, site, out):
             cells.append((f"curl HTTP/2, TCP {cc.upper()}", mode, cc,
                           lambda n, w=warm: curl_cmd(url, n, warm=w, max_time=5)))
     if a.cells:
-        cells = [c for c in cells if a.cells in f"{c[0]}/{c[1]}"]
+        cells = [c for c in cells if re.search(a.cells, f"{c[0]}/{c[1]}")]
     data = {}
     for loss in losses:
         link = {"delay": "20ms", "loss": f"{loss}%", "seed": 1 + loss}
@@ -681,7 +682,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=0, help="runs per cell (default per experiment)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--cells", default="",
-                    help="exp1: only the cells whose 'label/mode' contains this (like 'kuai HTTP/3')")
+                    help="exp1: only the cells whose 'label/mode' matches this regular expression "
+                         "(like 'kuai HTTP/3' or '^curl.*/new$')")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("lab: network namespaces need root", file=sys.stderr)
