@@ -120,7 +120,7 @@ def run_condition(kuai: Path, site_dir: Path, link: dict, client_cmds: list[list
     `parallel`; one shell in the client namespace); returns every JSON line the clients
     printed. `tcp_cc` sets the server namespace's TCP congestion control (the sender's)."""
     server = [str(kuai), "server", "--listen", f"{SERVER_IP}:{PORT}", "--root", str(site_dir),
-              *(server_args or [])]
+              *(server_args or []), *shlex.split(os.environ.get("LAB_SERVER_ARGS", ""))]
     if tcp_cc:
         server = ["sh", "-c", f"sysctl -qw net.ipv4.tcp_congestion_control={tcp_cc} && exec "
                   + " ".join(shlex.quote(x) for x in server)]
