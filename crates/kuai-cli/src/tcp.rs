@@ -544,13 +544,13 @@ async fn serve_with(
 /// How long a new connection's output is corked after its TLS handshake.
 const FIRST_BURST: Duration = Duration::from_millis(2);
 
-/// The first burst of an HTTP/2 connection after the handshake (its SETTINGS, the acknowledgment of the
-/// client's, then the first response's HEADERS and DATA) is written in several small pieces.
-/// With TCP_NODELAY each leaves as its own segment, and Linux's initial window counts
-/// segments (10): a 10 KB response behind them waited a round trip for acknowledgments, so
-/// an HTTP/2 fetch on a new connection took 4 round trips where HTTP/1.1 took 3. Corking
-/// the socket for [`FIRST_BURST`] sends that burst in full segments; afterwards TCP_NODELAY
-/// alone applies. (Linux holds corked data 200 ms at most.)
+/// The first burst of an HTTP/2 connection after the handshake (its SETTINGS, the
+/// acknowledgment of the client's, then the first response's HEADERS and DATA) is written in
+/// several small pieces. With TCP_NODELAY each leaves as its own segment, and Linux's initial
+/// window counts segments (10): a 10 KB response behind them waited a round trip for
+/// acknowledgments, so an HTTP/2 fetch on a new connection took 4 round trips where
+/// HTTP/1.1 took 3. Corking the socket for [`FIRST_BURST`] sends that burst in full
+/// segments; afterwards TCP_NODELAY alone applies. (Linux holds corked data 200 ms at most.)
 #[cfg(target_os = "linux")]
 fn cork_first_burst(sock: &TcpStream) {
     let Ok(fd) = std::os::fd::AsFd::as_fd(sock).try_clone_to_owned() else {
