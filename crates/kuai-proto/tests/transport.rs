@@ -1155,6 +1155,7 @@ impl kuai_proto::trace::Tracer for Recorder {
             TraceEvent::ConnectionStateUpdated {
                 new: "handshake_complete",
             } => v.push("complete"),
+            TraceEvent::CongestionStateUpdated { state, .. } => v.push(state),
             _ => {}
         }
     }
@@ -1892,5 +1893,45 @@ fn the_initial_window_is_configurable() {
     assert!(
         big + Duration::from_millis(35) <= rfc,
         "10 packets: {rfc:?}, 32 packets: {big:?}"
+    );
+}
+
+/// The end of slow start (BBR's Startup) is traced as qlog's congestion_state_updated, so a
+/// trace shows when a transfer left it.
+#[test]
+fn the_end_of_startup_is_traced() {
+    let t = TransportConfig::default();
+    let ccfg = quic::client_config(t.clone());
+    let mut p = quic::pair_with(
+        84,
+        quic::server_config(t),
+        &ccfg,
+        Client::with_requests([4_000_000]),
+        |n| {
+            n.set_default_link(LinkConfig {
+                delay: Duration::from_millis(20),
+                rate_bps: Some(20_000_000),
+                queue_bytes: 100_000,
+                ..LinkConfig::default()
+            })
+        },
+    );
+    assert!(
+        p.run_until(Duration::from_secs(1), |p| p.server().ep.connection_count()
+            == 1)
+    );
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let h = p.server().ep.handles().next().unwrap();
+    p.server_mut()
+        .ep
+        .connection_mut(h)
+        .unwrap()
+        .set_tracer(Box::new(Recorder(log.clone())));
+    assert!(p.run_until_done(Duration::from_secs(30)));
+    let v = log.lock().unwrap();
+    assert_eq!(
+        v.iter().filter(|e| **e == "congestion_avoidance").count(),
+        1,
+        "{v:?}"
     );
 }

@@ -392,6 +392,8 @@ pub struct Connection {
     sending_copies: bool,
     /// Client: the handshake flight's second copy is scheduled (see `Timer::CopyFlight`).
     handshake_copy_armed: bool,
+    /// Whether the last traced congestion state was slow start (traces only).
+    traced_slow_start: bool,
     pto_count: u32,
     /// When a probe timeout last fired, before the handshake was confirmed (see
     /// `Timers::stamp`; 0: never). An ACK that arrives after we gave its packet up gives no
@@ -802,6 +804,7 @@ impl Connection {
             sent_eliciting_since_rx: false,
             sending_copies: false,
             handshake_copy_armed: false,
+            traced_slow_start: true,
             pto_count: 0,
             handshake_pto_at: 0,
             timers: Timers::new(now),

@@ -538,6 +538,20 @@ impl Connection {
         if self.tracer.is_none() {
             return;
         }
+        let slow_start = self.path.cc.in_slow_start();
+        if slow_start != self.traced_slow_start {
+            // qlog's recovery:congestion_state_updated: when slow start (BBR's Startup) ends,
+            // or starts again.
+            self.traced_slow_start = slow_start;
+            self.trace(TraceEvent::CongestionStateUpdated {
+                path: self.path.id,
+                state: if slow_start {
+                    "slow_start"
+                } else {
+                    "congestion_avoidance"
+                },
+            });
+        }
         let p = &self.path;
         let ev = TraceEvent::MetricsUpdated {
             path: p.id,
