@@ -187,7 +187,10 @@ async fn a_client_endpoint_remembers_its_servers_path() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
     assert!(hint.rtt < std::time::Duration::from_millis(100), "{hint:?}");
-    assert_eq!(hint.loss_permille, 0, "loopback loses nothing");
+    // Loopback loses nothing, but the server leaves one packet number unused early on (RFC
+    // 9000 §21.4), which the receiving side cannot tell from a loss: about 1 % here, below
+    // the 2 % that makes a path count as lossy.
+    assert!(hint.loss_permille < 20, "{hint:?}");
     let elsewhere: SocketAddr = "127.0.0.1:9".parse().unwrap();
     let saved = kuai::PathHint {
         rtt: std::time::Duration::from_millis(80),

@@ -372,7 +372,9 @@ impl Path {
 
     /// A packet numbered `pn` arrived in a space whose largest number so far was
     /// `prev_largest`: numbers skipped over are counted missing until they arrive late.
-    /// (A peer may skip a number on purpose, RFC 9000 §21.4; one now and then is noise.)
+    /// A peer may skip a number on purpose (RFC 9000 §21.4; kuai skips one among its first
+    /// 16–256 packets, then one per 1,024–32,768), which counts as one loss: about 1 % on a
+    /// 100 KB connection, under the 2 % that makes a path lossy.
     pub fn count_received_for_loss_rate(&mut self, pn: u64, prev_largest: Option<u64>) {
         let (numbered, missing) = match prev_largest {
             None => (pn.saturating_add(1), pn),
