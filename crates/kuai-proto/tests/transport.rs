@@ -133,6 +133,16 @@ fn reconnect(p: &mut quic::Pair, ccfg: &kuai_proto::ClientConfig, mut app: Clien
     p.ch = h;
 }
 
+/// Closes the client's current connection (which must still exist).
+fn close_client(p: &mut quic::Pair) {
+    let (now, ch) = (p.net.now(), p.ch);
+    p.client_mut()
+        .ep
+        .connection_mut(ch)
+        .expect("the client's connection")
+        .close(now, 0, b"bye");
+}
+
 #[test]
 fn thousand_concurrent_streams() {
     let mut t = TransportConfig::default();
@@ -1577,13 +1587,7 @@ fn a_new_connection_starts_from_the_last_rtt_to_its_server() {
     let first = handshake_with_first_initial_lost(&mut p);
     assert!(p.run_until_done(Duration::from_secs(5)));
     assert_eq!(p.client().ep.path_hint(quic::server_addr()), None);
-    let now = p.net.now();
-    let ch = p.ch;
-    p.client_mut()
-        .ep
-        .connection_mut(ch)
-        .unwrap()
-        .close(now, 0, b"bye");
+    close_client(&mut p);
     // Past the draining period: the endpoint forgets the connection and keeps its hint.
     p.net.run_for(Duration::from_millis(500));
     let hint = p
@@ -1672,13 +1676,7 @@ fn a_server_remembers_a_lossy_client() {
     assert!(p.run_until_done(Duration::from_secs(60)));
     let ip = quic::client_addr().ip();
     assert_eq!(p.server().ep.client_path_hint(ip), None);
-    let now = p.net.now();
-    let ch = p.ch;
-    p.client_mut()
-        .ep
-        .connection_mut(ch)
-        .unwrap()
-        .close(now, 0, b"bye");
+    close_client(&mut p);
     p.net.run_for(Duration::from_secs(3));
     let hint = p.server().ep.client_path_hint(ip).expect("a hint");
     assert!(hint.loss_permille >= 100, "{hint:?}");
@@ -1791,12 +1789,7 @@ fn a_downloading_client_learns_the_loss_from_what_it_receives() {
     );
     assert!(p.run_until_done(Duration::from_secs(30)));
     let sent = p.client_conn().stats().packets_sent;
-    let (now, ch) = (p.net.now(), p.ch);
-    p.client_mut()
-        .ep
-        .connection_mut(ch)
-        .unwrap()
-        .close(now, 0, b"bye");
+    close_client(&mut p);
     p.net.run_for(Duration::from_secs(3));
     let hint = p
         .client()
@@ -1825,12 +1818,7 @@ fn a_blocked_server_is_unblocked_by_the_clients_handshake_probe() {
     );
     assert!(p.run_until_done(Duration::from_secs(5)));
     p.net.run_for(Duration::from_millis(200));
-    let (now, ch) = (p.net.now(), p.ch);
-    p.client_mut()
-        .ep
-        .connection_mut(ch)
-        .unwrap()
-        .close(now, 0, b"bye");
+    close_client(&mut p);
     p.net.run_for(Duration::from_millis(500));
     // No token: the new connection's address is not validated.
     p.client_mut().app_mut::<Client>().tokens.clear();

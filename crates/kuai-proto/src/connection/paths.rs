@@ -446,23 +446,26 @@ impl Path {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_hint_counts_gaps_in_what_arrives_and_forgives_late_packets() {
-        let t = Instant::now();
+    fn test_path() -> Path {
         let addr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
         let cc = CongestionAlgorithm::default();
-        let mut p = Path::new(
+        Path::new(
             PathId(0),
             addr,
             None,
-            t,
+            Instant::now(),
             Duration::from_millis(40),
             &cc,
             12_000,
             (1200, 1452),
             false,
             true,
-        );
+        )
+    }
+
+    #[test]
+    fn the_hint_counts_gaps_in_what_arrives_and_forgives_late_packets() {
+        let mut p = test_path();
         // 0..=19 with 3, 7 and 11 missing, then 7 arrives late: 2 of 20 lost.
         let mut largest = None;
         for pn in (0..20u64).filter(|n| ![3, 7, 11].contains(n)).chain([7]) {
@@ -472,18 +475,7 @@ mod tests {
         assert_eq!((p.rx_numbered, p.rx_missing), (20, 2));
         assert_eq!(p.hint_loss_permille(), 100);
         // Fewer than 16 counted: no estimate.
-        let mut q = Path::new(
-            PathId(0),
-            addr,
-            None,
-            t,
-            Duration::from_millis(40),
-            &cc,
-            12_000,
-            (1200, 1452),
-            false,
-            true,
-        );
+        let mut q = test_path();
         q.count_received_for_loss_rate(9, None);
         assert_eq!(q.hint_loss_permille(), 0);
         // A hint's prior weighs in, and a huge jump counts as at most 256 numbers.
