@@ -180,6 +180,10 @@ enum ZeroRtt {
     Rejected,
 }
 
+/// How long response stall probes go out two PTOs apart before their interval grows with
+/// the stall (doubling): long enough to cover a Wi-Fi / cellular hand-over.
+const STALL_LINEAR_SPAN: Duration = Duration::from_secs(5);
+
 /// Timers of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
@@ -411,6 +415,11 @@ pub struct Connection {
     confirmed_at: Option<Instant>,
     /// Stream data arrived since the last stall probe (one probe per quiet spell).
     stall_probe_armed: bool,
+    /// Response stall probes sent since stream data last arrived, the first one's time and
+    /// the last one's (see `update_timers`).
+    stall_probes: u32,
+    stall_since: Instant,
+    stall_probe_at: Option<Instant>,
     /// Buffers were given back after the last quiet spell (reset by every packet received).
     memory_released: bool,
     /// Datagrams arrived since the timers were last updated (see `sync_timers`).
@@ -816,6 +825,9 @@ impl Connection {
             ping_pending: false,
             confirmed_at: None,
             stall_probe_armed: false,
+            stall_probes: 0,
+            stall_since: now,
+            stall_probe_at: None,
             memory_released: false,
             timers_stale: false,
             loss_timer_stale: false,
@@ -2088,7 +2100,42 @@ impl Connection {
         // reaches the peer from the new address and restarts the exchange (RFC 9000 §9.3).
         // One probe per spell: an idle connection with streams open for the peer's later
         // use (HTTP/3 control streams) must not ping forever.
-        if self.stall_probe_armed
+        //
+        // A response that stops part-way is probed more often: a PING one PTO after the last
+        // packet heard, then every two PTOs for STALL_LINEAR_SPAN, then backing off. The
+        // peer's own probe timer backs off exponentially (RFC 9002 §6.2.1), so after a
+        // hand-over or a tunnel of a few seconds it may wait about as long again before it
+        // tries. A PING that gets through acknowledges what arrived just before the outage,
+        // or else draws the peer's ACK, which the next PING acknowledges: any new
+        // acknowledgment resets the peer's backoff (§6.2.1), so its probe goes out at once
+        // (features.rs, `a_download_restarts_soon_after_an_outage`).
+        // Chromium's "retransmittable-on-wire" PING serves the same purpose. What we have in
+        // flight does not matter: a downloading receiver's flow-control updates lost in the
+        // outage are probed on our own timer, which backs off just the same.
+        if self.handshake_confirmed && self.streams.receiving_response() {
+            let pto = self.path.rtt.pto_base();
+            let mut stall = self.last_rx + pto;
+            if let Some(at) = self.stall_probe_at.filter(|_| self.stall_probes > 0) {
+                let spell = at.saturating_duration_since(self.stall_since);
+                let gap = if spell < STALL_LINEAR_SPAN {
+                    pto * 2
+                } else {
+                    spell.max(pto * 2)
+                };
+                stall = stall.max(at + gap);
+            }
+            if stall <= now {
+                if self.stall_probes == 0 {
+                    self.stall_since = now;
+                }
+                self.stall_probes += 1;
+                self.stall_probe_at = Some(now);
+                self.stall_probe_armed = false;
+                self.ping_pending = true;
+            } else {
+                due = Some(due.map_or(stall, |d| d.min(stall)));
+            }
+        } else if self.stall_probe_armed
             && self.handshake_confirmed
             && !self.spaces[SpaceId::Data.index()]
                 .sent

@@ -557,6 +557,7 @@ impl Connection {
             }
             Frame::Stream(s) => {
                 self.stall_probe_armed = true;
+                self.stall_probes = 0;
                 self.streams.on_stream_frame(
                     s.id,
                     s.offset,

@@ -1433,6 +1433,21 @@ impl Streams {
         })
     }
 
+    /// Whether a bidirectional stream this side opened is part-way through receiving: a
+    /// response has begun and is not complete. The peer's streams (HTTP/3 control streams
+    /// among them) are left out, since they may stay open and quiet for the connection's
+    /// life, and so are responses not yet begun, which may wait on the peer's application.
+    pub fn receiving_response(&self) -> bool {
+        self.recv.iter().any(|(id, s)| {
+            id.initiator() == self.side
+                && id.dir() == Dir::Bi
+                && s.state == RecvState::Open
+                && s.stop_code.is_none()
+                && s.asm.received_end() > 0
+                && s.final_size.is_none_or(|f| s.asm.received_end() < f)
+        })
+    }
+
     /// Statistics: (open send streams, open receive streams).
     pub fn counts(&self) -> (usize, usize) {
         (self.send.len(), self.recv.len())
