@@ -127,6 +127,8 @@ pub struct Bbr {
     min_rtt_stamp: Option<Instant>,
     probe_rtt_min: Option<Duration>,
     probe_rtt_min_stamp: Option<Instant>,
+    /// When an RTT sample last came within 12.5 % of min_rtt.
+    near_min_rtt_at: Option<Instant>,
     inflight_hi: u64,
     inflight_lo: u64,
 
@@ -158,6 +160,9 @@ pub struct Bbr {
     probe_rtt_round_done: bool,
     prior_cwnd: u64,
     idle_restart: bool,
+    /// `delivered` when persistent congestion cut the window: an ACK for a packet sent
+    /// after it ends the recovery and restores `prior_cwnd`.
+    restore_after: Option<u64>,
 
     // ACK aggregation (§4.5.5).
     extra_acked: [u64; 2],
@@ -192,6 +197,7 @@ impl Bbr {
             min_rtt_stamp: None,
             probe_rtt_min: None,
             probe_rtt_min_stamp: None,
+            near_min_rtt_at: None,
             inflight_hi: u64::MAX,
             inflight_lo: u64::MAX,
             bw_latest: 0,
@@ -215,6 +221,7 @@ impl Bbr {
             probe_rtt_round_done: false,
             prior_cwnd: cwnd,
             idle_restart: false,
+            restore_after: None,
             extra_acked: [0; 2],
             extra_acked_slot: 0,
             extra_acked_slot_rounds: 0,
@@ -552,9 +559,26 @@ impl Bbr {
     // --- ProbeRTT (§4.3.4) ---
 
     fn update_min_rtt(&mut self, now: Instant, rs: &RateSample) {
-        let expired = self
+        let mut expired = self
             .probe_rtt_min_stamp
             .is_some_and(|s| now.saturating_duration_since(s) > PROBE_RTT_INTERVAL);
+        if self.min_rtt.is_some_and(|m| rs.rtt <= m + m / 8) {
+            self.near_min_rtt_at = Some(now);
+        }
+        // ProbeRTT is skipped when an RTT within 12.5 % of min_rtt was measured in the last
+        // interval: the queue was empty then, so the estimate still holds (Chromium's BBRv2
+        // has the same option). Draining to half a BDP for 200 ms would only cost goodput,
+        // and after an outage, which leaves the queue empty and the timer expired, it
+        // would delay the restart.
+        if expired
+            && self
+                .near_min_rtt_at
+                .is_some_and(|t| now.saturating_duration_since(t) <= PROBE_RTT_INTERVAL)
+        {
+            self.probe_rtt_min_stamp = Some(now);
+            self.min_rtt_stamp = Some(now);
+            expired = false;
+        }
         if self.probe_rtt_min.is_none_or(|m| rs.rtt < m) || expired {
             self.probe_rtt_min = Some(rs.rtt);
             self.probe_rtt_min_stamp = Some(now);
@@ -705,6 +729,10 @@ impl CongestionController for Bbr {
         };
         self.delivered = rs.prior_delivered + rs.delivered;
         self.delivered_in_round += ack.acked_bytes;
+        if self.restore_after.is_some_and(|d| rs.prior_delivered >= d) {
+            self.restore_after = None;
+            self.cwnd = self.cwnd.max(self.prior_cwnd);
+        }
         self.update_round(&rs);
         if self.round_start {
             // The round that just ended: its loss sets the lower bounds (BBRv3).
@@ -765,9 +793,18 @@ impl CongestionController for Bbr {
     }
 
     fn on_persistent_congestion(&mut self, _now: Instant) {
-        // RFC 9002 §7.6.2; the model is kept, so the window regrows quickly.
-        self.prior_cwnd = self.cwnd;
+        // RFC 9002 §7.6.2. The model is kept, and the window saved (BBRSaveCwnd) comes back
+        // once a packet sent after the cut is acknowledged, as on leaving loss recovery
+        // (draft-ietf-ccwg-bbr §4.6.4.4, BBRRestoreCwnd; Linux's BBR does the same after a
+        // retransmission timeout). After an outage of a few seconds the path is what it
+        // was, and regrowing from four packets would cost several round trips.
+        self.prior_cwnd = if self.state == State::ProbeRtt || self.restore_after.is_some() {
+            self.cwnd.max(self.prior_cwnd)
+        } else {
+            self.cwnd
+        };
         self.cwnd = self.min_cwnd();
+        self.restore_after = Some(self.delivered);
     }
 
     fn on_mtu_update(&mut self, max_datagram_size: u64) {
@@ -856,6 +893,50 @@ mod tests {
         assert!(
             b.window() >= 2 * bdp && b.window() < 3 * bdp,
             "cwnd {}",
+            b.window()
+        );
+    }
+
+    #[test]
+    fn probe_rtt_is_skipped_while_the_minimum_rtt_shows_up() {
+        let t0 = Instant::now();
+        let rate = 1_250_000;
+        let rtt = Duration::from_millis(40);
+        let mut b = Bbr::new(MDS, BbrOptions::default());
+        let mut now = drive(&mut b, t0, 30, rate, rtt);
+        // 12 s of samples at the minimum: the queue is empty, nothing to drain for.
+        for _ in 0..300 {
+            now = drive(&mut b, now, 1, rate, rtt);
+            assert_ne!(b.state, State::ProbeRtt, "at {:?}", now - t0);
+        }
+        // A standing queue (every sample 50 % above the minimum): ProbeRTT within 5 s.
+        let queued = rtt * 3 / 2;
+        let mut probed = false;
+        for _ in 0..150 {
+            now = drive(&mut b, now, 1, rate, queued);
+            probed |= b.state == State::ProbeRtt;
+        }
+        assert!(
+            probed,
+            "a standing queue must still be drained to find min_rtt"
+        );
+    }
+
+    #[test]
+    fn the_window_comes_back_after_persistent_congestion() {
+        let t0 = Instant::now();
+        let rate = 1_250_000;
+        let rtt = Duration::from_millis(40);
+        let mut b = Bbr::new(MDS, BbrOptions::default());
+        let now = drive(&mut b, t0, 30, rate, rtt);
+        let before = b.window();
+        b.on_persistent_congestion(now);
+        assert_eq!(b.window(), b.min_cwnd());
+        // The first round trip after the outage: its ACK is for a packet sent after the cut.
+        drive(&mut b, now, 1, rate, rtt);
+        assert!(
+            b.window() >= before,
+            "window {} restored to {before}",
             b.window()
         );
     }
