@@ -307,6 +307,21 @@ pub struct Path {
     pub rx_missing: u32,
 }
 
+/// The largest UDP payload DPLPMTUD may probe for on a path to `remote`: the configured
+/// maximum is for IPv4, and IPv6's header is 20 bytes longer (40 against 20), so both fill the
+/// same link MTU (1500 bytes: 1472 and 1452). Never below the initial size.
+fn mtu_ceiling(remote: SocketAddr, (initial, max): (u16, u16)) -> u16 {
+    let v6 = match remote.ip() {
+        IpAddr::V4(_) => false,
+        IpAddr::V6(a) => a.to_ipv4_mapped().is_none(),
+    };
+    if v6 {
+        max.saturating_sub(20).max(initial)
+    } else {
+        max
+    }
+}
+
 impl Path {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -329,7 +344,7 @@ impl Path {
             cc: cc.build_with_window(now, u64::from(mtu.0), initial_window),
             pacer: Pacer::new(now, u64::from(mtu.0)),
             delivery: DeliveryRate::new(now),
-            mtud: Mtud::new(mtu.0, mtu.1, now),
+            mtud: Mtud::new(mtu.0, mtu_ceiling(remote, mtu), now),
             ecn: if ecn {
                 EcnState::Testing { marked: 0 }
             } else {
@@ -461,6 +476,19 @@ mod tests {
             false,
             true,
         )
+    }
+
+    #[test]
+    fn the_mtu_ceiling_follows_the_address_family() {
+        let v4: SocketAddr = "192.0.2.1:443".parse().unwrap();
+        let v6: SocketAddr = "[2001:db8::1]:443".parse().unwrap();
+        let mapped: SocketAddr = "[::ffff:192.0.2.1]:443".parse().unwrap();
+        assert_eq!(mtu_ceiling(v4, (1200, 1472)), 1472);
+        assert_eq!(mtu_ceiling(v6, (1200, 1472)), 1452);
+        assert_eq!(mtu_ceiling(mapped, (1200, 1472)), 1472);
+        // Probing stays off when it was off, and never goes below the initial size.
+        assert_eq!(mtu_ceiling(v6, (1200, 1200)), 1200);
+        assert_eq!(mtu_ceiling(v6, (1200, 1210)), 1200);
     }
 
     #[test]
