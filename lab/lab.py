@@ -456,7 +456,8 @@ def exp4(a, kuai, site_dir, site, out):
     link = {"down_delay": "20ms", "down_jitter": "5ms", "down_loss": "5%",
             "down_reorder": "10%", "seed": 4}
     data = {}
-    for proto in EXP4_PROTOS:
+    protos = [p for p in EXP4_PROTOS if not a.cells or re.search(a.cells, p)]
+    for proto in protos:
         per = conns // concurrency
         cmd = get_cmd(kuai, VARIANTS[proto][0], site["1m"], per, max_time=30)
         shell = " & ".join(" ".join(shlex.quote(x) for x in cmd) for _ in range(concurrency))
@@ -467,7 +468,7 @@ def exp4(a, kuai, site_dir, site, out):
     hdr = ["protocol", "connections (ok)", "handshake mean ms", "handshake p99 ms",
            "1 MB transfer mean ms", "1 MB transfer p99 ms"]
     rows = []
-    for proto in EXP4_PROTOS:
+    for proto in protos:
         ok = [r for r in data[proto] if r.get("ok")]
         hs = [r["connect_ms"] for r in ok if r.get("connect_ms") is not None]
         tr = [r["total_ms"] - r["connect_ms"] for r in ok if r.get("connect_ms") is not None]
@@ -480,7 +481,7 @@ def exp4(a, kuai, site_dir, site, out):
 
     def draw(plt):
         fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-        for proto in EXP4_PROTOS:
+        for proto in protos:
             ok = [r for r in data[proto] if r.get("ok") and r.get("connect_ms") is not None]
             for ax, vals in zip(axes, ([r["connect_ms"] for r in ok],
                                        [r["total_ms"] - r["connect_ms"] for r in ok])):
@@ -683,7 +684,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--cells", default="",
                     help="exp1: only the cells whose 'label/mode' matches this regular expression "
-                         "(like 'kuai HTTP/3' or '^curl.*/new$')")
+                         "(like 'kuai HTTP/3' or '^curl.*/new$'); exp4: only the protocols it "
+                         "matches (http3, http2-cubic, http2-bbr)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("lab: network namespaces need root", file=sys.stderr)

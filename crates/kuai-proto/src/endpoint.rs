@@ -1151,6 +1151,7 @@ mod tests {
         let hint = |ms| PathHint {
             rtt: Duration::from_millis(ms),
             loss_permille: 0,
+            ..Default::default()
         };
         for i in 0..(PATH_HINTS as u64 + 10) {
             h.insert(i, hint(i));

@@ -195,6 +195,7 @@ async fn a_client_endpoint_remembers_its_servers_path() {
     let saved = kuai::PathHint {
         rtt: std::time::Duration::from_millis(80),
         loss_permille: 150,
+        ..Default::default()
     };
     client.remember_path(elsewhere, saved);
     assert_eq!(client.path_hint(elsewhere), Some(saved));

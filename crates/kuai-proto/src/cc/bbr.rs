@@ -47,6 +47,33 @@ fn gain(x: u64, permille: u64) -> u64 {
     (u128::from(x) * u128::from(permille) / 1000).min(u128::from(u64::MAX)) as u64
 }
 
+/// Careful Resume (RFC 9959) from an earlier connection's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Resume {
+    /// The earlier connection's window (`saved_cwnd`) and the RTT it had.
+    window: u64,
+    rtt: Duration,
+    phase: ResumePhase,
+    /// Bytes acknowledged and lost in this phase (since the jump once jumped).
+    acked: u64,
+    lost: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ResumePhase {
+    /// Waiting for an RTT sample that confirms the path (§4.3.1).
+    Reconnaissance,
+    /// Jumped; the packets sent since (after `delivered` reached `from`) are not yet
+    /// acknowledged (§4.3.2).
+    Unvalidated { from: u64 },
+    /// The jump's first packets were acknowledged; what was sent until `delivered` reached
+    /// `until` is still to be (§4.3.3).
+    Validating { until: u64 },
+}
+
+/// The largest window Careful Resume jumps to (half of what it saved): 32 MB.
+const MAX_RESUME_JUMP: u64 = 32 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Startup,
@@ -173,6 +200,9 @@ pub struct Bbr {
 
     app_limited: bool,
     in_flight: u64,
+    resume: Option<Resume>,
+    /// The loss rate an earlier connection on this path saw (0 when unknown).
+    usual_loss_permille: u32,
 }
 
 impl Bbr {
@@ -229,6 +259,8 @@ impl Bbr {
             ack_epoch_acked: 0,
             app_limited: false,
             in_flight: 0,
+            resume: None,
+            usual_loss_permille: 0,
         };
         b.pacing_rate = b.initial_pacing_rate(None);
         b
@@ -364,7 +396,9 @@ impl Bbr {
     /// min_rtt by clamp(min_rtt / 8, 4 ms, 16 ms). A queue that overflows is full, so the
     /// packets acknowledged around the lost one waited in it; random loss on an empty
     /// queue leaves them at the minimum. Jitter errs towards the congestion response.
-    /// Without samples, assume a queue.
+    /// Without samples, assume a queue. (A round's smallest sample, as HyStart++ takes,
+    /// filters jitter but misses a shallow queue that Startup's bursts overflow: the first
+    /// packets of each round find it drained.)
     fn queue_standing(&self, latest_rtt: Option<Duration>) -> bool {
         const MIN_THRESH: Duration = Duration::from_millis(4);
         const MAX_THRESH: Duration = Duration::from_millis(16);
@@ -372,6 +406,25 @@ impl Bbr {
             return true;
         };
         latest >= min + (min / 8).clamp(MIN_THRESH, MAX_THRESH)
+    }
+
+    /// With the adaptive response, whether `lost` of `lost + delivered` is more than the
+    /// path's usual random loss explains: above twice the loss rate an earlier connection
+    /// saw ([`CongestionController::resume_from`]) and 2 % over it. On a path known to lose
+    /// 5 % (lab experiment 4), a 6 % round with jitter in its RTT samples is that path, not
+    /// a queue overflowing; without a hint, any loss counts.
+    fn above_usual_loss(&self, lost: u64, delivered: u64) -> bool {
+        self.opts.loss_response != LossResponse::Adaptive
+            || self.exceeds_usual_loss(lost, delivered)
+    }
+
+    fn exceeds_usual_loss(&self, lost: u64, delivered: u64) -> bool {
+        if self.usual_loss_permille == 0 {
+            return true;
+        }
+        let usual = u64::from(self.usual_loss_permille.min(1000));
+        let limit = (usual * 2).max(usual + LOSS_THRESH_PERMILLE);
+        lost * 1000 > (lost + delivered) * limit
     }
 
     fn reset_lower_bounds(&mut self) {
@@ -410,8 +463,12 @@ impl Bbr {
         if self.full_bw_reached
             || self.loss_events_in_round < STARTUP_FULL_LOSS_COUNT
             || !self.inflight_too_high()
+            || !self.above_usual_loss(self.lost_in_round, self.delivered_in_round)
         {
             return;
+        }
+        if self.resume.is_some() {
+            self.safe_retreat();
         }
         self.full_bw_reached = true;
         self.inflight_hi = self.bdp(self.max_bw, 1000).max(self.inflight_latest);
@@ -666,6 +723,96 @@ impl Bbr {
         *s = (*s).max(extra);
     }
 
+    // --- Careful Resume (RFC 9959) ---
+
+    /// Called on each ACK with a rate sample, before the model is updated.
+    fn careful_resume(&mut self, rs: &RateSample, acked: u64, app_limited: bool) {
+        let Some(mut r) = self.resume else { return };
+        r.acked += acked;
+        match r.phase {
+            ResumePhase::Reconnaissance => {
+                // §4.3.1: the path is taken to be the same when the RTT is within half and
+                // ten times the saved one; otherwise the saved window is forgotten.
+                if rs.rtt < r.rtt / 2 || rs.rtt > r.rtt * 10 || self.state != State::Startup {
+                    self.resume = None;
+                    return;
+                }
+                let jump = (r.window / 2).min(MAX_RESUME_JUMP);
+                // Only when there is more to send than the window allows, and the jump adds
+                // to it (§4.3.1: the sender is limited by cwnd).
+                if !app_limited && jump > self.cwnd {
+                    self.cwnd = jump;
+                    // Paced over one RTT (§4.3.2).
+                    let us = rs.rtt.as_micros().max(1);
+                    let rate = (u128::from(jump) * 1_000_000 / us).min(u128::from(u64::MAX));
+                    self.pacing_rate = self.pacing_rate.max(rate as u64);
+                    r.phase = ResumePhase::Unvalidated {
+                        from: self.delivered,
+                    };
+                    (r.acked, r.lost) = (0, 0);
+                }
+            }
+            ResumePhase::Unvalidated { from } => {
+                if rs.prior_delivered >= from {
+                    r.phase = ResumePhase::Validating {
+                        until: self.delivered,
+                    };
+                }
+            }
+            ResumePhase::Validating { until } => {
+                if rs.prior_delivered >= until {
+                    self.resume = None; // §4.3.5: Normal
+                    return;
+                }
+            }
+        }
+        self.resume = Some(r);
+    }
+
+    /// Congestion before the jump forgets the saved window (§4.3.1). A path with known random
+    /// loss loses at its usual rate: only loss above 2 % and well above the usual
+    /// ([`Self::exceeds_usual_loss`]), with a standing queue, counts (a loss before any RTT
+    /// sample, a handshake packet, does not). After the jump, ECN-CE retreats at once; loss
+    /// retreats when it ends Startup ([`Self::check_startup_high_loss`]), judged on a whole
+    /// round: the first few acknowledgments of a jump are too few to tell random loss, or
+    /// packets reordered past the threshold, from an overflowing queue.
+    fn careful_resume_loss(&mut self, loss: &LossEvent) {
+        let Some(mut r) = self.resume else { return };
+        r.lost += loss.lost_bytes;
+        self.resume = Some(r);
+        if r.phase != ResumePhase::Reconnaissance {
+            if loss.ecn_ce {
+                self.safe_retreat();
+            }
+            return;
+        }
+        if loss.ecn_ce
+            || (self.min_rtt.is_some()
+                && r.lost * 1000 > (r.acked + r.lost) * LOSS_THRESH_PERMILLE
+                && self.exceeds_usual_loss(r.lost, r.acked)
+                && self.queue_standing(loss.latest_rtt))
+        {
+            self.resume = None;
+        }
+    }
+
+    /// §4.3.4 Safe Retreat: the jump met congestion. The window falls to half of what was
+    /// delivered since the jump (at least four packets) and Startup ends.
+    fn safe_retreat(&mut self) {
+        let Some(r) = self.resume.take() else { return };
+        if r.phase == ResumePhase::Reconnaissance {
+            return;
+        }
+        self.cwnd = (r.acked / 2).max(self.min_cwnd());
+        if !self.full_bw_reached {
+            self.full_bw_reached = true;
+            self.inflight_hi = self.bdp(self.max_bw, 1000).max(self.inflight_latest);
+        }
+        if self.state == State::Startup {
+            self.state = State::Drain;
+        }
+    }
+
     // --- Output: pacing rate and window (§4.6) ---
 
     fn set_pacing_rate(&mut self) {
@@ -729,6 +876,9 @@ impl CongestionController for Bbr {
         };
         self.delivered = rs.prior_delivered + rs.delivered;
         self.delivered_in_round += ack.acked_bytes;
+        if self.resume.is_some() {
+            self.careful_resume(&rs, ack.acked_bytes, ack.app_limited);
+        }
         if self.restore_after.is_some_and(|d| rs.prior_delivered >= d) {
             self.restore_after = None;
             self.cwnd = self.cwnd.max(self.prior_cwnd);
@@ -760,6 +910,9 @@ impl CongestionController for Bbr {
     }
 
     fn on_congestion_event(&mut self, now: Instant, loss: &LossEvent) {
+        if self.resume.is_some() {
+            self.careful_resume_loss(loss);
+        }
         if !loss.ecn_ce {
             match self.opts.loss_response {
                 LossResponse::Always => {}
@@ -822,6 +975,24 @@ impl CongestionController for Bbr {
 
     fn in_slow_start(&self) -> bool {
         self.state == State::Startup
+    }
+
+    /// Two BDPs of the bandwidth and min_rtt measured (the window BBR keeps while probing),
+    /// at min_rtt.
+    fn resume_window(&self) -> Option<(u64, Duration)> {
+        let rtt = self.min_rtt?;
+        (self.max_bw > 0).then(|| (self.bdp(self.max_bw, 2000), rtt))
+    }
+
+    fn resume_from(&mut self, window: u64, rtt: Duration, loss_permille: u32) {
+        self.usual_loss_permille = loss_permille;
+        self.resume = (window > self.initial_cwnd && !rtt.is_zero()).then_some(Resume {
+            window,
+            rtt,
+            phase: ResumePhase::Reconnaissance,
+            acked: 0,
+            lost: 0,
+        });
     }
 
     fn name(&self) -> &'static str {
@@ -941,6 +1112,73 @@ mod tests {
         );
     }
 
+    #[test]
+    fn careful_resume_jumps_once_the_rtt_is_confirmed() {
+        let t0 = Instant::now();
+        let rtt = Duration::from_millis(40);
+        let rate = 12_500_000; // 100 Mbit/s: a 500 KB BDP
+        // An RTT far from the saved one: the path changed, the window is forgotten.
+        for far in [rtt * 3, rtt / 11] {
+            let mut b = Bbr::new(MDS, BbrOptions::default());
+            b.resume_from(1_000_000, far, 0);
+            drive(&mut b, t0, 1, rate, rtt);
+            assert!(b.resume.is_none() && b.window() < 100_000, "{far:?}");
+        }
+        let mut b = Bbr::new(MDS, BbrOptions::default());
+        b.resume_from(1_000_000, rtt, 0);
+        drive(&mut b, t0, 1, rate, rtt);
+        assert_eq!(b.window(), 500_000, "half the saved window");
+        assert!(matches!(
+            b.resume.map(|r| r.phase),
+            Some(ResumePhase::Unvalidated { .. })
+        ));
+        // Paced over one RTT: 500 KB in 40 ms.
+        assert!(b.pacing_rate().unwrap() >= 12_000_000);
+        // The jump's packets are acknowledged, then those sent after them: Normal again.
+        drive(&mut b, t0 + rtt, 3, rate, rtt);
+        assert!(b.resume.is_none());
+        assert!(b.window() >= 500_000, "cwnd {}", b.window());
+    }
+
+    #[test]
+    fn careful_resume_retreats_from_congestion_but_not_from_the_usual_loss() {
+        let t0 = Instant::now();
+        let rtt = Duration::from_millis(40);
+        let rate = 12_500_000;
+        let adaptive = BbrOptions {
+            loss_response: LossResponse::Adaptive,
+        };
+        // The jump's round loses about 9 % of what it delivers, with a queue in the RTT.
+        for (usual, retreats) in [(0, true), (20, true), (50, false)] {
+            let mut b = Bbr::new(MDS, adaptive);
+            b.resume_from(1_000_000, rtt, usual);
+            let now = drive(&mut b, t0, 1, rate, rtt);
+            assert_eq!(b.window(), 500_000);
+            for _ in 0..STARTUP_FULL_LOSS_COUNT {
+                let mut ev = loss(now, 500_000 / 60, 400_000);
+                ev.latest_rtt = Some(rtt * 2);
+                b.on_congestion_event(now, &ev);
+            }
+            drive(&mut b, now, 1, rate, rtt);
+            if retreats {
+                assert!(b.resume.is_none(), "usual {usual}");
+                assert_ne!(b.state, State::Startup, "usual {usual}");
+            } else {
+                assert!(b.resume.is_some(), "usual {usual}");
+                assert_eq!(b.state, State::Startup, "usual {usual}");
+            }
+        }
+        // ECN-CE during the jump is congestion at once, whatever the usual loss.
+        let mut b = Bbr::new(MDS, adaptive);
+        b.resume_from(1_000_000, rtt, 50);
+        let now = drive(&mut b, t0, 1, rate, rtt);
+        let mut ce = loss(now, 0, 400_000);
+        ce.ecn_ce = true;
+        b.on_congestion_event(now, &ce);
+        assert!(b.resume.is_none() && b.state != State::Startup);
+        assert!(b.window() < 500_000);
+    }
+
     fn loss(now: Instant, lost: u64, in_flight: u64) -> LossEvent {
         LossEvent {
             largest_sent_time: now,
@@ -993,9 +1231,11 @@ mod tests {
             loss_response: LossResponse::Adaptive,
         };
         // Startup on a fast path: rounds of growing deliveries, each with heavy loss (six
-        // loss events, 10 % of what was sent) seen at `extra` above the minimum RTT.
-        let startup = |extra: u64| {
+        // loss events, 10 % of what was sent) seen at `extra` above the minimum RTT, on a
+        // path an earlier connection saw lose `usual` per mille.
+        let startup = |extra: u64, usual: u32| {
             let mut b = Bbr::new(MDS, adaptive);
+            b.resume_from(0, Duration::ZERO, usual);
             let mut now = drive(&mut b, t0, 2, 100_000_000, rtt);
             for _ in 0..3 {
                 let w = b.window();
@@ -1010,12 +1250,16 @@ mod tests {
         };
         // 4 ms above a 40 ms minimum is below the threshold (5 ms): random loss, Startup
         // goes on. 6 ms is a queue: Startup ends and inflight_hi is set, as in BBRv3.
-        let random = startup(4);
+        let random = startup(4, 0);
         assert_eq!(random.state, State::Startup);
         assert_eq!(random.inflight_hi, u64::MAX);
-        let queue = startup(6);
+        let queue = startup(6, 0);
         assert_ne!(queue.state, State::Startup);
         assert!(queue.inflight_hi < u64::MAX);
+        // On a path known to lose 6 %, rounds losing 10 % are its usual loss (jitter can
+        // look like a queue); on one known to lose 3 %, they are more than that.
+        assert_eq!(startup(6, 60).state, State::Startup);
+        assert_ne!(startup(6, 30).state, State::Startup);
 
         // After Startup, lossy rounds leave the model alone even with a queue.
         let rate = 1_250_000;

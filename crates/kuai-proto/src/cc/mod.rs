@@ -126,6 +126,24 @@ pub trait CongestionController: Send + fmt::Debug {
         false
     }
 
+    /// What the path was seen to carry, in bytes, and the RTT it was measured at, for a later
+    /// connection between the same peers to resume from
+    /// ([`CongestionController::resume_from`]); `None` when nothing worth keeping was
+    /// measured. The default keeps nothing.
+    fn resume_window(&self) -> Option<(u64, Duration)> {
+        None
+    }
+
+    /// Careful Resume (RFC 9959): an earlier connection on this path carried `window` bytes
+    /// (0: unknown) at an RTT of `rtt`, losing `loss_permille` of its packets. A controller
+    /// may jump to half of it once its own first RTT sample confirms the path, and must
+    /// retreat if the jump meets congestion; it may also take the loss rate as the path's
+    /// usual random loss. Called before the first packet when the connection has a
+    /// [`crate::PathHint`]; the default ignores it.
+    fn resume_from(&mut self, window: u64, rtt: Duration, loss_permille: u32) {
+        let _ = (window, rtt, loss_permille);
+    }
+
     /// Short algorithm name for logs and qlog ("newreno", "cubic", ...).
     fn name(&self) -> &'static str;
 }
@@ -280,6 +298,14 @@ impl CongestionController for Congestion {
 
     fn in_slow_start(&self) -> bool {
         dispatch!(self, c => c.in_slow_start())
+    }
+
+    fn resume_window(&self) -> Option<(u64, Duration)> {
+        dispatch!(self, c => c.resume_window())
+    }
+
+    fn resume_from(&mut self, window: u64, rtt: Duration, loss_permille: u32) {
+        dispatch!(self, c => c.resume_from(window, rtt, loss_permille))
     }
 
     fn name(&self) -> &'static str {

@@ -28,15 +28,20 @@ pub use paths::{EcnCodepoint, EcnState};
 /// What a connection learnt about its path, for the next connection between the same peers:
 /// a client endpoint keeps one per server address ([`crate::Endpoint::path_hint`]), a server
 /// one per client IP ([`crate::Endpoint::client_path_hint`]). A new connection starts its
-/// timers from `rtt` (RFC 9002 §6.2.2) and its loss estimate, which decides redundancy and
-/// the second copy of the handshake flights, from `loss_permille`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// timers from `rtt` (RFC 9002 §6.2.2), its loss estimate, which decides redundancy and
+/// the second copy of the handshake flights, from `loss_permille`, and its congestion
+/// controller may resume from `window` (Careful Resume, RFC 9959).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PathHint {
     /// The last connection's smoothed RTT.
     pub rtt: Duration,
     /// Its recent loss rate, per mille: the packets it lost and the peer's packets that
     /// never reached it, together (a downloading client sends too few to tell by itself).
     pub loss_permille: u32,
+    /// What its congestion controller saw the path carry, in bytes (0: nothing measured),
+    /// and the RTT it saw it at (its minimum, for BBR).
+    pub window: u64,
+    pub window_rtt: Duration,
 }
 
 /// The initial RTT of a new connection: the hint's smoothed RTT when there is one (RFC 9002
@@ -616,7 +621,7 @@ impl Connection {
             true,
         );
         if let Some(h) = hint {
-            path.assume_loss_rate(h.loss_permille);
+            path.assume_hint(&h);
         }
         let mut conn = Self::base(
             Side::Client,
@@ -682,7 +687,7 @@ impl Connection {
         );
         path.validated = p.address_validated;
         if let Some(h) = p.hint {
-            path.assume_loss_rate(h.loss_permille);
+            path.assume_hint(&h);
         }
         let mut conn = Self::base(
             Side::Server,
@@ -882,9 +887,16 @@ impl Connection {
     /// server: the smoothed RTT and the recent loss rate both ways. `None` before an RTT
     /// sample.
     pub fn path_hint(&self) -> Option<PathHint> {
-        self.path.rtt.has_sample().then(|| PathHint {
+        if !self.path.rtt.has_sample() {
+            return None;
+        }
+        let (window, window_rtt) = crate::cc::CongestionController::resume_window(&self.path.cc)
+            .unwrap_or((0, Duration::ZERO));
+        Some(PathHint {
             rtt: self.path.rtt.smoothed(),
             loss_permille: self.path.hint_loss_permille(),
+            window,
+            window_rtt,
         })
     }
 

@@ -376,6 +376,13 @@ impl Path {
 
     /// Starts the loss-rate estimate from an earlier connection's rate (per mille): as if
     /// 200 packets had been sent at that rate, so real ones take over within a few hundred.
+    /// Starts from what an earlier connection learnt: its loss rate, and for the congestion
+    /// controller the window it carried (Careful Resume; the RTT is already the hint's).
+    pub fn assume_hint(&mut self, h: &super::PathHint) {
+        self.assume_loss_rate(h.loss_permille);
+        self.cc.resume_from(h.window, h.window_rtt, h.loss_permille);
+    }
+
     pub fn assume_loss_rate(&mut self, permille: u32) {
         self.recent_sent = 200;
         self.recent_lost = permille.min(1000) / 5;
