@@ -467,8 +467,15 @@ impl Bbr {
         {
             return;
         }
-        if self.resume.is_some() {
+        if self
+            .resume
+            .is_some_and(|r| r.phase != ResumePhase::Reconnaissance)
+        {
+            // The jump's round lost too much: retreat, and let Startup measure the path
+            // again from there. Its bandwidth samples so far come from a round that lost
+            // most of its packets, too low to leave Startup with.
             self.safe_retreat();
+            return;
         }
         self.full_bw_reached = true;
         self.inflight_hi = self.bdp(self.max_bw, 1000).max(self.inflight_latest);
@@ -797,20 +804,23 @@ impl Bbr {
     }
 
     /// §4.3.4 Safe Retreat: the jump met congestion. The window falls to half of what was
-    /// delivered since the jump (at least four packets) and Startup ends.
+    /// delivered since the jump (at least the initial window), paced at Startup's gain over
+    /// the RTT, and Startup goes on from there: BBR has no congestion avoidance to fall back
+    /// to, and leaving Startup would freeze the bandwidth the lossy jump round measured.
+    /// Startup's own exits judge the rounds that follow.
     fn safe_retreat(&mut self) {
         let Some(r) = self.resume.take() else { return };
         if r.phase == ResumePhase::Reconnaissance {
             return;
         }
-        self.cwnd = (r.acked / 2).max(self.min_cwnd());
-        if !self.full_bw_reached {
-            self.full_bw_reached = true;
-            self.inflight_hi = self.bdp(self.max_bw, 1000).max(self.inflight_latest);
-        }
-        if self.state == State::Startup {
-            self.state = State::Drain;
-        }
+        self.cwnd = (r.acked / 2).max(self.initial_cwnd);
+        let rtt = self.min_rtt.unwrap_or(r.rtt).as_micros().max(1);
+        let rate = u128::from(gain(self.cwnd, STARTUP_PACING_GAIN)) * 1_000_000 / rtt;
+        self.pacing_rate = rate.min(u128::from(u64::MAX)) as u64;
+        self.max_bw = 0;
+        self.bw_hi = [0; 2];
+        self.full_bw = 0;
+        self.full_bw_count = 0;
     }
 
     // --- Output: pacing rate and window (§4.6) ---
@@ -1161,11 +1171,14 @@ mod tests {
             }
             drive(&mut b, now, 1, rate, rtt);
             if retreats {
+                // Half of what the jump delivered, and Startup measures the path again.
                 assert!(b.resume.is_none(), "usual {usual}");
-                assert_ne!(b.state, State::Startup, "usual {usual}");
+                assert_eq!(b.state, State::Startup, "usual {usual}");
+                assert!(b.window() <= 750_000, "usual {usual}: cwnd {}", b.window());
             } else {
                 assert!(b.resume.is_some(), "usual {usual}");
                 assert_eq!(b.state, State::Startup, "usual {usual}");
+                assert!(b.window() >= 1_000_000, "usual {usual}: cwnd {}", b.window());
             }
         }
         // ECN-CE during the jump is congestion at once, whatever the usual loss.
@@ -1175,7 +1188,7 @@ mod tests {
         let mut ce = loss(now, 0, 400_000);
         ce.ecn_ce = true;
         b.on_congestion_event(now, &ce);
-        assert!(b.resume.is_none() && b.state != State::Startup);
+        assert!(b.resume.is_none());
         assert!(b.window() < 500_000);
     }
 
