@@ -1487,6 +1487,42 @@ fn a_download_restarts_soon_after_an_outage() {
     }
 }
 
+#[test]
+fn stall_pings_back_off_after_five_seconds() {
+    // The server's direction goes dark for 60 s mid-download (the idle timeout is longer).
+    // The client pings every two PTOs for 5 s, then at a doubling interval: a handful in the
+    // last 40 s, not one every two PTOs.
+    let t = transport(|t| t.max_idle_timeout = Duration::from_secs(120));
+    let mut p = quic::pair_with(
+        1503,
+        server_config(t.clone()),
+        &client_config(t),
+        Client::with_requests([8 << 20]),
+        |n| n.set_default_link(link(10, 0.0)),
+    );
+    assert!(p.run_until(Duration::from_secs(10), |p| {
+        p.client_app().requests[0].received > (1 << 20)
+    }));
+    let (s, c) = (p.server, p.client);
+    p.net.link_mut(s, c).blackhole = true;
+    let sent = |p: &quic::Pair| p.client_conn().stats().packets_sent;
+    let at0 = sent(&p);
+    p.net.run_for(Duration::from_secs(20));
+    let at20 = sent(&p);
+    p.net.run_for(Duration::from_secs(40));
+    let at60 = sent(&p);
+    eprintln!(
+        "client packets: {} in the first 20 s, {} in the next 40 s",
+        at20 - at0,
+        at60 - at20
+    );
+    assert!(at20 - at0 >= 20, "it pinged while the response was stalled");
+    assert!(at60 - at20 <= 8, "{} packets in 40 s", at60 - at20);
+    p.net.link_mut(s, c).blackhole = false;
+    assert!(p.run_until_done(Duration::from_secs(60)));
+    p.client_app().assert_all_intact();
+}
+
 // =============================================================================================
 // 7. Endpoint limits
 

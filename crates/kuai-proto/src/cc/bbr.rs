@@ -1178,7 +1178,11 @@ mod tests {
             } else {
                 assert!(b.resume.is_some(), "usual {usual}");
                 assert_eq!(b.state, State::Startup, "usual {usual}");
-                assert!(b.window() >= 1_000_000, "usual {usual}: cwnd {}", b.window());
+                assert!(
+                    b.window() >= 1_000_000,
+                    "usual {usual}: cwnd {}",
+                    b.window()
+                );
             }
         }
         // ECN-CE during the jump is congestion at once, whatever the usual loss.

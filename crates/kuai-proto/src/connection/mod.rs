@@ -884,8 +884,8 @@ impl Connection {
     }
 
     /// What this connection learnt about its path, for the next connection to the same
-    /// server: the smoothed RTT and the recent loss rate both ways. `None` before an RTT
-    /// sample.
+    /// server: the smoothed RTT, the recent loss rate both ways and what the congestion
+    /// controller saw the path carry. `None` before an RTT sample.
     pub fn path_hint(&self) -> Option<PathHint> {
         if !self.path.rtt.has_sample() {
             return None;
@@ -1953,9 +1953,9 @@ impl Connection {
                 }
                 x if x == Timer::Pacing as usize => {}
                 x if x == Timer::PathChallenge as usize => self.on_challenge_timeout(now),
-                x if x == Timer::KeepAlive as usize && self.handshake_complete => {
-                    self.ping_pending = true;
-                }
+                // Keep-alive and stall probes: `update_timers` below decides whether a PING
+                // is due (the stall deadline is armed before it is known to apply).
+                x if x == Timer::KeepAlive as usize => {}
                 x if x == Timer::Mtu as usize => {}
                 x if x == Timer::FirstFlight as usize => {}
                 x if x == Timer::Quiet as usize => self.release_idle_memory(),
@@ -2124,7 +2124,11 @@ impl Connection {
         // Chromium's "retransmittable-on-wire" PING serves the same purpose. What we have in
         // flight does not matter: a downloading receiver's flow-control updates lost in the
         // outage are probed on our own timer, which backs off just the same.
-        if self.handshake_confirmed && self.streams.receiving_response() {
+        // The streams are looked at only once the deadline has passed (a scan of the receive
+        // streams, kept off the path of every packet); until then the timer is armed anyway,
+        // which costs a connection that is not receiving one wake-up per quiet spell.
+        let mut response_stalled = false;
+        if self.handshake_confirmed {
             let pto = self.path.rtt.pto_base();
             let mut stall = self.last_rx + pto;
             if let Some(at) = self.stall_probe_at.filter(|_| self.stall_probes > 0) {
@@ -2136,7 +2140,10 @@ impl Connection {
                 };
                 stall = stall.max(at + gap);
             }
-            if stall <= now {
+            if stall > now {
+                due = Some(due.map_or(stall, |d| d.min(stall)));
+            } else if self.streams.receiving_response() {
+                response_stalled = true;
                 if self.stall_probes == 0 {
                     self.stall_since = now;
                 }
@@ -2144,10 +2151,10 @@ impl Connection {
                 self.stall_probe_at = Some(now);
                 self.stall_probe_armed = false;
                 self.ping_pending = true;
-            } else {
-                due = Some(due.map_or(stall, |d| d.min(stall)));
             }
-        } else if self.stall_probe_armed
+        }
+        if !response_stalled
+            && self.stall_probe_armed
             && self.handshake_confirmed
             && !self.spaces[SpaceId::Data.index()]
                 .sent

@@ -374,8 +374,6 @@ impl Path {
         (u64::from(self.recent_lost) * 1000 / u64::from(self.recent_sent)) as u32
     }
 
-    /// Starts the loss-rate estimate from an earlier connection's rate (per mille): as if
-    /// 200 packets had been sent at that rate, so real ones take over within a few hundred.
     /// Starts from what an earlier connection learnt: its loss rate, and for the congestion
     /// controller the window it carried (Careful Resume; the RTT is already the hint's).
     pub fn assume_hint(&mut self, h: &super::PathHint) {
@@ -383,6 +381,8 @@ impl Path {
         self.cc.resume_from(h.window, h.window_rtt, h.loss_permille);
     }
 
+    /// Starts the loss-rate estimate from an earlier connection's rate (per mille): as if
+    /// 200 packets had been sent at that rate, so real ones take over within a few hundred.
     pub fn assume_loss_rate(&mut self, permille: u32) {
         self.recent_sent = 200;
         self.recent_lost = permille.min(1000) / 5;
