@@ -379,9 +379,15 @@ impl Connection {
             self.path.cwnd_limited = true;
         }
 
-        // ACK first: it is never blocked by congestion control.
+        // ACK first: it is never blocked by congestion control. In the Data space an ACK that
+        // is not yet due rides only in a packet that can carry more: when the pacer or the
+        // window holds the data back, it would leave alone, a non-ack-eliciting packet sent
+        // in answer to the peer's ACKs (RFC 9000 §13.2.1 forbids that), and a downloading
+        // peer's ACKs drew one each (276 in a 10 MiB download). It rides on the next data
+        // packet instead, or goes out when its delay expires.
         let ack = &self.spaces[si].ack;
-        if !zero_rtt && ack.new_since_ack && !ack.ranges.is_empty() {
+        let ack_fits = space != SpaceId::Data || (cwnd_ok && pacing_ok) || ack.due(now);
+        if !zero_rtt && ack.new_since_ack && !ack.ranges.is_empty() && ack_fits {
             let delay_us = ack.delay(now).as_micros() as u64;
             let delay = delay_us >> self.config.ack_delay_exponent;
             let ecn = ack.ecn_seen.then_some(&ack.ecn);
