@@ -19,6 +19,15 @@ fn link(delay_ms: u64, loss: f64) -> LinkConfig {
     }
 }
 
+/// [`link`] through a bottleneck of `rate_bps` with a drop-tail queue of `queue_bytes`.
+fn bottleneck(delay_ms: u64, loss: f64, rate_bps: u64, queue_bytes: usize) -> LinkConfig {
+    LinkConfig {
+        rate_bps: Some(rate_bps),
+        queue_bytes,
+        ..link(delay_ms, loss)
+    }
+}
+
 #[test]
 fn handshake_completes() {
     let ccfg = quic::client_config(TransportConfig::default());
@@ -67,13 +76,7 @@ fn transfer_10mb(seed: u64, loss: f64) {
         quic::server_config(TransportConfig::default()),
         &ccfg,
         Client::with_requests([10 << 20]),
-        |n| {
-            n.set_default_link(LinkConfig {
-                rate_bps: Some(100_000_000),
-                queue_bytes: 256 * 1024,
-                ..link(10, loss)
-            })
-        },
+        |n| n.set_default_link(bottleneck(10, loss, 100_000_000, 256 * 1024)),
     );
     let ok = p.run_until_done(Duration::from_secs(600));
     assert!(
@@ -439,13 +442,7 @@ fn a_senders_acks_ride_on_its_data() {
         quic::server_config(TransportConfig::default()),
         &ccfg,
         Client::with_requests([4 << 20]),
-        |n| {
-            n.set_default_link(LinkConfig {
-                rate_bps: Some(20_000_000),
-                queue_bytes: 100_000,
-                ..link(15, 0.0)
-            })
-        },
+        |n| n.set_default_link(bottleneck(15, 0.0, 20_000_000, 100_000)),
     );
     let s = p.server;
     let small = Arc::new(Mutex::new(0u32));
@@ -1156,13 +1153,7 @@ fn receive_windows_auto_tune_up_to_the_cap() {
         quic::server_config(t.clone()),
         &ccfg,
         Client::with_requests([16 << 20]),
-        |n| {
-            n.set_default_link(LinkConfig {
-                rate_bps: Some(200_000_000),
-                queue_bytes: 1 << 20,
-                ..link(25, 0.0)
-            })
-        },
+        |n| n.set_default_link(bottleneck(25, 0.0, 200_000_000, 1 << 20)),
     );
     assert!(p.run_until_done(Duration::from_secs(60)));
     p.client_app().assert_all_intact();
@@ -1298,13 +1289,7 @@ fn rtt_estimate_follows_a_change_of_path_delay() {
         quic::server_config(TransportConfig::default()),
         &ccfg,
         Client::with_requests([40 << 20]),
-        |n| {
-            n.set_default_link(LinkConfig {
-                rate_bps: Some(50_000_000),
-                queue_bytes: 1 << 20,
-                ..link(10, 0.0)
-            })
-        },
+        |n| n.set_default_link(bottleneck(10, 0.0, 50_000_000, 1 << 20)),
     );
     assert!(p.run_until(
         Duration::from_secs(10),
@@ -1509,14 +1494,7 @@ fn bottleneck_download(
         quic::server_config(t),
         &ccfg,
         Client::with_requests([4_000_000]),
-        |n| {
-            n.set_default_link(LinkConfig {
-                delay: Duration::from_millis(20),
-                rate_bps: Some(20_000_000),
-                queue_bytes,
-                ..LinkConfig::default()
-            })
-        },
+        |n| n.set_default_link(bottleneck(20, 0.0, 20_000_000, queue_bytes)),
     );
     let start = p.net.now();
     assert!(p.run_until_done(Duration::from_secs(60)));
@@ -1742,13 +1720,7 @@ fn a_servers_next_connection_to_a_client_resumes_its_window() {
         quic::server_config(TransportConfig::default()),
         &ccfg,
         Client::with_requests([2 << 20]),
-        |n| {
-            n.set_default_link(LinkConfig {
-                rate_bps: Some(100_000_000),
-                queue_bytes: 500_000,
-                ..link(20, 0.0)
-            })
-        },
+        |n| n.set_default_link(bottleneck(20, 0.0, 100_000_000, 500_000)),
     );
     let t0 = p.net.now();
     assert!(p.run_until_done(Duration::from_secs(30)));
@@ -1978,14 +1950,7 @@ fn the_end_of_startup_is_traced() {
         quic::server_config(t),
         &ccfg,
         Client::with_requests([4_000_000]),
-        |n| {
-            n.set_default_link(LinkConfig {
-                delay: Duration::from_millis(20),
-                rate_bps: Some(20_000_000),
-                queue_bytes: 100_000,
-                ..LinkConfig::default()
-            })
-        },
+        |n| n.set_default_link(bottleneck(20, 0.0, 20_000_000, 100_000)),
     );
     assert!(
         p.run_until(Duration::from_secs(1), |p| p.server().ep.connection_count()

@@ -420,9 +420,8 @@ pub struct Connection {
     confirmed_at: Option<Instant>,
     /// Stream data arrived since the last stall probe (one probe per quiet spell).
     stall_probe_armed: bool,
-    /// Response stall probes sent since stream data last arrived, the first one's time and
-    /// the last one's (see `update_timers`).
-    stall_probes: u32,
+    /// The first and the last response stall probe sent since stream data last arrived
+    /// (`None`: none yet; see `update_timers`).
     stall_since: Instant,
     stall_probe_at: Option<Instant>,
     /// Buffers were given back after the last quiet spell (reset by every packet received).
@@ -830,7 +829,6 @@ impl Connection {
             ping_pending: false,
             confirmed_at: None,
             stall_probe_armed: false,
-            stall_probes: 0,
             stall_since: now,
             stall_probe_at: None,
             memory_released: false,
@@ -2131,7 +2129,7 @@ impl Connection {
         if self.handshake_confirmed {
             let pto = self.path.rtt.pto_base();
             let mut stall = self.last_rx + pto;
-            if let Some(at) = self.stall_probe_at.filter(|_| self.stall_probes > 0) {
+            if let Some(at) = self.stall_probe_at {
                 let spell = at.saturating_duration_since(self.stall_since);
                 let gap = if spell < STALL_LINEAR_SPAN {
                     pto * 2
@@ -2144,10 +2142,9 @@ impl Connection {
                 due = Some(due.map_or(stall, |d| d.min(stall)));
             } else if self.streams.receiving_response() {
                 response_stalled = true;
-                if self.stall_probes == 0 {
+                if self.stall_probe_at.is_none() {
                     self.stall_since = now;
                 }
-                self.stall_probes += 1;
                 self.stall_probe_at = Some(now);
                 self.stall_probe_armed = false;
                 self.ping_pending = true;

@@ -557,7 +557,7 @@ impl Connection {
             }
             Frame::Stream(s) => {
                 self.stall_probe_armed = true;
-                self.stall_probes = 0;
+                self.stall_probe_at = None;
                 self.streams.on_stream_frame(
                     s.id,
                     s.offset,
