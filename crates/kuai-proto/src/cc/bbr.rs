@@ -200,6 +200,8 @@ pub struct Bbr {
 
     app_limited: bool,
     in_flight: u64,
+    /// Whether an RTT sample has set the pacing rate yet.
+    seen_rtt: bool,
     resume: Option<Resume>,
     /// The loss rate an earlier connection on this path saw (0 when unknown).
     usual_loss_permille: u32,
@@ -259,6 +261,7 @@ impl Bbr {
             ack_epoch_acked: 0,
             app_limited: false,
             in_flight: 0,
+            seen_rtt: false,
             resume: None,
             usual_loss_permille: 0,
         };
@@ -912,8 +915,20 @@ impl CongestionController for Bbr {
         self.update_probe_bw_cycle(now, ack.acked_bytes, cwnd_limited);
         self.update_min_rtt(now, &rs);
         self.bw = self.max_bw.min(self.bw_lo);
-        if self.pacing_rate == 0 || (!self.full_bw_reached && self.max_bw == 0) {
-            self.pacing_rate = self.initial_pacing_rate(Some(ack.rtt.smoothed()));
+        if !self.seen_rtt {
+            // §4.6.2 sets the first pacing rate from the initial window over SRTT, or over
+            // 1 ms before any RTT sample, which is no pacing at all. Set it again from the
+            // first sample (as Linux's BBR does): Startup then paces at 2.77 x what the
+            // window delivers per RTT until the measured rate takes over, instead of sending
+            // each doubled window in one burst.
+            self.seen_rtt = true;
+            if !self.full_bw_reached
+                && self
+                    .resume
+                    .is_none_or(|r| r.phase == ResumePhase::Reconnaissance)
+            {
+                self.pacing_rate = self.initial_pacing_rate(Some(ack.rtt.smoothed()));
+            }
         }
         self.set_pacing_rate();
         self.set_cwnd(ack.acked_bytes);
@@ -1302,6 +1317,27 @@ mod tests {
             now = drive(&mut b, now, 1, rate, rtt);
         }
         assert!(b.inflight_lo < u64::MAX, "CE marks set inflight_lo");
+    }
+
+    /// Before an RTT sample the pacing rate is the initial window over 1 ms, no pacing at
+    /// all; the first sample sets it from the window over SRTT, as Linux's BBR does, so
+    /// Startup does not send each doubled window in one burst.
+    #[test]
+    fn the_first_rtt_sample_sets_the_startup_pacing_rate() {
+        let t0 = Instant::now();
+        let rtt = Duration::from_millis(40);
+        let mut b = Bbr::new(MDS, BbrOptions::default());
+        let before = b.pacing_rate().unwrap();
+        // One round of a slow path: 100 kB/s delivers 4 kB per 40 ms round, far less than
+        // 2.77 x the initial window per RTT, which then sets the rate.
+        drive(&mut b, t0, 1, 100_000, rtt);
+        let after = b.pacing_rate().unwrap();
+        let from_window = gain(initial_window(MDS), STARTUP_PACING_GAIN) * 1000 / 40;
+        assert!(before >= 20 * after, "{before} then {after}");
+        assert!(
+            after >= from_window * 9 / 10 && after <= from_window * 11 / 10,
+            "{after} against {from_window}"
+        );
     }
 
     #[test]
