@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use kuai::Connection;
 use kuai_h3::{Config, RequestStream, Server};
-use tokio::io::AsyncReadExt;
 
 use crate::demo;
 use crate::hq::{self, Body, Site};
@@ -178,16 +177,9 @@ async fn respond(
     if !head_only {
         match body {
             Body::File(mut f, _) => {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = f
-                        .read(&mut buf)
-                        .await
-                        .map_err(|_| kuai_h3::Error::Malformed("file read failed"))?;
-                    if n == 0 {
-                        break;
-                    }
-                    stream.send_data(Bytes::copy_from_slice(&buf[..n])).await?;
+                while let Some(chunk) = f.next().await {
+                    let chunk = chunk.map_err(|_| kuai_h3::Error::Malformed("file read failed"))?;
+                    stream.send_data(chunk).await?;
                 }
             }
             Body::Bytes(b) => stream.send_data(b).await?,

@@ -5,11 +5,10 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::demo;
+use crate::files::FileChunks;
 use bytes::Bytes;
 use kuai::{Connection, RecvStream, SendStream};
-use tokio::io::AsyncReadExt;
-
-use crate::demo;
 
 pub const ALPN: &[u8] = b"hq-interop";
 
@@ -47,13 +46,8 @@ async fn serve_request(
     let path = request_path(&line);
     let (status, bytes) = match resolve(site, path).await {
         Some(Body::File(mut f, len)) => {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = f.read(&mut buf).await?;
-                if n == 0 {
-                    break;
-                }
-                send.write_chunk(Bytes::copy_from_slice(&buf[..n])).await?;
+            while let Some(chunk) = f.next().await {
+                send.write_chunk(chunk?).await?;
             }
             (200, len)
         }
@@ -95,7 +89,7 @@ pub(crate) fn request_path(request: &str) -> &str {
 }
 
 pub enum Body {
-    File(tokio::fs::File, u64),
+    File(FileChunks, u64),
     Bytes(Bytes),
     Pattern(u64),
 }
@@ -119,7 +113,7 @@ pub async fn resolve(site: &Site, path: &str) -> Option<Body> {
                 tokio::task::spawn_blocking(move || open_below(&root, &rel, want_dir))
                     .await
                     .ok()??;
-            Some(Body::File(tokio::fs::File::from_std(file), len))
+            Some(Body::File(FileChunks::new(file, len), len))
         }
     }
 }
@@ -322,12 +316,19 @@ mod tests {
             return Some(b"<blocked for 3 s>".to_vec());
         };
         match body? {
-            Body::File(f, _) => {
+            Body::File(mut f, _) => {
                 // At most 64 KiB, within a second: a device such as /dev/zero never ends.
                 let mut v = Vec::new();
-                let mut f = f.take(64 * 1024);
-                let read = f.read_to_end(&mut v);
+                let read = async {
+                    while let Some(Ok(chunk)) = f.next().await {
+                        v.extend_from_slice(&chunk);
+                        if v.len() >= 64 * 1024 {
+                            break;
+                        }
+                    }
+                };
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(1), read).await;
+                v.truncate(64 * 1024);
                 Some(v)
             }
             _ => panic!("a directory site serves files"),

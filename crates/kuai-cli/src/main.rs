@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod files;
 mod flood;
 mod get;
 mod h3;

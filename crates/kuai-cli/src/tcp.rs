@@ -33,7 +33,7 @@ pub const ALPN_H1: &[u8] = b"http/1.1";
 /// site's generated pattern.
 pub enum RespBody {
     Bytes(Option<Bytes>),
-    File(tokio::fs::File, u64),
+    File(crate::files::FileChunks, u64),
     Pattern(Bytes, u64),
 }
 
@@ -51,16 +51,12 @@ impl http_body::Body for RespBody {
                 if *left == 0 {
                     return Poll::Ready(None);
                 }
-                let mut chunk = vec![0u8; (*left).min(64 * 1024) as usize];
-                let mut buf = ReadBuf::new(&mut chunk);
-                ready!(Pin::new(file).poll_read(cx, &mut buf))?;
-                let n = buf.filled().len();
-                if n == 0 {
+                let Some(chunk) = ready!(file.poll_next(cx)) else {
                     return Poll::Ready(Some(Err(io::ErrorKind::UnexpectedEof.into())));
-                }
-                chunk.truncate(n);
-                *left -= n as u64;
-                Poll::Ready(Some(Ok(Frame::data(Bytes::from(chunk)))))
+                };
+                let chunk = chunk?;
+                *left = left.saturating_sub(chunk.len() as u64);
+                Poll::Ready(Some(Ok(Frame::data(chunk))))
             }
             RespBody::Pattern(block, left) => {
                 if *left == 0 {
