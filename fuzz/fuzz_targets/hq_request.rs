@@ -21,6 +21,9 @@
 #[path = "../../crates/kuai-cli/src/demo.rs"]
 mod demo;
 #[allow(dead_code)]
+#[path = "../../crates/kuai-cli/src/files.rs"]
+mod files;
+#[allow(dead_code)]
 #[path = "../../crates/kuai-cli/src/hq.rs"]
 mod hq;
 
@@ -156,7 +159,7 @@ fuzz_target!(|data: &[u8]| {
     let opened = r.rt.block_on(async {
         match hq::resolve(&site, path).await {
             Some(hq::Body::File(f, len)) => {
-                let m = f.metadata().await.expect("metadata of an opened file");
+                let m = f.metadata().expect("metadata of an opened file");
                 assert_eq!(m.len(), len);
                 Some((m.dev(), m.ino()))
             }

@@ -29,11 +29,12 @@ const AHEAD: usize = 2;
 /// A file's contents as a stream of chunks. Reading starts on the first `next`; a blocking
 /// reader stops when this is dropped (its next hand-over fails).
 pub struct FileChunks {
+    file: Arc<std::fs::File>,
     state: State,
 }
 
 enum State {
-    Idle(std::fs::File, u64),
+    Idle(u64),
     /// Read by the task that polls: page-cache hits, or a memory filesystem.
     Direct(Direct),
     /// Read ahead by a blocking task.
@@ -55,8 +56,15 @@ impl FileChunks {
     /// turns out shorter ends with `UnexpectedEof`.
     pub fn new(file: std::fs::File, len: u64) -> Self {
         Self {
-            state: State::Idle(file, len),
+            file: Arc::new(file),
+            state: State::Idle(len),
         }
+    }
+
+    /// The open file's metadata (which file it is, when it was modified).
+    #[allow(dead_code)] // the hq_request fuzz target checks which file was opened
+    pub fn metadata(&self) -> io::Result<std::fs::Metadata> {
+        self.file.metadata()
     }
 
     /// The next chunk; `None` once `len` bytes were returned.
@@ -66,22 +74,21 @@ impl FileChunks {
 
     /// Polling form of [`next`](Self::next), for `http_body::Body`.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
-        if let State::Idle(..) = self.state {
-            let State::Idle(file, len) = std::mem::replace(&mut self.state, State::Done) else {
-                unreachable!("checked above")
-            };
+        if let State::Idle(len) = self.state {
             if len == 0 {
+                self.state = State::Done;
                 return Poll::Ready(None);
             }
+            let file = self.file.clone();
             self.state = if cfg!(target_os = "linux") {
                 State::Direct(Direct {
                     memory: memory_filesystem(&file),
-                    file: Arc::new(file),
+                    file,
                     left: len,
                     pending: None,
                 })
             } else {
-                read_ahead(Arc::new(file), len)
+                read_ahead(file, len)
             };
         }
         let item = match &mut self.state {
@@ -276,13 +283,17 @@ mod tests {
         let len = data.len() as u64;
         let (path, _) = temp_file("ways", &data);
         let open = || std::fs::File::open(&path).unwrap();
-        let direct = |file: std::fs::File, memory: bool| FileChunks {
-            state: State::Direct(Direct {
-                file: Arc::new(file),
-                left: len,
-                memory,
-                pending: None,
-            }),
+        let direct = |file: std::fs::File, memory: bool| {
+            let file = Arc::new(file);
+            FileChunks {
+                file: file.clone(),
+                state: State::Direct(Direct {
+                    file,
+                    left: len,
+                    memory,
+                    pending: None,
+                }),
+            }
         };
         assert_eq!(collect(direct(open(), false)).await.0, data, "page cache");
         assert_eq!(collect(direct(open(), true)).await.0, data, "plain reads");
@@ -295,8 +306,10 @@ mod tests {
             rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
             assert_eq!(collect(direct(f, false)).await.0, data, "after eviction");
         }
+        let file = Arc::new(open());
         let ahead = FileChunks {
-            state: read_ahead(Arc::new(open()), len),
+            file: file.clone(),
+            state: read_ahead(file, len),
         };
         assert_eq!(collect(ahead).await.0, data, "read ahead");
         std::fs::remove_file(path).unwrap();

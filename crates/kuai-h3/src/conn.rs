@@ -556,7 +556,7 @@ async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
             Err(kuai::ReadError::ConnectionLost(_)) => return Ok(()),
             Err(_) => return Err(closed_critical()),
         };
-        reader.push(&chunk);
+        reader.push_bytes(chunk);
         while let Some(f) = reader.next_frame()? {
             if first && !matches!(f, Frame::Settings(_)) {
                 return Err(H3Error::new(

@@ -174,7 +174,12 @@ pub enum Frame {
 /// Reads frames from a stream's bytes as they arrive.
 #[derive(Debug)]
 pub struct FrameReader {
+    /// Bytes that must be contiguous to be parsed: a frame header or a non-DATA frame cut
+    /// across chunks. They come before `chunk`.
     buf: BytesMut,
+    /// The rest of the chunk last pushed with [`push_bytes`](Self::push_bytes), not copied:
+    /// DATA payloads are sliced from it.
+    chunk: Bytes,
     /// Inside a DATA frame: payload bytes still to come.
     data_left: u64,
     /// Inside an unknown frame: bytes still to skip.
@@ -187,6 +192,7 @@ impl FrameReader {
     pub fn new(max_frame: u64) -> Self {
         Self {
             buf: BytesMut::new(),
+            chunk: Bytes::new(),
             data_left: 0,
             skip_left: 0,
             max_frame,
@@ -195,38 +201,82 @@ impl FrameReader {
 
     /// Bytes held: an incomplete frame header or non-DATA frame.
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.buf.len() + self.chunk.len()
     }
 
+    /// Adds bytes that arrived, copying them.
     pub fn push(&mut self, data: &[u8]) {
+        self.spill();
         self.buf.extend_from_slice(data);
+    }
+
+    /// Adds a chunk that arrived without copying it: the DATA payloads in it come back as
+    /// slices of it. Only frame headers and non-DATA frames cut across chunks are copied.
+    pub fn push_bytes(&mut self, data: Bytes) {
+        if self.buf.is_empty() && self.chunk.is_empty() {
+            self.chunk = data;
+        } else {
+            self.push(&data);
+        }
+    }
+
+    /// Moves the unread rest of `chunk` behind `buf`, which must hold it contiguously.
+    fn spill(&mut self) {
+        if !self.chunk.is_empty() {
+            self.buf.extend_from_slice(&self.chunk);
+            self.chunk = Bytes::new();
+        }
     }
 
     /// Whether a frame was cut off (bytes left inside a frame).
     pub fn is_mid_frame(&self) -> bool {
-        !self.buf.is_empty() || self.data_left > 0 || self.skip_left > 0
+        self.buffered() > 0 || self.data_left > 0 || self.skip_left > 0
     }
 
     /// The next frame, if complete (or a piece of DATA).
     pub fn next_frame(&mut self) -> Result<Option<Frame>, H3Error> {
         loop {
             if self.data_left > 0 {
-                if self.buf.is_empty() {
-                    return Ok(None);
-                }
-                let n = (self.data_left as usize).min(self.buf.len());
-                self.data_left -= n as u64;
-                return Ok(Some(Frame::Data(self.buf.split_to(n).freeze())));
+                let from = if self.buf.is_empty() {
+                    if self.chunk.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = (self.data_left as usize).min(self.chunk.len());
+                    self.chunk.split_to(n)
+                } else {
+                    let n = (self.data_left as usize).min(self.buf.len());
+                    self.buf.split_to(n).freeze()
+                };
+                self.data_left -= from.len() as u64;
+                return Ok(Some(Frame::Data(from)));
             }
             if self.skip_left > 0 {
                 let n = (self.skip_left as usize).min(self.buf.len());
                 self.buf.advance(n);
+                self.skip_left -= n as u64;
+                let n = (self.skip_left as usize).min(self.chunk.len());
+                self.chunk.advance(n);
                 self.skip_left -= n as u64;
                 if self.skip_left > 0 {
                     return Ok(None);
                 }
                 continue;
             }
+            if self.buf.is_empty() && !self.chunk.is_empty() {
+                // A DATA frame's header whole in the chunk: step over it, and its payload
+                // is sliced from the chunk above.
+                let mut peek = &self.chunk[..];
+                if let (Ok(DATA), Ok(len)) = (peek.get_var(), peek.get_var()) {
+                    let hdr = self.chunk.len() - peek.len();
+                    self.chunk.advance(hdr);
+                    self.data_left = len;
+                    if len == 0 {
+                        return Ok(Some(Frame::Data(Bytes::new())));
+                    }
+                    continue;
+                }
+            }
+            self.spill();
             let mut peek = &self.buf[..];
             let Ok(ty) = peek.get_var() else {
                 return Ok(None);
@@ -302,6 +352,71 @@ mod tests {
             }
         }
         Ok(out)
+    }
+
+    /// As `frames`, with the chunks handed over without a copy.
+    fn frames_zero_copy(input: &[u8], chunk: usize) -> Result<Vec<Frame>, H3Error> {
+        let mut r = FrameReader::new(1 << 16);
+        let mut out = Vec::new();
+        for c in input.chunks(chunk.max(1)) {
+            r.push_bytes(Bytes::copy_from_slice(c));
+            while let Some(f) = r.next_frame()? {
+                out.push(f);
+            }
+        }
+        assert!(!r.is_mid_frame(), "all of the input was read");
+        Ok(out)
+    }
+
+    /// DATA payloads as one byte string, the other frames as they are.
+    fn normalized(frames: Vec<Frame>) -> (Vec<u8>, Vec<Frame>) {
+        let mut data = Vec::new();
+        let mut other = Vec::new();
+        for f in frames {
+            match f {
+                Frame::Data(d) => data.extend_from_slice(&d),
+                f => other.push(f),
+            }
+        }
+        (data, other)
+    }
+
+    /// The zero-copy hand-over reads the same frames as the copying one, whatever the
+    /// chunking, and a DATA payload within one chunk comes back as a slice of it.
+    #[test]
+    fn chunks_handed_over_without_a_copy_read_the_same() {
+        let mut buf = Vec::new();
+        write_header(HEADERS, 3, &mut buf);
+        buf.extend_from_slice(b"abc");
+        write_header(DATA, 300, &mut buf);
+        buf.extend((0..300).map(|i| i as u8));
+        write_header(0x21 + 0x1f * 3, 70, &mut buf);
+        buf.extend_from_slice(&[7; 70]);
+        write_header(DATA, 0, &mut buf);
+        write_header(DATA, 70_000, &mut buf);
+        buf.extend((0..70_000).map(|i| (i % 251) as u8));
+        write_header(HEADERS, 2, &mut buf);
+        buf.extend_from_slice(b"tr");
+        for chunk in [1, 2, 3, 5, 64, 1000, 65_536, 1 << 20] {
+            let copied = normalized(frames(&buf, chunk).unwrap());
+            let zero = normalized(frames_zero_copy(&buf, chunk).unwrap());
+            assert_eq!(copied, zero, "chunks of {chunk}");
+        }
+        let mut one = Vec::new();
+        write_header(DATA, 5000, &mut one);
+        one.extend_from_slice(&[9; 5000]);
+        let chunk = Bytes::from(one);
+        let mut r = FrameReader::new(1 << 16);
+        r.push_bytes(chunk.clone());
+        let Some(Frame::Data(d)) = r.next_frame().unwrap() else {
+            panic!("DATA expected")
+        };
+        assert_eq!(d.len(), 5000);
+        assert_eq!(
+            d.as_ptr(),
+            chunk[chunk.len() - 5000..].as_ptr(),
+            "not copied"
+        );
     }
 
     #[test]

@@ -193,7 +193,7 @@ impl RecvHalf {
                 }
             }
             match self.recv.read_chunk(64 * 1024).await {
-                Ok(Some(chunk)) => self.reader.push(&chunk),
+                Ok(Some(chunk)) => self.reader.push_bytes(chunk),
                 Ok(None) => {
                     if self.reader.is_mid_frame() {
                         let e = H3Error::new(Code::FRAME_ERROR, "stream ended inside a frame");
