@@ -4,11 +4,11 @@
 //!
 //! The input is what a client sends on a request stream (the server reads up to 8 KiB): it
 //! goes through `request_path` as the server does (lossy UTF-8), then `resolve` against the
-//! demo site and against a directory, and the path (query cut off) through `safe_relative`.
+//! demo site and against a directory, and the path (query cut off) through `RelativePath::parse`.
 //! Checks beyond "no panic":
 //!
 //! - the request path has no surrounding whitespace and is part of the request;
-//! - `safe_relative` agrees with a model of what may be served: `None` exactly when a segment
+//! - `RelativePath::parse` agrees with a model of what may be served: `None` exactly when a segment
 //!   is `..`, otherwise the non-empty segments other than `.`, all plain names (so
 //!   `root.join(rel)` stays under `root`);
 //! - a file `resolve` opens under a directory root is one of the files under that root
@@ -20,9 +20,6 @@
 #[allow(dead_code)]
 #[path = "../../crates/kuai-cli/src/demo.rs"]
 mod demo;
-#[allow(dead_code)]
-#[path = "../../crates/kuai-cli/src/files.rs"]
-mod files;
 #[allow(dead_code)]
 #[path = "../../crates/kuai-cli/src/hq.rs"]
 mod hq;
@@ -137,8 +134,8 @@ fuzz_target!(|data: &[u8]| {
     }
 
     let p = path.split(['?', '#']).next().unwrap_or("");
-    let rel = hq::safe_relative(p);
-    assert_eq!(rel, model(p), "safe_relative({p:?})");
+    let rel = kuai_http::fs::RelativePath::parse(p).map(|r| (r.path, r.directory));
+    assert_eq!(rel, model(p), "RelativePath::parse({p:?})");
     if let Some((rel, _)) = &rel {
         assert!(
             rel.components().all(|c| matches!(c, Component::Normal(_))),

@@ -1,12 +1,13 @@
 //! HTTP/0.9 over QUIC (ALPN `hq-interop`): one request per bidirectional stream,
 //! `GET /path\r\n`, answered with the body and FIN. Used by the interop runner.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use kuai_http::fs::{FileChunks, StaticDir};
+
 use crate::demo;
-use crate::files::FileChunks;
 use bytes::Bytes;
 use kuai::{Connection, RecvStream, SendStream};
 
@@ -94,116 +95,18 @@ pub enum Body {
     Pattern(u64),
 }
 
-/// Maps a request path to a body; `None` for a missing or forbidden path.
-///
-/// Under a directory, only regular files are served, and only below the root: the path is
-/// percent-decoded one segment at a time and refused if a segment is `..`, starts with a dot
-/// (dotfiles and dot-directories such as `.git`), or holds `/`, `\` or NUL once decoded; a
-/// symlink is followed only when its target is below the root and not a dotfile. FIFOs,
-/// sockets and devices are refused before being opened, and the file is opened without
-/// blocking and checked again through its descriptor.
+/// Maps a request path to a body; `None` for a missing or forbidden path (see
+/// [`kuai_http::fs::StaticDir`] for what a directory site serves).
 pub async fn resolve(site: &Site, path: &str) -> Option<Body> {
     let path = path.split(['?', '#']).next().unwrap_or("");
     match site {
         Site::Demo => demo::lookup(path),
         Site::Dir(root) => {
-            let (rel, want_dir) = safe_relative(path)?;
-            let root = root.clone();
-            let (file, len) =
-                tokio::task::spawn_blocking(move || open_below(&root, &rel, want_dir))
-                    .await
-                    .ok()??;
-            Some(Body::File(FileChunks::new(file, len), len))
+            let file = StaticDir::new(root.clone()).open(path).await?;
+            let len = file.len();
+            Some(Body::File(file, len))
         }
     }
-}
-
-/// A request path as a path below the root, and whether it named a directory (a trailing
-/// `/`); `None` for anything that could leave the root or name a dotfile.
-pub(crate) fn safe_relative(path: &str) -> Option<(PathBuf, bool)> {
-    let mut out = PathBuf::new();
-    let mut want_dir = false;
-    for raw in path.split('/') {
-        want_dir = raw.is_empty();
-        let segment = percent_decode(raw)?;
-        match segment.as_str() {
-            "" | "." => continue,
-            ".." => return None,
-            s if s.starts_with('.') || s.contains(['/', '\\', '\0']) => return None,
-            s => out.push(s),
-        }
-    }
-    Some((out, want_dir))
-}
-
-/// `%XX` escapes decoded (RFC 3986 §2.1); `None` for a malformed escape or a result that is
-/// not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    if !s.contains('%') {
-        return Some(s.to_owned());
-    }
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3)?;
-            // Two hex digits exactly: from_str_radix alone would take "+1".
-            if !hex.iter().all(u8::is_ascii_hexdigit) {
-                return None;
-            }
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// Opens `rel` below `root` if it is, once every symlink is resolved, a regular file still
-/// below the root with no dot-named component; a directory stands for its `index.html`.
-/// Blocking: run it off the runtime.
-fn open_below(root: &Path, rel: &Path, want_dir: bool) -> Option<(std::fs::File, u64)> {
-    let root = root.canonicalize().ok()?;
-    let mut real = checked_real_path(&root, &root.join(rel))?;
-    let meta = std::fs::metadata(&real).ok()?;
-    if meta.is_dir() {
-        real = checked_real_path(&root, &real.join("index.html"))?;
-    } else if want_dir {
-        return None;
-    }
-    // Regular files only: a FIFO would block the open, a device could be endless or act
-    // on being opened, a socket cannot be read.
-    if !std::fs::metadata(&real).ok()?.is_file() {
-        return None;
-    }
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        // Should the file have been swapped for a symlink or a FIFO since the checks, the
-        // open fails or returns at once instead of following or blocking.
-        options.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
-    }
-    let file = options.open(&real).ok()?;
-    let meta = file.metadata().ok()?;
-    meta.is_file().then_some((file, meta.len()))
-}
-
-/// `path` with every symlink resolved, if that is below `root` (itself resolved) and no
-/// component below the root starts with a dot.
-fn checked_real_path(root: &Path, path: &Path) -> Option<PathBuf> {
-    let real = path.canonicalize().ok()?;
-    let below = real.strip_prefix(root).ok()?;
-    let dotted = below.components().any(|c| match c {
-        Component::Normal(name) => name.as_encoded_bytes().first() == Some(&b'.'),
-        _ => true,
-    });
-    (!dotted).then_some(real)
 }
 
 /// Streams `path` into `out` (for large downloads), calling `progress` with the total so far.
@@ -247,20 +150,7 @@ pub async fn get_to(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_stay_below_the_root() {
-        let rel = |p| safe_relative(p).map(|(p, _)| p);
-        assert_eq!(rel("/a/b.txt"), Some(PathBuf::from("a/b.txt")));
-        assert_eq!(rel("/./x"), Some(PathBuf::from("x")));
-        assert_eq!(rel("/../etc/passwd"), None);
-        assert_eq!(rel("/a/../../x"), None);
-        assert_eq!(rel("/a/%2e%2e/%2e%2e/x"), None);
-        assert_eq!(rel("/%2F..%2Fx"), None);
-        assert_eq!(rel("/"), Some(PathBuf::new()));
-        assert_eq!(safe_relative("/a/"), Some((PathBuf::from("a"), true)));
-        assert_eq!(safe_relative("/a"), Some((PathBuf::from("a"), false)));
-    }
+    use std::path::Path;
 
     /// A directory tree with every kind of thing a request must not reach, and a file
     /// outside it.
@@ -338,17 +228,6 @@ mod tests {
     /// `kuai server --root`: regular files below the root are served; dotfiles, symlinks that
     /// leave the root, FIFOs, sockets and devices are 404, and no spelling of a path (`..`,
     /// `%2e%2e`, `%2f`, backslashes, NUL) leaves the root.
-    /// RFC 3986 §2.1: an escape is `%` and two hex digits; `%+1` is not one (found by the
-    /// hq_request fuzz target's model).
-    #[test]
-    fn malformed_percent_escapes_are_refused() {
-        assert_eq!(safe_relative("/a%2f"), None, "a / in a segment");
-        assert_eq!(safe_relative("/a%41"), Some((PathBuf::from("aA"), false)));
-        for bad in ["/a%+1", "/a%-1", "/a%4", "/a% 1", "/a%zz"] {
-            assert_eq!(safe_relative(bad), None, "{bad}");
-        }
-    }
-
     #[tokio::test]
     async fn the_file_server_serves_regular_files_below_the_root_only() {
         let t = tree("serve");

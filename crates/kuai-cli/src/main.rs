@@ -2,7 +2,6 @@
 
 mod bench;
 mod demo;
-mod files;
 mod flood;
 mod get;
 mod h3;

@@ -33,7 +33,7 @@ pub const ALPN_H1: &[u8] = b"http/1.1";
 /// site's generated pattern.
 pub enum RespBody {
     Bytes(Option<Bytes>),
-    File(crate::files::FileChunks, u64),
+    File(kuai_http::fs::FileChunks, u64),
     Pattern(Bytes, u64),
 }
 

@@ -1,5 +1,8 @@
-//! Reading files to send, in 256 KiB chunks read straight into the `Bytes` that the sender
-//! queues (no copy, no zeroed buffer where it can be helped).
+//! Static files: [`StaticDir`] maps request paths to files below a root, [`FileChunks`] reads
+//! them to send.
+//!
+//! Files are read in 256 KiB chunks straight into the `Bytes` that the sender queues (no copy,
+//! no zeroed buffer where it can be helped).
 //!
 //! On Linux a chunk the page cache holds is read on the sending task itself, with
 //! `preadv2(RWF_NOWAIT)`, which never waits for the disk: only a miss goes to a blocking
@@ -12,6 +15,7 @@
 
 use std::future::Future;
 use std::io::{self, Read};
+use std::path::{Component, Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -19,6 +23,148 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+/// A directory whose regular files are served.
+///
+/// Only regular files below the root are opened: the request path is percent-decoded one
+/// segment at a time and refused if a segment is `..`, starts with a dot (dotfiles and
+/// dot-directories such as `.git`), or holds `/`, `\` or NUL once decoded; a symlink is
+/// followed only when its target is below the root and not a dotfile; FIFOs, sockets and
+/// devices are refused before being opened, and the file is opened without blocking or
+/// following a symlink and checked again through its descriptor. A directory stands for its
+/// `index.html`.
+#[derive(Debug, Clone)]
+pub struct StaticDir {
+    root: PathBuf,
+}
+
+/// A request path as a path below a root ([`RelativePath::parse`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelativePath {
+    /// The decoded path, with only normal components.
+    pub path: PathBuf,
+    /// Whether the request path ended with `/` (it names a directory).
+    pub directory: bool,
+}
+
+impl RelativePath {
+    /// `path` (a request path without its query) as a path below a root; `None` for
+    /// anything that could leave the root or name a dotfile, and for a malformed `%`
+    /// escape or one that decodes to something other than UTF-8.
+    pub fn parse(path: &str) -> Option<Self> {
+        let mut out = PathBuf::new();
+        let mut directory = false;
+        for raw in path.split('/') {
+            directory = raw.is_empty();
+            let segment = percent_decode(raw)?;
+            match segment.as_str() {
+                "" | "." => continue,
+                ".." => return None,
+                s if s.starts_with('.') || s.contains(['/', '\\', '\0']) => return None,
+                s => out.push(s),
+            }
+        }
+        Some(Self {
+            path: out,
+            directory,
+        })
+    }
+}
+
+impl StaticDir {
+    /// Serves the files below `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// The directory served.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Opens the file that a request path (its query and fragment are cut off) names, on a
+    /// blocking task; `None` when it is missing or must not be served (the two are not told
+    /// apart, so a client learns nothing about what it may not read).
+    pub async fn open(&self, path: &str) -> Option<FileChunks> {
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        let rel = RelativePath::parse(path)?;
+        let root = self.root.clone();
+        let (file, len) = tokio::task::spawn_blocking(move || open_below(&root, &rel))
+            .await
+            .ok()??;
+        Some(FileChunks::new(file, len))
+    }
+}
+
+/// `%XX` escapes decoded (RFC 3986 §2.1); `None` for a malformed escape or a result that is
+/// not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    if !s.contains('%') {
+        return Some(s.to_owned());
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3)?;
+            // Two hex digits exactly: from_str_radix alone would take "+1".
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Opens `rel` below `root` if it is, once every symlink is resolved, a regular file still
+/// below the root with no dot-named component; a directory stands for its `index.html`.
+/// Blocking: run it off the runtime.
+fn open_below(root: &Path, rel: &RelativePath) -> Option<(std::fs::File, u64)> {
+    let root = root.canonicalize().ok()?;
+    let mut real = checked_real_path(&root, &root.join(&rel.path))?;
+    let meta = std::fs::metadata(&real).ok()?;
+    if meta.is_dir() {
+        real = checked_real_path(&root, &real.join("index.html"))?;
+    } else if rel.directory {
+        return None;
+    }
+    // Regular files only: a FIFO would block the open, a device could be endless or act
+    // on being opened, a socket cannot be read.
+    if !std::fs::metadata(&real).ok()?.is_file() {
+        return None;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Should the file have been swapped for a symlink or a FIFO since the checks, the
+        // open fails or returns at once instead of following or blocking.
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
+    }
+    let file = options.open(&real).ok()?;
+    let meta = file.metadata().ok()?;
+    meta.is_file().then_some((file, meta.len()))
+}
+
+/// `path` with every symlink resolved, if that is below `root` (itself resolved) and no
+/// component below the root starts with a dot.
+fn checked_real_path(root: &Path, path: &Path) -> Option<PathBuf> {
+    let real = path.canonicalize().ok()?;
+    let below = real.strip_prefix(root).ok()?;
+    let dotted = below.components().any(|c| match c {
+        Component::Normal(name) => name.as_encoded_bytes().first() == Some(&b'.'),
+        _ => true,
+    });
+    (!dotted).then_some(real)
+}
 
 /// Bytes per read: large enough that the hand-over costs little per byte, small enough that
 /// the chunks waiting (the channel's two and the one being read) stay under a megabyte.
@@ -30,6 +176,7 @@ const AHEAD: usize = 2;
 /// reader stops when this is dropped (its next hand-over fails).
 pub struct FileChunks {
     file: Arc<std::fs::File>,
+    len: u64,
     state: State,
 }
 
@@ -57,14 +204,24 @@ impl FileChunks {
     pub fn new(file: std::fs::File, len: u64) -> Self {
         Self {
             file: Arc::new(file),
+            len,
             state: State::Idle(len),
         }
     }
 
     /// The open file's metadata (which file it is, when it was modified).
-    #[allow(dead_code)] // the hq_request fuzz target checks which file was opened
     pub fn metadata(&self) -> io::Result<std::fs::Metadata> {
         self.file.metadata()
+    }
+
+    /// The length given to [`new`](Self::new): what the response announces.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the length given was zero.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// The next chunk; `None` once `len` bytes were returned.
@@ -253,6 +410,38 @@ mod tests {
         (path, f)
     }
 
+    fn rel(p: &str) -> Option<(PathBuf, bool)> {
+        RelativePath::parse(p).map(|r| (r.path, r.directory))
+    }
+
+    #[test]
+    fn paths_stay_below_the_root() {
+        let path = |p| rel(p).map(|(p, _)| p);
+        assert_eq!(path("/a/b.txt"), Some(PathBuf::from("a/b.txt")));
+        assert_eq!(path("/./x"), Some(PathBuf::from("x")));
+        assert_eq!(path("/../etc/passwd"), None);
+        assert_eq!(path("/a/../../x"), None);
+        assert_eq!(path("/a/%2e%2e/%2e%2e/x"), None);
+        assert_eq!(path("/%2F..%2Fx"), None);
+        assert_eq!(path("/.git/config"), None);
+        assert_eq!(path("/a\\..\\x"), None);
+        assert_eq!(path("/a%00"), None);
+        assert_eq!(path("/"), Some(PathBuf::new()));
+        assert_eq!(rel("/a/"), Some((PathBuf::from("a"), true)));
+        assert_eq!(rel("/a"), Some((PathBuf::from("a"), false)));
+    }
+
+    /// RFC 3986 §2.1: an escape is `%` and two hex digits; `%+1` is not one (found by the
+    /// hq_request fuzz target's model).
+    #[test]
+    fn malformed_percent_escapes_are_refused() {
+        assert_eq!(rel("/a%2f"), None, "a / in a segment");
+        assert_eq!(rel("/a%41"), Some((PathBuf::from("aA"), false)));
+        for bad in ["/a%+1", "/a%-1", "/a%4", "/a% 1", "/a%zz", "/%ff"] {
+            assert_eq!(rel(bad), None, "{bad}");
+        }
+    }
+
     async fn collect(mut chunks: FileChunks) -> (Vec<u8>, Vec<usize>) {
         let mut got = Vec::new();
         let mut sizes = Vec::new();
@@ -287,6 +476,7 @@ mod tests {
             let file = Arc::new(file);
             FileChunks {
                 file: file.clone(),
+                len,
                 state: State::Direct(Direct {
                     file,
                     left: len,
@@ -309,6 +499,7 @@ mod tests {
         let file = Arc::new(open());
         let ahead = FileChunks {
             file: file.clone(),
+            len,
             state: read_ahead(file, len),
         };
         assert_eq!(collect(ahead).await.0, data, "read ahead");
