@@ -163,18 +163,46 @@ async fn respond(
         stream.finish()?;
         return Ok((StatusCode::NOT_FOUND, 14));
     };
-    let (len, ctype) = match &body {
-        Body::File(_, n) => (*n, content_type(path)),
-        Body::Bytes(b) => (b.len() as u64, content_type(path)),
-        Body::Pattern(n) => (*n, "application/octet-stream"),
+    let (status, len, headers, body) = match body {
+        Body::File(f, _) => {
+            let (answer, chunks) = f
+                .answer(req.method(), req.headers(), content_type(path))
+                .map_err(|_| kuai_h3::Error::Malformed("file read failed"))?;
+            let len = chunks.as_ref().map_or(0, |c| c.len());
+            let body = chunks.map(|c| {
+                let n = c.len();
+                Body::File(c, n)
+            });
+            (answer.status, len, answer.headers, body)
+        }
+        Body::Bytes(b) => {
+            let len = b.len() as u64;
+            let h = plain_headers(content_type(path), len);
+            (
+                StatusCode::OK,
+                len,
+                h,
+                (!head_only).then_some(Body::Bytes(b)),
+            )
+        }
+        Body::Pattern(n) => {
+            let h = plain_headers("application/octet-stream", n);
+            (
+                StatusCode::OK,
+                n,
+                h,
+                (!head_only).then_some(Body::Pattern(n)),
+            )
+        }
     };
-    let resp = builder
-        .header("content-type", ctype)
-        .header("content-length", len)
-        .body(())
-        .expect("valid");
-    stream.send_response(resp).await?;
-    if !head_only {
+    let mut builder = builder.status(status);
+    for (name, value) in &headers {
+        builder = builder.header(name, value);
+    }
+    stream
+        .send_response(builder.body(()).expect("valid"))
+        .await?;
+    if let Some(body) = body {
         match body {
             Body::File(mut f, _) => {
                 while let Some(chunk) = f.next().await {
@@ -196,7 +224,18 @@ async fn respond(
     }
     stream.finish()?;
     let _ = stream.finished().await;
-    Ok((StatusCode::OK, if head_only { 0 } else { len }))
+    Ok((status, if head_only { 0 } else { len }))
+}
+
+/// `content-type` and `content-length` of a body that is not a file.
+pub(crate) fn plain_headers(ctype: &'static str, len: u64) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(ctype),
+    );
+    h.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    h
 }
 
 pub(crate) fn content_type(path: &str) -> &'static str {
@@ -330,6 +369,14 @@ mod tests {
     /// `kuai server`'s HTTP/3 side on a free loopback port: its address and a client
     /// configuration that trusts it.
     fn start(h3: crate::server::H3Settings) -> (kuai::Endpoint, SocketAddr, kuai::ClientConfig) {
+        start_site(h3, Site::Demo)
+    }
+
+    fn start_site(
+        h3: crate::server::H3Settings,
+        site: Site,
+    ) -> (kuai::Endpoint, SocketAddr, kuai::ClientConfig) {
+        let site = Arc::new(site);
         let identity = crate::tls::Identity::self_signed(&["localhost"]).unwrap();
         let scfg = crate::server::server_config(&identity, &[ALPN], None).unwrap();
         let ep = kuai::Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -337,8 +384,7 @@ mod tests {
         let e = ep.clone();
         tokio::spawn(async move {
             while let Some(c) = e.accept().await {
-                let site = Arc::new(Site::Demo);
-                tokio::spawn(crate::server::handle(c, site, None, h3.clone()));
+                tokio::spawn(crate::server::handle(c, site.clone(), None, h3.clone()));
             }
         });
         let ccfg = kuai::ClientConfig::with_root(identity.certs[0].clone(), &[ALPN]).unwrap();
@@ -424,5 +470,53 @@ mod tests {
         assert_eq!((post, get), (425, 200));
         // After the handshake the same POST is not early any more.
         assert_eq!(status(&client, http::Method::POST).await, 405);
+    }
+
+    /// Over HTTP/3, a file answers with its validators, a byte range with 206, and a
+    /// request that already has it with 304 (kuai_http::answer; tcp.rs's test of the same
+    /// name covers HTTP/2 and HTTP/1.1).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn files_answer_ranges_and_conditional_requests() {
+        let dir = std::env::temp_dir().join(format!("kuai-h3-range-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.join("f.bin"), &data).unwrap();
+        let (_ep, addr, ccfg) = start_site(settings(None), Site::Dir(dir.clone()));
+        let cep = kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let conn = cep
+            .connect_with(ccfg, addr, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        let client = kuai_h3::Client::new(conn, Config::default()).await.unwrap();
+        let get = |headers: Vec<(&'static str, String)>| {
+            let client = client.clone();
+            async move {
+                let mut req = http::Request::builder().uri("https://localhost/f.bin");
+                for (n, v) in headers {
+                    req = req.header(n, v);
+                }
+                let mut s = client.send_request(req.body(()).unwrap()).await.unwrap();
+                s.finish().unwrap();
+                let resp = s.recv_response().await.unwrap();
+                let body = s.recv_body(1 << 20).await.unwrap();
+                (resp, body)
+            }
+        };
+        let (whole, body) = get(vec![]).await;
+        assert_eq!(whole.status(), 200);
+        assert_eq!(&body[..], &data[..]);
+        let etag = whole.headers()["etag"].to_str().unwrap().to_owned();
+        assert_eq!(whole.headers()["accept-ranges"], "bytes");
+        let (part, body) = get(vec![("range", "bytes=70000-70099".into())]).await;
+        assert_eq!(part.status(), 206);
+        assert_eq!(part.headers()["content-range"], "bytes 70000-70099/100000");
+        assert_eq!(&body[..], &data[70_000..70_100]);
+        let (same, body) = get(vec![("if-none-match", etag)]).await;
+        assert_eq!(same.status(), 304);
+        assert!(body.is_empty());
+        let (past, _) = get(vec![("range", "bytes=100000-".into())]).await;
+        assert_eq!(past.status(), 416);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -738,31 +738,46 @@ async fn respond(
                 (StatusCode::NOT_FOUND, 14, r)
             }
             Some(body) => {
-                let (len, ctype, body) = match body {
-                    hq::Body::File(f, n) => {
-                        (n, crate::h3::content_type(&path), RespBody::File(f, n))
+                let (status, len, headers, body) = match body {
+                    hq::Body::File(f, _) => {
+                        match f.answer(&method, req.headers(), crate::h3::content_type(&path)) {
+                            Ok((answer, chunks)) => {
+                                let len = chunks.as_ref().map_or(0, |c| c.len());
+                                let body = chunks.map_or(RespBody::Bytes(None), |c| {
+                                    let n = c.len();
+                                    RespBody::File(c, n)
+                                });
+                                (answer.status, len, answer.headers, body)
+                            }
+                            Err(_) => (
+                                StatusCode::INTERNAL_SERVER_ERROR,
+                                0,
+                                http::HeaderMap::new(),
+                                RespBody::Bytes(None),
+                            ),
+                        }
                     }
-                    hq::Body::Bytes(b) => (
-                        b.len() as u64,
-                        crate::h3::content_type(&path),
-                        RespBody::Bytes(Some(b)),
-                    ),
-                    hq::Body::Pattern(n) => (
-                        n,
-                        "application/octet-stream",
-                        RespBody::Pattern(crate::demo::pattern_block().clone(), n),
-                    ),
+                    hq::Body::Bytes(b) => {
+                        let len = b.len() as u64;
+                        let h = crate::h3::plain_headers(crate::h3::content_type(&path), len);
+                        (StatusCode::OK, len, h, RespBody::Bytes(Some(b)))
+                    }
+                    hq::Body::Pattern(n) => {
+                        let h = crate::h3::plain_headers("application/octet-stream", n);
+                        let block = crate::demo::pattern_block().clone();
+                        (StatusCode::OK, n, h, RespBody::Pattern(block, n))
+                    }
                 };
                 let body = if head_only {
                     RespBody::Bytes(None)
                 } else {
                     body
                 };
-                let r = builder
-                    .header("content-type", ctype)
-                    .header("content-length", len)
-                    .body(body);
-                (StatusCode::OK, if head_only { 0 } else { len }, r)
+                let mut builder = builder.status(status);
+                for (name, value) in &headers {
+                    builder = builder.header(name, value);
+                }
+                (status, if head_only { 0 } else { len }, builder.body(body))
             }
         }
     };
@@ -1022,12 +1037,16 @@ mod tests {
     }
 
     async fn start(limits: TcpLimits) -> Srv {
+        start_site(limits, Site::Demo).await
+    }
+
+    async fn start_site(limits: TcpLimits, site: Site) -> Srv {
         let identity = crate::tls::Identity::self_signed(&["localhost"]).unwrap();
         let tls = server_tls(&identity, None).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let conns = Arc::new(Conns::new());
-        let site = Arc::new(Site::Demo);
+        let site = Arc::new(site);
         tokio::spawn(serve_with(listener, tls, site, None, limits, conns.clone()));
         let mut roots = rustls::RootCertStore::empty();
         roots.add(identity.certs[0].clone()).unwrap();
@@ -1422,5 +1441,75 @@ mod tests {
             buffered <= RESPONSE_BUFFER + 4 * 64 * 1024,
             "{buffered} bytes buffered for a client that reads nothing"
         );
+    }
+
+    /// Over HTTP/2 and HTTP/1.1, a file answers a byte range with 206 and a request that
+    /// already has it with 304 (kuai_http::answer), as over HTTP/3 (h3.rs).
+    #[tokio::test]
+    async fn files_answer_ranges_and_conditional_requests() {
+        let dir = std::env::temp_dir().join(format!("kuai-tcp-range-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.join("f.bin"), &data).unwrap();
+        let srv = start_site(short_limits(), Site::Dir(dir.clone())).await;
+        for alpn in [ALPN_H2, ALPN_H1] {
+            let io = TokioIo::new(srv.tls(alpn).await);
+            let uri = format!("https://localhost:{}/f.bin", srv.addr.port());
+            let ask = |headers: &[(&str, &str)]| {
+                let mut req = Request::get(if alpn == ALPN_H2 {
+                    uri.as_str()
+                } else {
+                    "/f.bin"
+                })
+                .header("host", "localhost");
+                for (n, v) in headers {
+                    req = req.header(*n, *v);
+                }
+                req.body(Empty::<Bytes>::new()).unwrap()
+            };
+            let mut answers = Vec::new();
+            let etag;
+            if alpn == ALPN_H2 {
+                let (mut send, conn) =
+                    hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                        .await
+                        .unwrap();
+                tokio::spawn(conn);
+                let resp = send.send_request(ask(&[])).await.unwrap();
+                etag = resp.headers()["etag"].to_str().unwrap().to_owned();
+                answers.push((resp.status(), resp.into_body().collect().await.unwrap()));
+                for h in [
+                    ("range", "bytes=70000-70099"),
+                    ("if-none-match", etag.as_str()),
+                ] {
+                    let resp = send.send_request(ask(&[h])).await.unwrap();
+                    answers.push((resp.status(), resp.into_body().collect().await.unwrap()));
+                }
+            } else {
+                let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+                tokio::spawn(conn);
+                let resp = send.send_request(ask(&[])).await.unwrap();
+                etag = resp.headers()["etag"].to_str().unwrap().to_owned();
+                answers.push((resp.status(), resp.into_body().collect().await.unwrap()));
+                for h in [
+                    ("range", "bytes=70000-70099"),
+                    ("if-none-match", etag.as_str()),
+                ] {
+                    let resp = send.send_request(ask(&[h])).await.unwrap();
+                    answers.push((resp.status(), resp.into_body().collect().await.unwrap()));
+                }
+            }
+            let bodies: Vec<(u16, Bytes)> = answers
+                .into_iter()
+                .map(|(s, b)| (s.as_u16(), b.to_bytes()))
+                .collect();
+            assert_eq!(bodies[0].0, 200, "{alpn:?}");
+            assert_eq!(&bodies[0].1[..], &data[..], "{alpn:?}");
+            assert_eq!(bodies[1].0, 206, "{alpn:?}");
+            assert_eq!(&bodies[1].1[..], &data[70_000..70_100], "{alpn:?}");
+            assert_eq!(bodies[2].0, 304, "{alpn:?}");
+            assert!(bodies[2].1.is_empty(), "{alpn:?}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

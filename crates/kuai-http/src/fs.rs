@@ -219,6 +219,47 @@ impl FileChunks {
         self.len
     }
 
+    /// The `len` bytes from `offset` instead (a byte range, for a 206 response); only
+    /// before the first chunk was asked for.
+    pub fn range(mut self, offset: u64, len: u64) -> io::Result<Self> {
+        use std::io::{Seek, SeekFrom};
+        if !matches!(self.state, State::Idle(_)) {
+            return Err(io::Error::other("the file is already being read"));
+        }
+        (&*self.file).seek(SeekFrom::Start(offset))?;
+        self.len = len;
+        self.state = State::Idle(len);
+        Ok(self)
+    }
+
+    /// The answer to `method` (GET or HEAD) with `request` headers for this file
+    /// ([`crate::answer`]: validators, conditional requests, a byte range), and the chunks to
+    /// send, if any (narrowed to the range for a 206).
+    pub fn answer(
+        self,
+        method: &http::Method,
+        request: &http::HeaderMap,
+        content_type: &str,
+    ) -> io::Result<(crate::FileAnswer, Option<Self>)> {
+        let info = match self.metadata() {
+            Ok(m) => crate::FileInfo {
+                len: self.len,
+                modified: m.modified().ok(),
+            },
+            Err(_) => crate::FileInfo {
+                len: self.len,
+                modified: None,
+            },
+        };
+        let a = crate::answer(method, request, &info, content_type);
+        let body = match a.body {
+            Some((0, len)) if len == self.len => Some(self),
+            Some((offset, len)) => Some(self.range(offset, len)?),
+            None => None,
+        };
+        Ok((a, body))
+    }
+
     /// Whether the length given was zero.
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -504,6 +545,20 @@ mod tests {
         };
         assert_eq!(collect(ahead).await.0, data, "read ahead");
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_range_reads_only_its_bytes() {
+        let data: Vec<u8> = (0..CHUNK * 2).map(|i| (i % 241) as u8).collect();
+        let (path, f) = temp_file("range", &data);
+        let start = CHUNK as u64 - 10;
+        let chunks = FileChunks::new(f, data.len() as u64)
+            .range(start, 30)
+            .unwrap();
+        assert_eq!(chunks.len(), 30);
+        let (got, _) = collect(chunks).await;
+        std::fs::remove_file(path).unwrap();
+        assert_eq!(got, &data[start as usize..start as usize + 30]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

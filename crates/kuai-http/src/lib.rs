@@ -3,8 +3,12 @@
 //! This crate is where issue 21's library grows: one server for HTTP/3, HTTP/2 and HTTP/1.1
 //! and a client that picks the fastest way. It starts with what every server of files needs:
 //! [`fs::StaticDir`], which maps request paths to files below a root without ever leaving
-//! it, and [`fs::FileChunks`], which reads a file in large chunks without stalling the
-//! runtime.
+//! it, [`fs::FileChunks`], which reads a file (or a byte range of it) in large chunks without
+//! stalling the runtime, and [`answer`], which picks the status and headers of a file's
+//! response: validators, conditional requests and byte ranges.
 #![warn(missing_docs)]
 
+pub mod answer;
 pub mod fs;
+
+pub use answer::{FileAnswer, FileInfo, answer};

@@ -1,0 +1,389 @@
+//! How to answer a GET or HEAD for a file: validators (`ETag`, `Last-Modified`), conditional
+//! requests (RFC 9110 §13) and single byte ranges (RFC 9110 §14).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, StatusCode};
+
+/// What a file is, as far as the answer goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileInfo {
+    /// Its length in bytes.
+    pub len: u64,
+    /// When it was last modified, if the filesystem says.
+    pub modified: Option<SystemTime>,
+}
+
+impl FileInfo {
+    /// From a file's metadata.
+    pub fn from_metadata(meta: &std::fs::Metadata) -> Self {
+        Self {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        }
+    }
+
+    /// A strong entity tag from the modification time and the length, as nginx makes
+    /// them: a file rewritten in place within the same nanosecond at the same length would
+    /// keep its tag.
+    pub fn etag(&self) -> String {
+        let since = self
+            .modified
+            .and_then(|m| m.duration_since(UNIX_EPOCH).ok())
+            .unwrap_or_default();
+        format!(
+            "\"{:x}-{:x}-{:x}\"",
+            since.as_secs(),
+            since.subsec_nanos(),
+            self.len
+        )
+    }
+
+    /// The modification time at HTTP's resolution (whole seconds).
+    fn modified_secs(&self) -> Option<SystemTime> {
+        let since = self.modified?.duration_since(UNIX_EPOCH).ok()?;
+        Some(UNIX_EPOCH + Duration::from_secs(since.as_secs()))
+    }
+}
+
+/// The answer to a request for a file: its status, the headers that go with it, and which
+/// bytes of the file to send (none for 304, 412, 416 and HEAD).
+#[derive(Debug, Clone)]
+pub struct FileAnswer {
+    /// 200, 206, 304, 412 or 416.
+    pub status: StatusCode,
+    /// `content-type`, `content-length`, `etag`, `last-modified`, `accept-ranges`, and
+    /// `content-range` on 206 and 416.
+    pub headers: HeaderMap,
+    /// The bytes to send: their offset in the file and their length.
+    pub body: Option<(u64, u64)>,
+}
+
+/// Answers `method` (GET or HEAD) with `request` headers for a file described by `info`.
+///
+/// Preconditions are evaluated in RFC 9110 §13.2.2's order: If-Match, If-Unmodified-Since,
+/// If-None-Match, If-Modified-Since, then Range with If-Range. One byte range is served
+/// (206); a request for several gets the whole file (200), which RFC 9110 §14.2 allows, and
+/// a range that starts past the end gets 416.
+pub fn answer(
+    method: &Method,
+    request: &HeaderMap,
+    info: &FileInfo,
+    content_type: &str,
+) -> FileAnswer {
+    let etag = info.etag();
+    let modified = info.modified_secs();
+    let mut headers = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        headers.insert(header::ETAG, v);
+    }
+    if let Some(m) = modified
+        && let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(m))
+    {
+        headers.insert(header::LAST_MODIFIED, v);
+    }
+    let get_or_head = *method == Method::GET || *method == Method::HEAD;
+    let no_body = |status, headers| FileAnswer {
+        status,
+        headers,
+        body: None,
+    };
+
+    // Step 1 and 2: If-Match, else If-Unmodified-Since.
+    if let Some(v) = request.get(header::IF_MATCH) {
+        if !matches_any(v, &etag, false) {
+            return no_body(StatusCode::PRECONDITION_FAILED, headers);
+        }
+    } else if let (Some(since), Some(m)) = (date(request, header::IF_UNMODIFIED_SINCE), modified)
+        && m > since
+    {
+        return no_body(StatusCode::PRECONDITION_FAILED, headers);
+    }
+    // Step 3 and 4: If-None-Match, else If-Modified-Since (GET and HEAD only).
+    if let Some(v) = request.get(header::IF_NONE_MATCH) {
+        if matches_any(v, &etag, true) {
+            let status = if get_or_head {
+                StatusCode::NOT_MODIFIED
+            } else {
+                StatusCode::PRECONDITION_FAILED
+            };
+            return no_body(status, headers);
+        }
+    } else if get_or_head
+        && let (Some(since), Some(m)) = (date(request, header::IF_MODIFIED_SINCE), modified)
+        && m <= since
+    {
+        return no_body(StatusCode::NOT_MODIFIED, headers);
+    }
+
+    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Ok(v) = HeaderValue::from_str(content_type) {
+        headers.insert(header::CONTENT_TYPE, v);
+    }
+    let range = if *method == Method::GET && if_range_holds(request, &etag, modified) {
+        request.get(header::RANGE).map(|r| parse_range(r, info.len))
+    } else {
+        None
+    };
+    let (status, start, len) = match range {
+        Some(Range::One(start, len)) => {
+            let end = start + len - 1;
+            let v = format!("bytes {start}-{end}/{}", info.len);
+            headers.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&v).expect("ASCII"),
+            );
+            (StatusCode::PARTIAL_CONTENT, start, len)
+        }
+        Some(Range::Unsatisfiable) => {
+            let v = format!("bytes */{}", info.len);
+            headers.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&v).expect("ASCII"),
+            );
+            headers.remove(header::CONTENT_TYPE);
+            return no_body(StatusCode::RANGE_NOT_SATISFIABLE, headers);
+        }
+        Some(Range::Ignored) | None => (StatusCode::OK, 0, info.len),
+    };
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    FileAnswer {
+        status,
+        headers,
+        body: (*method != Method::HEAD).then_some((start, len)),
+    }
+}
+
+/// Whether an If-Match or If-None-Match value lists `etag` (or is `*`). If-None-Match
+/// compares weakly (a `W/` prefix does not matter), If-Match strongly (RFC 9110 §8.8.3.2).
+fn matches_any(value: &HeaderValue, etag: &str, weak: bool) -> bool {
+    let Ok(v) = value.to_str() else {
+        return false;
+    };
+    if v.trim() == "*" {
+        return true;
+    }
+    v.split(',').map(str::trim).any(|tag| {
+        let (is_weak, opaque) = match tag.strip_prefix("W/") {
+            Some(rest) => (true, rest),
+            None => (false, tag),
+        };
+        opaque == etag && (weak || !is_weak)
+    })
+}
+
+fn date(request: &HeaderMap, name: header::HeaderName) -> Option<SystemTime> {
+    httpdate::parse_http_date(request.get(name)?.to_str().ok()?).ok()
+}
+
+/// If-Range (RFC 9110 §13.1.5): a range applies only while the file is the one the client
+/// has part of — the same strong entity tag, or exactly the Last-Modified date.
+fn if_range_holds(request: &HeaderMap, etag: &str, modified: Option<SystemTime>) -> bool {
+    let Some(v) = request.get(header::IF_RANGE) else {
+        return true;
+    };
+    let Ok(v) = v.to_str() else {
+        return false;
+    };
+    let v = v.trim();
+    if v.starts_with('"') {
+        return v == etag;
+    }
+    httpdate::parse_http_date(v).is_ok_and(|d| Some(d) == modified)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Range {
+    /// Offset and length, both within the file.
+    One(u64, u64),
+    /// Not a range kuai serves (several ranges, another unit, a syntax error): the whole
+    /// file (RFC 9110 §14.2: a server may ignore Range).
+    Ignored,
+    /// A valid range that selects nothing (RFC 9110 §15.5.17).
+    Unsatisfiable,
+}
+
+/// A Range header value against a file of `len` bytes.
+fn parse_range(value: &HeaderValue, len: u64) -> Range {
+    let Some(spec) = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().strip_prefix("bytes="))
+    else {
+        return Range::Ignored;
+    };
+    let spec = spec.trim();
+    if spec.contains(',') {
+        return Range::Ignored;
+    }
+    let Some((first, last)) = spec.split_once('-') else {
+        return Range::Ignored;
+    };
+    let digits = |s: &str| -> Option<Option<u64>> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Some(None);
+        }
+        if !s.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        // More digits than a u64 holds: as far as this file goes, "the end".
+        Some(Some(s.parse().unwrap_or(u64::MAX)))
+    };
+    let (Some(first), Some(last)) = (digits(first), digits(last)) else {
+        return Range::Ignored;
+    };
+    match (first, last) {
+        // bytes=-N: the last N bytes.
+        (None, Some(n)) => {
+            if n == 0 || len == 0 {
+                return Range::Unsatisfiable;
+            }
+            let n = n.min(len);
+            Range::One(len - n, n)
+        }
+        (Some(a), last) => {
+            if last.is_some_and(|b| b < a) {
+                return Range::Ignored;
+            }
+            if a >= len {
+                return Range::Unsatisfiable;
+            }
+            let end = last.map_or(len - 1, |b| b.min(len - 1));
+            Range::One(a, end - a + 1)
+        }
+        (None, None) => Range::Ignored,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> FileInfo {
+        FileInfo {
+            len: 1000,
+            modified: Some(UNIX_EPOCH + Duration::new(1_700_000_000, 123)),
+        }
+    }
+
+    fn ask(method: Method, headers: &[(&str, &str)]) -> FileAnswer {
+        let mut h = HeaderMap::new();
+        for (n, v) in headers {
+            h.insert(
+                header::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        answer(&method, &h, &info(), "text/plain")
+    }
+
+    #[test]
+    fn a_plain_get_is_the_whole_file_with_its_validators() {
+        let a = ask(Method::GET, &[]);
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.body, Some((0, 1000)));
+        assert_eq!(a.headers[header::CONTENT_LENGTH], "1000");
+        assert_eq!(a.headers[header::ETAG], info().etag().as_str());
+        assert_eq!(
+            a.headers[header::LAST_MODIFIED],
+            "Tue, 14 Nov 2023 22:13:20 GMT"
+        );
+        assert_eq!(a.headers[header::ACCEPT_RANGES], "bytes");
+        let head = ask(Method::HEAD, &[]);
+        assert_eq!(head.status, StatusCode::OK);
+        assert_eq!(head.body, None);
+        assert_eq!(head.headers[header::CONTENT_LENGTH], "1000");
+    }
+
+    #[test]
+    fn conditional_requests_follow_rfc_9110_order() {
+        let tag = info().etag();
+        let weak = format!("W/{tag}");
+        assert_eq!(ask(Method::GET, &[("if-none-match", &tag)]).status, 304);
+        assert_eq!(ask(Method::GET, &[("if-none-match", &weak)]).status, 304);
+        let list = format!("\"x\", {tag}");
+        assert_eq!(ask(Method::GET, &[("if-none-match", &list)]).status, 304);
+        assert_eq!(ask(Method::GET, &[("if-none-match", "*")]).status, 304);
+        assert_eq!(ask(Method::GET, &[("if-none-match", "\"x\"")]).status, 200);
+        let same = "Tue, 14 Nov 2023 22:13:20 GMT";
+        let before = "Tue, 14 Nov 2023 22:13:19 GMT";
+        assert_eq!(ask(Method::GET, &[("if-modified-since", same)]).status, 304);
+        assert_eq!(
+            ask(Method::GET, &[("if-modified-since", before)]).status,
+            200
+        );
+        // If-None-Match wins over If-Modified-Since (§13.2.2 step 3).
+        let both = [("if-none-match", "\"x\""), ("if-modified-since", same)];
+        assert_eq!(ask(Method::GET, &both).status, 200);
+        assert_eq!(ask(Method::GET, &[("if-match", "\"x\"")]).status, 412);
+        assert_eq!(
+            ask(Method::GET, &[("if-match", &weak)]).status,
+            412,
+            "strong"
+        );
+        assert_eq!(ask(Method::GET, &[("if-match", &tag)]).status, 200);
+        assert_eq!(
+            ask(Method::GET, &[("if-unmodified-since", before)]).status,
+            412
+        );
+        assert_eq!(
+            ask(Method::GET, &[("if-unmodified-since", same)]).status,
+            200
+        );
+        let not_modified = ask(Method::GET, &[("if-none-match", &tag)]);
+        assert_eq!(not_modified.body, None);
+        assert_eq!(not_modified.headers[header::ETAG], tag.as_str());
+    }
+
+    #[test]
+    fn one_byte_range_is_served_and_others_are_not() {
+        let r = |v: &str| ask(Method::GET, &[("range", v)]);
+        let a = r("bytes=0-99");
+        assert_eq!(
+            (a.status, a.body),
+            (StatusCode::PARTIAL_CONTENT, Some((0, 100)))
+        );
+        assert_eq!(a.headers[header::CONTENT_RANGE], "bytes 0-99/1000");
+        assert_eq!(a.headers[header::CONTENT_LENGTH], "100");
+        assert_eq!(r("bytes=990-").body, Some((990, 10)));
+        assert_eq!(r("bytes=990-5000").body, Some((990, 10)));
+        assert_eq!(r("bytes=-10").body, Some((990, 10)));
+        assert_eq!(r("bytes=-5000").body, Some((0, 1000)));
+        assert_eq!(r("bytes=5-99999999999999999999999").body, Some((5, 995)));
+        let past = r("bytes=1000-");
+        assert_eq!(past.status, StatusCode::RANGE_NOT_SATISFIABLE);
+        assert_eq!(past.headers[header::CONTENT_RANGE], "bytes */1000");
+        assert_eq!(past.body, None);
+        assert_eq!(r("bytes=-0").status, 416);
+        for whole in [
+            "bytes=0-1,5-6",
+            "items=0-1",
+            "bytes=5-1",
+            "bytes=x-1",
+            "bytes=-",
+        ] {
+            let a = r(whole);
+            assert_eq!(
+                (a.status, a.body),
+                (StatusCode::OK, Some((0, 1000))),
+                "{whole}"
+            );
+        }
+        // HEAD never gets a range (§14.2: GET only).
+        assert_eq!(ask(Method::HEAD, &[("range", "bytes=0-1")]).status, 200);
+    }
+
+    #[test]
+    fn if_range_keeps_a_range_to_the_same_file() {
+        let tag = info().etag();
+        let same = "Tue, 14 Nov 2023 22:13:20 GMT";
+        let ranged = |v: &str| ask(Method::GET, &[("range", "bytes=0-9"), ("if-range", v)]);
+        assert_eq!(ranged(&tag).status, 206);
+        assert_eq!(ranged(same).status, 206);
+        assert_eq!(ranged("\"other\"").status, 200);
+        assert_eq!(ranged(&format!("W/{tag}")).status, 200, "strong comparison");
+        assert_eq!(ranged("Tue, 14 Nov 2023 22:13:21 GMT").status, 200);
+    }
+}
