@@ -238,24 +238,7 @@ pub(crate) fn plain_headers(ctype: &'static str, len: u64) -> http::HeaderMap {
     h
 }
 
-pub(crate) fn content_type(path: &str) -> &'static str {
-    let ext = path.rsplit('.').next().unwrap_or("");
-    match ext {
-        "html" | "htm" => "text/html; charset=utf-8",
-        "" if path.ends_with('/') => "text/html; charset=utf-8",
-        "txt" => "text/plain; charset=utf-8",
-        "css" => "text/css",
-        "js" => "text/javascript",
-        "json" => "application/json",
-        "png" => "image/png",
-        "jpg" | "jpeg" => "image/jpeg",
-        "gif" => "image/gif",
-        "svg" => "image/svg+xml",
-        "webp" => "image/webp",
-        _ if path == "/" => "text/html; charset=utf-8",
-        _ => "application/octet-stream",
-    }
-}
+pub(crate) use kuai_http::fs::content_type;
 
 /// Fetches `url`'s path on an HTTP/3 connection into `out`; returns (status, bytes).
 pub async fn get_to(

@@ -96,6 +96,42 @@ impl StaticDir {
     }
 }
 
+/// The media type for a request path, by its extension (ASCII case-insensitive); a path
+/// ending in `/` is a directory's `index.html`. Anything else is `application/octet-stream`.
+pub fn content_type(path: &str) -> &'static str {
+    if path.is_empty() || path.ends_with('/') {
+        return "text/html; charset=utf-8";
+    }
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let Some((_, ext)) = name.rsplit_once('.') else {
+        return "application/octet-stream";
+    };
+    let ext = ext.to_ascii_lowercase();
+    match ext.as_str() {
+        "html" | "htm" => "text/html; charset=utf-8",
+        "txt" => "text/plain; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "json" | "map" => "application/json",
+        "xml" => "application/xml",
+        "wasm" => "application/wasm",
+        "pdf" => "application/pdf",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "svg" => "image/svg+xml",
+        "webp" => "image/webp",
+        "avif" => "image/avif",
+        "ico" => "image/vnd.microsoft.icon",
+        "woff" => "font/woff",
+        "woff2" => "font/woff2",
+        "mp4" => "video/mp4",
+        "webm" => "video/webm",
+        "mp3" => "audio/mpeg",
+        _ => "application/octet-stream",
+    }
+}
+
 /// `%XX` escapes decoded (RFC 3986 §2.1); `None` for a malformed escape or a result that is
 /// not UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
@@ -453,6 +489,17 @@ mod tests {
 
     fn rel(p: &str) -> Option<(PathBuf, bool)> {
         RelativePath::parse(p).map(|r| (r.path, r.directory))
+    }
+
+    #[test]
+    fn content_types_come_from_the_extension() {
+        assert_eq!(content_type("/"), "text/html; charset=utf-8");
+        assert_eq!(content_type("/docs/"), "text/html; charset=utf-8");
+        assert_eq!(content_type("/a/INDEX.HTML"), "text/html; charset=utf-8");
+        assert_eq!(content_type("/app.mjs"), "text/javascript; charset=utf-8");
+        assert_eq!(content_type("/f.woff2"), "font/woff2");
+        assert_eq!(content_type("/v1.2/readme"), "application/octet-stream");
+        assert_eq!(content_type("/archive.tar.gz"), "application/octet-stream");
     }
 
     #[test]
