@@ -5,10 +5,13 @@
 //! [`fs::StaticDir`], which maps request paths to files below a root without ever leaving
 //! it, [`fs::FileChunks`], which reads a file (or a byte range of it) in large chunks without
 //! stalling the runtime, and [`answer`], which picks the status and headers of a file's
-//! response: validators, conditional requests and byte ranges.
+//! response: validators, conditional requests and byte ranges. [`ServeDir`] puts them
+//! together as a `tower` service.
 #![warn(missing_docs)]
 
 pub mod answer;
 pub mod fs;
+mod serve_dir;
 
 pub use answer::{FileAnswer, FileInfo, answer};
+pub use serve_dir::{FileBody, ServeDir};
