@@ -269,7 +269,7 @@ impl FileChunks {
     }
 
     /// The answer to `method` (GET or HEAD) with `request` headers for this file
-    /// ([`crate::answer`]: validators, conditional requests, a byte range), and the chunks to
+    /// ([`crate::answer()`]: validators, conditional requests, a byte range), and the chunks to
     /// send, if any (narrowed to the range for a 206).
     pub fn answer(
         self,

@@ -4,7 +4,7 @@
 //! and a client that picks the fastest way. It starts with what every server of files needs:
 //! [`fs::StaticDir`], which maps request paths to files below a root without ever leaving
 //! it, [`fs::FileChunks`], which reads a file (or a byte range of it) in large chunks without
-//! stalling the runtime, and [`answer`], which picks the status and headers of a file's
+//! stalling the runtime, and [`answer()`], which picks the status and headers of a file's
 //! response: validators, conditional requests and byte ranges. [`ServeDir`] puts them
 //! together as a `tower` service.
 #![warn(missing_docs)]

@@ -16,7 +16,7 @@ use crate::fs::{FileChunks, StaticDir, content_type};
 
 /// Answers GET and HEAD requests with the files below a directory: what
 /// [`StaticDir`] allows (404 for anything else, missing or forbidden alike), with the status,
-/// validators and byte range that [`crate::answer`] picks; 405 for other methods.
+/// validators and byte range that [`crate::answer()`] picks; 405 for other methods.
 ///
 /// It is a [`tower_service::Service`], so it can stand behind any server that takes one, or
 /// inside a router as the fallback for static assets.
