@@ -146,6 +146,12 @@ async fn respond(
         return Ok((StatusCode::METHOD_NOT_ALLOWED, 0));
     }
     let path = req.uri().path();
+    if let Site::Dir(root) = site {
+        let resp = kuai_http::ServeDir::new(root.clone())
+            .respond(req.method(), path, req.headers())
+            .await;
+        return send(stream, resp, alt_svc).await;
+    }
     let mut builder = Response::builder().header("server", "kuai");
     if let Some(a) = alt_svc {
         builder = builder.header("alt-svc", a);
@@ -225,6 +231,38 @@ async fn respond(
     stream.finish()?;
     let _ = stream.finished().await;
     Ok((status, if head_only { 0 } else { len }))
+}
+
+/// Sends `resp` (with the server's `server` and `alt-svc` headers) and its body, and
+/// finishes the stream; the status and the body bytes sent.
+async fn send<B>(
+    mut stream: RequestStream,
+    resp: Response<B>,
+    alt_svc: Option<&str>,
+) -> Result<(StatusCode, u64), kuai_h3::Error>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    use http_body_util::BodyExt;
+    let (mut head, mut body) = resp.into_parts();
+    head.headers
+        .insert(http::header::SERVER, http::HeaderValue::from_static("kuai"));
+    if let Some(a) = alt_svc.and_then(|a| http::HeaderValue::from_str(a).ok()) {
+        head.headers.insert(http::header::ALT_SVC, a);
+    }
+    let status = head.status;
+    stream.send_response(Response::from_parts(head, ())).await?;
+    let mut sent = 0u64;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| kuai_h3::Error::Malformed("response body failed"))?;
+        if let Ok(data) = frame.into_data() {
+            sent += data.len() as u64;
+            stream.send_data(data).await?;
+        }
+    }
+    stream.finish()?;
+    let _ = stream.finished().await;
+    Ok((status, sent))
 }
 
 /// `content-type` and `content-length` of a body that is not a file.

@@ -34,6 +34,8 @@ pub const ALPN_H1: &[u8] = b"http/1.1";
 pub enum RespBody {
     Bytes(Option<Bytes>),
     File(kuai_http::fs::FileChunks, u64),
+    /// A [`kuai_http::ServeDir`] response's body.
+    Served(kuai_http::FileBody),
     Pattern(Bytes, u64),
 }
 
@@ -58,6 +60,7 @@ impl http_body::Body for RespBody {
                 *left = left.saturating_sub(chunk.len() as u64);
                 Poll::Ready(Some(Ok(Frame::data(chunk))))
             }
+            RespBody::Served(b) => Pin::new(b).poll_frame(cx),
             RespBody::Pattern(block, left) => {
                 if *left == 0 {
                     return Poll::Ready(None);
@@ -73,6 +76,7 @@ impl http_body::Body for RespBody {
         match self {
             RespBody::Bytes(b) => b.is_none(),
             RespBody::File(_, left) | RespBody::Pattern(_, left) => *left == 0,
+            RespBody::Served(b) => b.is_end_stream(),
         }
     }
 
@@ -84,6 +88,7 @@ impl http_body::Body for RespBody {
             RespBody::File(_, left) | RespBody::Pattern(_, left) => {
                 http_body::SizeHint::with_exact(*left)
             }
+            RespBody::Served(b) => b.size_hint(),
         }
     }
 }
@@ -716,6 +721,27 @@ async fn respond(
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let head_only = method == http::Method::HEAD;
+    if let Site::Dir(root) = site {
+        let resp = kuai_http::ServeDir::new(root.clone())
+            .respond(&method, &path, req.headers())
+            .await;
+        let (mut head, body) = resp.into_parts();
+        head.headers
+            .insert(http::header::SERVER, http::HeaderValue::from_static("kuai"));
+        if let Some(a) = alt_svc.and_then(|a| http::HeaderValue::from_str(a).ok()) {
+            head.headers.insert(http::header::ALT_SVC, a);
+        }
+        let bytes = if head_only {
+            0
+        } else {
+            http_body::Body::size_hint(&body).exact().unwrap_or(0)
+        };
+        tracing::info!(
+            %remote, %method, path, status = head.status.as_u16(), bytes,
+            ms = start.elapsed().as_millis() as u64, "{proto} request"
+        );
+        return Response::from_parts(head, RespBody::Served(body));
+    }
     let mut builder = Response::builder().header("server", "kuai");
     if let Some(a) = alt_svc {
         builder = builder.header("alt-svc", a);
