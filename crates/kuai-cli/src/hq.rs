@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
+use kuai::{Connection, RecvStream, SendStream};
 use kuai_http::fs::{FileChunks, StaticDir};
 
 use crate::demo;
-use bytes::Bytes;
-use kuai::{Connection, RecvStream, SendStream};
 
 pub const ALPN: &[u8] = b"hq-interop";
 
