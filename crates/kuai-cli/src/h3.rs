@@ -8,8 +8,7 @@ use http::{Response, StatusCode};
 use kuai::Connection;
 use kuai_h3::{Config, RequestStream, Server};
 
-use crate::demo;
-use crate::hq::{self, Body, Site};
+use crate::hq::Site;
 
 pub use kuai_h3::ALPN;
 
@@ -134,122 +133,21 @@ async fn respond(
         stream.finish()?;
         return Ok((StatusCode::TOO_EARLY, 0));
     }
-    let head_only = req.method() == http::Method::HEAD;
-    if req.method() != http::Method::GET && !head_only {
-        let resp = Response::builder()
-            .status(StatusCode::METHOD_NOT_ALLOWED)
-            .header("allow", "GET, HEAD")
-            .body(())
-            .expect("static response");
-        stream.send_response(resp).await?;
-        stream.finish()?;
-        return Ok((StatusCode::METHOD_NOT_ALLOWED, 0));
-    }
     let path = req.uri().path();
-    if let Site::Dir(root) = site {
-        let resp = kuai_http::ServeDir::new(root.clone())
-            .respond(req.method(), path, req.headers())
-            .await;
-        return send(stream, resp, alt_svc).await;
-    }
-    let mut builder = Response::builder().header("server", "kuai");
-    if let Some(a) = alt_svc {
-        builder = builder.header("alt-svc", a);
-    }
-    let Some(body) = hq::resolve(site, path).await else {
-        let msg = Bytes::from_static(b"404 not found\n");
-        let resp = builder
-            .status(StatusCode::NOT_FOUND)
-            .header("content-type", "text/plain")
-            .header("content-length", msg.len())
-            .body(())
-            .expect("valid");
-        stream.send_response(resp).await?;
-        stream.send_data(msg).await?;
-        stream.finish()?;
-        return Ok((StatusCode::NOT_FOUND, 14));
-    };
-    let (status, len, headers, body) = match body {
-        Body::File(f, _) => {
-            let (answer, chunks) = f
-                .answer(req.method(), req.headers(), content_type(path))
-                .map_err(|_| kuai_h3::Error::Malformed("file read failed"))?;
-            let len = chunks.as_ref().map_or(0, |c| c.len());
-            let body = chunks.map(|c| {
-                let n = c.len();
-                Body::File(c, n)
-            });
-            (answer.status, len, answer.headers, body)
-        }
-        Body::Bytes(b) => {
-            let len = b.len() as u64;
-            let h = plain_headers(content_type(path), len);
-            (
-                StatusCode::OK,
-                len,
-                h,
-                (!head_only).then_some(Body::Bytes(b)),
-            )
-        }
-        Body::Pattern(n) => {
-            let h = plain_headers("application/octet-stream", n);
-            (
-                StatusCode::OK,
-                n,
-                h,
-                (!head_only).then_some(Body::Pattern(n)),
-            )
-        }
-    };
-    let mut builder = builder.status(status);
-    for (name, value) in &headers {
-        builder = builder.header(name, value);
-    }
-    stream
-        .send_response(builder.body(()).expect("valid"))
-        .await?;
-    if let Some(body) = body {
-        match body {
-            Body::File(mut f, _) => {
-                while let Some(chunk) = f.next().await {
-                    let chunk = chunk.map_err(|_| kuai_h3::Error::Malformed("file read failed"))?;
-                    stream.send_data(chunk).await?;
-                }
-            }
-            Body::Bytes(b) => stream.send_data(b).await?,
-            Body::Pattern(n) => {
-                let block = demo::pattern_block();
-                let mut left = n;
-                while left > 0 {
-                    let k = left.min(block.len() as u64) as usize;
-                    stream.send_data(block.slice(..k)).await?;
-                    left -= k as u64;
-                }
-            }
-        }
-    }
-    stream.finish()?;
-    let _ = stream.finished().await;
-    Ok((status, if head_only { 0 } else { len }))
+    let resp = crate::site::response(site, req.method(), path, req.headers(), alt_svc).await;
+    send(stream, resp).await
 }
 
-/// Sends `resp` (with the server's `server` and `alt-svc` headers) and its body, and
-/// finishes the stream; the status and the body bytes sent.
+/// Sends `resp` and its body, and finishes the stream; the status and the body bytes sent.
 async fn send<B>(
     mut stream: RequestStream,
     resp: Response<B>,
-    alt_svc: Option<&str>,
 ) -> Result<(StatusCode, u64), kuai_h3::Error>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
 {
     use http_body_util::BodyExt;
-    let (mut head, mut body) = resp.into_parts();
-    head.headers
-        .insert(http::header::SERVER, http::HeaderValue::from_static("kuai"));
-    if let Some(a) = alt_svc.and_then(|a| http::HeaderValue::from_str(a).ok()) {
-        head.headers.insert(http::header::ALT_SVC, a);
-    }
+    let (head, mut body) = resp.into_parts();
     let status = head.status;
     stream.send_response(Response::from_parts(head, ())).await?;
     let mut sent = 0u64;
@@ -264,19 +162,6 @@ where
     let _ = stream.finished().await;
     Ok((status, sent))
 }
-
-/// `content-type` and `content-length` of a body that is not a file.
-pub(crate) fn plain_headers(ctype: &'static str, len: u64) -> http::HeaderMap {
-    let mut h = http::HeaderMap::new();
-    h.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static(ctype),
-    );
-    h.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
-    h
-}
-
-pub(crate) use kuai_http::fs::content_type;
 
 /// Fetches `url`'s path on an HTTP/3 connection into `out`; returns (status, bytes).
 pub async fn get_to(
@@ -412,6 +297,23 @@ mod tests {
         (ep, addr, ccfg)
     }
 
+    /// A connection from `cep` to `addr` and an HTTP/3 client on it.
+    async fn h3_client(
+        cep: &kuai::Endpoint,
+        ccfg: kuai::ClientConfig,
+        addr: SocketAddr,
+    ) -> (kuai::Connection, kuai_h3::Client) {
+        let conn = cep
+            .connect_with(ccfg, addr, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        let client = kuai_h3::Client::new(conn.clone(), Config::default())
+            .await
+            .unwrap();
+        (conn, client)
+    }
+
     fn settings(idle_timeout: Option<Duration>) -> crate::server::H3Settings {
         crate::server::H3Settings {
             config: Config::default(),
@@ -425,14 +327,7 @@ mod tests {
     async fn an_idle_http3_connection_is_closed() {
         let (_ep, addr, ccfg) = start(settings(Some(Duration::from_millis(500))));
         let cep = kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-        let conn = cep
-            .connect_with(ccfg, addr, "localhost")
-            .unwrap()
-            .await
-            .unwrap();
-        let client = kuai_h3::Client::new(conn.clone(), Config::default())
-            .await
-            .unwrap();
+        let (conn, client) = h3_client(&cep, ccfg, addr).await;
         // A request every 200 ms for 1.2 s: never idle for 500 ms.
         for _ in 0..6 {
             assert_eq!(status(&client, http::Method::GET).await, 200);
@@ -462,14 +357,7 @@ mod tests {
         let (_ep, addr, ccfg) = start(settings(None));
         let cep = kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
         // A first connection for a session ticket that allows early data.
-        let conn = cep
-            .connect_with(ccfg.clone(), addr, "localhost")
-            .unwrap()
-            .await
-            .unwrap();
-        let client = kuai_h3::Client::new(conn.clone(), Config::default())
-            .await
-            .unwrap();
+        let (conn, client) = h3_client(&cep, ccfg.clone(), addr).await;
         assert_eq!(status(&client, http::Method::GET).await, 200);
         assert!(conn.session_ticket().await);
         conn.close(0, b"");
@@ -504,12 +392,7 @@ mod tests {
         std::fs::write(dir.join("f.bin"), &data).unwrap();
         let (_ep, addr, ccfg) = start_site(settings(None), Site::Dir(dir.clone()));
         let cep = kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-        let conn = cep
-            .connect_with(ccfg, addr, "localhost")
-            .unwrap()
-            .await
-            .unwrap();
-        let client = kuai_h3::Client::new(conn, Config::default()).await.unwrap();
+        let (_conn, client) = h3_client(&cep, ccfg, addr).await;
         let get = |headers: Vec<(&'static str, String)>| {
             let client = client.clone();
             async move {

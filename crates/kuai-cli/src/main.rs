@@ -9,6 +9,7 @@ mod hq;
 mod interop;
 mod keylog;
 mod server;
+mod site;
 mod tcp;
 mod tls;
 mod url;

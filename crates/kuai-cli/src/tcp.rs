@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -23,75 +23,12 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
 
-use crate::hq::{self, Site};
+use crate::hq::Site;
+use crate::site::RespBody;
 use crate::url::Url;
 
 pub const ALPN_H2: &[u8] = b"h2";
 pub const ALPN_H1: &[u8] = b"http/1.1";
-
-/// A response body: nothing, bytes in memory, a file streamed in 64 KiB chunks, or the demo
-/// site's generated pattern.
-pub enum RespBody {
-    Bytes(Option<Bytes>),
-    File(kuai_http::fs::FileChunks, u64),
-    /// A [`kuai_http::ServeDir`] response's body.
-    Served(kuai_http::FileBody),
-    Pattern(Bytes, u64),
-}
-
-impl http_body::Body for RespBody {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        match self.get_mut() {
-            RespBody::Bytes(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            RespBody::File(file, left) => {
-                if *left == 0 {
-                    return Poll::Ready(None);
-                }
-                let Some(chunk) = ready!(file.poll_next(cx)) else {
-                    return Poll::Ready(Some(Err(io::ErrorKind::UnexpectedEof.into())));
-                };
-                let chunk = chunk?;
-                *left = left.saturating_sub(chunk.len() as u64);
-                Poll::Ready(Some(Ok(Frame::data(chunk))))
-            }
-            RespBody::Served(b) => Pin::new(b).poll_frame(cx),
-            RespBody::Pattern(block, left) => {
-                if *left == 0 {
-                    return Poll::Ready(None);
-                }
-                let n = (*left).min(block.len() as u64) as usize;
-                *left -= n as u64;
-                Poll::Ready(Some(Ok(Frame::data(block.slice(..n)))))
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            RespBody::Bytes(b) => b.is_none(),
-            RespBody::File(_, left) | RespBody::Pattern(_, left) => *left == 0,
-            RespBody::Served(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        match self {
-            RespBody::Bytes(b) => {
-                http_body::SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64))
-            }
-            RespBody::File(_, left) | RespBody::Pattern(_, left) => {
-                http_body::SizeHint::with_exact(*left)
-            }
-            RespBody::Served(b) => b.size_hint(),
-        }
-    }
-}
 
 /// The TLS configuration of the TCP listener: the QUIC server's certificate, ALPN h2 and
 /// http/1.1.
@@ -720,102 +657,17 @@ async fn respond(
     let start = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
-    let head_only = method == http::Method::HEAD;
-    if let Site::Dir(root) = site {
-        let resp = kuai_http::ServeDir::new(root.clone())
-            .respond(&method, &path, req.headers())
-            .await;
-        let (mut head, body) = resp.into_parts();
-        head.headers
-            .insert(http::header::SERVER, http::HeaderValue::from_static("kuai"));
-        if let Some(a) = alt_svc.and_then(|a| http::HeaderValue::from_str(a).ok()) {
-            head.headers.insert(http::header::ALT_SVC, a);
-        }
-        let bytes = if head_only {
-            0
-        } else {
-            http_body::Body::size_hint(&body).exact().unwrap_or(0)
-        };
-        tracing::info!(
-            %remote, %method, path, status = head.status.as_u16(), bytes,
-            ms = start.elapsed().as_millis() as u64, "{proto} request"
-        );
-        return Response::from_parts(head, RespBody::Served(body));
-    }
-    let mut builder = Response::builder().header("server", "kuai");
-    if let Some(a) = alt_svc {
-        builder = builder.header("alt-svc", a);
-    }
-    let (status, len, resp) = if method != http::Method::GET && !head_only {
-        let r = builder
-            .status(StatusCode::METHOD_NOT_ALLOWED)
-            .header("allow", "GET, HEAD")
-            .body(RespBody::Bytes(None));
-        (StatusCode::METHOD_NOT_ALLOWED, 0, r)
+    let resp = crate::site::response(site, &method, &path, req.headers(), alt_svc).await;
+    let bytes = if method == http::Method::HEAD {
+        0
     } else {
-        match hq::resolve(site, &path).await {
-            None => {
-                let msg = Bytes::from_static(b"404 not found\n");
-                let r = builder
-                    .status(StatusCode::NOT_FOUND)
-                    .header("content-type", "text/plain")
-                    .header("content-length", msg.len())
-                    .body(RespBody::Bytes(Some(msg)));
-                (StatusCode::NOT_FOUND, 14, r)
-            }
-            Some(body) => {
-                let (status, len, headers, body) = match body {
-                    hq::Body::File(f, _) => {
-                        match f.answer(&method, req.headers(), crate::h3::content_type(&path)) {
-                            Ok((answer, chunks)) => {
-                                let len = chunks.as_ref().map_or(0, |c| c.len());
-                                let body = chunks.map_or(RespBody::Bytes(None), |c| {
-                                    let n = c.len();
-                                    RespBody::File(c, n)
-                                });
-                                (answer.status, len, answer.headers, body)
-                            }
-                            Err(_) => (
-                                StatusCode::INTERNAL_SERVER_ERROR,
-                                0,
-                                http::HeaderMap::new(),
-                                RespBody::Bytes(None),
-                            ),
-                        }
-                    }
-                    hq::Body::Bytes(b) => {
-                        let len = b.len() as u64;
-                        let h = crate::h3::plain_headers(crate::h3::content_type(&path), len);
-                        (StatusCode::OK, len, h, RespBody::Bytes(Some(b)))
-                    }
-                    hq::Body::Pattern(n) => {
-                        let h = crate::h3::plain_headers("application/octet-stream", n);
-                        let block = crate::demo::pattern_block().clone();
-                        (StatusCode::OK, n, h, RespBody::Pattern(block, n))
-                    }
-                };
-                let body = if head_only {
-                    RespBody::Bytes(None)
-                } else {
-                    body
-                };
-                let mut builder = builder.status(status);
-                for (name, value) in &headers {
-                    builder = builder.header(name, value);
-                }
-                (status, if head_only { 0 } else { len }, builder.body(body))
-            }
-        }
+        http_body::Body::size_hint(resp.body()).exact().unwrap_or(0)
     };
     tracing::info!(
-        %remote, %method, path, status = status.as_u16(), bytes = len,
+        %remote, %method, path, status = resp.status().as_u16(), bytes,
         ms = start.elapsed().as_millis() as u64, "{proto} request"
     );
-    resp.unwrap_or_else(|_| {
-        let mut r = Response::new(RespBody::Bytes(None));
-        *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-        r
-    })
+    resp
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1469,6 +1321,21 @@ mod tests {
         );
     }
 
+    /// A test client's connection, either protocol.
+    enum Sender {
+        H1(hyper::client::conn::http1::SendRequest<Empty<Bytes>>),
+        H2(hyper::client::conn::http2::SendRequest<Empty<Bytes>>),
+    }
+
+    impl Sender {
+        async fn send(&mut self, req: Request<Empty<Bytes>>) -> Response<Incoming> {
+            match self {
+                Sender::H1(s) => s.send_request(req).await.unwrap(),
+                Sender::H2(s) => s.send_request(req).await.unwrap(),
+            }
+        }
+    }
+
     /// Over HTTP/2 and HTTP/1.1, a file answers a byte range with 206 and a request that
     /// already has it with 304 (kuai_http::answer), as over HTTP/3 (h3.rs).
     #[tokio::test]
@@ -1493,37 +1360,27 @@ mod tests {
                 }
                 req.body(Empty::<Bytes>::new()).unwrap()
             };
-            let mut answers = Vec::new();
-            let etag;
-            if alpn == ALPN_H2 {
-                let (mut send, conn) =
-                    hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-                        .await
-                        .unwrap();
+            let mut send = if alpn == ALPN_H2 {
+                let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                    .await
+                    .unwrap();
                 tokio::spawn(conn);
-                let resp = send.send_request(ask(&[])).await.unwrap();
-                etag = resp.headers()["etag"].to_str().unwrap().to_owned();
-                answers.push((resp.status(), resp.into_body().collect().await.unwrap()));
-                for h in [
-                    ("range", "bytes=70000-70099"),
-                    ("if-none-match", etag.as_str()),
-                ] {
-                    let resp = send.send_request(ask(&[h])).await.unwrap();
-                    answers.push((resp.status(), resp.into_body().collect().await.unwrap()));
-                }
+                Sender::H2(send)
             } else {
-                let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+                let (send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
                 tokio::spawn(conn);
-                let resp = send.send_request(ask(&[])).await.unwrap();
-                etag = resp.headers()["etag"].to_str().unwrap().to_owned();
+                Sender::H1(send)
+            };
+            let mut answers = Vec::new();
+            let resp = send.send(ask(&[])).await;
+            let etag = resp.headers()["etag"].to_str().unwrap().to_owned();
+            answers.push((resp.status(), resp.into_body().collect().await.unwrap()));
+            for h in [
+                ("range", "bytes=70000-70099"),
+                ("if-none-match", etag.as_str()),
+            ] {
+                let resp = send.send(ask(&[h])).await;
                 answers.push((resp.status(), resp.into_body().collect().await.unwrap()));
-                for h in [
-                    ("range", "bytes=70000-70099"),
-                    ("if-none-match", etag.as_str()),
-                ] {
-                    let resp = send.send_request(ask(&[h])).await.unwrap();
-                    answers.push((resp.status(), resp.into_body().collect().await.unwrap()));
-                }
             }
             let bodies: Vec<(u16, Bytes)> = answers
                 .into_iter()
