@@ -4,8 +4,6 @@ use std::sync::OnceLock;
 
 use bytes::Bytes;
 
-use crate::hq::Body;
-
 const INDEX: &str = r#"<!doctype html>
 <html lang="en">
 <head>
@@ -40,13 +38,22 @@ pub fn pattern_block() -> &'static Bytes {
     P.get_or_init(|| Bytes::from((0..65536u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()))
 }
 
-pub fn lookup(path: &str) -> Option<Body> {
+/// A page of the demo site.
+pub enum Page {
+    Bytes(Bytes),
+    /// `n` bytes of [`pattern_block`].
+    Pattern(u64),
+}
+
+/// The demo page at `path` (its query ignored).
+pub fn lookup(path: &str) -> Option<Page> {
+    let path = path.split(['?', '#']).next().unwrap_or("");
     match path {
-        "" | "/" | "/index.html" => Some(Body::Bytes(Bytes::from_static(INDEX.as_bytes()))),
-        "/hello.txt" => Some(Body::Bytes(Bytes::from_static(HELLO.as_bytes()))),
+        "" | "/" | "/index.html" => Some(Page::Bytes(Bytes::from_static(INDEX.as_bytes()))),
+        "/hello.txt" => Some(Page::Bytes(Bytes::from_static(HELLO.as_bytes()))),
         p => {
             let n: u64 = p.strip_prefix("/bytes/")?.parse().ok()?;
-            (n <= MAX_GENERATED).then_some(Body::Pattern(n))
+            (n <= MAX_GENERATED).then_some(Page::Pattern(n))
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kuai::{ClientConfig, Endpoint, Version};
 
-use crate::hq::{self, Site};
+use crate::hq;
 use crate::keylog::FileKeyLog;
 use crate::tls::Identity;
 use crate::url::Url;
@@ -163,24 +163,12 @@ async fn server(case: &str, alpn: &str) -> Result<(), String> {
         "interop server on {listen}, test case {case}, serving {}",
         www.display()
     );
-    let site = Arc::new(Site::Dir(www));
-    while let Some(connecting) = ep.accept().await {
-        let site = site.clone();
-        let h3 = alpn == "h3";
-        tokio::spawn(async move {
-            // Serve at once: a 0-RTT request is answered in 0.5-RTT.
-            let conn = match connecting.into_0rtt() {
-                Ok((conn, _)) => Ok(conn),
-                Err(c) => c.await,
-            };
-            match conn {
-                Ok(conn) if h3 => crate::h3::serve_connection(conn, site, None).await,
-                Ok(conn) => hq::serve_connection(conn, site).await,
-                Err(e) => tracing::info!(error = %e, "handshake failed"),
-            }
-        });
-    }
-    Ok(())
+    // The runner's clients are not browsers: no Alt-Svc.
+    kuai_http::Server::new(kuai_http::ServeDir::new(www))
+        .alt_svc_max_age(None)
+        .serve(kuai_http::Listener::new(ep))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The preferred address for `connectionmigration`: `PREFERRED_ADDRESS` if set, else the

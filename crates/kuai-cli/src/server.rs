@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kuai::{Endpoint, ServerConfig};
+use kuai_http::{Limits, Listener, Server};
 
-use crate::hq::{self, Site};
+use crate::hq;
 use crate::keylog::FileKeyLog;
-use crate::tcp::TcpLimits;
+use crate::site::{Site, SiteService};
 use crate::tls::Identity;
 
 #[derive(clap::Args)]
@@ -64,28 +65,28 @@ pub struct Args {
     workers: usize,
     /// TCP: most connections held at once. At the cap a new connection closes the oldest one
     /// with no request in flight; if every one has a request in flight it is refused.
-    #[arg(long, default_value_t = TcpLimits::default().max_connections)]
+    #[arg(long, default_value_t = Limits::default().max_connections)]
     max_connections: usize,
     /// TCP: time allowed for the TLS handshake (units ms, s, m; a bare number is seconds).
-    #[arg(long, default_value_t = Timeout(TcpLimits::default().handshake_timeout))]
+    #[arg(long, default_value_t = Timeout(Limits::default().handshake_timeout))]
     handshake_timeout: Timeout,
     /// Time allowed for a request head. TCP: the first one from the end of the handshake, a
     /// later HTTP/1.1 one from its first byte; HTTP/3: from the opening of its stream.
-    #[arg(long, default_value_t = Timeout(TcpLimits::default().header_timeout))]
+    #[arg(long, default_value_t = Timeout(Limits::default().header_timeout))]
     header_timeout: Timeout,
     /// How long a connection (TCP or HTTP/3) waits for another request after a response.
-    #[arg(long, default_value_t = Timeout(TcpLimits::default().idle_timeout))]
+    #[arg(long, default_value_t = Timeout(Limits::default().idle_timeout))]
     idle_timeout: Timeout,
     /// TCP: a response that makes no progress this long (the client stopped reading) closes
     /// its connection.
-    #[arg(long, default_value_t = Timeout(TcpLimits::default().send_timeout))]
+    #[arg(long, default_value_t = Timeout(Limits::default().send_timeout))]
     send_timeout: Timeout,
     /// HTTP/2: most requests in flight per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
-    #[arg(long, default_value_t = TcpLimits::default().h2_max_concurrent_streams)]
+    #[arg(long, default_value_t = Limits::default().h2_max_concurrent_streams)]
     h2_max_streams: u32,
     /// Largest request header section in bytes, every protocol (HTTP/1.1: 431 past it;
     /// HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE; HTTP/3 SETTINGS_MAX_FIELD_SECTION_SIZE).
-    #[arg(long, default_value_t = TcpLimits::default().max_header_size)]
+    #[arg(long, default_value_t = Limits::default().max_header_size)]
     max_header_size: usize,
 }
 
@@ -137,47 +138,10 @@ pub async fn run(args: Args) -> ExitCode {
     }
 }
 
-/// How `kuai server` runs HTTP/3 connections.
-#[derive(Clone)]
-pub(crate) struct H3Settings {
-    pub config: kuai_h3::Config,
-    /// Close a connection with no request in flight for this long.
-    pub idle_timeout: Option<Duration>,
-}
-
-/// Serves one QUIC connection: HTTP/3, or HTTP/0.9 for hq-interop.
-pub(crate) async fn handle(
-    connecting: kuai::Connecting,
-    site: Arc<Site>,
-    alt_svc: Option<String>,
-    h3: H3Settings,
-) {
-    let remote = connecting.remote_address();
-    // Serve at once: a 0-RTT request is answered in 0.5-RTT.
-    let conn = match connecting.into_0rtt() {
-        Ok((conn, _)) => Ok(conn),
-        Err(c) => c.await,
-    };
-    match conn {
-        Ok(conn) if conn.alpn().as_deref() == Some(hq::ALPN) => {
-            // HTTP/0.9 has only GET, which early data may carry.
-            hq::serve_connection(conn, site).await
-        }
-        Ok(conn) => {
-            let H3Settings {
-                config,
-                idle_timeout,
-            } = h3;
-            crate::h3::serve_connection_with(conn, site, alt_svc, config, idle_timeout).await
-        }
-        Err(e) => tracing::info!(%remote, error = %e, "handshake failed"),
-    }
-}
-
-/// The TCP server's limits from the flags, with at most as many connections as the
+/// The server's limits from the flags, with at most as many TCP connections as the
 /// open-file limit leaves room for (one descriptor for the socket and one for a file each,
 /// 256 kept for the rest).
-fn tcp_limits(args: &Args) -> TcpLimits {
+fn limits(args: &Args) -> Limits {
     let mut max_connections = args.max_connections;
     if let Some(files) = raise_open_file_limit() {
         let room = usize::try_from(files.saturating_sub(256) / 2).unwrap_or(usize::MAX);
@@ -189,16 +153,15 @@ fn tcp_limits(args: &Args) -> TcpLimits {
             max_connections = room.max(1);
         }
     }
-    TcpLimits {
-        max_connections,
-        handshake_timeout: args.handshake_timeout.0,
-        header_timeout: args.header_timeout.0,
-        idle_timeout: args.idle_timeout.0,
-        send_timeout: args.send_timeout.0,
-        h2_max_concurrent_streams: args.h2_max_streams,
-        max_header_size: args.max_header_size,
-        ..TcpLimits::default()
-    }
+    let mut l = Limits::default();
+    l.max_connections = max_connections;
+    l.handshake_timeout = args.handshake_timeout.0;
+    l.header_timeout = args.header_timeout.0;
+    l.idle_timeout = args.idle_timeout.0;
+    l.send_timeout = args.send_timeout.0;
+    l.h2_max_concurrent_streams = args.h2_max_streams;
+    l.max_header_size = args.max_header_size;
+    l
 }
 
 /// Raises the soft limit on open files to the hard one (at most 2^20), as Go's runtime
@@ -349,38 +312,26 @@ async fn serve(args: Args) -> Result<(), String> {
         );
     }
     println!("or: cargo run --release -- get --insecure -v https://localhost:{port}/hello.txt");
-    let site = Arc::new(site);
+    let mut listener = Listener::new(ep);
     if let Some(l) = tcp {
-        let tls = crate::tcp::server_tls(&identity, args.keylog.as_deref())?;
-        let alt_svc = Some(format!("h3=\":{port}\"; ma=86400"));
-        let limits = tcp_limits(&args);
-        tokio::spawn(crate::tcp::serve(l, tls, site.clone(), alt_svc, limits));
+        listener = listener.with_tcp(
+            l,
+            rustls_server_config(&identity, &[], args.keylog.as_deref())?,
+        );
     }
-    let h3 = H3Settings {
-        config: kuai_h3::Config {
-            max_field_section_size: args.max_header_size as u64,
-            request_head_timeout: Some(args.header_timeout.0),
-            ..kuai_h3::Config::default()
-        },
-        idle_timeout: Some(args.idle_timeout.0),
+    let server = Server::new(SiteService::new(&site)).limits(limits(&args));
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+        println!("shutting down: requests in flight may finish (Ctrl-C again to stop now)");
+        tokio::spawn(async {
+            let _ = tokio::signal::ctrl_c().await;
+            std::process::exit(130);
+        });
     };
-    let serve = async {
-        while let Some(connecting) = ep.accept().await {
-            let site = site.clone();
-            let h3 = h3.clone();
-            let alt_svc = Some(format!("h3=\":{port}\"; ma=86400"));
-            tokio::spawn(handle(connecting, site, alt_svc, h3));
-        }
-    };
-    tokio::select! {
-        _ = serve => {}
-        _ = tokio::signal::ctrl_c() => {
-            println!("shutting down");
-            ep.close(0, b"server shutting down");
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), ep.wait_idle()).await;
-        }
-    }
-    Ok(())
+    server
+        .serve_with_shutdown(listener, shutdown)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -1,19 +1,32 @@
-//! What `kuai server` answers for a site on HTTP/3, HTTP/2 and HTTP/1.1: one response for
-//! every protocol (`hq-interop` answers on its own; HTTP/0.9 has no heads). A directory site
-//! is [`kuai_http::ServeDir`]; the demo site is generated.
+//! What `kuai server` serves: a directory ([`kuai_http::ServeDir`]) or the built-in demo
+//! site, as one `tower` service that `kuai_http::Server` runs over HTTP/3, HTTP/2, HTTP/1.1
+//! and HTTP/0.9.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::io;
+use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Response, StatusCode};
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
 use http_body::Frame;
-use kuai_http::FileBody;
 use kuai_http::fs::content_type;
+use kuai_http::{FileBody, ServeDir};
 
-use crate::hq::{self, Site};
+use crate::demo;
+
+/// Where responses come from.
+#[derive(Clone)]
+pub enum Site {
+    /// Files under a directory.
+    Dir(PathBuf),
+    /// The built-in demo site.
+    Demo,
+}
 
 /// A response body: nothing, bytes in memory, a file (through [`FileBody`]), or the demo
 /// site's generated pattern.
@@ -64,31 +77,62 @@ impl http_body::Body for RespBody {
     }
 }
 
-/// The response to `method` on `path` with the request's `headers`, with kuai's `server`
-/// header and, when given, `alt-svc`.
-pub async fn response(
-    site: &Site,
-    method: &Method,
-    path: &str,
-    headers: &HeaderMap,
-    alt_svc: Option<&str>,
-) -> Response<RespBody> {
-    let mut resp = match site {
-        Site::Dir(root) => kuai_http::ServeDir::new(root.clone())
-            .respond(method, path, headers)
-            .await
-            .map(RespBody::Served),
-        Site::Demo => demo(method, path).await,
-    };
-    let h = resp.headers_mut();
-    h.insert(header::SERVER, HeaderValue::from_static("kuai"));
-    if let Some(a) = alt_svc.and_then(|a| HeaderValue::from_str(a).ok()) {
-        h.insert(header::ALT_SVC, a);
-    }
-    resp
+/// The site as a `tower` service, with kuai's `server` header on every response.
+#[derive(Clone)]
+pub struct SiteService(Arc<Inner>);
+
+enum Inner {
+    Dir(ServeDir),
+    Demo,
 }
 
-async fn demo(method: &Method, path: &str) -> Response<RespBody> {
+impl SiteService {
+    pub fn new(site: &Site) -> Self {
+        Self(Arc::new(match site {
+            Site::Dir(root) => Inner::Dir(ServeDir::new(root.clone())),
+            Site::Demo => Inner::Demo,
+        }))
+    }
+
+    /// The response to `method` on `path` with the request's `headers`.
+    pub async fn response(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &http::HeaderMap,
+    ) -> Response<RespBody> {
+        let mut resp = match &*self.0 {
+            Inner::Dir(dir) => dir
+                .respond(method, path, headers)
+                .await
+                .map(RespBody::Served),
+            Inner::Demo => demo_response(method, path),
+        };
+        resp.headers_mut()
+            .insert(header::SERVER, HeaderValue::from_static("kuai"));
+        resp
+    }
+}
+
+impl<B> tower_service::Service<Request<B>> for SiteService {
+    type Response = Response<RespBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<RespBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let this = self.clone();
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let headers = req.headers().clone();
+        Box::pin(async move { Ok(this.response(&method, &path, &headers).await) })
+    }
+}
+
+fn demo_response(method: &Method, path: &str) -> Response<RespBody> {
     let mut resp = Response::new(RespBody::Bytes(None));
     if method != Method::GET && method != Method::HEAD {
         *resp.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
@@ -96,19 +140,19 @@ async fn demo(method: &Method, path: &str) -> Response<RespBody> {
             .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return resp;
     }
-    let (ctype, len, body) = match hq::resolve(&Site::Demo, path).await {
+    let (ctype, len, body) = match demo::lookup(path) {
         None => {
             let msg = Bytes::from_static(b"404 not found\n");
             *resp.status_mut() = StatusCode::NOT_FOUND;
             ("text/plain", msg.len() as u64, RespBody::Bytes(Some(msg)))
         }
-        Some(hq::Body::Bytes(b)) => (content_type(path), b.len() as u64, RespBody::Bytes(Some(b))),
-        Some(hq::Body::Pattern(n)) => {
-            let block = crate::demo::pattern_block().clone();
+        Some(demo::Page::Bytes(b)) => {
+            (content_type(path), b.len() as u64, RespBody::Bytes(Some(b)))
+        }
+        Some(demo::Page::Pattern(n)) => {
+            let block = demo::pattern_block().clone();
             ("application/octet-stream", n, RespBody::Pattern(block, n))
         }
-        // The demo site has no files; should it get some, they stream as they are.
-        Some(hq::Body::File(f, n)) => (content_type(path), n, RespBody::Served(FileBody::file(f))),
     };
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));

@@ -8,7 +8,7 @@ use http::{Request, Response};
 use crate::conn::{self, CloseGuard, Config, Shared};
 use crate::error::{Code, Error, H3Error};
 use crate::message;
-use crate::stream::RequestStream;
+use crate::stream::{RecvHalf, RequestStream};
 
 /// An HTTP/3 client on one QUIC connection. Cheap to clone; requests run concurrently on
 /// their own streams. The connection closes when the last clone is dropped.
@@ -109,10 +109,23 @@ impl Client {
 }
 
 impl RequestStream {
-    /// Client: reads the response head, skipping informational (1xx) responses.
+    /// Client: reads the response head, skipping informational (1xx) responses. A malformed
+    /// one resets both directions (RFC 9114 §4.1.2).
+    pub async fn recv_response(&mut self) -> Result<Response<()>, Error> {
+        let r = self.recv.recv_response().await;
+        if let Err(Error::Malformed(_)) = &r {
+            self.send.reset(Code::MESSAGE_ERROR);
+        }
+        r
+    }
+}
+
+impl RecvHalf {
+    /// Client: reads the response head, skipping informational (1xx) responses (for a
+    /// request whose body is still being sent from the [`SendHalf`](crate::SendHalf)).
     pub async fn recv_response(&mut self) -> Result<Response<()>, Error> {
         loop {
-            let Some(fields) = self.recv.recv_fields().await? else {
+            let Some(fields) = self.recv_fields().await? else {
                 return Err(Error::StreamReset(Code::REQUEST_INCOMPLETE));
             };
             let parts = match message::parse_response(&fields) {
@@ -126,7 +139,7 @@ impl RequestStream {
             if parts.status.is_informational() {
                 continue;
             }
-            self.recv.set_response_head(&parts.status, &parts.headers)?;
+            self.set_response_head(&parts.status, &parts.headers)?;
             return Ok(Response::from_parts(parts, ()));
         }
     }

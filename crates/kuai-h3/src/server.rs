@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use crate::conn::{self, CloseGuard, Config, Shared};
 use crate::error::{Code, Error};
 use crate::message;
-use crate::stream::{RecvHalf, RequestStream};
+use crate::stream::{RecvHalf, RequestStream, SendHalf};
 
 /// Requests whose heads were read but not yet accepted by the application.
 const ACCEPT_QUEUE: usize = 256;
@@ -139,13 +139,23 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
 impl RequestStream {
     /// Server: sends the response head.
     pub async fn send_response(&mut self, resp: Response<()>) -> Result<(), Error> {
+        self.send.send_response(resp).await
+    }
+
+    /// Server: sends an informational (1xx) response before the final one.
+    pub async fn send_informational(&mut self, resp: Response<()>) -> Result<(), Error> {
+        self.send.send_informational(resp).await
+    }
+}
+
+impl SendHalf {
+    /// Server: sends the response head.
+    pub async fn send_response(&mut self, resp: Response<()>) -> Result<(), Error> {
         let (parts, ()) = resp.into_parts();
         if parts.status.is_informational() {
             return Err(Error::Malformed("use send_informational for 1xx"));
         }
-        self.send
-            .send_fields(&message::response_fields(&parts))
-            .await
+        self.send_fields(&message::response_fields(&parts)).await
     }
 
     /// Server: sends an informational (1xx) response before the final one.
@@ -155,9 +165,7 @@ impl RequestStream {
         {
             return Err(Error::Malformed("not an informational status"));
         }
-        self.send
-            .send_fields(&message::response_fields(&parts))
-            .await
+        self.send_fields(&message::response_fields(&parts)).await
     }
 }
 

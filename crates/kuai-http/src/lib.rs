@@ -10,8 +10,21 @@
 #![warn(missing_docs)]
 
 pub mod answer;
+mod body;
+mod error;
 pub mod fs;
 mod serve_dir;
+pub mod server;
+
+/// Internals for the fuzz targets; not a stable interface.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::server::hq_request_path;
+}
 
 pub use answer::{FileAnswer, FileInfo, answer};
+pub use body::Body;
+pub use error::{BoxError, Error};
 pub use serve_dir::{FileBody, ServeDir};
+pub use server::{ConnInfo, EarlyData, Handle, Limits, Listener, Protocol, Server, server_tls};

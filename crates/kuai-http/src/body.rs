@@ -1,0 +1,177 @@
+//! [`Body`]: the body of a request the server received, over any protocol.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use kuai_h3::RecvHalf;
+
+use crate::Error;
+
+type Next = Pin<Box<dyn Future<Output = (RecvHalf, Result<Option<Frame<Bytes>>, Error>)> + Send>>;
+
+/// A request body as it arrives: HTTP/3 DATA frames, HTTP/2 DATA frames or HTTP/1.1 content,
+/// read on demand (the sender is held back by flow control while the service does not read)
+/// and never gathered in memory by the server. Trailers come last when the client sent any.
+///
+/// A body longer than [`Limits::max_request_body`](crate::Limits::max_request_body) ends in
+/// [`Error::BodyTooLarge`] (a request that declares such a length is answered 413 before the
+/// service sees it).
+pub struct Body {
+    kind: Kind,
+    limit: Option<u64>,
+    received: u64,
+}
+
+enum Kind {
+    Empty,
+    H3(Box<H3Body>),
+    Hyper(hyper::body::Incoming),
+}
+
+/// An HTTP/3 request stream's receiving half, or the read of its next frame in progress.
+struct H3Body {
+    half: Option<RecvHalf>,
+    next: Option<Next>,
+}
+
+impl Body {
+    /// A body with nothing in it.
+    pub fn empty() -> Self {
+        Self {
+            kind: Kind::Empty,
+            limit: None,
+            received: 0,
+        }
+    }
+
+    pub(crate) fn h3(half: RecvHalf, limit: Option<u64>) -> Self {
+        Self {
+            kind: Kind::H3(Box::new(H3Body {
+                half: Some(half),
+                next: None,
+            })),
+            limit,
+            received: 0,
+        }
+    }
+
+    pub(crate) fn hyper(b: hyper::body::Incoming, limit: Option<u64>) -> Self {
+        Self {
+            kind: Kind::Hyper(b),
+            limit,
+            received: 0,
+        }
+    }
+
+    /// Counts `frame` against the limit.
+    fn counted(
+        &mut self,
+        frame: Option<Result<Frame<Bytes>, Error>>,
+    ) -> Option<Result<Frame<Bytes>, Error>> {
+        if let Some(Ok(f)) = &frame
+            && let Some(d) = f.data_ref()
+        {
+            self.received += d.len() as u64;
+            if let Some(limit) = self.limit
+                && self.received > limit
+            {
+                // Stop reading: no more of it is wanted.
+                self.kind = Kind::Empty;
+                return Some(Err(Error::BodyTooLarge { limit }));
+            }
+        }
+        frame
+    }
+}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.kind {
+            Kind::Empty => "empty",
+            Kind::H3(_) => "HTTP/3",
+            Kind::Hyper(_) => "HTTP/2 or HTTP/1.1",
+        };
+        f.debug_struct("Body")
+            .field("kind", &kind)
+            .field("received", &self.received)
+            .finish()
+    }
+}
+
+/// Reads the next DATA frame, then the trailers; `None` at the end.
+async fn next_h3(mut half: RecvHalf) -> (RecvHalf, Result<Option<Frame<Bytes>>, Error>) {
+    let r = match half.recv_data().await {
+        Ok(Some(d)) => Ok(Some(Frame::data(d))),
+        Ok(None) => match half.recv_trailers().await {
+            Ok(Some(t)) => Ok(Some(Frame::trailers(t))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(Error::H3(e)),
+        },
+        Err(e) => Err(Error::H3(e)),
+    };
+    (half, r)
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = self.get_mut();
+        let frame = match &mut this.kind {
+            Kind::Empty => return Poll::Ready(None),
+            Kind::Hyper(b) => ready!(Pin::new(b).poll_frame(cx)).map(|r| r.map_err(Error::Hyper)),
+            Kind::H3(b) => {
+                let H3Body { half, next } = &mut **b;
+                if next.is_none() {
+                    let Some(h) = half.take() else {
+                        return Poll::Ready(None);
+                    };
+                    *next = Some(Box::pin(next_h3(h)));
+                }
+                let Some(fut) = next.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                let (h, r) = ready!(fut.as_mut().poll(cx));
+                *next = None;
+                match r {
+                    Ok(Some(f)) => {
+                        *half = Some(h);
+                        Some(Ok(f))
+                    }
+                    Ok(None) => {
+                        this.kind = Kind::Empty;
+                        None
+                    }
+                    Err(e) => {
+                        this.kind = Kind::Empty;
+                        Some(Err(e))
+                    }
+                }
+            }
+        };
+        Poll::Ready(this.counted(frame))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Empty => true,
+            Kind::Hyper(b) => b.is_end_stream(),
+            Kind::H3(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Hyper(b) => b.size_hint(),
+            Kind::H3(_) => SizeHint::default(),
+        }
+    }
+}

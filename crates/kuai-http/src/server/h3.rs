@@ -1,0 +1,169 @@
+//! HTTP/3 (RFC 9114) in front of the service.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use kuai_h3::{Code, SendHalf};
+
+use super::{
+    ConnInfo, EarlyData, InFlight, Protocol, ReplyBody, RequestGuard, Shared, log_request,
+};
+use crate::Body;
+
+/// Serves every request of a connection. A connection with no request in flight for the
+/// idle timeout is closed with H3_NO_ERROR (RFC 9114 §5.2), as the TCP side closes idle
+/// connections; on shutdown a GOAWAY goes out first, and the connection closes once its
+/// requests are done or the drain timeout passes.
+pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
+    let remote = conn.remote_address();
+    let limits = &shared.limits;
+    let config = kuai_h3::Config {
+        max_field_section_size: limits.max_header_size as u64,
+        request_head_timeout: Some(limits.header_timeout),
+        ..kuai_h3::Config::default()
+    };
+    let mut server = match kuai_h3::Server::new(conn, config).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::info!(%remote, error = %e, "HTTP/3 setup failed");
+            return;
+        }
+    };
+    let in_flight = InFlight::new();
+    let mut draining: Option<tokio::time::Instant> = None;
+    let close = |server: &kuai_h3::Server, why: &'static [u8]| {
+        server.shutdown();
+        server.quic().close(Code::NO_ERROR.0, why);
+    };
+    loop {
+        let idle = in_flight.is_idle();
+        let deadline = draining.unwrap_or_else(|| in_flight.idle_since() + limits.idle_timeout);
+        let next = tokio::select! {
+            r = server.accept() => r,
+            _ = tokio::time::sleep_until(deadline), if idle || draining.is_some() => {
+                if draining.is_some() {
+                    tracing::debug!(%remote, "HTTP/3 connection not drained in time: closed");
+                    close(&server, b"shutting down");
+                    break;
+                }
+                // The deadline may have moved while asleep.
+                if in_flight.idle_since() + limits.idle_timeout > tokio::time::Instant::now() {
+                    continue;
+                }
+                tracing::debug!(%remote, "HTTP/3 connection idle: closed");
+                close(&server, b"idle");
+                break;
+            }
+            // A request began or ended.
+            _ = in_flight.changed() => {
+                if let Some(d) = draining && in_flight.is_idle() {
+                    linger(&server, d).await;
+                    close(&server, b"shutting down");
+                    break;
+                }
+                continue;
+            }
+            _ = shared.shutting_down(), if draining.is_none() => {
+                // GOAWAY: requests already begun are answered, later ones refused so the
+                // client can retry them elsewhere.
+                server.shutdown();
+                let d = tokio::time::Instant::now() + limits.drain_timeout;
+                draining = Some(d);
+                if in_flight.is_idle() {
+                    linger(&server, d).await;
+                    close(&server, b"shutting down");
+                    break;
+                }
+                continue;
+            }
+        };
+        let Some((req, stream)) = next else { break };
+        let request = RequestGuard::new(&in_flight);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let _request = request;
+            let start = Instant::now();
+            let (parts, ()) = req.into_parts();
+            let method = parts.method.clone();
+            let path = parts.uri.path().to_owned();
+            // Its head arrived (at least in part) in 0-RTT: an attacker may replay it (RFC 9001
+            // §9.2, RFC 8446 §8).
+            let early = parts.extensions.get::<EarlyData>().is_some();
+            let info = ConnInfo {
+                remote,
+                protocol: Protocol::Http3,
+            };
+            let (send, recv) = stream.split();
+            let limit = shared.limits.max_request_body;
+            let req = Request::from_parts(parts, Body::h3(recv, limit));
+            let resp = shared.respond(req, info).await;
+            match send_response(send, resp, &method).await {
+                Ok((status, bytes)) => {
+                    log_request(&info, &method, &path, status.as_u16(), bytes, start, early)
+                }
+                Err(e) => tracing::info!(%remote, %method, path, error = %e, "h3 request failed"),
+            }
+        });
+    }
+}
+
+/// How long a drained connection stays open after its last response for the client to
+/// read what it received and close first.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// After the last response of a draining connection (its data acknowledged): waits for the
+/// client to close, [`LINGER`] at most and never past `deadline`. A client's QUIC stack may
+/// drop stream data its application has not read yet when the connection closes.
+async fn linger(server: &kuai_h3::Server, deadline: tokio::time::Instant) {
+    let until = deadline.min(tokio::time::Instant::now() + LINGER);
+    tokio::select! {
+        _ = server.quic().closed() => {}
+        _ = tokio::time::sleep_until(until) => {}
+    }
+}
+
+/// Sends `resp` and its body (none after HEAD, 204 and 304: RFC 9110 §6.4.1) and finishes the
+/// stream; the status and the body bytes sent.
+async fn send_response(
+    mut stream: SendHalf,
+    resp: Response<ReplyBody>,
+    method: &Method,
+) -> Result<(StatusCode, u64), kuai_h3::Error> {
+    let (head, mut body) = resp.into_parts();
+    let status = head.status;
+    stream.send_response(Response::from_parts(head, ())).await?;
+    let no_body = method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let mut sent = 0u64;
+    if !no_body {
+        while let Some(frame) = body.frame().await {
+            let frame = match frame {
+                Ok(f) => f,
+                Err(e) => {
+                    // The client must not take a cut body for a whole one.
+                    tracing::info!(error = %e, "response body failed: stream reset");
+                    stream.reset(Code::INTERNAL_ERROR);
+                    return Err(kuai_h3::Error::Malformed("response body failed"));
+                }
+            };
+            match frame.into_data() {
+                Ok(data) => {
+                    sent += data.len() as u64;
+                    stream.send_data(data).await?;
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        stream.send_trailers(&trailers).await?;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    stream.finish()?;
+    let _ = stream.finished().await;
+    Ok((status, sent))
+}

@@ -1,0 +1,100 @@
+//! HTTP/0.9 over QUIC (ALPN `hq-interop`), as the QUIC interop runner speaks it: one request
+//! per bidirectional stream, `GET /path\r\n`, answered with the body and FIN. The service
+//! answers it as a GET with version HTTP/0.9; there is no status line, so anything but 200
+//! resets the stream.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Method, Request, StatusCode, Version};
+use http_body_util::BodyExt;
+
+use super::{ConnInfo, EarlyData, InFlight, Protocol, RequestGuard, Shared, log_request};
+use crate::Body;
+
+/// Longest request line.
+const MAX_REQUEST: usize = 8 * 1024;
+/// The stream error that says "not found" (the interop runner's convention).
+const NOT_FOUND: u64 = 0x10c;
+
+/// Serves every request of a connection; on shutdown, the requests in flight get the drain
+/// timeout to finish.
+pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
+    let remote = conn.remote_address();
+    let in_flight = InFlight::new();
+    loop {
+        let (send, recv) = tokio::select! {
+            r = conn.accept_bi() => match r {
+                Ok(s) => s,
+                Err(_) => return,
+            },
+            _ = shared.shutting_down() => {
+                let _ = tokio::time::timeout(shared.limits.drain_timeout, in_flight.drained()).await;
+                conn.close(0, b"shutting down");
+                return;
+            }
+        };
+        let request = RequestGuard::new(&in_flight);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let _request = request;
+            let info = ConnInfo {
+                remote,
+                protocol: Protocol::Http09,
+            };
+            if let Err(e) = serve_request(send, recv, &shared, info).await {
+                tracing::debug!(%remote, error = %e, "hq request failed");
+            }
+        });
+    }
+}
+
+async fn serve_request(
+    mut send: kuai::SendStream,
+    mut recv: kuai::RecvStream,
+    shared: &Shared,
+    info: ConnInfo,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let start = Instant::now();
+    let early = recv.received_in_0rtt();
+    let line = recv.read_to_end(MAX_REQUEST).await?;
+    let line = String::from_utf8_lossy(&line);
+    let path = request_path(&line);
+    let mut req = Request::builder()
+        .method(Method::GET)
+        .version(Version::HTTP_09)
+        .uri(if path.starts_with('/') { path } else { "/" })
+        .body(Body::empty())
+        .unwrap_or_else(|_| Request::new(Body::empty()));
+    if early {
+        req.extensions_mut().insert(EarlyData);
+    }
+    let resp = shared.respond(req, info).await;
+    let status = resp.status();
+    if status != StatusCode::OK {
+        send.reset(NOT_FOUND)?;
+        log_request(&info, &Method::GET, path, status.as_u16(), 0, start, early);
+        return Ok(());
+    }
+    let mut body = resp.into_body();
+    let mut sent = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            sent += data.len() as u64;
+            send.write_chunk(data).await?;
+        }
+    }
+    send.finish()?;
+    log_request(&info, &Method::GET, path, 200, sent, start, early);
+    let _ = send.stopped().await;
+    Ok(())
+}
+
+/// The path of an HTTP/0.9 request, `GET /path\r\n`; empty when it is not a GET.
+pub fn request_path(request: &str) -> &str {
+    request
+        .trim()
+        .strip_prefix("GET ")
+        .map(str::trim)
+        .unwrap_or("")
+}

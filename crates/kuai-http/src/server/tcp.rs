@@ -1,0 +1,1067 @@
+//! HTTP/2 and HTTP/1.1 over TLS 1.3 on TCP (hyper and rustls) in front of the service, with
+//! the limits that keep idle, slow and stalled clients from holding the server's sockets and
+//! memory.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body::Frame;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+use super::{ALPN_H2, ConnInfo, Limits, Protocol, ReplyBody, Shared, TaskGuard, log_request};
+use crate::{Body, BoxError};
+
+/// HTTP/2 receive windows: what a client may send on a stream (and on the connection) that
+/// the service has not read yet. 256 KiB per stream carries an upload at 20 Mbit/s over a
+/// 100 ms path; the connection's 1 MiB bounds what one client parks in the server.
+const H2_STREAM_WINDOW: u32 = 256 * 1024;
+const H2_CONNECTION_WINDOW: u32 = 1 << 20;
+/// Response bytes a connection may hold made but not yet written to its socket (in hyper's
+/// and h2's buffers); past it its responses wait for the client to read.
+const RESPONSE_BUFFER: u64 = 256 * 1024;
+/// How long an HTTP/2 connection closed for idleness has to finish after its GOAWAY.
+const H2_GOAWAY_GRACE: Duration = Duration::from_secs(5);
+
+/// Milliseconds since the server started: connection timestamps fit in atomics.
+#[derive(Clone, Copy)]
+struct Clock(tokio::time::Instant);
+
+impl Clock {
+    fn now(self) -> u64 {
+        self.0.elapsed().as_millis() as u64
+    }
+
+    fn instant(self, ms: u64) -> tokio::time::Instant {
+        self.0 + Duration::from_millis(ms)
+    }
+}
+
+const NEVER: u64 = u64::MAX;
+
+/// What the watchdog of one connection needs to know, updated by its requests and reads.
+struct ConnState {
+    clock: Clock,
+    /// Requests whose response is not finished.
+    active: AtomicUsize,
+    /// Requests begun so far.
+    requests: AtomicU64,
+    /// When the TLS handshake ended or, after that, the last response finished.
+    idle_since: AtomicU64,
+    /// When the first byte after `idle_since` was read (the next HTTP/1.1 head began).
+    head_started: AtomicU64,
+    /// When a response body last asked for data (it only does when the client reads).
+    progress: AtomicU64,
+    /// Response body bytes handed to hyper, and bytes hyper wrote to the TLS stream (never
+    /// counted past `produced`, so headers and framing do not make room): the difference
+    /// is what waits in hyper's and h2's buffers.
+    produced: AtomicU64,
+    written: AtomicU64,
+    /// Response bodies waiting for `buffered()` to fall under `RESPONSE_BUFFER`.
+    drained: Mutex<Vec<std::task::Waker>>,
+    /// A request began or ended, or a head began: the deadline moved.
+    changed: Notify,
+    /// Closed to make room for a new connection.
+    evict: Notify,
+}
+
+/// Why the watchdog closes a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expiry {
+    /// No complete first request within the header timeout of the handshake.
+    FirstRequest,
+    /// A later HTTP/1.1 head not complete within the header timeout of its first byte.
+    Header,
+    /// No request for the idle timeout after the last response.
+    Idle,
+    /// A response made no progress for the send timeout.
+    Send,
+}
+
+impl ConnState {
+    fn new(clock: Clock) -> Self {
+        let now = clock.now();
+        Self {
+            clock,
+            active: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
+            idle_since: AtomicU64::new(now),
+            head_started: AtomicU64::new(NEVER),
+            progress: AtomicU64::new(now),
+            produced: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            drained: Mutex::new(Vec::new()),
+            changed: Notify::new(),
+            evict: Notify::new(),
+        }
+    }
+
+    /// The time (clock milliseconds) the connection is closed at unless something happens
+    /// first, and why.
+    fn deadline(&self, l: &Limits, h2: bool) -> (u64, Expiry) {
+        let ms = |d: Duration| d.as_millis() as u64;
+        if self.active.load(Relaxed) > 0 {
+            return (
+                self.progress
+                    .load(Relaxed)
+                    .saturating_add(ms(l.send_timeout)),
+                Expiry::Send,
+            );
+        }
+        let idle_since = self.idle_since.load(Relaxed);
+        if self.requests.load(Relaxed) == 0 {
+            return (
+                idle_since.saturating_add(ms(l.header_timeout)),
+                Expiry::FirstRequest,
+            );
+        }
+        let head = self.head_started.load(Relaxed);
+        if !h2 && head != NEVER {
+            return (head.saturating_add(ms(l.header_timeout)), Expiry::Header);
+        }
+        (idle_since.saturating_add(ms(l.idle_timeout)), Expiry::Idle)
+    }
+
+    /// Response bytes produced and not yet written out.
+    fn buffered(&self) -> u64 {
+        self.produced
+            .load(Relaxed)
+            .saturating_sub(self.written.load(Relaxed))
+    }
+
+    /// `n` bytes went to the TLS stream: wakes the bodies waiting for room.
+    fn on_written(&self, n: usize) {
+        let produced = self.produced.load(Relaxed);
+        let _ = self.written.fetch_update(Relaxed, Relaxed, |w| {
+            Some(w.saturating_add(n as u64).min(produced.max(w)))
+        });
+        if self.buffered() < RESPONSE_BUFFER {
+            let waiting =
+                std::mem::take(&mut *self.drained.lock().unwrap_or_else(|e| e.into_inner()));
+            for w in waiting {
+                w.wake();
+            }
+        }
+    }
+
+    /// Whether a response body may make more data now; if not, `cx` is woken when it may.
+    fn room(&self, cx: &Context<'_>) -> bool {
+        if self.buffered() < RESPONSE_BUFFER {
+            return true;
+        }
+        let mut waiting = self.drained.lock().unwrap_or_else(|e| e.into_inner());
+        if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+            waiting.push(cx.waker().clone());
+        }
+        // Written out meanwhile: no wake-up would come.
+        self.buffered() < RESPONSE_BUFFER
+    }
+
+    /// Bytes arrived from the client.
+    fn on_read(&self) {
+        if self.active.load(Relaxed) == 0 && self.head_started.load(Relaxed) == NEVER {
+            self.head_started.store(self.clock.now(), Relaxed);
+            self.changed.notify_one();
+        }
+    }
+}
+
+/// Marks a request in flight from its head to the end of its response (dropped with the
+/// response body).
+struct InFlight(Arc<ConnState>);
+
+impl InFlight {
+    fn new(state: &Arc<ConnState>) -> Self {
+        let now = state.clock.now();
+        state.progress.store(now, Relaxed);
+        state.head_started.store(NEVER, Relaxed);
+        state.requests.fetch_add(1, Relaxed);
+        state.active.fetch_add(1, Relaxed);
+        state.changed.notify_one();
+        Self(state.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let s = &self.0;
+        s.idle_since.store(s.clock.now(), Relaxed);
+        s.head_started.store(NEVER, Relaxed);
+        s.active.fetch_sub(1, Relaxed);
+        s.changed.notify_one();
+    }
+}
+
+/// A response body that tells the watchdog when the client takes data, and writes the
+/// request's access-log line when it is dropped (sent, or abandoned).
+struct Tracked {
+    body: ReplyBody,
+    request: InFlight,
+    log: Log,
+}
+
+/// What the access log says of a request.
+struct Log {
+    info: ConnInfo,
+    method: Method,
+    path: String,
+    status: u16,
+    bytes: u64,
+    start: Instant,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let l = &self.log;
+        log_request(
+            &l.info, &l.method, &l.path, l.status, l.bytes, l.start, false,
+        );
+    }
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let s = &this.request.0;
+        // Past RESPONSE_BUFFER the connection's responses wait for the client to read (and
+        // make no progress, for the send timeout).
+        if !s.room(cx) {
+            return Poll::Pending;
+        }
+        s.progress.store(s.clock.now(), Relaxed);
+        let r = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &r
+            && let Some(data) = frame.data_ref()
+        {
+            s.produced.fetch_add(data.len() as u64, Relaxed);
+            this.log.bytes += data.len() as u64;
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The TLS stream of a connection, telling the watchdog when bytes arrive.
+struct Watched {
+    io: tokio_rustls::server::TlsStream<TcpStream>,
+    state: Arc<ConnState>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.state.on_read();
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            this.state.on_written(n);
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            this.state.on_written(n);
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// The connections the server holds, oldest first, for the cap.
+struct Conns {
+    by_age: Mutex<BTreeMap<u64, Arc<ConnState>>>,
+    next: AtomicU64,
+    clock: Clock,
+}
+
+impl Conns {
+    fn new() -> Self {
+        Self {
+            by_age: Mutex::new(BTreeMap::new()),
+            next: AtomicU64::new(0),
+            clock: Clock(tokio::time::Instant::now()),
+        }
+    }
+
+    /// Takes a new connection in: its id and state, or `None` when it must be refused.
+    fn admit(&self, max: usize) -> Option<(u64, Arc<ConnState>)> {
+        let mut m = self.by_age.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= max.max(1) {
+            // Make room: the oldest connection with no request in flight goes.
+            let idle = m
+                .iter()
+                .find(|(_, c)| c.active.load(Relaxed) == 0)
+                .map(|(&id, _)| id)?;
+            if let Some(c) = m.remove(&idle) {
+                c.evict.notify_one();
+            }
+        }
+        let id = self.next.fetch_add(1, Relaxed);
+        let state = Arc::new(ConnState::new(self.clock));
+        m.insert(id, state.clone());
+        Some((id, state))
+    }
+
+    fn remove(&self, id: u64) {
+        self.by_age
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+}
+
+/// Takes a connection out of [`Conns`] when its task ends.
+struct Admitted<'a>(&'a Conns, u64);
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.0.remove(self.1);
+    }
+}
+
+/// Accepts TCP connections and serves HTTP/1.1 or HTTP/2 (by ALPN) within the limits,
+/// until a shutdown begins.
+pub(super) async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shared: Arc<Shared>,
+    _guard: TaskGuard,
+) {
+    serve_with(listener, tls, shared, Arc::new(Conns::new())).await
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shared: Arc<Shared>,
+    conns: Arc<Conns>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (sock, remote) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of descriptors and the like: wait a little rather than spin.
+                    tracing::warn!(error = %e, "TCP accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shared.shutting_down() => return,
+        };
+        let Some((id, state)) = conns.admit(shared.limits.max_connections) else {
+            // Every connection has a request in flight: this one is closed at once, so
+            // the client can go elsewhere or retry, rather than wait unanswered.
+            tracing::debug!(%remote, "at the connection cap with no idle connection: refused");
+            continue;
+        };
+        let _ = sock.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let shared = shared.clone();
+        let conns = conns.clone();
+        let guard = shared.tasks.guard();
+        tokio::spawn(async move {
+            let _guard = guard;
+            let _admitted = Admitted(&conns, id);
+            serve_connection(sock, remote, acceptor, &shared, state).await;
+        });
+    }
+}
+
+/// How long a new connection's output is corked after its TLS handshake.
+const FIRST_BURST: Duration = Duration::from_millis(2);
+
+/// The first burst of an HTTP/2 connection after the handshake (its SETTINGS, the
+/// acknowledgment of the client's, then the first response's HEADERS and DATA) is written in
+/// several small pieces. With TCP_NODELAY each leaves as its own segment, and Linux's initial
+/// window counts segments (10): a 10 KB response behind them waited a round trip for
+/// acknowledgments, so an HTTP/2 fetch on a new connection took 4 round trips where
+/// HTTP/1.1 took 3. Corking the socket for [`FIRST_BURST`] sends that burst in full
+/// segments; afterwards TCP_NODELAY alone applies. (Linux holds corked data 200 ms at most.)
+#[cfg(target_os = "linux")]
+fn cork_first_burst(sock: &TcpStream) {
+    let Ok(fd) = std::os::fd::AsFd::as_fd(sock).try_clone_to_owned() else {
+        return;
+    };
+    let s = socket2::Socket::from(fd);
+    if s.set_tcp_cork(true).is_err() {
+        return;
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(FIRST_BURST).await;
+        let _ = s.set_tcp_cork(false);
+    });
+}
+
+#[cfg(not(target_os = "linux"))]
+fn cork_first_burst(_: &TcpStream) {}
+
+async fn serve_connection(
+    sock: TcpStream,
+    remote: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    shared: &Arc<Shared>,
+    state: Arc<ConnState>,
+) {
+    let limits = &shared.limits;
+    let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(sock));
+    let tls = tokio::select! {
+        r = handshake => match r {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%remote, "TLS handshake timed out");
+                return;
+            }
+        },
+        _ = state.evict.notified() => {
+            tracing::debug!(%remote, "closed in its TLS handshake to make room");
+            return;
+        }
+    };
+    state.idle_since.store(state.clock.now(), Relaxed);
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
+    if h2 {
+        // HTTP/1.1 writes a response in one piece already.
+        cork_first_burst(tls.get_ref().0);
+    }
+    let info = ConnInfo {
+        remote,
+        protocol: if h2 {
+            Protocol::Http2
+        } else {
+            Protocol::Http11
+        },
+    };
+    let st = state.clone();
+    let sh = shared.clone();
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let shared = sh.clone();
+        let request = InFlight::new(&st);
+        async move {
+            let start = Instant::now();
+            let method = req.method().clone();
+            let path = req.uri().path().to_owned();
+            let limit = shared.limits.max_request_body;
+            let resp = shared
+                .respond(req.map(|b| Body::hyper(b, limit)), info)
+                .await;
+            let status = resp.status().as_u16();
+            Ok::<_, Infallible>(resp.map(|body| Tracked {
+                body,
+                request,
+                log: Log {
+                    info,
+                    method,
+                    path,
+                    status,
+                    bytes: 0,
+                    start,
+                },
+            }))
+        }
+    });
+    let io = TokioIo::new(Watched {
+        io: tls,
+        state: state.clone(),
+    });
+    if h2 {
+        let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.h2_max_concurrent_streams)
+            .keep_alive_interval(limits.h2_keepalive_interval)
+            .keep_alive_timeout(limits.h2_keepalive_timeout)
+            .max_header_list_size(u32::try_from(limits.max_header_size).unwrap_or(u32::MAX))
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .serve_connection(io, svc);
+        watch(
+            conn,
+            |c| c.graceful_shutdown(),
+            &state,
+            shared,
+            true,
+            remote,
+        )
+        .await;
+    } else {
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            // hyper's own header timer starts when it begins waiting for a head, which on a
+            // kept-alive connection includes the idle time: the watchdog times the two apart.
+            .header_read_timeout(None)
+            .max_headers(limits.max_headers)
+            .max_header_size(limits.max_header_size)
+            .serve_connection(io, svc);
+        watch(
+            conn,
+            |c| c.graceful_shutdown(),
+            &state,
+            shared,
+            false,
+            remote,
+        )
+        .await;
+    }
+}
+
+/// Drives a connection until it ends, closing it when its deadline passes (see
+/// [`ConnState::deadline`]) or it is evicted. Idle connections are shut down gracefully
+/// (HTTP/2 GOAWAY, then `H2_GOAWAY_GRACE` to finish); the others are dropped. When the server
+/// shuts down, every connection is shut down gracefully and gets the drain timeout.
+async fn watch<C>(
+    conn: C,
+    shutdown: impl Fn(Pin<&mut C>),
+    state: &ConnState,
+    shared: &Shared,
+    h2: bool,
+    remote: SocketAddr,
+) where
+    C: std::future::Future<Output = Result<(), hyper::Error>>,
+{
+    let limits = &shared.limits;
+    let proto = if h2 { "h2" } else { "http/1.1" };
+    tokio::pin!(conn);
+    let mut grace: Option<tokio::time::Instant> = None;
+    loop {
+        let wake = grace.unwrap_or_else(|| state.clock.instant(state.deadline(limits, h2).0));
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(%remote, error = %e, "{proto} connection ended");
+                }
+                return;
+            }
+            _ = tokio::time::sleep_until(wake) => {
+                if grace.is_some() {
+                    tracing::debug!(%remote, "{proto} connection did not finish after GOAWAY");
+                    return;
+                }
+                // The deadline may have moved while asleep.
+                let (at, why) = state.deadline(limits, h2);
+                if at > state.clock.now() {
+                    continue;
+                }
+                tracing::debug!(%remote, ?why, "{proto} connection timed out");
+                if why != Expiry::Idle {
+                    return;
+                }
+                shutdown(conn.as_mut());
+                grace = Some(tokio::time::Instant::now() + H2_GOAWAY_GRACE);
+            }
+            // A request began or ended: compute the deadline again.
+            _ = state.changed.notified(), if grace.is_none() => {}
+            _ = state.evict.notified() => {
+                tracing::debug!(%remote, "{proto} connection closed to make room");
+                return;
+            }
+            _ = shared.shutting_down(), if grace.is_none() => {
+                shutdown(conn.as_mut());
+                grace = Some(tokio::time::Instant::now() + limits.drain_timeout);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The TCP server's limits on real loopback sockets, with its timeouts made short
+    //! through the same settings `kuai server` takes from its flags.
+
+    use super::*;
+    use crate::server::tests::{Sender, TestSite, Tls, empty, identity, request, tls_to};
+    use crate::server::{ALPN_H1, Server};
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    struct Srv {
+        addr: SocketAddr,
+        cert: rustls::pki_types::CertificateDer<'static>,
+        conns: Arc<Conns>,
+    }
+
+    /// The two TCP protocols.
+    #[derive(Clone, Copy, Debug)]
+    enum Proto {
+        H1,
+        H2,
+    }
+
+    fn short_limits() -> Limits {
+        Limits {
+            max_connections: 1000,
+            handshake_timeout: Duration::from_millis(400),
+            header_timeout: Duration::from_millis(400),
+            idle_timeout: Duration::from_millis(1000),
+            send_timeout: Duration::from_millis(600),
+            h2_max_concurrent_streams: 7,
+            h2_keepalive_interval: None,
+            h2_keepalive_timeout: Duration::from_secs(20),
+            max_header_size: 8 * 1024,
+            max_headers: 20,
+            ..Limits::default()
+        }
+    }
+
+    async fn start(limits: Limits) -> Srv {
+        let (cert, mut tls) = identity();
+        tls.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_H1.to_vec()];
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = Arc::new(Conns::new());
+        let shared = Server::new(TestSite { dir: None })
+            .limits(limits)
+            .into_shared(addr.port());
+        tokio::spawn(serve_with(listener, Arc::new(tls), shared, conns.clone()));
+        Srv { addr, cert, conns }
+    }
+
+    impl Srv {
+        async fn tls(&self, alpn: &[u8]) -> Tls {
+            tls_to(self.addr, &self.cert, alpn).await
+        }
+
+        /// One GET /hello.txt; the body.
+        async fn fetch(&self, proto: Proto) -> Result<Vec<u8>, String> {
+            let alpn = match proto {
+                Proto::H1 => ALPN_H1,
+                Proto::H2 => ALPN_H2,
+            };
+            let mut c = Sender::connect(self.addr, &self.cert, alpn).await;
+            let req = request(alpn, self.addr.port(), "/hello.txt")
+                .body(empty())
+                .unwrap();
+            let resp = c.try_send(req).await.map_err(|e| e.to_string())?;
+            if resp.status() != http::StatusCode::OK {
+                return Err(format!("status {}", resp.status()));
+            }
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(body.to_bytes().to_vec())
+        }
+    }
+
+    /// Waits up to `limit` for the peer to close `s` (EOF or an error on read); the time it
+    /// took, or `None` if it stayed open. Whatever arrives before is discarded.
+    async fn closed_within<S: AsyncRead + Unpin>(s: &mut S, limit: Duration) -> Option<Duration> {
+        let t = Instant::now();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let left = limit.checked_sub(t.elapsed())?;
+            match tokio::time::timeout(left, s.read(&mut buf)).await {
+                Err(_) => return None,
+                Ok(Ok(0)) | Ok(Err(_)) => return Some(t.elapsed()),
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// A TCP connection that never starts TLS is closed after the handshake timeout.
+    #[tokio::test]
+    async fn a_connection_that_never_starts_tls_is_closed() {
+        let srv = start(short_limits()).await;
+        let mut s = TcpStream::connect(srv.addr).await.unwrap();
+        let t = closed_within(&mut s, Duration::from_secs(5)).await;
+        let t = t.expect("still open after 5 s");
+        eprintln!("closed after {t:?}");
+        assert!(t >= Duration::from_millis(300), "closed after {t:?}");
+        assert!(t < Duration::from_millis(1500), "closed after {t:?}");
+    }
+
+    /// A TLS connection that sends no request is closed after the header timeout.
+    #[tokio::test]
+    async fn an_idle_tls_connection_is_closed() {
+        let srv = start(short_limits()).await;
+        for alpn in [ALPN_H1, ALPN_H2] {
+            let mut s = srv.tls(alpn).await;
+            if alpn == ALPN_H2 {
+                // The client preface and SETTINGS, then nothing.
+                s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+                    .await
+                    .unwrap();
+            }
+            let t = closed_within(&mut s, Duration::from_secs(5)).await;
+            let t = t.unwrap_or_else(|| panic!("{alpn:?}: still open after 5 s"));
+            eprintln!("{}: closed after {t:?}", String::from_utf8_lossy(alpn));
+            assert!(
+                t >= Duration::from_millis(300),
+                "{alpn:?}: closed after {t:?}"
+            );
+            assert!(
+                t < Duration::from_millis(1500),
+                "{alpn:?}: closed after {t:?}"
+            );
+        }
+    }
+
+    /// Slowloris: a request head sent a byte every 50 ms is cut off at the header timeout
+    /// (400 ms), however long it goes on.
+    #[tokio::test]
+    async fn a_header_sent_a_byte_at_a_time_is_cut_off() {
+        let srv = start(short_limits()).await;
+        let mut s = srv.tls(ALPN_H1).await;
+        let head = b"GET /hello.txt HTTP/1.1\r\nhost: localhost\r\nx-slow: ";
+        let t = Instant::now();
+        let mut buf = [0u8; 1024];
+        let mut closed = None;
+        for i in 0..100usize {
+            let byte = head.get(i).copied().unwrap_or(b'a');
+            if s.write_all(&[byte]).await.is_err() {
+                closed = Some(t.elapsed());
+                break;
+            }
+            match tokio::time::timeout(Duration::from_millis(50), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    closed = Some(t.elapsed());
+                    break;
+                }
+                Ok(Ok(_)) | Err(_) => {}
+            }
+        }
+        let t = closed.expect("still open after 100 bytes at one per 50 ms");
+        eprintln!("closed after {t:?}");
+        assert!(t >= Duration::from_millis(300), "closed after {t:?}");
+        assert!(t < Duration::from_millis(1500), "closed after {t:?}");
+    }
+
+    /// HTTP/1.1 keep-alive: after a response, the connection may wait for the next request
+    /// for the idle timeout (1 s, longer than the header timeout), then it is closed.
+    #[tokio::test]
+    async fn an_idle_keep_alive_connection_is_closed() {
+        let srv = start(short_limits()).await;
+        let mut s = srv.tls(ALPN_H1).await;
+        s.write_all(b"GET /hello.txt HTTP/1.1\r\nhost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(b"over QUIC\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "closed before the response: {:?}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+        let t = closed_within(&mut s, Duration::from_secs(5)).await;
+        let t = t.expect("still open after 5 s");
+        eprintln!("closed after {t:?}");
+        assert!(t >= Duration::from_millis(800), "closed after {t:?}");
+        assert!(t < Duration::from_millis(2500), "closed after {t:?}");
+    }
+
+    /// A client that stops reading a response: no progress for the send timeout, and the
+    /// connection is closed.
+    #[tokio::test]
+    async fn a_client_that_stops_reading_is_cut_off() {
+        let srv = start(short_limits()).await;
+        let mut s = srv.tls(ALPN_H1).await;
+        s.write_all(b"GET /bytes/10000000000 HTTP/1.1\r\nhost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        // Read a little, then nothing while the socket buffers fill.
+        let mut buf = vec![0u8; 16 * 1024];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Now read on: the stream ends (after what was buffered) instead of going on to
+        // 10 GB.
+        let mut total = 0u64;
+        let t = Instant::now();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => total += n as u64,
+                Err(_) => panic!("stalled"),
+            }
+            assert!(total < 1 << 30, "the response went on after the stall");
+            assert!(t.elapsed() < Duration::from_secs(20));
+        }
+        eprintln!("{total} bytes after the stall, then the end");
+    }
+
+    /// Header size and count limits: HTTP/1.1 answers 431 past them; HTTP/2 advertises
+    /// SETTINGS_MAX_HEADER_LIST_SIZE and SETTINGS_MAX_CONCURRENT_STREAMS.
+    #[tokio::test]
+    async fn header_limits_and_h2_settings() {
+        let srv = start(short_limits()).await;
+        let status_of = |req: Vec<u8>| {
+            let srv = &srv;
+            async move {
+                let mut s = srv.tls(ALPN_H1).await;
+                s.write_all(&req).await.unwrap();
+                let mut buf = vec![0u8; 4096];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                String::from_utf8_lossy(&buf[..n.min(12)]).into_owned()
+            }
+        };
+        let mut many = b"GET /hello.txt HTTP/1.1\r\nhost: localhost\r\n".to_vec();
+        for i in 0..30 {
+            many.extend_from_slice(format!("x-h{i}: v\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(status_of(many).await, "HTTP/1.1 431");
+        let mut big = b"GET /hello.txt HTTP/1.1\r\nhost: localhost\r\nx-big: ".to_vec();
+        big.extend_from_slice(&[b'a'; 10 * 1024]);
+        big.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(status_of(big).await, "HTTP/1.1 431");
+        let ok = b"GET /hello.txt HTTP/1.1\r\nhost: localhost\r\n\r\n".to_vec();
+        assert_eq!(status_of(ok).await, "HTTP/1.1 200");
+        // HTTP/2: the server's SETTINGS frame.
+        let mut s = srv.tls(ALPN_H2).await;
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        let mut hdr = [0u8; 9];
+        s.read_exact(&mut hdr).await.unwrap();
+        assert_eq!(hdr[3], 0x04, "SETTINGS first");
+        let len = u32::from_be_bytes([0, hdr[0], hdr[1], hdr[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).await.unwrap();
+        let settings: Vec<(u16, u32)> = payload
+            .chunks(6)
+            .map(|c| {
+                (
+                    u16::from_be_bytes([c[0], c[1]]),
+                    u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+                )
+            })
+            .collect();
+        assert!(settings.contains(&(0x3, 7)), "{settings:?}");
+        assert!(settings.contains(&(0x6, 8 * 1024)), "{settings:?}");
+    }
+
+    /// HTTP/2 keep-alive: a peer that answers nothing (here, not even PINGs) is closed after
+    /// the ping interval and timeout, well before the other timeouts.
+    #[tokio::test]
+    async fn an_h2_peer_that_does_not_answer_pings_is_closed() {
+        let srv = start(Limits {
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+            h2_keepalive_interval: Some(Duration::from_millis(200)),
+            h2_keepalive_timeout: Duration::from_millis(300),
+            ..short_limits()
+        })
+        .await;
+        let mut s = srv.tls(ALPN_H2).await;
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        let t = Instant::now();
+        let mut frames = Vec::new();
+        loop {
+            let mut hdr = [0u8; 9];
+            let r = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hdr)).await;
+            match r {
+                Err(_) => panic!("still open after 5 s; frames {frames:?}"),
+                Ok(Err(_)) => break,
+                Ok(Ok(_)) => {}
+            }
+            let len = u32::from_be_bytes([0, hdr[0], hdr[1], hdr[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            if s.read_exact(&mut payload).await.is_err() {
+                break;
+            }
+            frames.push(hdr[3]);
+        }
+        eprintln!("frames {frames:?}, closed after {:?}", t.elapsed());
+        assert!(frames.contains(&0x6), "a PING was sent: {frames:?}");
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+
+    /// An HTTP/2 connection with no request in flight is closed (GOAWAY) after the idle
+    /// timeout; one in use stays.
+    #[tokio::test]
+    async fn an_idle_h2_connection_is_closed() {
+        let srv = start(short_limits()).await;
+        let mut c = Sender::connect(srv.addr, &srv.cert, ALPN_H2).await;
+        // Requests every 300 ms for 1.5 s: longer than the idle timeout, never idle that long.
+        for _ in 0..5 {
+            let req = request(ALPN_H2, srv.addr.port(), "/hello.txt");
+            let resp = c.send(req.body(empty()).unwrap()).await;
+            resp.into_body().collect().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let t = Instant::now();
+        while !c.is_closed() {
+            assert!(t.elapsed() < Duration::from_secs(5), "still open after 5 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!("closed {:?} after the last response", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    /// The connection cap: past it, idle connections (here, ones that never start TLS) are
+    /// closed to make room, so the server holds at most the cap and a real client is
+    /// served at once, over HTTP/1.1 and HTTP/2.
+    #[tokio::test]
+    async fn connections_beyond_the_cap_do_not_exhaust_the_server() {
+        let srv = start(Limits {
+            max_connections: 8,
+            handshake_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(30),
+            ..short_limits()
+        })
+        .await;
+        let mut idle = Vec::new();
+        for _ in 0..50 {
+            idle.push(TcpStream::connect(srv.addr).await.unwrap());
+        }
+        // Give the server a moment to accept them all.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut open = 0;
+        for s in &mut idle {
+            if closed_within(s, Duration::from_millis(20)).await.is_none() {
+                open += 1;
+            }
+        }
+        eprintln!("{open} of 50 idle connections held");
+        assert!(open <= 8, "{open} of 50 idle connections held");
+        // Real clients, while the idle ones (re)fill the cap.
+        for proto in [Proto::H1, Proto::H2, Proto::H1] {
+            for _ in 0..8 {
+                idle.push(TcpStream::connect(srv.addr).await.unwrap());
+            }
+            let t = Instant::now();
+            let body = tokio::time::timeout(Duration::from_secs(2), srv.fetch(proto))
+                .await
+                .unwrap_or_else(|_| panic!("{proto:?}: not served within 2 s"));
+            assert_eq!(body.unwrap(), b"hello from kuai over QUIC\n", "{proto:?}");
+            eprintln!("{proto:?} served in {:?}", t.elapsed());
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "{proto:?} {:?}",
+                t.elapsed()
+            );
+        }
+        // Slowloris clients that completed TLS are made room for in the same way.
+        let mut slow = Vec::new();
+        for _ in 0..16 {
+            let mut s = srv.tls(ALPN_H1).await;
+            let _ = s.write_all(b"GET / HTTP/1.1\r\n").await;
+            slow.push(s);
+        }
+        let body = tokio::time::timeout(Duration::from_secs(2), srv.fetch(Proto::H1)).await;
+        assert!(body.is_ok_and(|b| b.is_ok()), "served during the slowloris");
+    }
+
+    /// An HTTP/2 client that grants huge flow-control windows, asks for 64 large responses
+    /// and reads nothing: what the server holds for it in user space (response bytes made
+    /// and not yet written to the socket) stays bounded, whatever the streams and windows.
+    #[tokio::test]
+    async fn an_h2_client_that_reads_nothing_cannot_make_the_server_buffer_much() {
+        let srv = start(Limits {
+            send_timeout: Duration::from_secs(30),
+            h2_max_concurrent_streams: 128,
+            ..short_limits()
+        })
+        .await;
+        let mut s = srv.tls(ALPN_H2).await;
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        // SETTINGS: INITIAL_WINDOW_SIZE 2^31-1; then the connection window to 2^31-1.
+        out.extend_from_slice(&[0, 0, 6, 0x4, 0, 0, 0, 0, 0, 0, 0x4, 0x7f, 0xff, 0xff, 0xff]);
+        let inc: u32 = 0x7fff_ffff - 65_535;
+        out.extend_from_slice(&[0, 0, 4, 0x8, 0, 0, 0, 0, 0]);
+        out.extend_from_slice(&inc.to_be_bytes());
+        // HEADERS (END_STREAM | END_HEADERS): GET https localhost /bytes/1000000000 with
+        // HPACK static indexes and literals without indexing (RFC 7541 §6.2.2).
+        let mut block = vec![0x82, 0x87, 0x01, 9];
+        block.extend_from_slice(b"localhost");
+        block.extend_from_slice(&[0x04, 17]);
+        block.extend_from_slice(b"/bytes/1000000000");
+        for i in 0..64u32 {
+            let id = 1 + 2 * i;
+            out.extend_from_slice(&[0, 0, block.len() as u8, 0x1, 0x5]);
+            out.extend_from_slice(&id.to_be_bytes());
+            out.extend_from_slice(&block);
+        }
+        s.write_all(&out).await.unwrap();
+        // Read nothing for a while.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (buffered, produced) = {
+            let m = srv.conns.by_age.lock().unwrap();
+            let c = m.values().next().expect("the connection is held");
+            (c.buffered(), c.produced.load(Relaxed))
+        };
+        eprintln!("{produced} bytes produced, {buffered} of them not yet written");
+        assert!(produced > 0, "the responses started");
+        assert!(
+            buffered <= RESPONSE_BUFFER + 4 * 64 * 1024,
+            "{buffered} bytes buffered for a client that reads nothing"
+        );
+    }
+}
