@@ -69,7 +69,11 @@ async fn echo(body: Body) -> Body {
 
 /// A self-signed certificate for localhost: the TLS configuration and the base64 SHA-256 of
 /// its public key, as Chromium's `--ignore-certificate-errors-spki-list` takes it.
-pub fn self_signed() -> (rustls::ServerConfig, String, rustls::pki_types::CertificateDer<'static>) {
+pub fn self_signed() -> (
+    rustls::ServerConfig,
+    String,
+    rustls::pki_types::CertificateDer<'static>,
+) {
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
         .expect("a certificate");
     let spki = ring::digest::digest(&ring::digest::SHA256, &ck.key_pair.public_key_der());

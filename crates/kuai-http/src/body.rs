@@ -12,7 +12,8 @@ use crate::Error;
 
 type Next = Pin<Box<dyn Future<Output = (RecvHalf, Result<Option<Frame<Bytes>>, Error>)> + Send>>;
 
-/// A request body as it arrives: HTTP/3 DATA frames, HTTP/2 DATA frames or HTTP/1.1 content,
+/// A message body as it arrives (a request's at the server, a response's at the client):
+/// HTTP/3 DATA frames, HTTP/2 DATA frames or HTTP/1.1 content,
 /// read on demand (the sender is held back by flow control while the service does not read)
 /// and never gathered in memory by the server. Trailers come last when the client sent any.
 ///
@@ -23,12 +24,17 @@ pub struct Body {
     kind: Kind,
     limit: Option<u64>,
     received: u64,
+    /// Called once the body has been read to its end.
+    on_end: Option<Box<dyn FnOnce() + Send>>,
 }
 
 enum Kind {
     Empty,
     H3(Box<H3Body>),
     Hyper(hyper::body::Incoming),
+    /// A QUIC stream's bytes as they are (an HTTP/0.9 response), after a first chunk
+    /// already read.
+    Quic(Option<Bytes>, kuai::RecvStream),
 }
 
 /// An HTTP/3 request stream's receiving half, or the read of its next frame in progress.
@@ -44,6 +50,7 @@ impl Body {
             kind: Kind::Empty,
             limit: None,
             received: 0,
+            on_end: None,
         }
     }
 
@@ -55,6 +62,7 @@ impl Body {
             })),
             limit,
             received: 0,
+            on_end: None,
         }
     }
 
@@ -63,7 +71,27 @@ impl Body {
             kind: Kind::Hyper(b),
             limit,
             received: 0,
+            on_end: None,
         }
+    }
+
+    /// The rest of a QUIC stream of which `first` was read (`None`: it had ended).
+    pub(crate) fn quic_with_first(first: Option<Bytes>, stream: kuai::RecvStream) -> Self {
+        Self {
+            kind: match first {
+                Some(b) => Kind::Quic(Some(b), stream),
+                None => Kind::Empty,
+            },
+            limit: None,
+            received: 0,
+            on_end: None,
+        }
+    }
+
+    /// Calls `f` once the body has been read to its end.
+    pub(crate) fn on_end(mut self, f: Box<dyn FnOnce() + Send>) -> Self {
+        self.on_end = Some(f);
+        self
     }
 
     /// Counts `frame` against the limit.
@@ -93,6 +121,7 @@ impl std::fmt::Debug for Body {
             Kind::Empty => "empty",
             Kind::H3(_) => "HTTP/3",
             Kind::Hyper(_) => "HTTP/2 or HTTP/1.1",
+            Kind::Quic(..) => "HTTP/0.9",
         };
         f.debug_struct("Body")
             .field("kind", &kind)
@@ -125,8 +154,20 @@ impl http_body::Body for Body {
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = self.get_mut();
         let frame = match &mut this.kind {
-            Kind::Empty => return Poll::Ready(None),
+            Kind::Empty => None,
             Kind::Hyper(b) => ready!(Pin::new(b).poll_frame(cx)).map(|r| r.map_err(Error::Hyper)),
+            Kind::Quic(first, _) if first.is_some() => first.take().map(|b| Ok(Frame::data(b))),
+            Kind::Quic(_, s) => match ready!(s.poll_read_chunk(cx, usize::MAX)) {
+                Ok(Some(b)) => Some(Ok(Frame::data(b))),
+                Ok(None) => {
+                    this.kind = Kind::Empty;
+                    None
+                }
+                Err(e) => {
+                    this.kind = Kind::Empty;
+                    Some(Err(Error::Read(e)))
+                }
+            },
             Kind::H3(b) => {
                 let H3Body { half, next } = &mut **b;
                 if next.is_none() {
@@ -156,6 +197,11 @@ impl http_body::Body for Body {
                 }
             }
         };
+        if frame.is_none()
+            && let Some(f) = this.on_end.take()
+        {
+            f();
+        }
         Poll::Ready(this.counted(frame))
     }
 
@@ -163,7 +209,7 @@ impl http_body::Body for Body {
         match &self.kind {
             Kind::Empty => true,
             Kind::Hyper(b) => b.is_end_stream(),
-            Kind::H3(_) => false,
+            Kind::H3(_) | Kind::Quic(..) => false,
         }
     }
 
@@ -171,7 +217,7 @@ impl http_body::Body for Body {
         match &self.kind {
             Kind::Empty => SizeHint::with_exact(0),
             Kind::Hyper(b) => b.size_hint(),
-            Kind::H3(_) => SizeHint::default(),
+            Kind::H3(_) | Kind::Quic(..) => SizeHint::default(),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 /// A boxed error from an application's service or body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What went wrong in the server, a request body or a response body.
+/// What went wrong in the server, the client, or a message body.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
@@ -33,6 +33,72 @@ pub enum Error {
         /// The limit, in bytes.
         limit: u64,
     },
+    /// A URL the client cannot fetch (not `https`, no host, malformed).
+    InvalidUrl {
+        /// The URL.
+        url: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The server's name did not resolve.
+    Resolve {
+        /// The name.
+        host: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// No connection: what HTTP/3 and TCP each ran into (those that were tried).
+    Connect(Box<ConnectError>),
+    /// Something did not happen in time.
+    Timeout {
+        /// What.
+        what: &'static str,
+        /// The time allowed.
+        after: std::time::Duration,
+    },
+    /// The QUIC connection was lost or refused.
+    Quic(kuai::ConnectionError),
+    /// A QUIC stream failed.
+    Read(kuai::ReadError),
+}
+
+/// Why the client could not connect to a server.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ConnectError {
+    /// The server's address.
+    pub addr: SocketAddr,
+    /// Why HTTP/3 failed, if it was tried.
+    pub http3: Option<Error>,
+    /// Why TCP (HTTP/2 or HTTP/1.1) failed, if it was tried.
+    pub tcp: Option<Error>,
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot connect to {}", self.addr)?;
+        if let Some(e) = &self.http3 {
+            write!(f, "; HTTP/3: {e}")?;
+        }
+        if let Some(e) = &self.tcp {
+            write!(f, "; TCP: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Error {
+    /// Whether the server refused the connection (nothing listens on the port).
+    pub fn is_refused(&self) -> bool {
+        match self {
+            Error::Io(e) => e.kind() == io::ErrorKind::ConnectionRefused,
+            Error::Connect(c) => {
+                c.http3.as_ref().is_none_or(Error::is_refused)
+                    && c.tcp.as_ref().is_none_or(Error::is_refused)
+            }
+            _ => false,
+        }
+    }
 }
 
 impl fmt::Display for Error {
@@ -46,6 +112,14 @@ impl fmt::Display for Error {
             Error::BodyTooLarge { limit } => {
                 write!(f, "request body larger than the limit of {limit} bytes")
             }
+            Error::InvalidUrl { url, reason } => write!(f, "{url}: {reason}"),
+            Error::Resolve { host, source } => write!(f, "cannot resolve {host}: {source}"),
+            Error::Connect(c) => write!(f, "{c}"),
+            Error::Timeout { what, after } => {
+                write!(f, "{what}: nothing within {:.1} s", after.as_secs_f64())
+            }
+            Error::Quic(e) => write!(f, "QUIC: {e}"),
+            Error::Read(e) => write!(f, "QUIC stream: {e}"),
         }
     }
 }
@@ -58,7 +132,13 @@ impl std::error::Error for Error {
             Error::Tls(e) => Some(e),
             Error::H3(e) => Some(e),
             Error::Hyper(e) => Some(e),
-            Error::BodyTooLarge { .. } => None,
+            Error::Resolve { source, .. } => Some(source),
+            Error::Quic(e) => Some(e),
+            Error::Read(e) => Some(e),
+            Error::BodyTooLarge { .. }
+            | Error::InvalidUrl { .. }
+            | Error::Connect(_)
+            | Error::Timeout { .. } => None,
         }
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod answer;
 mod body;
+pub mod client;
 mod error;
 pub mod fs;
 mod serve_dir;
@@ -25,6 +26,7 @@ pub mod fuzzing {
 
 pub use answer::{FileAnswer, FileInfo, answer};
 pub use body::Body;
-pub use error::{BoxError, Error};
+pub use client::{Client, ClientBuilder, ConnectionInfo, Mode, RequestBody, Response, Timings};
+pub use error::{BoxError, ConnectError, Error};
 pub use serve_dir::{FileBody, ServeDir};
 pub use server::{ConnInfo, EarlyData, Handle, Limits, Listener, Protocol, Server, server_tls};

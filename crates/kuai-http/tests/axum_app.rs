@@ -82,9 +82,18 @@ async fn curl_and_http3_get_the_same_bytes() {
             String::from_utf8(page).unwrap(),
             app::PAGE.replace("PROTO", alpn)
         );
-        assert_eq!(curl(flag, &r, "/app.js", None).await, app::SCRIPT.as_bytes());
-        assert_eq!(curl(flag, &r, "/data/1000000", None).await, app::data(1_000_000));
-        assert!(curl(flag, &r, "/echo", Some(&upload)).await == up, "{flag} echo");
+        assert_eq!(
+            curl(flag, &r, "/app.js", None).await,
+            app::SCRIPT.as_bytes()
+        );
+        assert_eq!(
+            curl(flag, &r, "/data/1000000", None).await,
+            app::data(1_000_000)
+        );
+        assert!(
+            curl(flag, &r, "/echo", Some(&upload)).await == up,
+            "{flag} echo"
+        );
     }
     std::fs::remove_file(&upload).unwrap();
     let cep = kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -108,7 +117,10 @@ async fn curl_and_http3_get_the_same_bytes() {
             resp.into_body()
         }
     };
-    assert_eq!(&get("/").await[..], app::PAGE.replace("PROTO", "h3").as_bytes());
+    assert_eq!(
+        &get("/").await[..],
+        app::PAGE.replace("PROTO", "h3").as_bytes()
+    );
     assert_eq!(&get("/app.js").await[..], app::SCRIPT.as_bytes());
     assert_eq!(&get("/data/1000000").await[..], &app::data(1_000_000)[..]);
 }

@@ -27,7 +27,7 @@ mod h3;
 mod hq;
 mod tcp;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 #[cfg(feature = "fuzzing")]
 pub use hq::request_path as hq_request_path;

@@ -1,0 +1,1075 @@
+//! The client: one API over HTTP/3, HTTP/2 and HTTP/1.1 that picks the fastest way to each
+//! server and remembers what it learned.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), kuai_http::Error> {
+//! let client = kuai_http::Client::new()?;
+//! let resp = client.get("https://example.com/").send().await?;
+//! println!("{} over {:?}", resp.status(), resp.protocol());
+//! let body = resp.bytes().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! How it connects (in [`Mode::Auto`], the default): HTTP/3 first, to the port the server
+//! advertised with Alt-Svc or else the URL's own; a TCP connection (HTTP/2, or HTTP/1.1 if
+//! the server has no HTTP/2) joins the race after 1.5 × the round-trip time last measured
+//! to that server, 250 ms when none is known, and never later than QUIC's first Initial
+//! retransmission would be, in the manner of draft-ietf-happy-happyeyeballs-v3. When QUIC
+//! fails at once (the server's host answers that nothing listens on the UDP port), TCP
+//! starts at once. Whichever connects first carries the request.
+//!
+//! What it learns: Alt-Svc advertisements from HTTP/2 and HTTP/1.1 responses (the next
+//! connection goes to HTTP/3 there; a TCP connection already open is replaced by HTTP/3
+//! for later requests); HTTP/3 that failed where TCP worked is marked broken for that
+//! server on that network (the local address and default route) for 5 minutes, doubling
+//! to 48 hours, so later connections go straight to TCP; the round-trip time to each
+//! server. With [`ClientBuilder::state_file`] this survives the process. Sessions resume
+//! and idempotent requests go in 0-RTT when a ticket from an earlier connection allows
+//! (sessions are kept in memory only).
+//!
+//! Servers are verified against the system's trust store unless told otherwise.
+
+mod conn;
+pub(crate) mod state;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+
+use crate::server::{ALPN_H1, ALPN_H2, ALPN_H3, ALPN_HQ};
+use crate::{Body, ConnectError, Error, Protocol};
+pub use conn::RequestBody;
+use conn::{Conn, QuicConn};
+use state::{Origin, State};
+
+/// Which protocols the client uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Mode {
+    /// HTTP/3 raced against TCP (see the module documentation).
+    #[default]
+    Auto,
+    /// HTTP/3 only.
+    Http3,
+    /// HTTP/2 over TCP only.
+    Http2,
+    /// HTTP/1.1 over TCP only.
+    Http11,
+    /// HTTP/0.9 over QUIC (`hq-interop`), for interop tests.
+    Http09,
+}
+
+/// Builds a [`Client`].
+#[must_use]
+pub struct ClientBuilder {
+    mode: Mode,
+    system_roots: bool,
+    roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+    insecure: bool,
+    connect_timeout: Duration,
+    race_delay: Option<Duration>,
+    state_file: Option<PathBuf>,
+    h1_max_connections: usize,
+    early_data: bool,
+    user_agent: Option<HeaderValue>,
+    transport: Option<kuai::TransportConfig>,
+    keylog: Option<Arc<dyn rustls::KeyLog>>,
+    qlog_dir: Option<PathBuf>,
+    resolve: HashMap<Origin, SocketAddr>,
+}
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Auto,
+            system_roots: true,
+            roots: Vec::new(),
+            insecure: false,
+            connect_timeout: Duration::from_secs(10),
+            race_delay: None,
+            state_file: None,
+            h1_max_connections: 6,
+            early_data: true,
+            user_agent: Some(HeaderValue::from_static(concat!(
+                "kuai/",
+                env!("CARGO_PKG_VERSION")
+            ))),
+            transport: None,
+            keylog: None,
+            qlog_dir: None,
+            resolve: HashMap::new(),
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// Which protocols to use ([`Mode::Auto`] by default).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Also trusts `cert` (a CA or a server's own certificate).
+    pub fn add_root_certificate(
+        mut self,
+        cert: rustls::pki_types::CertificateDer<'static>,
+    ) -> Self {
+        self.roots.push(cert);
+        self
+    }
+
+    /// Whether the system's trust store is used (yes by default).
+    pub fn system_roots(mut self, on: bool) -> Self {
+        self.system_roots = on;
+        self
+    }
+
+    /// Accepts any server certificate: no protection against an attacker on the path. Only
+    /// for tests.
+    pub fn danger_accept_invalid_certs(mut self, on: bool) -> Self {
+        self.insecure = on;
+        self
+    }
+
+    /// How long connecting may take, every protocol tried included (10 s by default).
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// How long HTTP/3 goes alone before TCP joins the race (by default 1.5 × the last RTT
+    /// to the server, 250 ms when none is known, at most 1 s).
+    pub fn race_delay(mut self, d: Duration) -> Self {
+        self.race_delay = Some(d);
+        self
+    }
+
+    /// Keeps what the client learns (Alt-Svc, broken HTTP/3, RTTs) in this file, and starts
+    /// from what it holds.
+    pub fn state_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.state_file = Some(path.into());
+        self
+    }
+
+    /// HTTP/1.1 connections per origin at most (6 by default, as browsers).
+    pub fn http1_max_connections(mut self, n: usize) -> Self {
+        self.h1_max_connections = n.max(1);
+        self
+    }
+
+    /// Whether idempotent requests go in 0-RTT when a session allows (yes by default).
+    pub fn early_data(mut self, on: bool) -> Self {
+        self.early_data = on;
+        self
+    }
+
+    /// The `user-agent` header (`kuai/VERSION` by default; `None`: none).
+    pub fn user_agent(mut self, ua: Option<HeaderValue>) -> Self {
+        self.user_agent = ua;
+        self
+    }
+
+    /// QUIC transport settings (congestion control, windows, ...).
+    pub fn transport(mut self, t: kuai::TransportConfig) -> Self {
+        self.transport = Some(t);
+        self
+    }
+
+    /// Logs TLS secrets through `keylog` (for Wireshark).
+    pub fn keylog(mut self, keylog: Arc<dyn rustls::KeyLog>) -> Self {
+        self.keylog = Some(keylog);
+        self
+    }
+
+    /// Writes a qlog trace of each QUIC connection into `dir`.
+    pub fn qlog_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.qlog_dir = Some(dir.into());
+        self
+    }
+
+    /// Connects to `addr` for `host:port` instead of resolving it (curl's `--resolve`).
+    pub fn resolve(mut self, host: &str, port: u16, addr: SocketAddr) -> Self {
+        self.resolve.insert((host.to_ascii_lowercase(), port), addr);
+        self
+    }
+
+    /// The client.
+    pub fn build(self) -> Result<Client, Error> {
+        let alpn: &[u8] = if self.mode == Mode::Http09 {
+            ALPN_HQ
+        } else {
+            ALPN_H3
+        };
+        let mut quic = if self.insecure {
+            kuai::ClientConfig::insecure(&[alpn])
+        } else {
+            let mut roots = rustls::RootCertStore::empty();
+            if self.system_roots {
+                let found = rustls_native_certs::load_native_certs();
+                for e in &found.errors {
+                    tracing::debug!(error = %e, "system trust store");
+                }
+                let (added, _) = roots.add_parsable_certificates(found.certs);
+                tracing::debug!(added, "system trust anchors");
+            }
+            for c in &self.roots {
+                roots.add(c.clone())?;
+            }
+            kuai::ClientConfig::with_roots(roots, &[alpn])
+        }
+        .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+        if let Some(t) = self.transport {
+            quic.transport(t);
+        }
+        let mut tcp_tls = (*quic.proto_tls()).clone();
+        tcp_tls.enable_early_data = false;
+        if let Some(k) = &self.keylog {
+            tcp_tls.key_log = k.clone();
+            let mut q = (*quic.proto_tls()).clone();
+            q.key_log = k.clone();
+            let transport = quic.proto_mut().transport.clone();
+            quic = kuai::ClientConfig::from_rustls(q);
+            quic.proto_mut().transport = transport;
+        }
+        Ok(Client {
+            inner: Arc::new(Inner {
+                mode: self.mode,
+                connect_timeout: self.connect_timeout,
+                race_delay: self.race_delay,
+                h1_max: self.h1_max_connections,
+                early_data: self.early_data,
+                user_agent: self.user_agent,
+                quic,
+                tcp_tls: Arc::new(tcp_tls),
+                qlog_dir: self.qlog_dir,
+                endpoints: Mutex::new([None, None]),
+                slots: Mutex::new(HashMap::new()),
+                state: Mutex::new(State::load(self.state_file.as_deref())),
+                resolve: self.resolve,
+            }),
+        })
+    }
+}
+
+/// An HTTP client over HTTP/3, HTTP/2 and HTTP/1.1 with a connection pool per origin.
+/// Cheap to clone: clones share the pool and what was learned.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    mode: Mode,
+    connect_timeout: Duration,
+    race_delay: Option<Duration>,
+    h1_max: usize,
+    early_data: bool,
+    user_agent: Option<HeaderValue>,
+    quic: kuai::ClientConfig,
+    tcp_tls: Arc<rustls::ClientConfig>,
+    qlog_dir: Option<PathBuf>,
+    /// QUIC endpoints, IPv4 and IPv6, made on first use.
+    endpoints: Mutex<[Option<kuai::Endpoint>; 2]>,
+    slots: Mutex<HashMap<Origin, Arc<tokio::sync::Mutex<Slot>>>>,
+    state: Mutex<State>,
+    resolve: HashMap<Origin, SocketAddr>,
+}
+
+/// Resolves to whether HTTP/3 being set up beside a TCP connection came up.
+type Upgrade = tokio::sync::watch::Receiver<Option<bool>>;
+
+/// The connections to one origin.
+#[derive(Default)]
+struct Slot {
+    h3: Option<Arc<Conn>>,
+    tcp: Option<Arc<Conn>>,
+    /// HTTP/3 being set up beside a TCP connection (after an Alt-Svc, or a lost race):
+    /// `Some(true)` once it is in `h3`.
+    upgrade: Option<Upgrade>,
+}
+
+/// When each step of a request was done, from the moment it was sent for.
+#[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
+pub struct Timings {
+    /// Name resolution (zero on a connection already open, or with `resolve`).
+    pub dns: Duration,
+    /// The connection was up: the QUIC handshake, or TCP's and then TLS's.
+    pub connect: Duration,
+    /// TCP only: the TCP connection (TLS took `connect - tcp`).
+    pub tcp: Option<Duration>,
+    /// The response head arrived.
+    pub first_byte: Duration,
+    /// The body was read to its end (once it has been).
+    pub total: Option<Duration>,
+    /// The request went on a connection already open.
+    pub reused: bool,
+}
+
+/// A response: its head, a body that streams, how it came and when.
+pub struct Response {
+    head: http::response::Parts,
+    body: Body,
+    protocol: Protocol,
+    remote: SocketAddr,
+    conn: Arc<Conn>,
+    timings: Timings,
+    start: Instant,
+    url: Uri,
+}
+
+impl std::fmt::Debug for Response {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Response")
+            .field("url", &self.url)
+            .field("status", &self.head.status)
+            .field("protocol", &self.protocol)
+            .field("remote", &self.remote)
+            .finish()
+    }
+}
+
+/// Facts about the connection a response came on.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ConnectionInfo {
+    /// The protocol.
+    pub protocol: Protocol,
+    /// The server's address.
+    pub remote: SocketAddr,
+    /// The TLS cipher suite.
+    pub cipher_suite: Option<String>,
+    /// The TLS session was resumed.
+    pub resumed: bool,
+    /// QUIC only: requests went in 0-RTT, and whether the server took them (`None`: none
+    /// did, or the handshake is not over).
+    pub early_data: Option<bool>,
+    /// QUIC only: the connection's statistics now.
+    pub quic: Option<kuai::ConnectionStats>,
+}
+
+impl Response {
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.head.status
+    }
+
+    /// The header fields.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.head.headers
+    }
+
+    /// The HTTP version.
+    pub fn version(&self) -> Version {
+        self.head.version
+    }
+
+    /// The protocol it came over.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// The server's address.
+    pub fn remote_addr(&self) -> SocketAddr {
+        self.remote
+    }
+
+    /// The URL it answers.
+    pub fn url(&self) -> &Uri {
+        &self.url
+    }
+
+    /// When each step was done (`total` once the body has been read).
+    pub fn timings(&self) -> Timings {
+        self.timings
+    }
+
+    /// Facts about the connection, and its QUIC statistics now.
+    pub fn connection(&self) -> ConnectionInfo {
+        let tls = self.conn.tls_info();
+        let (early_data, quic) = match &*self.conn {
+            Conn::Quic(q) => {
+                let st = q.quic.stats();
+                let early = st.zero_rtt_attempted.then_some(st.zero_rtt_accepted);
+                (early, Some(st))
+            }
+            _ => (None, None),
+        };
+        ConnectionInfo {
+            protocol: self.protocol,
+            remote: self.remote,
+            cipher_suite: tls.cipher_suite,
+            resumed: tls.resumed,
+            early_data,
+            quic,
+        }
+    }
+
+    /// The next piece of the body; `None` at its end.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, Error> {
+        loop {
+            match self.body.frame().await {
+                None => {
+                    if self.timings.total.is_none() {
+                        self.timings.total = Some(self.start.elapsed());
+                    }
+                    return Ok(None);
+                }
+                Some(Err(e)) => return Err(e),
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data()
+                        && !d.is_empty()
+                    {
+                        return Ok(Some(d));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The whole body.
+    pub async fn bytes(mut self) -> Result<Bytes, Error> {
+        let mut out = BytesMut::new();
+        while let Some(c) = self.chunk().await? {
+            if out.is_empty() && self.body_is_done() {
+                return Ok(c);
+            }
+            out.extend_from_slice(&c);
+        }
+        Ok(out.freeze())
+    }
+
+    fn body_is_done(&self) -> bool {
+        http_body::Body::is_end_stream(&self.body)
+    }
+
+    /// The whole body as text (invalid UTF-8 replaced).
+    pub async fn text(self) -> Result<String, Error> {
+        let b = self.bytes().await?;
+        Ok(String::from_utf8_lossy(&b).into_owned())
+    }
+
+    /// The response as an `http::Response` with a streaming body.
+    pub fn into_http(self) -> http::Response<Body> {
+        http::Response::from_parts(self.head, self.body)
+    }
+}
+
+/// A request being built; [`send`](Self::send) sends it.
+#[must_use]
+pub struct RequestBuilder {
+    client: Client,
+    req: Result<Request<RequestBody>, Error>,
+}
+
+impl RequestBuilder {
+    /// Adds a header field.
+    pub fn header<K, V>(mut self, name: K, value: V) -> Self
+    where
+        HeaderName: TryFrom<K>,
+        HeaderValue: TryFrom<V>,
+    {
+        if let Ok(req) = &mut self.req {
+            match (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+                (Ok(n), Ok(v)) => {
+                    req.headers_mut().append(n, v);
+                }
+                _ => {
+                    self.req = Err(Error::InvalidUrl {
+                        url: req.uri().to_string(),
+                        reason: "invalid header field",
+                    })
+                }
+            }
+        }
+        self
+    }
+
+    /// Sets the body.
+    pub fn body(mut self, body: impl Into<RequestBody>) -> Self {
+        if let Ok(req) = &mut self.req {
+            *req.body_mut() = body.into();
+        }
+        self
+    }
+
+    /// Sends the request; the response once its head arrived.
+    pub async fn send(self) -> Result<Response, Error> {
+        self.client.execute(self.req?).await
+    }
+}
+
+impl Client {
+    /// A client with the defaults: [`Mode::Auto`], the system's trust store, no state file.
+    pub fn new() -> Result<Self, Error> {
+        Self::builder().build()
+    }
+
+    /// Builds a client with other settings.
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
+    /// A GET request for `url`.
+    pub fn get(&self, url: &str) -> RequestBuilder {
+        self.request(Method::GET, url)
+    }
+
+    /// A request with `method` for `url`.
+    pub fn request(&self, method: Method, url: &str) -> RequestBuilder {
+        let req = url
+            .parse::<Uri>()
+            .map_err(|_| Error::InvalidUrl {
+                url: url.to_string(),
+                reason: "not a URL",
+            })
+            .map(|uri| {
+                let mut r = Request::new(RequestBody::empty());
+                *r.method_mut() = method;
+                *r.uri_mut() = uri;
+                r
+            });
+        RequestBuilder {
+            client: self.clone(),
+            req,
+        }
+    }
+
+    /// Closes every connection (the next request opens new ones; sessions stay for
+    /// resumption and 0-RTT).
+    pub fn close_connections(&self) {
+        let slots = std::mem::take(&mut *lock(&self.inner.slots));
+        for s in slots.into_values() {
+            if let Ok(s) = s.try_lock() {
+                for c in [&s.h3, &s.tcp].into_iter().flatten() {
+                    if let Conn::Quic(q) = &**c {
+                        q.quic.close(0, b"done");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits a little (a few round trips, 300 ms at most) for the session tickets of open
+    /// QUIC connections, so that a short exchange leaves the next connection something to
+    /// resume with.
+    pub async fn await_session_tickets(&self) {
+        let conns: Vec<Arc<Conn>> = {
+            let slots = lock(&self.inner.slots);
+            slots
+                .values()
+                .filter_map(|s| s.try_lock().ok().and_then(|s| s.h3.clone()))
+                .collect()
+        };
+        for c in conns {
+            if let Conn::Quic(q) = &*c {
+                let bound = (q.quic.stats().path.rtt * 3)
+                    .clamp(Duration::from_millis(20), Duration::from_millis(300));
+                let _ = tokio::time::timeout(bound, q.quic.session_ticket()).await;
+            }
+        }
+    }
+
+    /// Sends `req` (its URI absolute, `https`).
+    pub async fn execute(&self, mut req: Request<RequestBody>) -> Result<Response, Error> {
+        let start = Instant::now();
+        let uri = req.uri().clone();
+        let origin = origin_of(&uri)?;
+        if let Some(ua) = &self.inner.user_agent
+            && !req.headers().contains_key(header::USER_AGENT)
+        {
+            req.headers_mut().insert(header::USER_AGENT, ua.clone());
+        }
+        let (conn, mut timings) = self.connection(&origin, start).await?;
+        let again = req.try_clone_for_retry();
+        let resp = match conn.send(req).await {
+            Ok(r) => r,
+            // The connection went away before this request was taken (closed, GOAWAY):
+            // once more on a new one, when the request can be sent again.
+            Err(e) if again.is_some() && !conn.is_usable() => {
+                tracing::debug!(error = %e, "connection gone: the request goes on a new one");
+                self.forget(&origin, &conn);
+                let (c, t) = self.connection(&origin, start).await?;
+                timings = t;
+                let resp = c.send(again.expect("checked")).await?;
+                return Ok(self.response(resp, c, timings, start, uri, &origin));
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(self.response(resp, conn, timings, start, uri, &origin))
+    }
+
+    fn response(
+        &self,
+        resp: http::Response<Body>,
+        conn: Arc<Conn>,
+        mut timings: Timings,
+        start: Instant,
+        url: Uri,
+        origin: &Origin,
+    ) -> Response {
+        timings.first_byte = start.elapsed();
+        let protocol = conn.protocol();
+        if matches!(protocol, Protocol::Http2 | Protocol::Http11)
+            && let Some(v) = resp.headers().get(header::ALT_SVC)
+            && let Ok(v) = v.to_str()
+        {
+            lock(&self.inner.state).learn_alt_svc(origin, v);
+        }
+        if let Conn::Quic(q) = &*conn {
+            let rtt = q.quic.stats().path.rtt;
+            lock(&self.inner.state).remember_rtt(q.quic.remote_address(), rtt);
+        }
+        let (head, body) = resp.into_parts();
+        Response {
+            head,
+            body,
+            protocol,
+            remote: conn.remote(),
+            conn,
+            timings,
+            start,
+            url,
+        }
+    }
+
+    fn forget(&self, origin: &Origin, conn: &Arc<Conn>) {
+        let slot = lock(&self.inner.slots).get(origin).cloned();
+        if let Some(slot) = slot
+            && let Ok(mut s) = slot.try_lock()
+        {
+            if s.h3.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                s.h3 = None;
+            }
+            if s.tcp.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                s.tcp = None;
+            }
+        }
+    }
+
+    /// A connection to `origin`: one already open, or a new one.
+    async fn connection(
+        &self,
+        origin: &Origin,
+        start: Instant,
+    ) -> Result<(Arc<Conn>, Timings), Error> {
+        let slot = lock(&self.inner.slots)
+            .entry(origin.clone())
+            .or_default()
+            .clone();
+        let mut s = slot.lock().await;
+        let reused = Timings {
+            reused: true,
+            ..Timings::default()
+        };
+        if let Some(c) = s.h3.as_ref().filter(|c| c.is_usable()) {
+            return Ok((c.clone(), reused));
+        }
+        s.h3 = None;
+        if s.tcp.as_ref().is_some_and(|c| c.is_usable()) {
+            let advertised = if self.inner.mode == Mode::Auto {
+                lock(&self.inner.state).alt_svc(origin)
+            } else {
+                None
+            };
+            // HTTP/3 on its way beside it: wait for it a little.
+            if let Some(mut rx) = s.upgrade.clone() {
+                let wait = self.race_delay_for(None);
+                drop(s);
+                let _ = tokio::time::timeout(wait, rx.wait_for(Option::is_some)).await;
+                s = slot.lock().await;
+                if let Some(c) = s.h3.as_ref().filter(|c| c.is_usable()) {
+                    return Ok((c.clone(), reused));
+                }
+            } else if let Some(alt) = advertised {
+                // The server advertised HTTP/3 over the TCP connection: set it up for the
+                // next requests.
+                let (tx, rx) = tokio::sync::watch::channel(None);
+                s.upgrade = Some(rx.clone());
+                let this = self.clone();
+                let origin = origin.clone();
+                let slot2 = slot.clone();
+                let remote = s.tcp.as_ref().map(|c| c.remote());
+                tokio::spawn(async move {
+                    let r = this.upgrade(&origin, alt, remote).await;
+                    let ok = r.is_some();
+                    let mut s = slot2.lock().await;
+                    if let Some(c) = r {
+                        s.h3 = Some(c);
+                    }
+                    s.upgrade = None;
+                    let _ = tx.send(Some(ok));
+                });
+                drop(s);
+                let mut rx = rx;
+                let wait = self.race_delay_for(remote);
+                let _ = tokio::time::timeout(wait, rx.wait_for(Option::is_some)).await;
+                s = slot.lock().await;
+                if let Some(c) = s.h3.as_ref().filter(|c| c.is_usable()) {
+                    return Ok((c.clone(), reused));
+                }
+            }
+            if let Some(c) = s.tcp.as_ref().filter(|c| c.is_usable()) {
+                return Ok((c.clone(), reused));
+            }
+        }
+        s.tcp = None;
+        let (conn, timings, upgrade) = tokio::time::timeout(
+            self.inner.connect_timeout,
+            self.connect(origin, start, &slot),
+        )
+        .await
+        .map_err(|_| Error::Timeout {
+            what: "connecting",
+            after: self.inner.connect_timeout,
+        })??;
+        match conn.protocol() {
+            Protocol::Http3 | Protocol::Http09 => s.h3 = Some(conn.clone()),
+            _ => s.tcp = Some(conn.clone()),
+        }
+        if upgrade.is_some() {
+            s.upgrade = upgrade;
+        }
+        Ok((conn, timings))
+    }
+
+    /// HTTP/3 to `alt` beside an open TCP connection; marks it broken when it fails.
+    async fn upgrade(
+        &self,
+        origin: &Origin,
+        alt: state::AltSvc,
+        tcp_remote: Option<SocketAddr>,
+    ) -> Option<Arc<Conn>> {
+        let host = if alt.host.is_empty() {
+            &origin.0
+        } else {
+            &alt.host
+        };
+        let addr = match tcp_remote {
+            Some(a) if alt.host.is_empty() => SocketAddr::new(a.ip(), alt.port),
+            _ => self.resolve(host, alt.port).await.ok()?,
+        };
+        let network = state::network_id(addr);
+        if lock(&self.inner.state).is_broken(origin, &network) {
+            return None;
+        }
+        let r = tokio::time::timeout(
+            self.inner.connect_timeout,
+            self.connect_quic(addr, &origin.0),
+        )
+        .await;
+        match r {
+            Ok(Ok(c)) => {
+                lock(&self.inner.state).mark_working(origin, &network);
+                Some(Arc::new(c))
+            }
+            _ => {
+                tracing::info!(origin = %origin.0, %addr, "HTTP/3 advertised but not reachable: marked broken");
+                lock(&self.inner.state).mark_broken(origin, &network);
+                None
+            }
+        }
+    }
+
+    async fn resolve(&self, host: &str, port: u16) -> Result<SocketAddr, Error> {
+        if let Some(a) = self.inner.resolve.get(&(host.to_ascii_lowercase(), port)) {
+            return Ok(*a);
+        }
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+            return Ok(SocketAddr::new(ip, port));
+        }
+        let mut addrs = tokio::net::lookup_host((bare, port))
+            .await
+            .map_err(|source| Error::Resolve {
+                host: host.to_string(),
+                source,
+            })?;
+        addrs.next().ok_or_else(|| Error::Resolve {
+            host: host.to_string(),
+            source: std::io::ErrorKind::NotFound.into(),
+        })
+    }
+
+    /// How long HTTP/3 goes alone before TCP joins: 1.5 × the RTT last seen to `addr`, or
+    /// 250 ms; at most 1 s (a first Initial is sent again after 3 × 333 ms, RFC 9002 §6.2.2).
+    fn race_delay_for(&self, addr: Option<SocketAddr>) -> Duration {
+        if let Some(d) = self.inner.race_delay {
+            return d;
+        }
+        let rtt = addr.and_then(|a| lock(&self.inner.state).rtt(a));
+        rtt.map_or(Duration::from_millis(250), |r| r * 3 / 2)
+            .min(Duration::from_secs(1))
+    }
+
+    fn endpoint(&self, addr: SocketAddr) -> Result<kuai::Endpoint, Error> {
+        let mut eps = lock(&self.inner.endpoints);
+        let i = usize::from(addr.is_ipv6());
+        if let Some(ep) = &eps[i] {
+            return Ok(ep.clone());
+        }
+        let any: SocketAddr = if addr.is_ipv6() {
+            "[::]:0".parse().expect("address")
+        } else {
+            "0.0.0.0:0".parse().expect("address")
+        };
+        let mut b = kuai::Endpoint::builder();
+        if let Some(d) = &self.inner.qlog_dir {
+            b = b.qlog_dir(d);
+        }
+        let ep = b
+            .bind(any)
+            .map_err(|source| Error::Bind { addr: any, source })?;
+        eps[i] = Some(ep.clone());
+        Ok(ep)
+    }
+
+    async fn connect_quic(&self, addr: SocketAddr, host: &str) -> Result<Conn, Error> {
+        let ep = self.endpoint(addr)?;
+        let connecting = ep
+            .connect_with(self.inner.quic.clone(), addr, host)
+            .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+        let http09 = self.inner.mode == Mode::Http09;
+        let (quic, accepted) = if self.inner.early_data {
+            match connecting.into_0rtt() {
+                Ok((c, a)) => (c, Some(a)),
+                Err(c) => (c.await.map_err(Error::Quic)?, None),
+            }
+        } else {
+            (connecting.await.map_err(Error::Quic)?, None)
+        };
+        Ok(Conn::Quic(QuicConn::new(quic, accepted, http09).await?))
+    }
+
+    async fn connect_tcp(&self, addr: SocketAddr, host: &str) -> Result<Conn, Error> {
+        let alpn: &[&[u8]] = match self.inner.mode {
+            Mode::Http2 => &[ALPN_H2],
+            Mode::Http11 => &[ALPN_H1],
+            _ => &[ALPN_H2, ALPN_H1],
+        };
+        conn::connect_tcp(addr, host, &self.inner.tcp_tls, alpn, self.inner.h1_max).await
+    }
+
+    /// A new connection to `origin` as the mode says, racing HTTP/3 against TCP in
+    /// [`Mode::Auto`].
+    async fn connect(
+        &self,
+        origin: &Origin,
+        start: Instant,
+        slot: &Arc<tokio::sync::Mutex<Slot>>,
+    ) -> Result<(Arc<Conn>, Timings, Option<Upgrade>), Error> {
+        let (host, port) = (&origin.0, origin.1);
+        let addr = self.resolve(host, port).await?;
+        let mut t = Timings {
+            dns: start.elapsed(),
+            ..Timings::default()
+        };
+        let fail = |http3, tcp| Error::Connect(Box::new(ConnectError { addr, http3, tcp }));
+        match self.inner.mode {
+            Mode::Http2 | Mode::Http11 => {
+                let c = self
+                    .connect_tcp(addr, host)
+                    .await
+                    .map_err(|e| fail(None, Some(e)))?;
+                t.connect = start.elapsed();
+                t.tcp = Some(t.connect);
+                return Ok((Arc::new(c), t, None));
+            }
+            Mode::Http3 | Mode::Http09 => {
+                let c = self
+                    .connect_quic(addr, host)
+                    .await
+                    .map_err(|e| fail(Some(e), None))?;
+                t.connect = start.elapsed();
+                return Ok((Arc::new(c), t, None));
+            }
+            Mode::Auto => {}
+        }
+        // HTTP/3 where the server said, or on the same port; unless broken on this network.
+        let alt = lock(&self.inner.state).alt_svc(origin);
+        let h3_addr = match &alt {
+            Some(a) if a.host.is_empty() => SocketAddr::new(addr.ip(), a.port),
+            Some(a) => self.resolve(&a.host, a.port).await.unwrap_or(addr),
+            None => addr,
+        };
+        let network = state::network_id(h3_addr);
+        if lock(&self.inner.state).is_broken(origin, &network) {
+            tracing::debug!(origin = %host, "HTTP/3 marked broken on this network: TCP");
+            let c = self
+                .connect_tcp(addr, host)
+                .await
+                .map_err(|e| fail(None, Some(e)))?;
+            t.connect = start.elapsed();
+            return Ok((Arc::new(c), t, None));
+        }
+        let this = self.clone();
+        let h = host.clone();
+        let mut quic = tokio::spawn(async move { this.connect_quic(h3_addr, &h).await });
+        let refused = udp_refused(h3_addr);
+        tokio::pin!(refused);
+        let delay = self.race_delay_for(Some(h3_addr));
+        let quic_err = tokio::select! {
+            r = &mut quic => match flatten(r) {
+                Ok(c) => {
+                    lock(&self.inner.state).mark_working(origin, &network);
+                    t.connect = start.elapsed();
+                    return Ok((Arc::new(c), t, None));
+                }
+                Err(e) => Some(e),
+            },
+            _ = &mut refused => {
+                quic.abort();
+                Some(Error::Io(std::io::ErrorKind::ConnectionRefused.into()))
+            }
+            _ = tokio::time::sleep(delay) => None,
+        };
+        if let Some(e) = quic_err {
+            tracing::debug!(origin = %host, error = %e, "HTTP/3 failed at once: TCP");
+            let c = self
+                .connect_tcp(addr, host)
+                .await
+                .map_err(|tcp| fail(Some(e), Some(tcp)))?;
+            t.connect = start.elapsed();
+            return Ok((Arc::new(c), t, None));
+        }
+        tracing::debug!(origin = %host, ?delay, "HTTP/3 not up yet: racing TCP");
+        let tcp = self.connect_tcp(addr, host);
+        tokio::pin!(tcp);
+        tokio::select! {
+            r = &mut quic => match flatten(r) {
+                Ok(c) => {
+                    lock(&self.inner.state).mark_working(origin, &network);
+                    t.connect = start.elapsed();
+                    Ok((Arc::new(c), t, None))
+                }
+                Err(e) => {
+                    let c = tcp.await.map_err(|tcp| fail(Some(e), Some(tcp)))?;
+                    t.connect = start.elapsed();
+                    Ok((Arc::new(c), t, None))
+                }
+            },
+            r = &mut tcp => match r {
+                Ok(c) => {
+                    t.connect = start.elapsed();
+                    // HTTP/3 goes on in the background: up, it takes the next requests;
+                    // failed, it is marked broken here.
+                    let this = self.clone();
+                    let origin = origin.clone();
+                    let slot = slot.clone();
+                    let (tx, rx) = tokio::sync::watch::channel(None);
+                    tokio::spawn(async move {
+                        let r = tokio::time::timeout(this.inner.connect_timeout, &mut quic).await;
+                        let ok = match r {
+                            Ok(r) => match flatten(r) {
+                                Ok(c) => {
+                                    lock(&this.inner.state).mark_working(&origin, &network);
+                                    slot.lock().await.h3 = Some(Arc::new(c));
+                                    true
+                                }
+                                Err(e) => {
+                                    tracing::info!(origin = %origin.0, error = %e, "HTTP/3 failed where TCP worked: marked broken");
+                                    lock(&this.inner.state).mark_broken(&origin, &network);
+                                    false
+                                }
+                            },
+                            Err(_) => {
+                                quic.abort();
+                                tracing::info!(origin = %origin.0, "HTTP/3 did not connect where TCP did: marked broken");
+                                lock(&this.inner.state).mark_broken(&origin, &network);
+                                false
+                            }
+                        };
+                        let mut s = slot.lock().await;
+                        s.upgrade = None;
+                        drop(s);
+                        let _ = tx.send(Some(ok));
+                    });
+                    Ok((Arc::new(c), t, Some(rx)))
+                }
+                Err(tcp_err) => match flatten(quic.await) {
+                    Ok(c) => {
+                        t.connect = start.elapsed();
+                        Ok((Arc::new(c), t, None))
+                    }
+                    Err(e) => Err(fail(Some(e), Some(tcp_err))),
+                },
+            },
+        }
+    }
+}
+
+fn flatten(r: Result<Result<Conn, Error>, tokio::task::JoinError>) -> Result<Conn, Error> {
+    r.unwrap_or_else(|e| Err(Error::Io(std::io::Error::other(e.to_string()))))
+}
+
+/// Resolves when the host at `addr` answers that nothing listens on that UDP port (ICMP port
+/// unreachable); never otherwise. A connected UDP socket sends one byte, which a QUIC
+/// server drops as too short to be a packet.
+async fn udp_refused(addr: SocketAddr) {
+    let any: SocketAddr = if addr.is_ipv6() {
+        "[::]:0".parse().expect("address")
+    } else {
+        "0.0.0.0:0".parse().expect("address")
+    };
+    let probe = async {
+        let s = tokio::net::UdpSocket::bind(any).await.ok()?;
+        s.connect(addr).await.ok()?;
+        s.send(&[0]).await.ok()?;
+        let mut b = [0u8; 64];
+        loop {
+            match s.recv(&mut b).await {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Some(()),
+                Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    };
+    if probe.await.is_none() {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn origin_of(uri: &Uri) -> Result<Origin, Error> {
+    let bad = |reason| Error::InvalidUrl {
+        url: uri.to_string(),
+        reason,
+    };
+    if uri.scheme_str() != Some("https") {
+        return Err(bad("only https URLs"));
+    }
+    let host = uri.host().ok_or_else(|| bad("no host"))?;
+    Ok((host.to_ascii_lowercase(), uri.port_u16().unwrap_or(443)))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+trait RetryClone {
+    fn try_clone_for_retry(&self) -> Option<Request<RequestBody>>;
+}
+
+impl RetryClone for Request<RequestBody> {
+    /// A copy when the body is in memory and the method may be sent twice.
+    fn try_clone_for_retry(&self) -> Option<Request<RequestBody>> {
+        if !self.method().is_idempotent() {
+            return None;
+        }
+        let body = self.body().try_clone()?;
+        let mut r = Request::new(body);
+        *r.method_mut() = self.method().clone();
+        *r.uri_mut() = self.uri().clone();
+        *r.headers_mut() = self.headers().clone();
+        Some(r)
+    }
+}
+
+#[cfg(test)]
+mod tests;

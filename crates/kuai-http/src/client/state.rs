@@ -1,0 +1,468 @@
+//! What the client learns about servers and networks: HTTP/3 advertisements (Alt-Svc,
+//! RFC 7838), HTTP/3 found broken on a network, and round-trip times; kept in memory and,
+//! when the client has a state file, on disk.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The first time HTTP/3 fails on a network it is not tried again for 5 minutes; each further
+/// failure doubles that, up to 48 hours (Chromium's schedule).
+const BROKEN_FIRST: Duration = Duration::from_secs(5 * 60);
+const BROKEN_MAX: Duration = Duration::from_secs(48 * 3600);
+/// Entries kept at most, of each kind (the oldest go first).
+const MAX_ENTRIES: usize = 1000;
+
+/// An origin: `https://host:port`.
+pub(crate) type Origin = (String, u16);
+
+/// One HTTP/3 alternative (RFC 7838 §3): where an origin's HTTP/3 is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AltSvc {
+    /// Empty: the origin's own host.
+    pub host: String,
+    pub port: u16,
+    /// Seconds since the Unix epoch.
+    pub expires: u64,
+}
+
+/// HTTP/3 failed on a network: when it may be tried again, and the back-off that set it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Broken {
+    pub until: u64,
+    pub backoff: u64,
+}
+
+#[derive(Default, Debug)]
+pub(crate) struct State {
+    alt_svc: HashMap<Origin, AltSvc>,
+    /// By origin and network.
+    broken: HashMap<(Origin, String), Broken>,
+    /// Smoothed RTT per server address, in microseconds.
+    rtt: HashMap<SocketAddr, u64>,
+    path: Option<PathBuf>,
+}
+
+pub(crate) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl State {
+    /// The state kept at `path` (empty if there is none or it does not parse), saved there
+    /// on change.
+    pub fn load(path: Option<&Path>) -> Self {
+        let mut s = State {
+            path: path.map(Path::to_path_buf),
+            ..State::default()
+        };
+        if let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) {
+            s.parse(&text);
+        }
+        s
+    }
+
+    fn parse(&mut self, text: &str) {
+        let now = now();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            match f.as_slice() {
+                ["alt-svc", host, port, alt_host, alt_port, expires] => {
+                    let (Ok(port), Ok(alt_port), Ok(expires)) =
+                        (port.parse(), alt_port.parse(), expires.parse::<u64>())
+                    else {
+                        continue;
+                    };
+                    if expires > now {
+                        let alt = if *alt_host == "-" { "" } else { alt_host };
+                        self.alt_svc.insert(
+                            (host.to_string(), port),
+                            AltSvc {
+                                host: alt.to_string(),
+                                port: alt_port,
+                                expires,
+                            },
+                        );
+                    }
+                }
+                ["broken", host, port, network, until, backoff] => {
+                    let (Ok(port), Ok(until), Ok(backoff)) =
+                        (port.parse(), until.parse(), backoff.parse())
+                    else {
+                        continue;
+                    };
+                    self.broken.insert(
+                        ((host.to_string(), port), network.to_string()),
+                        Broken { until, backoff },
+                    );
+                }
+                ["rtt", addr, us] => {
+                    if let (Ok(a), Ok(us)) = (addr.parse(), us.parse()) {
+                        self.rtt.insert(a, us);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        let mut out =
+            String::from("# kuai client state: HTTP/3 alternatives, broken marks, RTTs\n");
+        for ((host, port), a) in &self.alt_svc {
+            let alt = if a.host.is_empty() { "-" } else { &a.host };
+            out += &format!("alt-svc {host} {port} {alt} {} {}\n", a.port, a.expires);
+        }
+        for (((host, port), net), b) in &self.broken {
+            out += &format!("broken {host} {port} {net} {} {}\n", b.until, b.backoff);
+        }
+        for (addr, us) in &self.rtt {
+            out += &format!("rtt {addr} {us}\n");
+        }
+        out
+    }
+
+    /// Writes the state to its file (atomically: a temporary file renamed over it).
+    fn save(&self) {
+        let Some(path) = &self.path else { return };
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let r = std::fs::write(&tmp, self.text()).and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = r {
+            tracing::debug!(path = %path.display(), error = %e, "client state not saved");
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+
+    /// Where `origin` serves HTTP/3, if it said so and it has not expired.
+    pub fn alt_svc(&self, origin: &Origin) -> Option<AltSvc> {
+        self.alt_svc
+            .get(origin)
+            .filter(|a| a.expires > now())
+            .cloned()
+    }
+
+    /// Takes in an Alt-Svc header `value` from `origin` (RFC 7838 §3): its first `h3`
+    /// alternative, or `clear` to forget.
+    pub fn learn_alt_svc(&mut self, origin: &Origin, value: &str) {
+        let before = self.alt_svc.get(origin).cloned();
+        match parse_alt_svc(value) {
+            Some(AltSvcHeader::Clear) => {
+                self.alt_svc.remove(origin);
+            }
+            Some(AltSvcHeader::H3 {
+                host,
+                port,
+                max_age,
+            }) => {
+                if max_age == 0 {
+                    self.alt_svc.remove(origin);
+                } else {
+                    if self.alt_svc.len() >= MAX_ENTRIES && !self.alt_svc.contains_key(origin) {
+                        let oldest = self
+                            .alt_svc
+                            .iter()
+                            .min_by_key(|(_, a)| a.expires)
+                            .map(|(k, _)| k.clone());
+                        if let Some(k) = oldest {
+                            self.alt_svc.remove(&k);
+                        }
+                    }
+                    self.alt_svc.insert(
+                        origin.clone(),
+                        AltSvc {
+                            host,
+                            port,
+                            expires: now().saturating_add(max_age),
+                        },
+                    );
+                }
+            }
+            None => return,
+        }
+        // Saved when what is known changed, not on every response that repeats it (the
+        // expiry moving by less than an hour is not a change worth a write).
+        let after = self.alt_svc.get(origin);
+        let changed = match (&before, after) {
+            (Some(b), Some(a)) => {
+                b.host != a.host || b.port != a.port || a.expires.abs_diff(b.expires) > 3600
+            }
+            (None, None) => false,
+            _ => true,
+        };
+        if changed {
+            self.save();
+        }
+    }
+
+    /// Whether HTTP/3 to `origin` is marked broken on `network`.
+    pub fn is_broken(&self, origin: &Origin, network: &str) -> bool {
+        self.broken
+            .get(&(origin.clone(), network.to_string()))
+            .is_some_and(|b| b.until > now())
+    }
+
+    /// HTTP/3 to `origin` failed on `network` where TCP worked: not tried again there for the
+    /// back-off, which doubles each time.
+    pub fn mark_broken(&mut self, origin: &Origin, network: &str) {
+        let key = (origin.clone(), network.to_string());
+        let backoff = match self.broken.get(&key) {
+            Some(b) => (b.backoff * 2).min(BROKEN_MAX.as_secs()),
+            None => BROKEN_FIRST.as_secs(),
+        };
+        if self.broken.len() >= MAX_ENTRIES {
+            let oldest = self
+                .broken
+                .iter()
+                .min_by_key(|(_, b)| b.until)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.broken.remove(&k);
+            }
+        }
+        self.broken.insert(
+            key,
+            Broken {
+                until: now() + backoff,
+                backoff,
+            },
+        );
+        self.save();
+    }
+
+    /// HTTP/3 to `origin` worked on `network`: the mark (and its back-off) goes.
+    pub fn mark_working(&mut self, origin: &Origin, network: &str) {
+        if self
+            .broken
+            .remove(&(origin.clone(), network.to_string()))
+            .is_some()
+        {
+            self.save();
+        }
+    }
+
+    /// The last smoothed RTT measured to `addr`.
+    pub fn rtt(&self, addr: SocketAddr) -> Option<Duration> {
+        self.rtt.get(&addr).map(|&us| Duration::from_micros(us))
+    }
+
+    /// Remembers the smoothed RTT to `addr`; saved when it moved by a quarter or more.
+    pub fn remember_rtt(&mut self, addr: SocketAddr, rtt: Duration) {
+        let us = rtt.as_micros().min(u128::from(u64::MAX)) as u64;
+        let old = self.rtt.insert(addr, us);
+        if self.rtt.len() > MAX_ENTRIES {
+            let other = self.rtt.keys().find(|&&a| a != addr).copied();
+            if let Some(a) = other {
+                self.rtt.remove(&a);
+            }
+        }
+        if old.is_none_or(|o| us.abs_diff(o) * 4 >= o) {
+            self.save();
+        }
+    }
+
+    #[cfg(test)]
+    pub fn broken_entry(&self, origin: &Origin, network: &str) -> Option<Broken> {
+        self.broken
+            .get(&(origin.clone(), network.to_string()))
+            .cloned()
+    }
+}
+
+/// What an Alt-Svc header says about HTTP/3.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum AltSvcHeader {
+    /// `clear`: forget the origin's alternatives.
+    Clear,
+    /// The first `h3` alternative: host (empty for the origin's), port, max age in seconds.
+    H3 {
+        host: String,
+        port: u16,
+        max_age: u64,
+    },
+}
+
+/// Parses an Alt-Svc field value (RFC 7838 §3) for its first `h3` alternative; `None` when it
+/// has none (or does not parse).
+pub(crate) fn parse_alt_svc(value: &str) -> Option<AltSvcHeader> {
+    let value = value.trim();
+    if value.eq_ignore_ascii_case("clear") {
+        return Some(AltSvcHeader::Clear);
+    }
+    for alt in split_outside_quotes(value, ',') {
+        let mut parts = split_outside_quotes(alt, ';').into_iter();
+        let Some((proto, authority)) = parts.next().and_then(|p| p.split_once('=')) else {
+            continue;
+        };
+        if proto.trim() != "h3" {
+            continue;
+        }
+        let authority = authority.trim().strip_prefix('"')?.strip_suffix('"')?;
+        let (host, port) = authority.rsplit_once(':')?;
+        let Ok(port) = port.parse::<u16>() else {
+            continue;
+        };
+        if port == 0 {
+            continue;
+        }
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if !host.is_empty() && host.parse::<IpAddr>().is_err() && !valid_host(host) {
+            continue;
+        }
+        let mut max_age = 86400;
+        for p in parts {
+            if let Some((k, v)) = p.split_once('=')
+                && k.trim() == "ma"
+            {
+                max_age = v.trim().trim_matches('"').parse().unwrap_or(max_age);
+            }
+        }
+        return Some(AltSvcHeader::H3 {
+            host: host.to_string(),
+            port,
+            max_age,
+        });
+    }
+    None
+}
+
+fn valid_host(h: &str) -> bool {
+    h.len() <= 253
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
+
+/// Splits on `sep` where it is not inside double quotes.
+fn split_outside_quotes(s: &str, sep: char) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut quoted = false;
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            c if c == sep && !quoted => {
+                out.push(&s[start..i]);
+                start = i + c.len_utf8();
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// Names the network a connection to `server` goes out on: the local address the kernel
+/// picks for it and, on Linux, the default route's gateway. When either changes (another
+/// Wi-Fi, cellular instead of Wi-Fi, a VPN), HTTP/3 found broken before is tried again.
+pub(crate) fn network_id(server: SocketAddr) -> String {
+    let any: SocketAddr = match server {
+        SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("address"),
+        SocketAddr::V6(_) => "[::]:0".parse().expect("address"),
+    };
+    // Connecting a UDP socket sends nothing; it only picks the route.
+    let local = std::net::UdpSocket::bind(any)
+        .and_then(|s| s.connect(server).and_then(|()| s.local_addr()))
+        .map_or_else(|_| "?".to_string(), |a| a.ip().to_string());
+    format!(
+        "{local}/{}",
+        default_gateway().unwrap_or_else(|| "-".into())
+    )
+}
+
+/// The default route's gateway (Linux, IPv4).
+fn default_gateway() -> Option<String> {
+    let table = std::fs::read_to_string("/proc/net/route").ok()?;
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&"00000000")).then(|| {
+            let gw = u32::from_str_radix(f.get(2)?, 16).ok()?;
+            Some(std::net::Ipv4Addr::from(gw.to_le_bytes()).to_string())
+        })?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alt_svc_values_parse() {
+        let h3 = |host: &str, port, max_age| {
+            Some(AltSvcHeader::H3 {
+                host: host.into(),
+                port,
+                max_age,
+            })
+        };
+        assert_eq!(parse_alt_svc(r#"h3=":443"; ma=86400"#), h3("", 443, 86400));
+        assert_eq!(parse_alt_svc(r#"h3=":4433""#), h3("", 4433, 86400));
+        assert_eq!(
+            parse_alt_svc(r#"h3-29=":443"; ma=1, h3="alt.example.com:8443"; ma=60; persist=1"#),
+            h3("alt.example.com", 8443, 60)
+        );
+        assert_eq!(parse_alt_svc(r#"h3="[::1]:443""#), h3("::1", 443, 86400));
+        assert_eq!(parse_alt_svc("clear"), Some(AltSvcHeader::Clear));
+        assert_eq!(parse_alt_svc(r#"h2=":443""#), None);
+        for bad in [
+            "",
+            "h3",
+            "h3=:443",
+            r#"h3=":0""#,
+            r#"h3=":99999""#,
+            r#"h3="bad host:443""#,
+            r#"h3=""#,
+            "\"",
+        ] {
+            assert_eq!(parse_alt_svc(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn broken_marks_back_off_and_state_round_trips() {
+        let path = std::env::temp_dir().join(format!("kuai-client-state-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let o: Origin = ("example.com".into(), 443);
+        let mut s = State::load(Some(&path));
+        assert!(!s.is_broken(&o, "net-a"));
+        s.mark_broken(&o, "net-a");
+        assert!(s.is_broken(&o, "net-a"));
+        assert!(!s.is_broken(&o, "net-b"), "another network is tried");
+        assert_eq!(s.broken_entry(&o, "net-a").unwrap().backoff, 300);
+        s.mark_broken(&o, "net-a");
+        assert_eq!(s.broken_entry(&o, "net-a").unwrap().backoff, 600);
+        for _ in 0..20 {
+            s.mark_broken(&o, "net-a");
+        }
+        assert_eq!(s.broken_entry(&o, "net-a").unwrap().backoff, 48 * 3600);
+        s.learn_alt_svc(&o, r#"h3=":8443"; ma=3600"#);
+        s.remember_rtt("192.0.2.1:443".parse().unwrap(), Duration::from_millis(42));
+        let t = State::load(Some(&path));
+        assert!(t.is_broken(&o, "net-a"));
+        assert_eq!(t.alt_svc(&o).map(|a| a.port), Some(8443));
+        assert_eq!(
+            t.rtt("192.0.2.1:443".parse().unwrap()),
+            Some(Duration::from_millis(42))
+        );
+        let mut t = t;
+        t.mark_working(&o, "net-a");
+        t.learn_alt_svc(&o, "clear");
+        let u = State::load(Some(&path));
+        assert!(!u.is_broken(&o, "net-a"));
+        assert_eq!(u.alt_svc(&o), None);
+        // Garbage in the file is skipped, not fatal.
+        std::fs::write(&path, "alt-svc x\nbroken a b c d e\n\u{0}\nrtt nope 1\n").unwrap();
+        let v = State::load(Some(&path));
+        assert!(v.alt_svc.is_empty() && v.broken.is_empty() && v.rtt.is_empty());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn the_network_id_names_the_route() {
+        let id = network_id("127.0.0.1:443".parse().unwrap());
+        assert!(id.starts_with("127.0.0.1/"), "{id}");
+    }
+}

@@ -1,0 +1,266 @@
+//! The client against kuai-http's server on loopback: protocol choice, racing, Alt-Svc,
+//! broken HTTP/3, 0-RTT, uploads.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use http::Method;
+
+use super::*;
+use crate::server::tests::{TestSite, identity};
+use crate::{Limits, Listener, Server};
+
+/// A server for `TestSite` with TCP and QUIC on different ports, advertising its QUIC port
+/// with Alt-Svc or not: its TCP address, its QUIC address, the certificate.
+async fn split_server(
+    alt_svc: bool,
+) -> (
+    SocketAddr,
+    SocketAddr,
+    rustls::pki_types::CertificateDer<'static>,
+) {
+    let (cert, tls) = identity();
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp_addr = tcp.local_addr().unwrap();
+    let mut qtls = tls.clone();
+    qtls.alpn_protocols = vec![ALPN_H3.to_vec()];
+    let ep = kuai::Endpoint::builder()
+        .server(kuai::ServerConfig::from_rustls(qtls))
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let quic_addr = ep.local_addr().unwrap();
+    let listener = Listener::new(ep).with_tcp(tcp, tls);
+    let max_age = alt_svc.then_some(Duration::from_secs(86400));
+    tokio::spawn(
+        Server::new(TestSite { dir: None })
+            .limits(Limits::default())
+            .alt_svc_max_age(max_age)
+            .serve(listener),
+    );
+    (tcp_addr, quic_addr, cert)
+}
+
+fn client(cert: &rustls::pki_types::CertificateDer<'static>) -> ClientBuilder {
+    Client::builder()
+        .system_roots(false)
+        .add_root_certificate(cert.clone())
+}
+
+fn url(addr: SocketAddr, path: &str) -> String {
+    format!("https://localhost:{}{path}", addr.port())
+}
+
+/// HTTP/3 on the URL's port when the server has it there; a body goes up and comes back;
+/// the next connection resumes and sends its GET in 0-RTT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_first_uploads_and_0rtt() {
+    let (cert, tls) = identity();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    let c = client(&cert)
+        .resolve("localhost", addr.port(), addr)
+        .build()
+        .unwrap();
+    let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
+    assert_eq!(resp.protocol(), Protocol::Http3);
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        &resp.bytes().await.unwrap()[..],
+        b"hello from kuai over QUIC\n"
+    );
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 249) as u8).collect();
+    let resp = c
+        .request(Method::POST, &url(addr, "/echo"))
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-protocol"], "h3");
+    assert!(resp.bytes().await.unwrap() == data);
+    c.await_session_tickets().await;
+    c.close_connections();
+    let resp = c.get(&url(addr, "/echo")).send().await.unwrap();
+    let info = resp.connection();
+    assert!(info.resumed, "{info:?}");
+    assert_eq!(resp.headers()["x-early"], "true", "the GET went in 0-RTT");
+    assert!(!resp.timings().reused);
+    resp.bytes().await.unwrap();
+    assert_eq!(
+        c.get(&url(addr, "/hello.txt"))
+            .send()
+            .await
+            .unwrap()
+            .timings()
+            .reused,
+        true
+    );
+}
+
+/// Nothing on the URL's UDP port: the host says so (ICMP), and TCP starts at once, long
+/// before the race delay (5 s here). The HTTP/2 response's Alt-Svc points at the HTTP/3
+/// port: the next request goes there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_quic_port_falls_back_at_once_and_alt_svc_moves_to_http3() {
+    let (tcp, quic, cert) = split_server(true).await;
+    let c = client(&cert)
+        .resolve("localhost", tcp.port(), tcp)
+        .race_delay(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let resp = c.get(&url(tcp, "/hello.txt")).send().await.unwrap();
+    let took = t.elapsed();
+    assert_eq!(resp.protocol(), Protocol::Http2);
+    assert_eq!(
+        resp.headers()["alt-svc"],
+        format!("h3=\":{}\"; ma=86400", quic.port()).as_str()
+    );
+    resp.bytes().await.unwrap();
+    eprintln!("HTTP/2 after {took:?} (race delay 5 s)");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let resp = c.get(&url(tcp, "/hello.txt")).send().await.unwrap();
+    assert_eq!(
+        resp.protocol(),
+        Protocol::Http3,
+        "the next request after Alt-Svc"
+    );
+    assert_eq!(resp.remote_addr(), quic);
+    resp.bytes().await.unwrap();
+}
+
+/// Nothing listening at all: the error says refused, at once (not after the connect
+/// timeout), as curl does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_is_refused_at_once() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let c = Client::builder()
+        .system_roots(false)
+        .race_delay(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let e = c
+        .get(&format!("https://127.0.0.1:{port}/"))
+        .send()
+        .await
+        .unwrap_err();
+    eprintln!("{e} after {:?}", t.elapsed());
+    assert!(e.is_refused(), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+}
+
+/// UDP blocked (a socket on the port swallows every datagram, as a firewall would): TCP
+/// wins the race, HTTP/3 is marked broken when it times out, and a later client with the
+/// same state file goes straight to TCP without sending a single datagram.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_udp_is_marked_broken_and_skipped_next_time() {
+    let (tcp, _, cert) = split_server(false).await;
+    let sink = tokio::net::UdpSocket::bind(tcp).await.unwrap();
+    let swallowed = Arc::new(AtomicUsize::new(0));
+    {
+        let swallowed = swallowed.clone();
+        tokio::spawn(async move {
+            let mut b = vec![0u8; 65536];
+            while sink.recv_from(&mut b).await.is_ok() {
+                swallowed.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    let state = std::env::temp_dir().join(format!("kuai-client-broken-{}", std::process::id()));
+    let _ = std::fs::remove_file(&state);
+    let build = || {
+        client(&cert)
+            .resolve("localhost", tcp.port(), tcp)
+            .state_file(&state)
+            .connect_timeout(Duration::from_millis(1500))
+            .build()
+            .unwrap()
+    };
+    let c = build();
+    let t = Instant::now();
+    let resp = c.get(&url(tcp, "/hello.txt")).send().await.unwrap();
+    assert_eq!(resp.protocol(), Protocol::Http2);
+    let took = t.elapsed();
+    eprintln!(
+        "HTTP/2 after {took:?}, {} datagrams swallowed",
+        swallowed.load(Ordering::Relaxed)
+    );
+    assert!(
+        took >= Duration::from_millis(240),
+        "TCP waited for the race delay: {took:?}"
+    );
+    assert!(swallowed.load(Ordering::Relaxed) > 0, "HTTP/3 was tried");
+    resp.bytes().await.unwrap();
+    // The HTTP/3 attempt times out (1.5 s) and marks the network broken, on disk too.
+    let t = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&state).unwrap_or_default();
+        if text.contains("broken localhost") {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "not marked broken: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(c);
+    let before = swallowed.load(Ordering::Relaxed);
+    let c = build();
+    let t = Instant::now();
+    let resp = c.get(&url(tcp, "/hello.txt")).send().await.unwrap();
+    let took = t.elapsed();
+    assert_eq!(resp.protocol(), Protocol::Http2);
+    resp.bytes().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    eprintln!("straight to HTTP/2: {took:?}");
+    assert!(took < Duration::from_millis(200), "{took:?}");
+    assert_eq!(
+        swallowed.load(Ordering::Relaxed),
+        before,
+        "no HTTP/3 attempt on a network where it is broken"
+    );
+    std::fs::remove_file(&state).unwrap();
+}
+
+/// Only HTTP/2, only HTTP/1.1: the mode is obeyed, and HTTP/1.1 connections are reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_modes_and_http11_reuse() {
+    let (cert, tls) = identity();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    for (mode, proto) in [
+        (Mode::Http2, Protocol::Http2),
+        (Mode::Http11, Protocol::Http11),
+    ] {
+        let c = client(&cert)
+            .mode(mode)
+            .resolve("localhost", addr.port(), addr)
+            .build()
+            .unwrap();
+        for i in 0..3 {
+            let resp = c.get(&url(addr, "/bytes/100000")).send().await.unwrap();
+            assert_eq!(resp.protocol(), proto);
+            assert_eq!(resp.timings().reused, i > 0, "{mode:?} request {i}");
+            assert_eq!(resp.bytes().await.unwrap().len(), 100_000);
+        }
+        let resp = c
+            .request(Method::POST, &url(addr, "/echo"))
+            .body("up")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.text().await.unwrap(), "up");
+    }
+}
