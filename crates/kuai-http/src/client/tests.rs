@@ -90,15 +90,8 @@ async fn http3_first_uploads_and_0rtt() {
     assert_eq!(resp.headers()["x-early"], "true", "the GET went in 0-RTT");
     assert!(!resp.timings().reused);
     resp.bytes().await.unwrap();
-    assert_eq!(
-        c.get(&url(addr, "/hello.txt"))
-            .send()
-            .await
-            .unwrap()
-            .timings()
-            .reused,
-        true
-    );
+    let again = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
+    assert!(again.timings().reused);
 }
 
 /// Nothing on the URL's UDP port: the host says so (ICMP), and TCP starts at once, long
