@@ -157,8 +157,8 @@ def get_cmd(kuai: Path, proto: str, paths: list[str], repeat: int, *, reuse=Fals
          "--connect-timeout", "30"]
     if reuse:
         c.append("--reuse")
-    if zero_rtt:
-        c.append("--0rtt")
+    # kuai get sends idempotent requests in 0-RTT by default; the 1-RTT rows turn it off.
+    c.append("--0rtt" if zero_rtt else "--no-0rtt")
     if page:
         c.append("--page")
     if max_time:

@@ -1,18 +1,20 @@
-//! `kuai get`: fetch URLs over HTTP/3 (or HTTP/0.9 over QUIC), or over TCP + TLS with HTTP/2
-//! or HTTP/1.1; with `--repeat`, a measurement loop that prints one JSON line per run.
+//! `kuai get`: a curl-like client over `kuai_http::Client` (HTTP/3 raced against HTTP/2 and
+//! HTTP/1.1 over TCP, or one protocol); with `--repeat`, a measurement loop that prints one
+//! JSON line per run.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use kuai::{ClientConfig, Endpoint};
+use bytes::Bytes;
+use http::{HeaderValue, Method};
+use kuai_http::{Client, Mode, Protocol, RequestBody, Response};
 
-use crate::hq;
 use crate::keylog::FileKeyLog;
-use crate::tcp::{Proto, TcpClient};
 use crate::url::Url;
 
 #[derive(clap::Args)]
@@ -32,10 +34,39 @@ pub struct Args {
     /// Print timings, the negotiated parameters and connection statistics to stderr.
     #[arg(short, long)]
     pub verbose: bool,
+    /// An extra request header, "Name: value" (repeatable).
+    #[arg(short = 'H', long = "header", value_name = "HEADER")]
+    headers: Vec<String>,
+    /// The request method (GET by default; POST with -d).
+    #[arg(short = 'X', long = "request", value_name = "METHOD")]
+    method: Option<String>,
+    /// Send this as the body (POST): a string, or @FILE read whole with its line breaks
+    /// removed, as curl does; content type application/x-www-form-urlencoded.
+    #[arg(short = 'd', long = "data", value_name = "DATA")]
+    data: Option<String>,
+    /// Send this as the body exactly: a string, or @FILE streamed as it is.
+    #[arg(long = "data-binary", value_name = "DATA", conflicts_with = "data")]
+    data_binary: Option<String>,
+    /// HEAD: print the response head only.
+    #[arg(short = 'I', long = "head")]
+    head: bool,
+    /// Follow redirects (up to 20), to other servers and protocols too.
+    #[arg(short = 'L', long = "location")]
+    location: bool,
+    /// After each transfer, print this to stdout with curl's variables filled in:
+    /// %{http_code} %{http_version} %{time_namelookup} %{time_connect} %{time_appconnect}
+    /// %{time_starttransfer} %{time_total} %{size_download} %{remote_ip} %{remote_port}
+    /// %{url_effective} %{num_redirects}.
+    #[arg(short = 'w', long = "write-out", value_name = "FORMAT")]
+    write_out: Option<String>,
+    /// Connect to ADDR for HOST:PORT instead of resolving HOST (repeatable), as curl's
+    /// --resolve HOST:PORT:ADDR.
+    #[arg(long, value_name = "HOST:PORT:ADDR")]
+    resolve: Vec<String>,
     /// Do not verify the server's certificate (testing only).
-    #[arg(long)]
+    #[arg(short = 'k', long)]
     insecure: bool,
-    /// Trust this CA certificate (PEM) instead of none.
+    /// Also trust the CA certificates in this PEM file (the system's are trusted already).
     #[arg(long)]
     ca: Option<PathBuf>,
     /// Append TLS secrets to this file (NSS key log format).
@@ -59,17 +90,26 @@ pub struct Args {
     /// HTTP/0.9 over QUIC (ALPN hq-interop), for interop tests.
     #[arg(long, group = "protocol")]
     hq: bool,
-    /// Without a protocol flag: start TCP (HTTP/2) if the QUIC handshake is not done after
-    /// this many milliseconds, and use whichever connects first.
-    #[arg(long, default_value_t = 1000)]
-    fallback_after_ms: u64,
+    /// Without a protocol flag: start TCP if the QUIC handshake is not done after this many
+    /// milliseconds (by default 1.5 x the RTT last measured to the server, 250 ms when none
+    /// is known); TCP starts at once when the server's host refuses the UDP port.
+    #[arg(long)]
+    fallback_after_ms: Option<u64>,
     /// Parallel HTTP/1.1 connections (like a browser's per-host limit).
     #[arg(long, default_value_t = 6)]
     h1_connections: usize,
-    /// Send the requests in 0-RTT when a session ticket from an earlier connection in this
-    /// run allows (with --repeat and a new connection per run).
-    #[arg(long = "0rtt")]
+    /// Send idempotent requests in 0-RTT when a session from an earlier connection allows
+    /// (the default; kept for scripts that pass it).
+    #[arg(long = "0rtt", conflicts_with = "no_zero_rtt")]
     zero_rtt: bool,
+    /// Never send requests in 0-RTT (resumed connections send them after the handshake).
+    #[arg(long = "no-0rtt")]
+    no_zero_rtt: bool,
+    /// Keep what the client learns (Alt-Svc, HTTP/3 broken on a network, RTTs) in this file
+    /// (by default $XDG_CACHE_HOME/kuai/client-state or ~/.cache/kuai/client-state; "none":
+    /// in memory only).
+    #[arg(long, value_name = "FILE")]
+    state_file: Option<String>,
     /// Fetch the URLs this many times; print one JSON line per run to stdout (bodies are
     /// discarded unless saved to files).
     #[arg(long, default_value_t = 0)]
@@ -112,40 +152,6 @@ pub async fn run(args: Args) -> ExitCode {
     }
 }
 
-/// Builds the client TLS configuration from the trust options.
-pub fn client_config(
-    insecure: bool,
-    ca: Option<&std::path::Path>,
-    alpn: &[&[u8]],
-    keylog: Option<&std::path::Path>,
-) -> Result<ClientConfig, String> {
-    let mut cfg = if insecure {
-        ClientConfig::insecure(alpn).map_err(|e| e.to_string())?
-    } else {
-        let mut roots = rustls::RootCertStore::empty();
-        if let Some(ca) = ca {
-            use rustls_pki_types::pem::PemObject;
-            for c in rustls_pki_types::CertificateDer::pem_file_iter(ca)
-                .map_err(|e| format!("cannot read {}: {e}", ca.display()))?
-            {
-                let c = c.map_err(|e| format!("bad certificate in {}: {e}", ca.display()))?;
-                roots
-                    .add(c)
-                    .map_err(|e| format!("bad certificate in {}: {e}", ca.display()))?;
-            }
-        } else {
-            return Err("no trust anchors: pass --ca FILE, or --insecure for a test server".into());
-        }
-        ClientConfig::with_roots(roots, alpn).map_err(|e| e.to_string())?
-    };
-    if let Some(path) = keylog {
-        let log =
-            FileKeyLog::create(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-        cfg.proto_mut().set_key_log(Arc::new(log));
-    }
-    Ok(cfg)
-}
-
 pub async fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
     let lookup = tokio::net::lookup_host((host, port));
     let addrs: Vec<SocketAddr> = tokio::time::timeout(Duration::from_secs(5), lookup)
@@ -171,402 +177,344 @@ pub fn any_port_for(peer: SocketAddr) -> SocketAddr {
     }
 }
 
-/// Which protocols a run may use.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// HTTP/3, falling back to HTTP/2 over TCP.
-    Auto,
-    H3,
-    Hq,
-    Tcp(Proto),
+/// Where the client keeps what it learns, unless told otherwise.
+fn default_state_file() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("kuai").join("client-state"))
 }
 
-/// Longest wait for a session ticket before a connection that is done closes.
-const TICKET_WAIT_MAX: Duration = Duration::from_millis(300);
-
-/// One connection to the origin, whatever the protocol.
-enum Session {
-    H3 {
-        conn: kuai::Connection,
-        client: kuai_h3::Client,
-        /// The requests went out in 0-RTT.
-        early: bool,
-    },
-    Hq {
-        conn: kuai::Connection,
-        early: bool,
-    },
-    Tcp(TcpClient),
-}
-
-impl Session {
-    fn protocol(&self) -> &'static str {
-        match self {
-            Session::H3 { .. } => "h3",
-            Session::Hq { .. } => "hq-interop",
-            Session::Tcp(c) => c.proto().name(),
-        }
-    }
-
-    async fn get_to(
-        &self,
-        url: &Url,
-        out: &mut (dyn Write + Send),
-        progress: impl FnMut(u64),
-    ) -> Result<u64, String> {
-        let (status, n) = match self {
-            Session::H3 { client, .. } => crate::h3::get_to(client, url, out, progress).await?,
-            Session::Hq { conn, .. } => (
-                http::StatusCode::OK,
-                hq::get_to(conn, &url.path, out, progress).await?,
-            ),
-            Session::Tcp(c) => c.get_to(url, out, progress).await?,
-        };
-        if !status.is_success() {
-            return Err(status.to_string());
-        }
-        Ok(n)
-    }
-
-    /// 0-RTT: "accepted", "rejected" or "none".
-    fn zero_rtt(&self) -> &'static str {
-        match self {
-            Session::H3 { early: false, .. } | Session::Hq { early: false, .. } => "none",
-            Session::H3 { conn, .. } | Session::Hq { conn, .. } => {
-                let st = conn.stats();
-                if st.zero_rtt_accepted {
-                    "accepted"
-                } else if st.zero_rtt_attempted {
-                    "rejected"
-                } else {
-                    "none"
-                }
-            }
-            Session::Tcp(_) => "none",
-        }
-    }
-
-    fn resumed(&self) -> bool {
-        match self {
-            Session::H3 { conn, .. } | Session::Hq { conn, .. } => conn.stats().resumed,
-            Session::Tcp(c) => c.info.resumed,
-        }
-    }
-
-    /// Waits, a few round trips at most, for the server's session ticket: the server sends it
-    /// only after the handshake, so a short exchange can end before it arrives and leave the
-    /// next connection nothing to resume.
-    async fn await_ticket(&self) {
-        if let Session::H3 { conn, .. } | Session::Hq { conn, .. } = self {
-            let bound =
-                (conn.stats().path.rtt * 3).clamp(Duration::from_millis(20), TICKET_WAIT_MAX);
-            let _ = tokio::time::timeout(bound, conn.session_ticket()).await;
-        }
-    }
-
-    fn close(&self) {
-        match self {
-            Session::H3 { conn, .. } | Session::Hq { conn, .. } => conn.close(0, b"done"),
-            // The TCP connections close when the client is dropped.
-            Session::Tcp(_) => {}
-        }
-    }
-
-    fn print_stats(&self) {
-        match self {
-            Session::H3 { conn, .. } | Session::Hq { conn, .. } => {
-                let st = conn.stats();
-                eprintln!(
-                    "* {:?}, {}, ALPN {}, 0-RTT {}, resumed {}",
-                    st.version.unwrap_or(kuai::Version::V1),
-                    st.cipher_suite.unwrap_or("?"),
-                    String::from_utf8_lossy(st.alpn.as_deref().unwrap_or(b"?")),
-                    self.zero_rtt(),
-                    st.resumed,
-                );
-                eprintln!(
-                    "* rtt {:.1} ms (min {:.1}), cwnd {} B, mtu {}, sent {} / received {} packets, lost {}",
-                    ms(st.path.rtt),
-                    ms(st.path.min_rtt),
-                    st.path.cwnd,
-                    st.path.mtu,
-                    st.packets_sent,
-                    st.packets_received,
-                    st.packets_lost
-                );
-                eprintln!(
-                    "* server address {}, path migrations {}",
-                    conn.remote_address(),
-                    st.migrations
-                );
-            }
-            Session::Tcp(c) => eprintln!(
-                "* TCP + TLS 1.3, {}, ALPN {}, resumed {}",
-                c.info.cipher_suite.as_deref().unwrap_or("?"),
-                c.proto().name(),
-                c.info.resumed
-            ),
-        }
-    }
-}
-
-/// Everything needed to open sessions to one origin.
-struct Origin {
-    mode: Mode,
-    addr: SocketAddr,
-    host: String,
-    ep: Option<Endpoint>,
-    quic: ClientConfig,
-    tcp_tls: Arc<rustls::ClientConfig>,
-    connect_timeout: Duration,
-    fallback_after: Duration,
-    h1_connections: usize,
-    zero_rtt: bool,
-}
-
-impl Origin {
-    async fn connect(&self) -> Result<Session, String> {
-        let limit = self.connect_timeout;
-        let timeout = |what: &str| {
-            format!(
-                "{}: no {what} connection within {:.1} s",
-                self.addr,
-                limit.as_secs_f64()
-            )
-        };
-        match self.mode {
-            Mode::H3 | Mode::Hq => tokio::time::timeout(limit, self.connect_quic())
-                .await
-                .map_err(|_| timeout("QUIC (UDP blocked or server down?)"))?,
-            Mode::Tcp(p) => tokio::time::timeout(limit, self.connect_tcp(p))
-                .await
-                .map_err(|_| timeout("TCP"))?,
-            Mode::Auto => tokio::time::timeout(limit, self.connect_auto())
-                .await
-                .map_err(|_| timeout("QUIC or TCP"))?,
-        }
-    }
-
-    /// HTTP/3 first; TCP (HTTP/2) joins the race when QUIC is slow, and takes over when it
-    /// fails (UDP blocked).
-    async fn connect_auto(&self) -> Result<Session, String> {
-        let quic = self.connect_quic();
-        tokio::pin!(quic);
-        let quic_err = tokio::select! {
-            r = &mut quic => match r {
-                Ok(s) => return Ok(s),
-                Err(e) => Some(e),
-            },
-            _ = tokio::time::sleep(self.fallback_after) => None,
-        };
-        let tcp = self.connect_tcp(Proto::H2);
-        tokio::pin!(tcp);
-        let Some(quic_err) = quic_err else {
-            tracing::info!("QUIC is slow to connect; racing TCP");
-            return tokio::select! {
-                r = &mut quic => match r {
-                    Ok(s) => Ok(s),
-                    Err(e) => {
-                        tracing::info!(error = %e, "HTTP/3 failed; falling back to HTTP/2");
-                        tcp.await
-                    }
-                },
-                r = &mut tcp => match r {
-                    Ok(s) => Ok(s),
-                    Err(_) => quic.await,
-                },
-            };
-        };
-        tracing::info!(error = %quic_err, "HTTP/3 failed; falling back to HTTP/2");
-        tcp.await
-            .map_err(|e| format!("HTTP/3: {quic_err}; HTTP/2: {e}"))
-    }
-
-    async fn connect_quic(&self) -> Result<Session, String> {
-        let Some(ep) = &self.ep else {
-            return Err("QUIC is not enabled".into());
-        };
-        let connecting = ep
-            .connect_with(self.quic.clone(), self.addr, &self.host)
-            .map_err(|e| e.to_string())?;
-        let (conn, early) = if self.zero_rtt {
-            match connecting.into_0rtt() {
-                Ok((conn, _accepted)) => (conn, true),
-                Err(c) => (c.await.map_err(|e| format!("{}: {e}", self.addr))?, false),
-            }
-        } else {
-            let c = connecting
-                .await
-                .map_err(|e| format!("{}: {e}", self.addr))?;
-            (c, false)
-        };
-        if self.mode == Mode::Hq {
-            return Ok(Session::Hq { conn, early });
-        }
-        let client = kuai_h3::Client::new(conn.clone(), kuai_h3::Config::default())
-            .await
-            .map_err(|e| format!("HTTP/3: {e}"))?;
-        Ok(Session::H3 {
-            conn,
-            client,
-            early,
-        })
-    }
-
-    async fn connect_tcp(&self, proto: Proto) -> Result<Session, String> {
-        TcpClient::connect(
-            proto,
-            self.addr,
-            &self.host,
-            self.tcp_tls.clone(),
-            self.h1_connections,
-        )
-        .await
-        .map(Session::Tcp)
-    }
-}
-
-/// The timings of one run, from its start.
-#[derive(Default)]
-struct RunReport {
-    connected: Option<Duration>,
-    first_byte: Option<Duration>,
-    total: Duration,
-    bytes: u64,
-    responses: usize,
-    error: Option<String>,
-}
-
-async fn fetch_all(args: Args) -> Result<(), String> {
-    let urls: Vec<Url> = args
-        .urls
-        .iter()
-        .map(|u| Url::parse(u))
-        .collect::<Result<_, _>>()?;
-    if args.output.is_some() && urls.len() > 1 {
-        return Err("-o takes one URL; use -O or --output-dir for several".into());
-    }
-    let first = &urls[0];
-    if urls
-        .iter()
-        .any(|u| (u.host.as_str(), u.port) != (first.host.as_str(), first.port))
-    {
-        return Err("all URLs must be on the same server (one connection)".into());
-    }
+/// The client the flags describe.
+fn build_client(args: &Args) -> Result<Client, String> {
     let mode = if args.http3 {
-        Mode::H3
+        Mode::Http3
     } else if args.http2 {
-        Mode::Tcp(Proto::H2)
+        Mode::Http2
     } else if args.http1 {
-        Mode::Tcp(Proto::H1)
+        Mode::Http11
     } else if args.hq {
-        Mode::Hq
+        Mode::Http09
     } else {
         Mode::Auto
     };
-    let start = Instant::now();
-    let addr = resolve(&first.host, first.port).await?;
-    let resolved = start.elapsed();
-    let quic_alpn: &[u8] = if mode == Mode::Hq {
-        hq::ALPN
-    } else {
-        crate::h3::ALPN
-    };
-    let mut cfg = client_config(
-        args.insecure,
-        args.ca.as_deref(),
-        &[quic_alpn],
-        args.keylog.as_deref(),
-    )?;
-    crate::set_transport(
-        &mut cfg.proto_mut().transport,
-        &args.cc,
-        args.initial_window,
-        args.no_redundancy,
-    );
-    let tcp_tls = cfg.proto_tls();
-    let ep = if matches!(mode, Mode::Tcp(_)) {
-        None
-    } else {
-        let bind = any_port_for(addr);
-        let mut builder = Endpoint::builder();
-        if let Some(d) = &args.qlog_dir {
-            builder = builder.qlog_dir(d);
+    let mut b = Client::builder()
+        .mode(mode)
+        .danger_accept_invalid_certs(args.insecure)
+        .connect_timeout(Duration::from_secs_f64(args.connect_timeout.max(0.001)))
+        .http1_max_connections(args.h1_connections)
+        .early_data(!args.no_zero_rtt);
+    if let Some(ms) = args.fallback_after_ms {
+        b = b.race_delay(Duration::from_millis(ms));
+    }
+    if let Some(ca) = &args.ca {
+        use rustls_pki_types::pem::PemObject;
+        for c in rustls_pki_types::CertificateDer::pem_file_iter(ca)
+            .map_err(|e| format!("cannot read {}: {e}", ca.display()))?
+        {
+            b = b.add_root_certificate(
+                c.map_err(|e| format!("bad certificate in {}: {e}", ca.display()))?,
+            );
         }
-        Some(
-            builder
-                .bind(bind)
-                .map_err(|e| format!("cannot open a UDP socket: {e}"))?,
-        )
-    };
-    let origin = Origin {
-        mode,
-        addr,
-        host: first.host.clone(),
-        ep,
-        quic: cfg,
-        tcp_tls,
-        connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(0.001)),
-        fallback_after: Duration::from_millis(args.fallback_after_ms),
-        h1_connections: args.h1_connections,
-        zero_rtt: args.zero_rtt,
-    };
-    let max_time = (args.max_time > 0.0).then(|| Duration::from_secs_f64(args.max_time));
-
-    if args.repeat > 0 {
-        return repeat(&args, &origin, &urls, max_time).await;
     }
-
-    let session = Arc::new(origin.connect().await?);
-    let connected = start.elapsed();
-    let progress = Arc::new(Progress::default());
-    let work = fetch_urls(&args, &session, &urls, start, progress.clone(), true);
-    let results = match max_time {
-        Some(t) => tokio::time::timeout(t, work)
-            .await
-            .map_err(|_| format!("not done within {} s", args.max_time))??,
-        None => work.await?,
-    };
-    let total = start.elapsed();
-    let mut stdout = std::io::stdout().lock();
-    for (_, body) in &results {
-        stdout.write_all(body).map_err(|e| format!("stdout: {e}"))?;
+    if let Some(path) = &args.keylog {
+        let log =
+            FileKeyLog::create(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        b = b.keylog(Arc::new(log));
     }
-    if args.verbose {
-        let bytes: u64 = results.iter().map(|r| r.0).sum();
-        eprintln!(
-            "* resolved {} to {addr} in {:.1} ms",
-            first.host,
-            ms(resolved)
-        );
-        eprintln!(
-            "* {} connection up at {:.1} ms",
-            session.protocol(),
-            ms(connected)
-        );
-        if let Some(fb) = progress.first_byte() {
-            eprintln!("* first byte at {:.1} ms", ms(fb));
+    if let Some(d) = &args.qlog_dir {
+        b = b.qlog_dir(d);
+    }
+    if args.cc.is_some() || args.initial_window.is_some() || args.no_redundancy {
+        let mut t = Arc::new(kuai::TransportConfig::default());
+        crate::set_transport(&mut t, &args.cc, args.initial_window, args.no_redundancy);
+        b = b.transport((*t).clone());
+    }
+    match args.state_file.as_deref() {
+        Some("none") => {}
+        Some(p) => b = b.state_file(p),
+        // A measurement loop starts from nothing learned, so runs do not depend on history.
+        None if args.repeat > 0 => {}
+        None => {
+            if let Some(p) = default_state_file() {
+                b = b.state_file(p);
+            }
         }
-        eprintln!(
-            "* total {:.1} ms, {bytes} bytes in {} responses",
-            ms(total),
-            results.len()
-        );
-        session.print_stats();
     }
-    session.close();
-    if let Some(ep) = &origin.ep {
-        // Exit once the CONNECTION_CLOSE is out, without waiting out the closing period.
-        let _ = tokio::time::timeout(Duration::from_millis(300), ep.flush()).await;
+    for r in &args.resolve {
+        let bad = || format!("--resolve {r}: expected HOST:PORT:ADDR");
+        let (host, rest) = r.split_once(':').ok_or_else(bad)?;
+        let (port, addr) = rest.split_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let ip: std::net::IpAddr = addr
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .map_err(|_| bad())?;
+        b = b.resolve(host, port, SocketAddr::new(ip, port));
     }
-    Ok(())
+    b.build().map_err(|e| e.to_string())
+}
+
+/// The request body and its content type, from -d / --data-binary.
+enum Upload {
+    None,
+    Bytes(Bytes, Option<&'static str>),
+    File(PathBuf),
+}
+
+impl Upload {
+    fn from_args(args: &Args) -> Result<Self, String> {
+        if let Some(d) = &args.data {
+            let bytes = match d.strip_prefix('@') {
+                Some(f) => {
+                    let raw = std::fs::read(f).map_err(|e| format!("cannot read {f}: {e}"))?;
+                    raw.into_iter()
+                        .filter(|&b| b != b'\n' && b != b'\r')
+                        .collect()
+                }
+                None => d.as_bytes().to_vec(),
+            };
+            return Ok(Upload::Bytes(
+                Bytes::from(bytes),
+                Some("application/x-www-form-urlencoded"),
+            ));
+        }
+        if let Some(d) = &args.data_binary {
+            return Ok(match d.strip_prefix('@') {
+                Some(f) => Upload::File(PathBuf::from(f)),
+                None => Upload::Bytes(Bytes::from(d.clone().into_bytes()), None),
+            });
+        }
+        Ok(Upload::None)
+    }
+
+    fn is_some(&self) -> bool {
+        !matches!(self, Upload::None)
+    }
+
+    async fn body(&self) -> Result<RequestBody, String> {
+        Ok(match self {
+            Upload::None => RequestBody::empty(),
+            Upload::Bytes(b, _) => RequestBody::from(b.clone()),
+            Upload::File(p) => {
+                let f = tokio::fs::File::open(p)
+                    .await
+                    .map_err(|e| format!("cannot open {}: {e}", p.display()))?;
+                let len = f.metadata().await.map_err(|e| e.to_string())?.len();
+                let chunks = kuai_http::fs::FileChunks::new(f.into_std().await, len);
+                RequestBody::wrap(kuai_http::FileBody::file(chunks))
+            }
+        })
+    }
+
+    fn length(&self) -> Option<u64> {
+        match self {
+            Upload::None => None,
+            Upload::Bytes(b, _) => Some(b.len() as u64),
+            Upload::File(p) => std::fs::metadata(p).ok().map(|m| m.len()),
+        }
+    }
+}
+
+/// What each request of a run shares.
+struct Plan {
+    client: Client,
+    method: Method,
+    headers: Vec<(http::HeaderName, HeaderValue)>,
+    upload: Upload,
+    follow: bool,
+}
+
+/// One transfer's outcome.
+struct Fetched {
+    resp: Option<Response>,
+    bytes: u64,
+    redirects: u32,
+    url: String,
+}
+
+impl Plan {
+    fn from_args(args: &Args, client: Client) -> Result<Self, String> {
+        let upload = Upload::from_args(args)?;
+        let method = match &args.method {
+            Some(m) => Method::from_bytes(m.as_bytes()).map_err(|_| format!("bad method {m}"))?,
+            None if args.head => Method::HEAD,
+            None if upload.is_some() => Method::POST,
+            None => Method::GET,
+        };
+        let mut headers = Vec::new();
+        if let Upload::Bytes(_, Some(ct)) = &upload {
+            headers.push((http::header::CONTENT_TYPE, HeaderValue::from_static(ct)));
+        }
+        if let Some(n) = upload.length() {
+            headers.push((http::header::CONTENT_LENGTH, HeaderValue::from(n)));
+        }
+        for h in &args.headers {
+            let (n, v) = h
+                .split_once(':')
+                .ok_or_else(|| format!("-H {h:?}: expected \"Name: value\""))?;
+            let n = http::HeaderName::from_bytes(n.trim().as_bytes())
+                .map_err(|_| format!("-H {h:?}: bad header name"))?;
+            let v = HeaderValue::from_str(v.trim())
+                .map_err(|_| format!("-H {h:?}: bad header value"))?;
+            headers.retain(|(old, _)| *old != n);
+            headers.push((n, v));
+        }
+        Ok(Self {
+            client,
+            method,
+            headers,
+            upload,
+            follow: args.location,
+        })
+    }
+
+    /// Sends the request for `url`, following redirects when asked; the final response.
+    async fn send(&self, url: &str) -> Result<Fetched, String> {
+        let mut url = url.to_string();
+        let mut method = self.method.clone();
+        let mut with_body = true;
+        for redirects in 0..=20u32 {
+            let mut req = self.client.request(method.clone(), &url);
+            for (n, v) in &self.headers {
+                if !with_body
+                    && (*n == http::header::CONTENT_LENGTH || *n == http::header::CONTENT_TYPE)
+                {
+                    continue;
+                }
+                req = req.header(n.clone(), v.clone());
+            }
+            if with_body {
+                req = req.body(self.upload.body().await?);
+            }
+            let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+            let status = resp.status();
+            let location = resp
+                .headers()
+                .get(http::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .map(str::to_owned);
+            match location {
+                Some(loc) if self.follow && status.is_redirection() => {
+                    url = join_url(&url, &loc)?;
+                    // 303, and 301/302 after a POST, go on as GET without the body (as
+                    // browsers and curl do); 307 and 308 repeat the request.
+                    if status == http::StatusCode::SEE_OTHER
+                        || (method == Method::POST && matches!(status.as_u16(), 301 | 302))
+                    {
+                        method = Method::GET;
+                        with_body = false;
+                    }
+                    if redirects == 20 {
+                        return Err(format!("{url}: more than 20 redirects"));
+                    }
+                }
+                _ => {
+                    return Ok(Fetched {
+                        resp: Some(resp),
+                        bytes: 0,
+                        redirects,
+                        url,
+                    });
+                }
+            }
+        }
+        Err(format!("{url}: more than 20 redirects"))
+    }
+}
+
+/// `loc` (a Location header) against `base`.
+fn join_url(base: &str, loc: &str) -> Result<String, String> {
+    if loc.starts_with("https://") {
+        return Ok(loc.to_string());
+    }
+    if loc.starts_with("http://") {
+        return Err(format!("redirect to {loc}: only https is supported"));
+    }
+    let b = Url::parse(base)?;
+    let mut u = b.clone();
+    if let Some(rest) = loc.strip_prefix("//") {
+        return Ok(format!("https://{rest}"));
+    }
+    if loc.starts_with('/') {
+        u.path = loc.to_string();
+    } else {
+        let dir = b.path.split(['?', '#']).next().unwrap_or("/");
+        let dir = &dir[..=dir.rfind('/').unwrap_or(0)];
+        u.path = format!("{dir}{loc}");
+    }
+    Ok(u.to_string())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Http3 => "h3",
+        Protocol::Http2 => "h2",
+        Protocol::Http11 => "http/1.1",
+        _ => "hq-interop",
+    }
+}
+
+/// The response head as curl -I prints it.
+fn head_text(resp: &Response) -> String {
+    let version = match resp.protocol() {
+        Protocol::Http3 => "HTTP/3",
+        Protocol::Http2 => "HTTP/2",
+        Protocol::Http11 => "HTTP/1.1",
+        _ => "HTTP/0.9",
+    };
+    let mut s = format!("{version} {}\r\n", resp.status().as_u16());
+    for (n, v) in resp.headers() {
+        s += &format!("{n}: {}\r\n", String::from_utf8_lossy(v.as_bytes()));
+    }
+    s + "\r\n"
+}
+
+/// curl's -w with the variables kuai knows.
+fn write_out(format: &str, f: &Fetched) -> String {
+    let secs = |d: Option<Duration>| format!("{:.6}", d.map_or(0.0, |d| d.as_secs_f64()));
+    let mut out = format.replace("\\n", "\n").replace("\\t", "\t");
+    let Some(resp) = &f.resp else { return out };
+    let t = resp.timings();
+    let vars = [
+        ("http_code", resp.status().as_u16().to_string()),
+        (
+            "http_version",
+            match resp.protocol() {
+                Protocol::Http3 => "3".into(),
+                Protocol::Http2 => "2".into(),
+                Protocol::Http11 => "1.1".into(),
+                _ => "0.9".into(),
+            },
+        ),
+        ("time_namelookup", secs(Some(t.dns))),
+        ("time_connect", secs(Some(t.tcp.unwrap_or(t.connect)))),
+        ("time_appconnect", secs(Some(t.connect))),
+        ("time_starttransfer", secs(Some(t.first_byte))),
+        ("time_total", secs(t.total)),
+        ("size_download", f.bytes.to_string()),
+        ("remote_ip", resp.remote_addr().ip().to_string()),
+        ("remote_port", resp.remote_addr().port().to_string()),
+        ("url_effective", f.url.clone()),
+        ("num_redirects", f.redirects.to_string()),
+    ];
+    for (k, v) in vars {
+        out = out.replace(&format!("%{{{k}}}"), &v);
+    }
+    out
 }
 
 /// What a run has received so far, across its URLs: when the first byte came and how many.
 #[derive(Default)]
 struct Progress {
     first_byte: std::sync::Mutex<Option<Duration>>,
-    bytes: std::sync::atomic::AtomicU64,
+    bytes: AtomicU64,
 }
 
 impl Progress {
@@ -574,36 +522,49 @@ impl Progress {
         *self.first_byte.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn bytes(&self) -> u64 {
-        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    fn saw(&self, n: u64, start: Instant) {
+        self.bytes.fetch_add(n, Relaxed);
+        let mut f = self.first_byte.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            *f = Some(start.elapsed());
+        }
     }
 }
 
-/// Fetches every URL in parallel on `session`; returns (bytes, body kept for stdout) per URL.
+/// Where a body goes.
+enum Sink {
+    File(std::fs::File),
+    Memory(Vec<u8>),
+    Discard,
+}
+
+/// Fetches every URL in parallel (the first alone with --page); the outcome and the body
+/// kept for stdout, per URL.
 async fn fetch_urls(
     args: &Args,
-    session: &Arc<Session>,
+    plan: &Arc<Plan>,
     urls: &[Url],
     start: Instant,
     progress: Arc<Progress>,
     keep_bodies: bool,
-) -> Result<Vec<(u64, Vec<u8>)>, String> {
+) -> Result<Vec<(Fetched, Vec<u8>)>, String> {
     // Progress bars for downloads to files when a person is watching.
     let bars = (args.repeat == 0
         && std::io::IsTerminal::is_terminal(&std::io::stderr())
         && (args.output.is_some() || args.remote_name || args.output_dir.is_some()))
     .then(indicatif::MultiProgress::new);
+    let print_head = args.head && args.repeat == 0;
     let mut tasks = Vec::new();
     let mut page_html = None;
     for (i, url) in urls.iter().enumerate() {
         if args.page && i == 1 {
             // The page's resources are known once its HTML is in.
-            let t: tokio::task::JoinHandle<Result<(u64, Vec<u8>), String>> =
+            let t: tokio::task::JoinHandle<Result<(Fetched, Vec<u8>), String>> =
                 tasks.pop().expect("the HTML task");
             page_html = Some(t.await.map_err(|e| e.to_string())??);
         }
         let url = url.clone();
-        let session = session.clone();
+        let plan = plan.clone();
         let dest = match (&args.output, args.remote_name, &args.output_dir) {
             (Some(o), _, _) => Some(o.clone()),
             (None, _, Some(d)) => Some(d.join(url.file_name())),
@@ -624,52 +585,47 @@ async fn fetch_urls(
             b
         });
         tasks.push(tokio::spawn(async move {
-            let mut file: Option<Box<dyn Write + Send>> = match &dest {
-                Some(p) => Some(Box::new(std::io::BufWriter::new(
+            let mut f = plan.send(&url.to_string()).await?;
+            let mut sink = match &dest {
+                Some(p) => Sink::File(
                     std::fs::File::create(p)
                         .map_err(|e| format!("cannot create {}: {e}", p.display()))?,
-                ))),
-                None => None,
+                ),
+                None if keep_bodies => Sink::Memory(Vec::new()),
+                None => Sink::Discard,
             };
-            let mut body = Vec::new();
-            let mut discard = std::io::sink();
-            let sink: &mut (dyn Write + Send) = match &mut file {
-                Some(f) => &mut **f,
-                None if keep_bodies => &mut body,
-                None => &mut discard,
-            };
-            let mut seen = 0u64;
-            let on_data = |total: u64| {
+            let resp = f.resp.as_mut().expect("a response");
+            if print_head && let Sink::Memory(v) = &mut sink {
+                v.extend_from_slice(head_text(resp).as_bytes());
+            }
+            while let Some(chunk) = resp.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+                f.bytes += chunk.len() as u64;
+                progress.saw(chunk.len() as u64, start);
                 if let Some(b) = &bar {
-                    b.set_position(total);
+                    b.set_position(f.bytes);
                 }
-                progress.bytes.fetch_add(
-                    total.saturating_sub(seen),
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-                seen = seen.max(total);
-                let mut f = progress
-                    .first_byte
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                if f.is_none() {
-                    *f = Some(start.elapsed());
+                match &mut sink {
+                    Sink::File(file) => file
+                        .write_all(&chunk)
+                        .map_err(|e| format!("write failed: {e}"))?,
+                    Sink::Memory(v) if !print_head => v.extend_from_slice(&chunk),
+                    _ => {}
                 }
-            };
-            let n = session
-                .get_to(&url, sink, on_data)
-                .await
-                .map_err(|e| format!("{url}: {e}"))?;
-            if let Some(f) = &mut file {
-                f.flush().map_err(|e| format!("write failed: {e}"))?;
             }
             if let Some(b) = &bar {
                 b.finish();
             }
-            Ok::<_, String>((n, body))
+            if !resp.status().is_success() && !resp.status().is_redirection() {
+                tracing::debug!(%url, status = %resp.status(), "not a success");
+            }
+            let body = match sink {
+                Sink::Memory(v) => v,
+                _ => Vec::new(),
+            };
+            Ok::<_, String>((f, body))
         }));
     }
-    let mut results: Vec<(u64, Vec<u8>)> = page_html.into_iter().collect();
+    let mut results: Vec<(Fetched, Vec<u8>)> = page_html.into_iter().collect();
     let mut failure = None;
     for t in tasks {
         match t.await.map_err(|e| e.to_string()).and_then(|r| r) {
@@ -685,88 +641,222 @@ async fn fetch_urls(
     }
 }
 
+fn print_stats(resp: &Response) {
+    let c = resp.connection();
+    match &c.quic {
+        Some(st) => {
+            let zero_rtt = match c.early_data {
+                Some(true) => "accepted",
+                Some(false) => "rejected",
+                None => "none",
+            };
+            eprintln!(
+                "* {:?}, {}, ALPN {}, 0-RTT {zero_rtt}, resumed {}",
+                st.version.unwrap_or(kuai::Version::V1),
+                st.cipher_suite.unwrap_or("?"),
+                String::from_utf8_lossy(st.alpn.as_deref().unwrap_or(b"?")),
+                st.resumed,
+            );
+            eprintln!(
+                "* rtt {:.1} ms (min {:.1}), cwnd {} B, mtu {}, sent {} / received {} packets, lost {}",
+                ms(st.path.rtt),
+                ms(st.path.min_rtt),
+                st.path.cwnd,
+                st.path.mtu,
+                st.packets_sent,
+                st.packets_received,
+                st.packets_lost
+            );
+            eprintln!(
+                "* server address {}, path migrations {}",
+                c.remote, st.migrations
+            );
+        }
+        None => eprintln!(
+            "* TCP + TLS 1.3, {}, ALPN {}, resumed {}",
+            c.cipher_suite.as_deref().unwrap_or("?"),
+            protocol_name(c.protocol),
+            c.resumed
+        ),
+    }
+}
+
+async fn fetch_all(args: Args) -> Result<(), String> {
+    let urls: Vec<Url> = args
+        .urls
+        .iter()
+        .map(|u| Url::parse(u))
+        .collect::<Result<_, _>>()?;
+    if args.output.is_some() && urls.len() > 1 {
+        return Err("-o takes one URL; use -O or --output-dir for several".into());
+    }
+    let client = build_client(&args)?;
+    let plan = Arc::new(Plan::from_args(&args, client.clone())?);
+    let max_time = (args.max_time > 0.0).then(|| Duration::from_secs_f64(args.max_time));
+    if args.repeat > 0 {
+        return repeat(&args, &plan, &urls, max_time).await;
+    }
+    let start = Instant::now();
+    let progress = Arc::new(Progress::default());
+    let work = fetch_urls(&args, &plan, &urls, start, progress.clone(), true);
+    let results = match max_time {
+        Some(t) => tokio::time::timeout(t, work)
+            .await
+            .map_err(|_| format!("not done within {} s", args.max_time))??,
+        None => work.await?,
+    };
+    let total = start.elapsed();
+    let mut stdout = std::io::stdout().lock();
+    for (f, body) in &results {
+        stdout.write_all(body).map_err(|e| format!("stdout: {e}"))?;
+        if let Some(w) = &args.write_out {
+            stdout
+                .write_all(write_out(w, f).as_bytes())
+                .map_err(|e| format!("stdout: {e}"))?;
+        }
+    }
+    let _ = stdout.flush();
+    if args.verbose
+        && let Some((f, _)) = results.first()
+        && let Some(resp) = &f.resp
+    {
+        let t = resp.timings();
+        let bytes: u64 = results.iter().map(|r| r.0.bytes).sum();
+        eprintln!(
+            "* {} at {}: resolved in {:.1} ms",
+            urls[0].host,
+            resp.remote_addr(),
+            ms(t.dns)
+        );
+        if t.reused {
+            eprintln!("* {} connection reused", protocol_name(resp.protocol()));
+        } else {
+            eprintln!(
+                "* {} connection up at {:.1} ms",
+                protocol_name(resp.protocol()),
+                ms(t.connect)
+            );
+        }
+        if let Some(fb) = progress.first_byte() {
+            eprintln!("* first byte at {:.1} ms", ms(fb));
+        }
+        eprintln!(
+            "* total {:.1} ms, {bytes} bytes in {} responses",
+            ms(total),
+            results.len()
+        );
+        print_stats(resp);
+    }
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|(f, _)| f.resp.as_ref())
+        .filter(|r| r.status().is_client_error() || r.status().is_server_error())
+        .map(|r| format!("{}: {}", r.url(), r.status()))
+        .collect();
+    client.close_connections();
+    // An error status fails the command (as curl --fail does), unless -w reports it.
+    if let Some(e) = failed.first()
+        && args.write_out.is_none()
+    {
+        return Err(e.clone());
+    }
+    Ok(())
+}
+
+/// The timings of one run, from its start.
+#[derive(Default)]
+struct RunReport {
+    connected: Option<Duration>,
+    first_byte: Option<Duration>,
+    total: Duration,
+    bytes: u64,
+    responses: usize,
+    protocol: Option<Protocol>,
+    zero_rtt: &'static str,
+    resumed: bool,
+    error: Option<String>,
+}
+
 /// `--repeat`: runs the fetch again and again and prints one JSON line per run.
 async fn repeat(
     args: &Args,
-    origin: &Origin,
+    plan: &Arc<Plan>,
     urls: &[Url],
     max_time: Option<Duration>,
 ) -> Result<(), String> {
-    let mut session: Option<Arc<Session>> = None;
     let mut failed = 0u64;
     let mut stdout = std::io::stdout();
+    let mut connected_once = false;
     for run in 0..args.repeat {
         if run > 0 && args.interval_ms > 0 {
             tokio::time::sleep(Duration::from_millis(args.interval_ms)).await;
         }
+        let new_connection = !connected_once || !args.reuse;
+        if new_connection && run > 0 {
+            plan.client.close_connections();
+        }
         let start = Instant::now();
-        let mut report = RunReport::default();
-        let new_connection = session.is_none() || !args.reuse;
         let progress = Arc::new(Progress::default());
-        let work = async {
-            if new_connection {
-                if let Some(old) = session.take() {
-                    old.close();
-                }
-                session = Some(Arc::new(origin.connect().await?));
-                report.connected = Some(start.elapsed());
-            }
-            let s = session.as_ref().expect("connected").clone();
-            fetch_urls(args, &s, urls, start, progress.clone(), false).await
-        };
+        let work = fetch_urls(args, plan, urls, start, progress.clone(), false);
         let r = match max_time {
             Some(t) => tokio::time::timeout(t, work)
                 .await
                 .unwrap_or_else(|_| Err(format!("not done within {} s", args.max_time))),
             None => work.await,
         };
-        report.total = start.elapsed();
-        report.first_byte = progress.first_byte();
+        let mut report = RunReport {
+            total: start.elapsed(),
+            first_byte: progress.first_byte(),
+            zero_rtt: "none",
+            ..RunReport::default()
+        };
         match r {
             Ok(results) => {
-                report.bytes = results.iter().map(|r| r.0).sum();
+                report.bytes = results.iter().map(|r| r.0.bytes).sum();
                 report.responses = results.len();
+                if let Some(resp) = results.first().and_then(|r| r.0.resp.as_ref()) {
+                    let t = resp.timings();
+                    connected_once = true;
+                    if !t.reused {
+                        report.connected = Some(t.connect);
+                    }
+                    let c = resp.connection();
+                    report.protocol = Some(c.protocol);
+                    report.resumed = c.resumed;
+                    report.zero_rtt = match c.early_data {
+                        Some(true) => "accepted",
+                        Some(false) => "rejected",
+                        None => "none",
+                    };
+                    if args.verbose {
+                        print_stats(resp);
+                    }
+                }
             }
             Err(e) => {
                 // A run cut short (--max-time) reports what it received until then.
-                report.bytes = progress.bytes();
+                report.bytes = progress.bytes.load(Relaxed);
                 report.error = Some(e);
                 failed += 1;
+                // A connection that failed a run is not trusted with the next one.
+                plan.client.close_connections();
+                connected_once = false;
             }
         }
-        let line = run_json(run, new_connection, session.as_deref(), &report);
+        let line = run_json(run, new_connection, &report);
         writeln!(stdout, "{line}").map_err(|e| format!("stdout: {e}"))?;
-        if report.error.is_some() {
-            // A connection that failed a run is not trusted with the next one.
-            if let Some(old) = session.take() {
-                old.close();
-            }
-        }
-        if !args.reuse
-            && run + 1 < args.repeat
-            && let Some(s) = &session
-        {
-            s.await_ticket().await;
-        }
-        if args.verbose
-            && let Some(s) = &session
-        {
-            s.print_stats();
+        if !args.reuse && run + 1 < args.repeat {
+            plan.client.await_session_tickets().await;
         }
     }
-    if let Some(s) = session.take() {
-        s.close();
-    }
-    if let Some(ep) = &origin.ep {
-        let _ = tokio::time::timeout(Duration::from_millis(300), ep.flush()).await;
-    }
+    plan.client.close_connections();
     if failed > 0 {
         return Err(format!("{failed} of {} runs failed", args.repeat));
     }
     Ok(())
 }
 
-fn run_json(run: u64, new_connection: bool, session: Option<&Session>, r: &RunReport) -> String {
+fn run_json(run: u64, new_connection: bool, r: &RunReport) -> String {
     let opt = |d: Option<Duration>| d.map_or("null".to_string(), |d| format!("{:.3}", ms(d)));
     let error = match &r.error {
         Some(e) => format!("\"{}\"", kuai::qlog::json_escape(e)),
@@ -775,17 +865,13 @@ fn run_json(run: u64, new_connection: bool, session: Option<&Session>, r: &RunRe
     format!(
         "{{\"run\":{run},\"ok\":{},\"protocol\":\"{}\",\"new_connection\":{new_connection},\"connect_ms\":{},\"first_byte_ms\":{},\"total_ms\":{:.3},\"bytes\":{},\"responses\":{},\"zero_rtt\":\"{}\",\"resumed\":{},\"error\":{error}}}",
         r.error.is_none(),
-        session.map_or("none", |s| s.protocol()),
+        r.protocol.map_or("none", protocol_name),
         opt(r.connected),
         opt(r.first_byte),
         ms(r.total),
         r.bytes,
         r.responses,
-        session.map_or("none", |s| s.zero_rtt()),
-        session.is_some_and(|s| s.resumed()),
+        r.zero_rtt,
+        r.resumed,
     )
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }

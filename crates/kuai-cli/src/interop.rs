@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use kuai::{ClientConfig, Endpoint, Version};
 
-use crate::hq;
 use crate::keylog::FileKeyLog;
 use crate::tls::Identity;
 use crate::url::Url;
@@ -504,15 +503,14 @@ async fn fetch(
     key_update: bool,
     h3: bool,
 ) -> Result<(), String> {
-    let client = if h3 {
-        Some(
-            kuai_h3::Client::new(conn.clone(), kuai_h3::Config::default())
-                .await
-                .map_err(|e| e.to_string())?,
-        )
-    } else {
-        None
-    };
+    let session = Arc::new(
+        if h3 {
+            kuai_http::QuicConnection::http3(conn.clone(), None).await
+        } else {
+            kuai_http::QuicConnection::http09(conn.clone(), None).await
+        }
+        .map_err(|e| e.to_string())?,
+    );
     let mut tasks = Vec::new();
     let mut names = HashSet::new();
     for url in urls {
@@ -521,30 +519,21 @@ async fn fetch(
             return Err(format!("two requests save to the same file {name}"));
         }
         let path = downloads.join(&name);
-        let conn = conn.clone();
         let url = url.clone();
-        let client = client.clone();
+        let session = session.clone();
         tasks.push(tokio::spawn(async move {
-            let mut f = std::io::BufWriter::new(
-                std::fs::File::create(&path)
-                    .map_err(|e| format!("cannot create {}: {e}", path.display()))?,
-            );
-            match &client {
-                Some(c) => {
-                    let (status, _) = crate::h3::get_to(c, &url, &mut f, |_| {})
-                        .await
-                        .map_err(|e| format!("{url}: {e}"))?;
-                    if !status.is_success() {
-                        return Err(format!("{url}: {status}"));
-                    }
-                }
-                None => {
-                    hq::get_to(&conn, &url.path, &mut f, |_| {})
-                        .await
-                        .map_err(|e| format!("{url}: {e}"))?;
-                }
+            let mut f = std::fs::File::create(&path)
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+            let req = http::Request::get(url.to_string())
+                .body(kuai_http::RequestBody::empty())
+                .map_err(|e| e.to_string())?;
+            let mut resp = session.send(req).await.map_err(|e| format!("{url}: {e}"))?;
+            if !resp.status().is_success() {
+                return Err(format!("{url}: {}", resp.status()));
             }
-            std::io::Write::flush(&mut f).map_err(|e| e.to_string())?;
+            while let Some(chunk) = resp.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+                std::io::Write::write_all(&mut f, &chunk).map_err(|e| e.to_string())?;
+            }
             Ok::<_, String>(())
         }));
     }

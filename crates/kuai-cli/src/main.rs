@@ -4,13 +4,10 @@ mod bench;
 mod demo;
 mod flood;
 mod get;
-mod h3;
-mod hq;
 mod interop;
 mod keylog;
 mod server;
 mod site;
-mod tcp;
 mod tls;
 mod url;
 

@@ -9,7 +9,6 @@ use std::time::Duration;
 use kuai::{Endpoint, ServerConfig};
 use kuai_http::{Limits, Listener, Server};
 
-use crate::hq;
 use crate::keylog::FileKeyLog;
 use crate::site::{Site, SiteService};
 use crate::tls::Identity;
@@ -245,7 +244,7 @@ async fn serve(args: Args) -> Result<(), String> {
     };
     let mut cfg = server_config(
         &identity,
-        &[crate::h3::ALPN, hq::ALPN],
+        &[kuai_http::server::ALPN_H3, kuai_http::server::ALPN_HQ],
         args.keylog.as_deref(),
     )?;
     if args.retry {

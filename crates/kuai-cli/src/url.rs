@@ -54,7 +54,7 @@ impl Url {
             }
             (host, port)
         };
-        // What is written back (Display, authority) must parse to the same URL.
+        // What is written back (Display) must parse to the same URL.
         if host.is_empty() {
             return Err(format!("{s}: no host"));
         }
@@ -69,20 +69,6 @@ impl Url {
     }
 
     /// The last path segment, for saving a download under its own name.
-    /// host[:port] as in a Host header (the port left out when it is 443).
-    pub fn authority(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        if self.port == 443 {
-            host
-        } else {
-            format!("{host}:{}", self.port)
-        }
-    }
-
     pub fn file_name(&self) -> String {
         let name = self
             .path

@@ -26,7 +26,9 @@ pub mod fuzzing {
 
 pub use answer::{FileAnswer, FileInfo, answer};
 pub use body::Body;
-pub use client::{Client, ClientBuilder, ConnectionInfo, Mode, RequestBody, Response, Timings};
+pub use client::{
+    Client, ClientBuilder, ConnectionInfo, Mode, QuicConnection, RequestBody, Response, Timings,
+};
 pub use error::{BoxError, ConnectError, Error};
 pub use serve_dir::{FileBody, ServeDir};
 pub use server::{ConnInfo, EarlyData, Handle, Limits, Listener, Protocol, Server, server_tls};

@@ -341,6 +341,9 @@ async fn send_h3(
     Err(Error::H3(kuai_h3::Error::ZeroRttRejected))
 }
 
+/// The stream error an HTTP/0.9 server resets with for a missing file.
+const HQ_NOT_FOUND: u64 = 0x10c;
+
 /// HTTP/0.9: `GET /path`, the body until the stream ends; a reset stream is an error (the
 /// interop runner's 404).
 async fn send_hq(q: &QuicConn, req: Request<RequestBody>) -> Result<Response<Body>, Error> {
@@ -373,6 +376,13 @@ async fn send_hq(q: &QuicConn, req: Request<RequestBody>) -> Result<Response<Bod
             Err(kuai::ReadError::ZeroRttRejected) if attempt == 0 => {
                 q.handshake_done().await;
                 continue;
+            }
+            // The interop runner's convention for "not found": a 404 here.
+            Err(kuai::ReadError::Reset(HQ_NOT_FOUND)) => {
+                let mut resp = Response::new(Body::empty());
+                *resp.status_mut() = http::StatusCode::NOT_FOUND;
+                *resp.version_mut() = Version::HTTP_09;
+                return Ok(resp);
             }
             Err(e) => return Err(Error::Read(e)),
             Ok(first) => {

@@ -1005,6 +1005,58 @@ impl Client {
     }
 }
 
+/// One QUIC connection carrying HTTP/3 (or HTTP/0.9), for callers that set up and drive
+/// their connections themselves (the QUIC interop runner's client, which migrates, updates
+/// keys and resumes on its own terms). [`Client`] does all of that for everyone else.
+pub struct QuicConnection {
+    conn: Arc<Conn>,
+}
+
+impl QuicConnection {
+    /// HTTP/3 on `quic` (ALPN `h3`). With `early`, the connection is still in its
+    /// handshake, opened in 0-RTT: idempotent requests go at once, others wait for it.
+    pub async fn http3(
+        quic: kuai::Connection,
+        early: Option<kuai::ZeroRttAccepted>,
+    ) -> Result<Self, Error> {
+        Ok(Self {
+            conn: Arc::new(Conn::Quic(QuicConn::new(quic, early, false).await?)),
+        })
+    }
+
+    /// HTTP/0.9 on `quic` (ALPN `hq-interop`).
+    pub async fn http09(
+        quic: kuai::Connection,
+        early: Option<kuai::ZeroRttAccepted>,
+    ) -> Result<Self, Error> {
+        Ok(Self {
+            conn: Arc::new(Conn::Quic(QuicConn::new(quic, early, true).await?)),
+        })
+    }
+
+    /// Sends `req` (its URI absolute); the response once its head arrived.
+    pub async fn send(&self, req: Request<RequestBody>) -> Result<Response, Error> {
+        let start = Instant::now();
+        let url = req.uri().clone();
+        let resp = self.conn.send(req).await?;
+        let (head, body) = resp.into_parts();
+        Ok(Response {
+            head,
+            body,
+            protocol: self.conn.protocol(),
+            remote: self.conn.remote(),
+            conn: self.conn.clone(),
+            timings: Timings {
+                reused: true,
+                first_byte: start.elapsed(),
+                ..Timings::default()
+            },
+            start,
+            url,
+        })
+    }
+}
+
 fn flatten(r: Result<Result<Conn, Error>, tokio::task::JoinError>) -> Result<Conn, Error> {
     r.unwrap_or_else(|e| Err(Error::Io(std::io::Error::other(e.to_string()))))
 }
