@@ -1,12 +1,55 @@
-//! HTTP for applications and servers built on kuai.
+//! HTTP for applications and servers built on kuai: one server for HTTP/3, HTTP/2 and
+//! HTTP/1.1, and a client that picks the fastest way to each server.
 //!
-//! This crate is where issue 21's library grows: one server for HTTP/3, HTTP/2 and HTTP/1.1
-//! and a client that picks the fastest way. It starts with what every server of files needs:
-//! [`fs::StaticDir`], which maps request paths to files below a root without ever leaving
-//! it, [`fs::FileChunks`], which reads a file (or a byte range of it) in large chunks without
-//! stalling the runtime, and [`answer()`], which picks the status and headers of a file's
-//! response: validators, conditional requests and byte ranges. [`ServeDir`] puts them
-//! together as a `tower` service.
+//! - [`Server`] runs one `tower` service — an axum `Router` as it is, or [`ServeDir`] for a
+//!   directory — over HTTP/3 on a QUIC endpoint and HTTP/2 and HTTP/1.1 on a TCP listener,
+//!   normally on the same port ([`Listener::bind`]). See [`server`].
+//! - [`Client`] sends requests over HTTP/3, raced against TCP, and learns which works where.
+//!   See [`client`].
+//! - [`fs::StaticDir`] maps request paths to files below a root without ever leaving it,
+//!   [`fs::FileChunks`] reads a file in large chunks without stalling the runtime, and
+//!   [`answer()`] picks a file response's status and headers: validators, conditional
+//!   requests, byte ranges.
+//!
+//! A server and a client on loopback:
+//!
+//! ```
+//! use kuai_http::{Client, Listener, Server, ServeDir};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A self-signed certificate for localhost.
+//! let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()])?;
+//! let cert = ck.cert.der().clone();
+//! let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.key_pair.serialize_der().into());
+//! let dir = std::env::temp_dir().join(format!("kuai-http-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! std::fs::write(dir.join("hello.txt"), "hello")?;
+//!
+//! // HTTP/3 on UDP and HTTP/2 + HTTP/1.1 on TCP, one port.
+//! let tls = kuai_http::server_tls(vec![cert.clone()], key)?;
+//! let listener = Listener::bind("127.0.0.1:0".parse()?, tls).await?;
+//! let port = listener.local_addr()?.port();
+//! let server = Server::new(ServeDir::new(&dir));
+//! let handle = server.handle();
+//! let served = tokio::spawn(server.serve(listener));
+//!
+//! let client = Client::builder()
+//!     .system_roots(false)
+//!     .add_root_certificate(cert)
+//!     .resolve("localhost", port, ([127, 0, 0, 1], port).into())
+//!     .build()?;
+//! let resp = client.get(&format!("https://localhost:{port}/hello.txt")).send().await?;
+//! assert_eq!(resp.protocol(), kuai_http::Protocol::Http3);
+//! assert_eq!(&resp.bytes().await?[..], b"hello");
+//!
+//! client.close_connections();
+//! handle.shutdown();
+//! served.await??;
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(())
+//! # }
+//! ```
 #![warn(missing_docs)]
 
 pub mod answer;
