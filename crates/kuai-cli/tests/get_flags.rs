@@ -22,7 +22,9 @@ async fn echo(
     Extension(info): Extension<ConnInfo>,
     body: Body,
 ) -> impl IntoResponse {
-    let body = axum::body::to_bytes(body, 16 << 20).await.unwrap_or_default();
+    let body = axum::body::to_bytes(body, 16 << 20)
+        .await
+        .unwrap_or_default();
     let x = headers
         .get("x-test")
         .map(|v| v.to_str().unwrap_or("?").to_owned())
@@ -87,21 +89,37 @@ fn curl_flags_work_on_every_protocol() {
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 256) as u8).collect();
     std::fs::write(&upload, &data).unwrap();
     let sum: u64 = data.iter().map(|&b| u64::from(b)).sum();
-    for (flag, alpn) in [("--http3", "h3"), ("--http2", "h2"), ("--http1.1", "http/1.1")] {
+    for (flag, alpn) in [
+        ("--http3", "h3"),
+        ("--http2", "h2"),
+        ("--http1.1", "http/1.1"),
+    ] {
         // -H and -X.
         let (ok, out, err) = get(&r, &[flag, "-X", "PUT", "-H", "X-Test: yes", &url("/echo")]);
         assert!(ok, "{flag}: {err}");
-        assert_eq!(out, format!("PUT {alpn} x-test=yes len=0 sum=0\n"), "{flag}");
+        assert_eq!(
+            out,
+            format!("PUT {alpn} x-test=yes len=0 sum=0\n"),
+            "{flag}"
+        );
         // -d: a POST with the data.
         let (ok, out, err) = get(&r, &[flag, "-d", "a=1&b=2", &url("/echo")]);
         assert!(ok, "{flag}: {err}");
         let sum7: u64 = b"a=1&b=2".iter().map(|&b| u64::from(b)).sum();
-        assert_eq!(out, format!("POST {alpn} x-test= len=7 sum={sum7}\n"), "{flag}");
+        assert_eq!(
+            out,
+            format!("POST {alpn} x-test= len=7 sum={sum7}\n"),
+            "{flag}"
+        );
         // --data-binary @file: 3 MB streamed up.
         let at = format!("@{}", upload.display());
         let (ok, out, err) = get(&r, &[flag, "--data-binary", &at, &url("/echo")]);
         assert!(ok, "{flag}: {err}");
-        assert_eq!(out, format!("POST {alpn} x-test= len=3000000 sum={sum}\n"), "{flag}");
+        assert_eq!(
+            out,
+            format!("POST {alpn} x-test= len=3000000 sum={sum}\n"),
+            "{flag}"
+        );
         // -I: the head only.
         let (ok, out, err) = get(&r, &[flag, "-I", &url("/echo")]);
         assert!(ok, "{flag}: {err}");
@@ -115,7 +133,11 @@ fn curl_flags_work_on_every_protocol() {
         // -L: 307 keeps the method and body; 303 goes on as GET.
         let (ok, out, err) = get(&r, &[flag, "-L", "-d", "x", &url("/moved")]);
         assert!(ok, "{flag}: {err}");
-        assert_eq!(out, format!("POST {alpn} x-test= len=1 sum=120\n"), "{flag}");
+        assert_eq!(
+            out,
+            format!("POST {alpn} x-test= len=1 sum=120\n"),
+            "{flag}"
+        );
         let (ok, out, err) = get(&r, &[flag, "-L", &url("/moved")]);
         assert!(ok, "{flag}: {err}");
         assert_eq!(out, format!("GET {alpn} x-test= len=0 sum=0\n"), "{flag}");
@@ -126,13 +148,16 @@ fn curl_flags_work_on_every_protocol() {
         let (_, out, _) = get(&r, &[flag, "-w", "%{http_code}", &url("/moved")]);
         assert_eq!(out, "307", "{flag}");
         // -w with the timing fields.
-        let (ok, out, err) = get(&r, &[
-            flag,
-            "-w",
-            "\\n%{http_code} %{http_version} %{size_download} %{num_redirects} %{time_total}",
-            "-L",
-            &url("/moved"),
-        ]);
+        let (ok, out, err) = get(
+            &r,
+            &[
+                flag,
+                "-w",
+                "\\n%{http_code} %{http_version} %{size_download} %{num_redirects} %{time_total}",
+                "-L",
+                &url("/moved"),
+            ],
+        );
         assert!(ok, "{flag}: {err}");
         let last = out.lines().last().unwrap();
         let f: Vec<&str> = last.split(' ').collect();
@@ -141,8 +166,14 @@ fn curl_flags_work_on_every_protocol() {
             "h2" => "2",
             _ => "1.1",
         };
-        let size = format!("GET {alpn} x-test= len=0 sum=0\n").len().to_string();
-        assert_eq!(&f[..4], &["200", v, size.as_str(), "1"][..], "{flag}: {out}");
+        let size = format!("GET {alpn} x-test= len=0 sum=0\n")
+            .len()
+            .to_string();
+        assert_eq!(
+            &f[..4],
+            &["200", v, size.as_str(), "1"][..],
+            "{flag}: {out}"
+        );
         let total: f64 = f[4].parse().unwrap();
         assert!(total > 0.0 && total < 10.0, "{flag}: {out}");
     }

@@ -74,4 +74,6 @@ pub use client::{
 };
 pub use error::{BoxError, ConnectError, Error};
 pub use serve_dir::{FileBody, ServeDir};
-pub use server::{ConnInfo, EarlyData, Handle, Limits, Listener, Protocol, Server, server_tls};
+pub use server::{
+    Certificates, ConnInfo, EarlyData, Handle, Limits, Listener, Protocol, Server, server_tls,
+};

@@ -257,3 +257,73 @@ async fn tcp_modes_and_http11_reuse() {
         assert_eq!(resp.text().await.unwrap(), "up");
     }
 }
+
+/// One listener, two hosts: each name gets its own certificate (SNI), over HTTP/3 and TCP; a
+/// name not added gets the default one; with no default, its handshake fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_are_chosen_by_server_name() {
+    let make = |name: &str| {
+        let ck = rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.key_pair.serialize_der().into());
+        (ck.cert.der().clone(), key)
+    };
+    let (a, a_key) = make("a.test");
+    let (b, b_key) = make("*.b.test");
+    let (d, d_key) = make("default.test");
+    let mut certs = crate::Certificates::new();
+    certs.add("a.test", vec![a.clone()], a_key).unwrap();
+    certs
+        .add("*.b.test", vec![b.clone()], b_key.clone_key())
+        .unwrap();
+    let tls = certs.into_tls().unwrap();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    for mode in [Mode::Http3, Mode::Http2] {
+        let c = Client::builder()
+            .system_roots(false)
+            .mode(mode)
+            .add_root_certificate(a.clone())
+            .add_root_certificate(b.clone())
+            .resolve("a.test", addr.port(), addr)
+            .resolve("www.b.test", addr.port(), addr)
+            .resolve("c.test", addr.port(), addr)
+            .connect_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        for host in ["a.test", "www.b.test"] {
+            let u = format!("https://{host}:{}/hello.txt", addr.port());
+            let r = c.get(&u).send().await;
+            assert!(r.is_ok(), "{mode:?} {host}: {:?}", r.err());
+        }
+        let u = format!("https://c.test:{}/hello.txt", addr.port());
+        assert!(
+            c.get(&u).send().await.is_err(),
+            "{mode:?}: c.test has no certificate"
+        );
+    }
+    // With a default, an unknown name gets it.
+    let mut certs = crate::Certificates::new();
+    // A key that is not the certificate's is refused.
+    assert!(
+        certs
+            .add("a.test", vec![a.clone()], make("a.test").1)
+            .is_err()
+    );
+    certs.default_certificate(vec![d.clone()], d_key).unwrap();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), certs.into_tls().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    let c = Client::builder()
+        .system_roots(false)
+        .add_root_certificate(d)
+        .resolve("default.test", addr.port(), addr)
+        .build()
+        .unwrap();
+    let u = format!("https://default.test:{}/hello.txt", addr.port());
+    assert_eq!(c.get(&u).send().await.unwrap().status(), 200);
+}

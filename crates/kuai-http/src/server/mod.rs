@@ -23,6 +23,7 @@
 //! HTTP/2, HTTP/1.1 connections closed after their current response, and whatever is left
 //! after [`Limits::drain_timeout`] closed.
 
+mod certs;
 mod h3;
 mod hq;
 mod tcp;
@@ -50,6 +51,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::{Body, BoxError, Error};
 
+pub use certs::Certificates;
 pub use kuai_h3::EarlyData;
 
 /// ALPN of HTTP/3.
