@@ -533,9 +533,45 @@ impl Progress {
 
 /// Where a body goes.
 enum Sink {
-    File(std::fs::File),
+    File(Batched),
     Memory(Vec<u8>),
     Discard,
+}
+
+/// A file written in large pieces: received chunks (often a packet's worth each) are gathered
+/// into a 1 MiB buffer that goes out with one `write`. (Handing the chunks to `writev` as they
+/// are, without the copy, cost more on tmpfs: about 1.7 s per GiB against the copy's 0.1.)
+struct Batched {
+    file: std::fs::File,
+    buf: Vec<u8>,
+}
+
+impl Batched {
+    const BATCH: usize = 1 << 20;
+
+    fn new(file: std::fs::File) -> Self {
+        Self {
+            file,
+            buf: Vec::with_capacity(Self::BATCH),
+        }
+    }
+
+    fn write(&mut self, chunk: Bytes) -> std::io::Result<()> {
+        if self.buf.len() + chunk.len() > Self::BATCH {
+            self.flush()?;
+        }
+        if chunk.len() >= Self::BATCH {
+            return self.file.write_all(&chunk);
+        }
+        self.buf.extend_from_slice(&chunk);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.write_all(&self.buf)?;
+        self.buf.clear();
+        Ok(())
+    }
 }
 
 /// Fetches every URL in parallel (the first alone with --page); the outcome and the body
@@ -587,10 +623,10 @@ async fn fetch_urls(
         tasks.push(tokio::spawn(async move {
             let mut f = plan.send(&url.to_string()).await?;
             let mut sink = match &dest {
-                Some(p) => Sink::File(
+                Some(p) => Sink::File(Batched::new(
                     std::fs::File::create(p)
                         .map_err(|e| format!("cannot create {}: {e}", p.display()))?,
-                ),
+                )),
                 None if keep_bodies => Sink::Memory(Vec::new()),
                 None => Sink::Discard,
             };
@@ -606,11 +642,14 @@ async fn fetch_urls(
                 }
                 match &mut sink {
                     Sink::File(file) => file
-                        .write_all(&chunk)
+                        .write(chunk)
                         .map_err(|e| format!("write failed: {e}"))?,
                     Sink::Memory(v) if !print_head => v.extend_from_slice(&chunk),
                     _ => {}
                 }
+            }
+            if let Sink::File(file) = &mut sink {
+                file.flush().map_err(|e| format!("write failed: {e}"))?;
             }
             if let Some(b) = &bar {
                 b.finish();

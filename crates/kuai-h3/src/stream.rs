@@ -1,6 +1,7 @@
 //! A request stream: HEADERS, DATA and trailers in both directions (RFC 9114 §4.1).
 
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
@@ -37,6 +38,8 @@ pub struct RecvHalf {
     reader: FrameReader,
     state: RecvState,
     trailers: Option<HeaderMap>,
+    /// A trailer section read by [`RecvHalf::poll_data`], decoded by `recv_trailers`.
+    trailer_block: Option<Bytes>,
     expected_len: Option<u64>,
     received_len: u64,
     /// A header block was decoded, so QPACK needs no stream cancellation.
@@ -73,6 +76,7 @@ impl RequestStream {
                 reader: FrameReader::new(max),
                 state: RecvState::Headers,
                 trailers: None,
+                trailer_block: None,
                 expected_len: None,
                 received_len: 0,
                 decoded: false,
@@ -342,6 +346,89 @@ impl RecvHalf {
         }
     }
 
+    /// Polls for the next piece of the body without allocating: `Ready(Ok(None))` at its end.
+    /// A trailer section is kept undecoded (decoding may wait for QPACK's encoder stream);
+    /// [`recv_trailers`](Self::recv_trailers) decodes it, and a stream dropped without that
+    /// is cancelled towards the peer's encoder as any undecoded section is (RFC 9204
+    /// §2.2.2.2).
+    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, Error>> {
+        loop {
+            if self.state == RecvState::Done {
+                return Poll::Ready(Ok(None));
+            }
+            let frame = match self.reader.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => {
+                    match ready!(self.recv.poll_read_chunk(cx, 64 * 1024)) {
+                        Ok(Some(chunk)) => {
+                            self.reader.push_bytes(chunk);
+                            continue;
+                        }
+                        Ok(None) => {
+                            if self.reader.is_mid_frame() {
+                                let e = H3Error::new(Code::FRAME_ERROR, "stream ended inside a frame");
+                                self.shared.fail(e.clone());
+                                return Poll::Ready(Err(Error::Protocol(e)));
+                            }
+                            self.state = RecvState::Done;
+                            if let Some(n) = self.expected_len
+                                && n != self.received_len
+                            {
+                                return Poll::Ready(Err(
+                                    self.malformed("body length differs from content-length")
+                                ));
+                            }
+                            return Poll::Ready(Ok(None));
+                        }
+                        Err(kuai::ReadError::Reset(code)) => {
+                            return Poll::Ready(Err(Error::StreamReset(Code(code))));
+                        }
+                        Err(kuai::ReadError::ConnectionLost(e)) => {
+                            return Poll::Ready(Err(self.conn_error(e)));
+                        }
+                        Err(kuai::ReadError::ZeroRttRejected) => {
+                            return Poll::Ready(Err(Error::ZeroRttRejected));
+                        }
+                        Err(_) => {
+                            return Poll::Ready(Err(Error::StreamReset(Code::REQUEST_CANCELLED)));
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.shared.fail(e.clone());
+                    return Poll::Ready(Err(Error::Protocol(e)));
+                }
+            };
+            match frame {
+                Frame::Data(d) => {
+                    if self.state == RecvState::Trailers {
+                        return Poll::Ready(Err(self.unexpected("DATA after trailers")));
+                    }
+                    self.received_len += d.len() as u64;
+                    if self.expected_len.is_some_and(|n| self.received_len > n) {
+                        return Poll::Ready(Err(self.malformed("body longer than content-length")));
+                    }
+                    if !d.is_empty() {
+                        return Poll::Ready(Ok(Some(d)));
+                    }
+                }
+                Frame::Headers(block) => {
+                    if self.state == RecvState::Trailers {
+                        return Poll::Ready(Err(self.unexpected("HEADERS after trailers")));
+                    }
+                    self.trailer_block = Some(block);
+                    self.state = RecvState::Trailers;
+                }
+                Frame::Unknown(_) => {}
+                _ => {
+                    return Poll::Ready(Err(
+                        self.unexpected("frame not allowed on a request stream"),
+                    ));
+                }
+            }
+        }
+    }
+
     /// Reads the rest of the body, up to `limit` bytes.
     pub async fn recv_body(&mut self, limit: usize) -> Result<Bytes, Error> {
         let mut out = BytesMut::new();
@@ -363,7 +450,20 @@ impl RecvHalf {
                 continue;
             }
         }
+        if let Some(block) = self.trailer_block.take() {
+            let fields = self.decode(&block).await?;
+            match message::parse_trailers(&fields) {
+                Ok(t) => self.trailers = Some(t),
+                Err(why) => return Err(self.malformed(why)),
+            }
+        }
         Ok(self.trailers.take())
+    }
+
+    /// Whether a trailer section came that [`recv_trailers`](Self::recv_trailers) has not
+    /// decoded yet.
+    pub fn has_trailers(&self) -> bool {
+        self.trailer_block.is_some() || self.trailers.is_some()
     }
 }
 

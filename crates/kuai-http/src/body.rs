@@ -37,7 +37,7 @@ enum Kind {
     Quic(Option<Bytes>, kuai::RecvStream),
 }
 
-/// An HTTP/3 request stream's receiving half, or the read of its next frame in progress.
+/// An HTTP/3 stream's receiving half, or the decoding of its trailers in progress.
 struct H3Body {
     half: Option<RecvHalf>,
     next: Option<Next>,
@@ -130,15 +130,10 @@ impl std::fmt::Debug for Body {
     }
 }
 
-/// Reads the next DATA frame, then the trailers; `None` at the end.
-async fn next_h3(mut half: RecvHalf) -> (RecvHalf, Result<Option<Frame<Bytes>>, Error>) {
-    let r = match half.recv_data().await {
-        Ok(Some(d)) => Ok(Some(Frame::data(d))),
-        Ok(None) => match half.recv_trailers().await {
-            Ok(Some(t)) => Ok(Some(Frame::trailers(t))),
-            Ok(None) => Ok(None),
-            Err(e) => Err(Error::H3(e)),
-        },
+/// Decodes the trailers that ended the body.
+async fn trailers(mut half: RecvHalf) -> (RecvHalf, Result<Option<Frame<Bytes>>, Error>) {
+    let r = match half.recv_trailers().await {
+        Ok(t) => Ok(t.map(Frame::trailers)),
         Err(e) => Err(Error::H3(e)),
     };
     (half, r)
@@ -170,29 +165,35 @@ impl http_body::Body for Body {
             },
             Kind::H3(b) => {
                 let H3Body { half, next } = &mut **b;
-                if next.is_none() {
-                    let Some(h) = half.take() else {
-                        return Poll::Ready(None);
+                loop {
+                    // The trailers being decoded (rare: they may wait for QPACK).
+                    if let Some(fut) = next.as_mut() {
+                        let (_, r) = ready!(fut.as_mut().poll(cx));
+                        *next = None;
+                        this.kind = Kind::Empty;
+                        break match r {
+                            Ok(f) => f.map(Ok),
+                            Err(e) => Some(Err(e)),
+                        };
+                    }
+                    let Some(h) = half.as_mut() else {
+                        break None;
                     };
-                    *next = Some(Box::pin(next_h3(h)));
-                }
-                let Some(fut) = next.as_mut() else {
-                    return Poll::Ready(None);
-                };
-                let (h, r) = ready!(fut.as_mut().poll(cx));
-                *next = None;
-                match r {
-                    Ok(Some(f)) => {
-                        *half = Some(h);
-                        Some(Ok(f))
-                    }
-                    Ok(None) => {
-                        this.kind = Kind::Empty;
-                        None
-                    }
-                    Err(e) => {
-                        this.kind = Kind::Empty;
-                        Some(Err(e))
+                    match ready!(h.poll_data(cx)) {
+                        Ok(Some(d)) => break Some(Ok(Frame::data(d))),
+                        Ok(None) if h.has_trailers() => {
+                            if let Some(h) = half.take() {
+                                *next = Some(Box::pin(trailers(h)));
+                            }
+                        }
+                        Ok(None) => {
+                            this.kind = Kind::Empty;
+                            break None;
+                        }
+                        Err(e) => {
+                            this.kind = Kind::Empty;
+                            break Some(Err(Error::H3(e)));
+                        }
                     }
                 }
             }
