@@ -3,7 +3,7 @@
 # (issue 6). Builds everything, runs every workload as same-implementation server + client pairs
 # on 127.0.0.1, alternating A B C ... for --rounds rounds, and prints a Markdown table.
 #
-#   bench/run.sh [--write] [--no-build] [--quick] [--rounds N] [--idle-connections N]
+#   bench/run.sh [--write] [--no-build] [--files | --files-only] [--quick] [--rounds N] [--idle-connections N]
 #                [--seconds S] [--bulk-bytes N] [--only bulk-1,bulk-8,requests,hs-1,hs-64,idle]
 #                [--impls kuai,quinn,quic-go,ngtcp2,tcp] [--port P] [--cross]
 #
@@ -13,6 +13,8 @@
 #   --quick     smoke run: 100 MiB bulk, 2 s rate workloads, 1,000 idle connections, 1 round
 #   --cross     add bulk-1-cross: kuai's server with quinn's and quic-go's clients and back
 #               (which side of a pair limits it)
+#   --files     also serve a 1 GiB file: kuai server (HTTP/3, HTTP/2) beside kuai bench and
+#               nginx (bench/files.sh, which needs nginx); --files-only runs just that
 #
 # Needs: cargo, Go (PATH or /usr/local/go/bin), python3, and for the ngtcp2 rows Debian's
 # ngtcp2-server and ngtcp2-client packages (gtlsserver, gtlsclient) plus openssl.
@@ -26,17 +28,27 @@ export PATH="$PATH:/usr/local/go/bin"
 
 write=0
 build=1
+files=0
 args=()
 for a in "$@"; do
     case "$a" in
         --write) write=1 ;;
         --no-build) build=0 ;;
-        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --files) files=1 ;;
+        --files-only) files=2 ;;
+        -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) args+=("$a") ;;
     esac
 done
 
 log() { echo "run.sh: $*" >&2; }
+
+if [ "$files" = 2 ]; then
+    if [ "$build" = 1 ]; then
+        (cd "$ROOT" && timeout 3600 cargo build --release --locked -q -p kuai-cli)
+    fi
+    exec "$ROOT/bench/files.sh" --kuai "$TARGET/release/kuai"
+fi
 
 if [ "$build" = 1 ]; then
     log "building kuai (release)"
@@ -95,6 +107,11 @@ wait "$runner_pid"
 runner_pid=
 
 cat "$tmp/table.md"
+
+if [ "$files" = 1 ]; then
+    echo
+    "$ROOT/bench/files.sh" --kuai "$TARGET/release/kuai"
+fi
 
 if [ "$write" = 1 ]; then
     mkdir -p "$ROOT/bench/results"
