@@ -9,7 +9,10 @@ pub struct Code(pub u64);
 macro_rules! codes {
     ($($name:ident = $v:expr,)*) => {
         impl Code {
-            $(pub const $name: Code = Code($v);)*
+            $(
+                #[doc = concat!("`", stringify!($name), "` (", stringify!($v), ").")]
+                pub const $name: Code = Code($v);
+            )*
 
             fn name(self) -> Option<&'static str> {
                 match self.0 {
@@ -63,11 +66,14 @@ impl fmt::Display for Code {
 /// An HTTP/3 error: a code and a reason.
 #[derive(Clone, PartialEq, Eq)]
 pub struct H3Error {
+    /// The error code (RFC 9114 §8.1, RFC 9204 §6).
     pub code: Code,
+    /// Why, for the peer and the logs.
     pub reason: std::borrow::Cow<'static, str>,
 }
 
 impl H3Error {
+    /// An error with `code` and `reason`.
     pub fn new(code: Code, reason: impl Into<std::borrow::Cow<'static, str>>) -> Self {
         Self {
             code,

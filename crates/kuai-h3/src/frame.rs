@@ -6,12 +6,19 @@ use kuai_proto::coding::{BufExt, BufMutExt};
 
 use crate::error::{Code, H3Error};
 
+/// Frame type DATA (RFC 9114 §7.2.1).
 pub const DATA: u64 = 0x00;
+/// Frame type HEADERS (RFC 9114 §7.2.2).
 pub const HEADERS: u64 = 0x01;
+/// Frame type CANCEL_PUSH (RFC 9114 §7.2.3).
 pub const CANCEL_PUSH: u64 = 0x03;
+/// Frame type SETTINGS (RFC 9114 §7.2.4).
 pub const SETTINGS: u64 = 0x04;
+/// Frame type PUSH_PROMISE (RFC 9114 §7.2.5).
 pub const PUSH_PROMISE: u64 = 0x05;
+/// Frame type GOAWAY (RFC 9114 §7.2.6).
 pub const GOAWAY: u64 = 0x07;
+/// Frame type MAX_PUSH_ID (RFC 9114 §7.2.7).
 pub const MAX_PUSH_ID: u64 = 0x0d;
 
 /// Most settings one SETTINGS frame may carry. kuai sends 6, browsers fewer than 10; past
@@ -34,9 +41,13 @@ pub fn grease_value(seed: u64) -> u64 {
     0x1f * (seed % 0x1_0000) + 0x21
 }
 
+/// Setting identifiers (RFC 9114 §7.2.4.1, RFC 9204 §5).
 pub mod settings_id {
+    /// SETTINGS_QPACK_MAX_TABLE_CAPACITY (RFC 9204 §5).
     pub const QPACK_MAX_TABLE_CAPACITY: u64 = 0x01;
+    /// SETTINGS_MAX_FIELD_SECTION_SIZE (RFC 9114 §7.2.4.1).
     pub const MAX_FIELD_SECTION_SIZE: u64 = 0x06;
+    /// SETTINGS_QPACK_BLOCKED_STREAMS (RFC 9204 §5).
     pub const QPACK_BLOCKED_STREAMS: u64 = 0x07;
     /// RFC 9220 / RFC 8441.
     pub const ENABLE_CONNECT_PROTOCOL: u64 = 0x08;
@@ -47,11 +58,15 @@ pub mod settings_id {
 /// The settings an endpoint sends (RFC 9114 §7.2.4.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
+    /// The dynamic table capacity the encoder may use.
     pub qpack_max_table_capacity: u64,
+    /// Streams that may wait for encoder instructions at once.
     pub qpack_blocked_streams: u64,
     /// `None`: unlimited (the setting is absent).
     pub max_field_section_size: Option<u64>,
+    /// Extended CONNECT is accepted (RFC 9220).
     pub enable_connect_protocol: bool,
+    /// HTTP datagrams are accepted (RFC 9297).
     pub h3_datagram: bool,
 }
 
@@ -161,11 +176,17 @@ pub fn header_len(ty: u64, len: u64) -> usize {
 pub enum Frame {
     /// A piece of a DATA frame's payload.
     Data(Bytes),
+    /// A HEADERS frame's encoded field section.
     Headers(Bytes),
+    /// A SETTINGS frame's payload.
     Settings(Bytes),
+    /// GOAWAY with its stream (or push) ID.
     Goaway(u64),
+    /// CANCEL_PUSH with its push ID.
     CancelPush(u64),
+    /// MAX_PUSH_ID with its push ID.
     MaxPushId(u64),
+    /// A PUSH_PROMISE (skipped: kuai never asks for pushes).
     PushPromise,
     /// An unknown or reserved frame type, skipped (RFC 9114 §9).
     Unknown(u64),
@@ -189,6 +210,7 @@ pub struct FrameReader {
 }
 
 impl FrameReader {
+    /// A reader that refuses non-DATA frames longer than `max_frame` bytes.
     pub fn new(max_frame: u64) -> Self {
         Self {
             buf: BytesMut::new(),

@@ -4,6 +4,7 @@
 //! Requests and responses use the `http` crate's types; bodies stream in both directions.
 //! [`Client`] sends requests on a connection; [`Server`] accepts them, or [`serve`] runs a
 //! handler for each.
+#![warn(missing_docs)]
 
 mod client;
 mod conn;

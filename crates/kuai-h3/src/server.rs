@@ -171,7 +171,9 @@ impl SendHalf {
 
 /// A response body for [`serve`].
 pub enum Body {
+    /// No body.
     Empty,
+    /// The whole body.
     Full(Bytes),
     /// Chunks as they are produced (see [`Body::channel`]).
     Stream(mpsc::Receiver<Bytes>),

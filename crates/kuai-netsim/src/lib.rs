@@ -10,6 +10,7 @@
 //! - [`trace`] reads Mahimahi traces.
 //! - [`lab`] creates the namespaces and devices and runs the forwarding threads.
 //! - [`cli`] is the `kuai netsim` command.
+#![warn(missing_docs)]
 
 #![forbid(unsafe_code)]
 
