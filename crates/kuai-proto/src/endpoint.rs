@@ -101,7 +101,56 @@ impl std::ops::AddAssign<&EndpointStats> for EndpointStats {
 /// Stateless responses queued at most (see `Endpoint::queue_response`).
 const MAX_RESPONSES: usize = 1024;
 
-/// A QUIC endpoint (client, server, or both).
+/// A QUIC endpoint (client, server, or both): the connections behind one UDP socket, routed
+/// by connection ID, and the stateless answers (Version Negotiation, Retry, stateless reset).
+///
+/// The endpoint does no I/O and reads no clock; whoever drives it owns the socket and the
+/// timer, and follows this contract (the `kuai` crate's driver task does):
+///
+/// 1. **Input.** Every UDP datagram received goes to [`handle_datagram`](Self::handle_datagram)
+///    with the time it arrived, where it came from, the local IP it was sent to (needed when
+///    the socket is bound to a wildcard address) and its ECN codepoint. Calls the application
+///    makes on a connection ([`connection_mut`](Self::connection_mut): open a stream, write,
+///    close) are input too.
+/// 2. **Output, after any input.** Call [`poll_transmit`](Self::poll_transmit) until it
+///    returns `None`, sending each [`Transmit`] (one datagram, or a GSO
+///    batch of `segment_size` pieces) as it comes; then take [`poll_event`](Self::poll_event)
+///    until `None` (handshake done, streams readable or writable, connection lost), new
+///    connections from [`accept`](Self::accept), and handles of connections that are gone from
+///    [`poll_removed`](Self::poll_removed). Skipping the transmit loop stalls the connections:
+///    acknowledgments, retransmissions and flow-control credit leave only through it.
+/// 3. **Timers.** Only after `poll_transmit` has returned `None`, ask
+///    [`poll_timeout`](Self::poll_timeout) for the earliest deadline; when it passes, call
+///    [`handle_timeout`](Self::handle_timeout) with the current time, then do step 2 again.
+///    An input that arrives first resets nothing: ask again after it.
+///
+/// The `now` given to every call must never go backwards. Each call takes `&mut self` and does
+/// bounded work, so one task (or one thread) per endpoint drives it with no locking inside.
+///
+/// ```
+/// use std::time::Instant;
+/// use kuai_proto::Endpoint;
+///
+/// /// One turn of a driver: a datagram (or none), then everything it caused.
+/// fn turn(ep: &mut Endpoint, input: Option<(std::net::SocketAddr, bytes::BytesMut)>) {
+///     let now = Instant::now();
+///     if let Some((from, data)) = input {
+///         ep.handle_datagram(now, from, None, None, data);
+///     }
+///     let mut buf = Vec::new();
+///     while let Some(t) = ep.poll_transmit(now, 1, &mut buf) {
+///         // socket.send_to(&buf[..t.size], t.destination)
+///         let _ = t;
+///     }
+///     while let Some((_handle, _event)) = ep.poll_event() {
+///         // hand the event to whoever waits on that connection
+///     }
+///     if let Some(deadline) = ep.poll_timeout() {
+///         // sleep until `deadline` (or the next datagram), then ep.handle_timeout(Instant::now())
+///         let _ = deadline;
+///     }
+/// }
+/// ```
 pub struct Endpoint {
     config: Arc<EndpointConfig>,
     server: Option<Arc<ServerConfig>>,

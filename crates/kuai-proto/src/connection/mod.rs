@@ -319,7 +319,24 @@ pub struct MemoryUse {
 /// Bytes of unread DATAGRAM frames a connection keeps before dropping the oldest.
 pub const DATAGRAM_RECEIVE_BYTES: usize = 1 << 20;
 
-/// A connection.
+/// One QUIC connection's state: its packet-number spaces, paths, streams, keys, loss
+/// recovery and congestion control.
+///
+/// Usually an [`Endpoint`](crate::Endpoint) owns the connections and routes datagrams to them;
+/// a connection driven on its own (tests, a single-connection tool) follows the same contract
+/// as the endpoint's, with its own methods:
+///
+/// 1. **Input**: [`handle_datagram`](Self::handle_datagram) for each datagram addressed to it,
+///    and the application's calls (streams, datagrams, [`close`](Self::close), key update).
+/// 2. **Output, after any input**: [`poll_transmit`](Self::poll_transmit) until `None`, sending
+///    each datagram; then [`poll_event`](Self::poll_event) until `None` for the application
+///    and [`poll_endpoint_event`](Self::poll_endpoint_event) for whoever routes its
+///    connection IDs (new IDs, retired IDs, reset tokens).
+/// 3. **Timers**: after the transmit loop, [`poll_timeout`](Self::poll_timeout); when that
+///    instant passes, [`handle_timeout`](Self::handle_timeout), then step 2 again.
+///
+/// Time passed in never goes backwards. Nothing here blocks, allocates on a peer's say-so
+/// beyond what was granted, or panics on input from the network.
 pub struct Connection {
     side: Side,
     version: Version,
