@@ -408,7 +408,10 @@ async fn open_uni(
     mut rx: OutboxRx,
 ) -> Result<(), crate::Error> {
     let mut stream = shared.quic.open_uni().await?;
-    stream.write_all(&first).await.map_err(write_err)?;
+    stream
+        .write_all(&first)
+        .await
+        .map_err(crate::stream::write_error)?;
     let quic = shared.quic.clone();
     // The task ends when the connection state (holding the sender) goes away, after the
     // connection closed; the stream stays open until then, as critical streams must.
@@ -454,17 +457,6 @@ async fn reopen_uni(quic: &Connection, first: &[u8]) -> Option<kuai::SendStream>
     let mut s = quic.open_uni().await.ok()?;
     s.write_all(first).await.ok()?;
     Some(s)
-}
-
-fn write_err(e: kuai::WriteError) -> crate::Error {
-    match e {
-        kuai::WriteError::ConnectionLost(c) => crate::Error::Connection(c),
-        kuai::WriteError::Stopped(c) => crate::Error::Stopped(Code(c)),
-        kuai::WriteError::ZeroRttRejected => crate::Error::ZeroRttRejected,
-        kuai::WriteError::ClosedStream => {
-            crate::Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream closed"))
-        }
-    }
 }
 
 /// Accepts the peer's unidirectional streams. Each one is read on its own task: a stream can

@@ -47,6 +47,7 @@ pub(crate) fn send(shared: &Shared, stream_id: u64, payload: &[u8]) -> Result<()
                 Code::DATAGRAM_ERROR,
                 "QUIC datagrams not negotiated",
             )),
+            _ => Error::Protocol(H3Error::new(Code::DATAGRAM_ERROR, "datagram not sent")),
         })
 }
 

@@ -98,6 +98,7 @@ impl std::error::Error for H3Error {}
 
 /// What went wrong with a request or a connection, as the application sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Error {
     /// The connection failed or was closed.
     Connection(kuai::ConnectionError),

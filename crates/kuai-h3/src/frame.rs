@@ -173,6 +173,7 @@ pub fn header_len(ty: u64, len: u64) -> usize {
 
 /// A frame as the reader yields it. DATA payloads come as they arrive, in pieces.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Frame {
     /// A piece of a DATA frame's payload.
     Data(Bytes),

@@ -358,42 +358,40 @@ impl RecvHalf {
             }
             let frame = match self.reader.next_frame() {
                 Ok(Some(f)) => f,
-                Ok(None) => {
-                    match ready!(self.recv.poll_read_chunk(cx, 64 * 1024)) {
-                        Ok(Some(chunk)) => {
-                            self.reader.push_bytes(chunk);
-                            continue;
-                        }
-                        Ok(None) => {
-                            if self.reader.is_mid_frame() {
-                                let e = H3Error::new(Code::FRAME_ERROR, "stream ended inside a frame");
-                                self.shared.fail(e.clone());
-                                return Poll::Ready(Err(Error::Protocol(e)));
-                            }
-                            self.state = RecvState::Done;
-                            if let Some(n) = self.expected_len
-                                && n != self.received_len
-                            {
-                                return Poll::Ready(Err(
-                                    self.malformed("body length differs from content-length")
-                                ));
-                            }
-                            return Poll::Ready(Ok(None));
-                        }
-                        Err(kuai::ReadError::Reset(code)) => {
-                            return Poll::Ready(Err(Error::StreamReset(Code(code))));
-                        }
-                        Err(kuai::ReadError::ConnectionLost(e)) => {
-                            return Poll::Ready(Err(self.conn_error(e)));
-                        }
-                        Err(kuai::ReadError::ZeroRttRejected) => {
-                            return Poll::Ready(Err(Error::ZeroRttRejected));
-                        }
-                        Err(_) => {
-                            return Poll::Ready(Err(Error::StreamReset(Code::REQUEST_CANCELLED)));
-                        }
+                Ok(None) => match ready!(self.recv.poll_read_chunk(cx, 64 * 1024)) {
+                    Ok(Some(chunk)) => {
+                        self.reader.push_bytes(chunk);
+                        continue;
                     }
-                }
+                    Ok(None) => {
+                        if self.reader.is_mid_frame() {
+                            let e = H3Error::new(Code::FRAME_ERROR, "stream ended inside a frame");
+                            self.shared.fail(e.clone());
+                            return Poll::Ready(Err(Error::Protocol(e)));
+                        }
+                        self.state = RecvState::Done;
+                        if let Some(n) = self.expected_len
+                            && n != self.received_len
+                        {
+                            return Poll::Ready(Err(
+                                self.malformed("body length differs from content-length")
+                            ));
+                        }
+                        return Poll::Ready(Ok(None));
+                    }
+                    Err(kuai::ReadError::Reset(code)) => {
+                        return Poll::Ready(Err(Error::StreamReset(Code(code))));
+                    }
+                    Err(kuai::ReadError::ConnectionLost(e)) => {
+                        return Poll::Ready(Err(self.conn_error(e)));
+                    }
+                    Err(kuai::ReadError::ZeroRttRejected) => {
+                        return Poll::Ready(Err(Error::ZeroRttRejected));
+                    }
+                    Err(_) => {
+                        return Poll::Ready(Err(Error::StreamReset(Code::REQUEST_CANCELLED)));
+                    }
+                },
                 Err(e) => {
                     self.shared.fail(e.clone());
                     return Poll::Ready(Err(Error::Protocol(e)));
@@ -422,7 +420,7 @@ impl RecvHalf {
                 Frame::Unknown(_) => {}
                 _ => {
                     return Poll::Ready(Err(
-                        self.unexpected("frame not allowed on a request stream"),
+                        self.unexpected("frame not allowed on a request stream")
                     ));
                 }
             }
@@ -587,5 +585,6 @@ pub(crate) fn write_error(e: kuai::WriteError) -> Error {
         kuai::WriteError::ClosedStream => {
             Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream closed"))
         }
+        _ => Error::Protocol(H3Error::new(Code::INTERNAL_ERROR, "stream not writable")),
     }
 }

@@ -11,7 +11,6 @@
 //! - [`lab`] creates the namespaces and devices and runs the forwarding threads.
 //! - [`cli`] is the `kuai netsim` command.
 #![warn(missing_docs)]
-
 #![forbid(unsafe_code)]
 
 pub mod cli;

@@ -213,6 +213,7 @@ impl std::fmt::Debug for ClientConfig {
 /// (RFC 9000 §8.1.2). A Retry is stateless: a flood of Initials from spoofed addresses then
 /// costs the server one small packet each and no memory, and a real client one round trip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RetryPolicy {
     /// Never: Initials from unvalidated addresses past `max_handshakes` are refused with
     /// CONNECTION_REFUSED instead, which a flood turns into a lockout of every new client.

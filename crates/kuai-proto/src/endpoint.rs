@@ -75,6 +75,7 @@ const RETIRED_KEPT: usize = 2;
 
 /// Statistics of an endpoint.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct EndpointStats {
     pub accepted: u64,
     pub refused: u64,

@@ -35,6 +35,7 @@ impl PacketKind {
 
 /// Why a packet was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DropReason {
     KeyUnavailable,
     DecryptionFailure,
@@ -49,6 +50,7 @@ pub enum DropReason {
 /// A trace event. Field names follow qlog's `quic:` event schema so a JSON writer can map them
 /// one to one.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum TraceEvent<'a> {
     /// `quic:packet_sent`
     PacketSent {
@@ -122,6 +124,7 @@ pub trait Tracer: Send {
 
 /// Per-path statistics.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct PathStats {
     pub rtt: Duration,
     pub min_rtt: Duration,

@@ -421,6 +421,7 @@ fn connection_io_error(e: ConnectionError) -> io::Error {
 
 /// Why a write failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WriteError {
     /// The peer asked us to stop with this code.
     Stopped(u64),
@@ -460,6 +461,7 @@ impl From<WriteError> for io::Error {
 
 /// Why a read failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReadError {
     /// The peer reset the stream with this code.
     Reset(u64),

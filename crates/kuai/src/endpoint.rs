@@ -778,6 +778,7 @@ impl kuai_proto::ConnectionIdGenerator for WorkerCids {
 
 /// Why a connection could not start.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// `connect` needs a default client configuration; use `connect_with`.
     NoClientConfig,
@@ -1284,6 +1285,8 @@ fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
             | Event::PathValidated(_)
             | Event::PathValidationFailed(_)
             | Event::KeyUpdated { .. } => {}
+            // kuai-proto's events may grow; what this driver does not know it need not wake.
+            _ => {}
         }
     }
     // Connections that drained: wake anyone still waiting. Their state stays until the last

@@ -33,6 +33,7 @@ pub struct UdpStats {
 
 /// A snapshot of [`UdpStats`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UdpStatsSnapshot {
     /// Send system calls made.
     pub send_calls: u64,

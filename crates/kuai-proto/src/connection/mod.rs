@@ -82,6 +82,7 @@ pub struct Transmit {
 
 /// Why a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConnectionError {
     /// We detected a protocol violation and closed with this error.
     TransportError(TransportError),
@@ -121,6 +122,7 @@ impl std::error::Error for ConnectionError {}
 
 /// What the application learns from a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Event {
     /// The handshake completed: 1-RTT data can flow.
     Connected,
@@ -545,6 +547,7 @@ pub(crate) struct ServerConnectionParams {
 
 /// Why a client connection could not be started.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ConnectError {
     InvalidServerName(String),
     Tls(rustls::Error),
@@ -2325,6 +2328,7 @@ fn usable_preferred_address(preferred: SocketAddr, current: SocketAddr) -> bool 
 
 /// Why a datagram could not be queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DatagramError {
     /// The peer did not enable DATAGRAM frames.
     Unsupported,
@@ -2345,6 +2349,7 @@ impl std::error::Error for DatagramError {}
 
 /// Why a migration could not start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MigrateError {
     ServerCannotMigrate,
     HandshakeNotConfirmed,
