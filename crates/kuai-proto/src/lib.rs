@@ -5,30 +5,55 @@
 
 #![forbid(unsafe_code)]
 
+// The public surface: congestion control (a trait users implement), connection-ID
+// generation, the varint codec HTTP/3 shares, tracing (qlog and other subscribers), and the
+// re-exports below. The rest is internal; the `internals` feature opens it to this crate's
+// tests, benchmarks and fuzz targets (not a stable interface).
 pub mod cc;
 pub mod cid;
 pub mod coding;
-pub mod config;
-pub mod connection;
-pub mod crypto;
-pub mod endpoint;
-pub mod error;
-pub mod frame;
-pub mod packet;
-pub mod range_set;
-pub mod recovery;
-pub mod stream;
-pub mod token;
 pub mod trace;
-pub mod transport_params;
-pub mod types;
 pub mod varint;
 
+macro_rules! internal {
+    ($($m:ident),* $(,)?) => {$(
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        pub mod $m;
+        // Some items exist for the tests, benchmarks and fuzz targets only.
+        #[cfg(not(feature = "internals"))]
+        #[allow(dead_code)]
+        mod $m;
+    )*};
+}
+
+internal!(
+    config,
+    connection,
+    crypto,
+    endpoint,
+    error,
+    frame,
+    packet,
+    range_set,
+    recovery,
+    stream,
+    token,
+    transport_params,
+    types,
+);
+
 pub use cid::{ConnectionId, ConnectionIdGenerator, RandomCidGenerator};
-pub use config::{ClientConfig, EndpointConfig, ServerConfig, TransportConfig};
-pub use connection::{Connection, ConnectionError, Event, MemoryUse, PathHint, Transmit};
-pub use endpoint::{ConnectionHandle, Endpoint};
+pub use config::{
+    ClientConfig, EndpointConfig, MemoryBudget, PreferredAddressConfig, Redundancy, RetryPolicy,
+    ServerConfig, TransportConfig,
+};
+pub use connection::{
+    ConnectError, Connection, ConnectionError, DatagramError, EcnCodepoint, EcnState,
+    EndpointEvent, Event, MemoryUse, MigrateError, PathHint, Transmit,
+};
+pub use endpoint::{ConnectionHandle, Endpoint, EndpointStats};
 pub use error::{TransportError, TransportErrorCode};
-pub use stream::{Priority, StreamEvent};
+pub use stream::{Priority, StreamError, StreamEvent};
 pub use types::{Dir, IdMap, Side, SpaceId, StreamId, Version};
 pub use varint::VarInt;

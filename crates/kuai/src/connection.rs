@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use kuai_proto::connection::DatagramError;
-use kuai_proto::stream::StreamError;
+use kuai_proto::DatagramError;
+use kuai_proto::StreamError;
 use kuai_proto::trace::ConnectionStats;
 use kuai_proto::{ConnectionError, ConnectionHandle, Dir, Priority, StreamId};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};

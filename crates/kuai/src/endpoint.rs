@@ -12,7 +12,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use kuai_proto::connection::EcnCodepoint;
+use kuai_proto::EcnCodepoint;
 use kuai_proto::{ConnectionError, ConnectionHandle, Dir, Event, IdMap, StreamEvent, StreamId};
 use quinn_udp::RecvMeta;
 use tokio::sync::Notify;
@@ -684,8 +684,8 @@ impl Endpoint {
     }
 
     /// Counters of the endpoint: accepted, refused, Retry and reset packets sent, ...
-    pub fn stats(&self) -> kuai_proto::endpoint::EndpointStats {
-        let mut sum = kuai_proto::endpoint::EndpointStats::default();
+    pub fn stats(&self) -> kuai_proto::EndpointStats {
+        let mut sum = kuai_proto::EndpointStats::default();
         for w in self.workers.all.iter() {
             sum += w.lock().ep.stats();
         }
@@ -735,8 +735,8 @@ fn worker_server_config(c: &kuai_proto::ServerConfig, n: usize) -> kuai_proto::S
         c.max_connections = c.max_connections.div_ceil(n);
         c.max_handshakes = c.max_handshakes.div_ceil(n);
         c.max_validated_handshakes_per_ip = c.max_validated_handshakes_per_ip.div_ceil(n as u32);
-        if let kuai_proto::config::RetryPolicy::AboveHandshakes(k) = c.retry {
-            c.retry = kuai_proto::config::RetryPolicy::AboveHandshakes(k.div_ceil(n));
+        if let kuai_proto::RetryPolicy::AboveHandshakes(k) = c.retry {
+            c.retry = kuai_proto::RetryPolicy::AboveHandshakes(k.div_ceil(n));
         }
     }
     c
@@ -1189,13 +1189,13 @@ impl Route {
     }
 }
 
-fn preferred_config(addr: SocketAddr) -> kuai_proto::config::PreferredAddressConfig {
+fn preferred_config(addr: SocketAddr) -> kuai_proto::PreferredAddressConfig {
     match addr {
-        SocketAddr::V4(a) => kuai_proto::config::PreferredAddressConfig {
+        SocketAddr::V4(a) => kuai_proto::PreferredAddressConfig {
             v4: Some(a),
             v6: None,
         },
-        SocketAddr::V6(a) => kuai_proto::config::PreferredAddressConfig {
+        SocketAddr::V6(a) => kuai_proto::PreferredAddressConfig {
             v4: None,
             v6: Some(a),
         },

@@ -61,11 +61,11 @@ pub use connection::{
 };
 pub use endpoint::{ConnectError, Endpoint, EndpointBuilder};
 pub use kuai_proto;
+pub use kuai_proto::DatagramError;
 pub use kuai_proto::cc::CongestionAlgorithm;
-pub use kuai_proto::config::{RetryPolicy, TransportConfig};
-pub use kuai_proto::connection::DatagramError;
 pub use kuai_proto::trace::ConnectionStats;
 pub use kuai_proto::{ConnectionError, Dir, PathHint, Priority, StreamId, TransportError, Version};
+pub use kuai_proto::{RetryPolicy, TransportConfig};
 pub use rustls;
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};

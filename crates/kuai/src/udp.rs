@@ -438,7 +438,7 @@ mod recv_pool {
     /// transport or the application keep, and free ones waiting for reuse. A peer that makes
     /// us keep a few bytes of every buffer could otherwise pin buffers without end: past this
     /// many, datagrams are copied into allocations of their own, which the transport's limits
-    /// on what it keeps then bound (see `kuai_proto::stream::Assembler`).
+    /// on what it keeps then bound (see `kuai_proto::Assembler`).
     const MAX_BUFFERS: usize = 64;
     /// Free buffers kept for reuse; more are given back.
     const FREE_KEPT: usize = 12;
