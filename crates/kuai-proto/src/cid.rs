@@ -16,6 +16,7 @@ pub struct ConnectionId {
 }
 
 impl ConnectionId {
+    /// The zero-length connection ID.
     pub const EMPTY: Self = Self {
         len: 0,
         bytes: [0; MAX_CID_SIZE],
@@ -30,6 +31,7 @@ impl ConnectionId {
         Self::try_from_slice(bytes).expect("connection ID longer than 20 bytes")
     }
 
+    /// The ID `bytes` spell; `None` past 20 bytes (RFC 9000 §17.2).
     pub fn try_from_slice(bytes: &[u8]) -> Option<Self> {
         if bytes.len() > MAX_CID_SIZE {
             return None;
@@ -53,10 +55,12 @@ impl ConnectionId {
         cid
     }
 
+    /// Its length in bytes.
     pub fn len(&self) -> usize {
         self.len as usize
     }
 
+    /// Whether it is zero-length.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -143,6 +147,7 @@ pub struct RandomCidGenerator {
 }
 
 impl RandomCidGenerator {
+    /// Random IDs of `len` bytes.
     pub fn new(len: usize) -> Self {
         assert!(len <= MAX_CID_SIZE, "connection ID length above 20");
         Self {
@@ -151,6 +156,7 @@ impl RandomCidGenerator {
         }
     }
 
+    /// IDs that are retired and replaced after `lifetime`.
     pub fn with_lifetime(mut self, lifetime: Duration) -> Self {
         self.lifetime = Some(lifetime);
         self

@@ -24,6 +24,7 @@ pub type Result<T> = std::result::Result<T, UnexpectedEnd>;
 
 /// Checked reads on any [`Buf`].
 pub trait BufExt: Buf {
+    /// A byte, or an error at the end of the buffer.
     fn get_u8_checked(&mut self) -> Result<u8> {
         if self.remaining() < 1 {
             return Err(UnexpectedEnd);
@@ -31,6 +32,7 @@ pub trait BufExt: Buf {
         Ok(self.get_u8())
     }
 
+    /// A big-endian `u16`, or an error if fewer bytes remain.
     fn get_u16_checked(&mut self) -> Result<u16> {
         if self.remaining() < 2 {
             return Err(UnexpectedEnd);
@@ -38,6 +40,7 @@ pub trait BufExt: Buf {
         Ok(self.get_u16())
     }
 
+    /// A big-endian `u32`, or an error if fewer bytes remain.
     fn get_u32_checked(&mut self) -> Result<u32> {
         if self.remaining() < 4 {
             return Err(UnexpectedEnd);
@@ -45,6 +48,7 @@ pub trait BufExt: Buf {
         Ok(self.get_u32())
     }
 
+    /// A big-endian `u64`, or an error if fewer bytes remain.
     fn get_u64_checked(&mut self) -> Result<u64> {
         if self.remaining() < 8 {
             return Err(UnexpectedEnd);

@@ -17,7 +17,9 @@ pub struct TransportConfig {
     /// Send a PING when nothing was sent for this long, to keep NAT bindings and the idle timer
     /// alive; `None` disables keep-alive.
     pub keep_alive_interval: Option<Duration>,
+    /// Bidirectional streams the peer may open at once (initial_max_streams_bidi).
     pub max_concurrent_bidi_streams: u64,
+    /// Unidirectional streams the peer may open at once (initial_max_streams_uni).
     pub max_concurrent_uni_streams: u64,
     /// Initial per-stream receive window.
     pub stream_receive_window: u64,
@@ -33,6 +35,7 @@ pub struct TransportConfig {
     pub send_buffer: u64,
     /// Unacknowledged bytes buffered by all streams of a connection together.
     pub connection_send_buffer: u64,
+    /// The congestion controller of each path.
     pub congestion: CongestionAlgorithm,
     /// The congestion window of a new path, in datagrams of `initial_mtu` bytes. RFC 9002
     /// §7.2 says 10 (12,000 bytes at 1,200), and caps it at 14,720 bytes; quic-go and
@@ -44,6 +47,7 @@ pub struct TransportConfig {
     pub initial_rtt: Duration,
     /// Our max_ack_delay (RFC 9000 §18.2).
     pub max_ack_delay: Duration,
+    /// The ack_delay_exponent transport parameter (RFC 9000 §18.2).
     pub ack_delay_exponent: u8,
     /// Ack-eliciting packets received before an ACK is sent immediately (RFC 9000 §13.2.2).
     pub ack_eliciting_threshold: u64,
@@ -157,7 +161,9 @@ impl Default for TransportConfig {
 /// Client settings.
 #[derive(Clone)]
 pub struct ClientConfig {
+    /// TLS: trust, ALPN, session resumption.
     pub tls: Arc<rustls::ClientConfig>,
+    /// Transport settings.
     pub transport: Arc<TransportConfig>,
     /// Version of the first Initial.
     pub version: Version,
@@ -218,6 +224,7 @@ pub enum RetryPolicy {
     /// Never: Initials from unvalidated addresses past `max_handshakes` are refused with
     /// CONNECTION_REFUSED instead, which a flood turns into a lockout of every new client.
     Never,
+    /// Every client address is validated with Retry before its handshake.
     Always,
     /// While this many handshakes or more are in flight (the default, a flood defence).
     AboveHandshakes(usize),
@@ -230,15 +237,20 @@ pub const DEFAULT_RETRY_ABOVE_HANDSHAKES: usize = 512;
 /// A server's preferred address (RFC 9000 §9.6).
 #[derive(Debug, Clone, Copy)]
 pub struct PreferredAddressConfig {
+    /// The IPv4 address offered, if any.
     pub v4: Option<SocketAddrV4>,
+    /// The IPv6 address offered, if any.
     pub v6: Option<SocketAddrV6>,
 }
 
 /// Server settings.
 #[derive(Clone)]
 pub struct ServerConfig {
+    /// TLS: certificates, ALPN, session tickets.
     pub tls: Arc<rustls::ServerConfig>,
+    /// Transport settings.
     pub transport: Arc<TransportConfig>,
+    /// When clients are asked to prove their address with Retry.
     pub retry: RetryPolicy,
     /// Key for Retry and NEW_TOKEN tokens; share it across a fleet so any server validates
     /// tokens from any other.
@@ -273,10 +285,12 @@ pub struct ServerConfig {
     /// timeout. One that has not completed twice this long after it began is dropped too,
     /// however often the client speaks.
     pub handshake_timeout: Duration,
+    /// The address offered for clients to move to after the handshake (RFC 9000 §9.6).
     pub preferred_address: Option<PreferredAddressConfig>,
 }
 
 impl ServerConfig {
+    /// A server with `tls` and the default transport settings.
     pub fn new(tls: Arc<rustls::ServerConfig>) -> Self {
         Self {
             tls,
@@ -329,6 +343,7 @@ pub struct MemoryBudget {
 pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
 
 impl MemoryBudget {
+    /// A budget of `limit` bytes.
     pub fn new(limit: u64) -> Arc<Self> {
         Arc::new(Self {
             limit,
@@ -336,6 +351,7 @@ impl MemoryBudget {
         })
     }
 
+    /// The budget, in bytes.
     pub fn limit(&self) -> u64 {
         self.limit
     }
@@ -345,6 +361,7 @@ impl MemoryBudget {
         self.used.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether the connections hold more than the budget allows, so windows shrink.
     pub fn under_pressure(&self) -> bool {
         self.used() > self.limit
     }
@@ -363,6 +380,7 @@ impl MemoryBudget {
 /// Endpoint-wide settings.
 #[derive(Clone)]
 pub struct EndpointConfig {
+    /// Makes each connection's connection-ID generator.
     pub cid_generator: CidGeneratorFactory,
     /// Secret from which stateless reset tokens are derived (RFC 9000 §10.3.2); share it
     /// across a fleet so any server can reset any connection.

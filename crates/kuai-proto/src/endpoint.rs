@@ -77,12 +77,19 @@ const RETIRED_KEPT: usize = 2;
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct EndpointStats {
+    /// Connections accepted.
     pub accepted: u64,
+    /// Connection attempts refused (CONNECTION_REFUSED).
     pub refused: u64,
+    /// Retry packets sent.
     pub retries_sent: u64,
+    /// Version Negotiation packets sent.
     pub version_negotiations_sent: u64,
+    /// Stateless resets sent.
     pub stateless_resets_sent: u64,
+    /// Address-validation tokens that did not check out.
     pub invalid_tokens: u64,
+    /// Datagrams dropped before reaching a connection.
     pub dropped: u64,
 }
 
@@ -266,10 +273,12 @@ impl Endpoint {
         self.server = server;
     }
 
+    /// Statistics so far.
     pub fn stats(&self) -> &EndpointStats {
         &self.stats
     }
 
+    /// Connections held.
     pub fn connection_count(&self) -> usize {
         self.conns.len() - self.free.len()
     }
@@ -300,6 +309,7 @@ impl Endpoint {
         })
     }
 
+    /// The connection behind `h`, while it exists.
     pub fn connection(&self, h: ConnectionHandle) -> Option<&Connection> {
         self.slot(h).map(|e| &e.conn)
     }

@@ -12,7 +12,10 @@ pub struct TransportErrorCode(pub u64);
 macro_rules! codes {
     ($($name:ident = $val:expr, $text:expr;)*) => {
         impl TransportErrorCode {
-            $(pub const $name: Self = Self($val);)*
+            $(
+                #[doc = concat!("`", $text, "` (RFC 9000 §20.1).")]
+                pub const $name: Self = Self($val);
+            )*
 
             fn name(self) -> Option<&'static str> {
                 match self.0 {
@@ -74,12 +77,16 @@ impl fmt::Display for TransportErrorCode {
 /// phrase for humans.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TransportError {
+    /// The error code.
     pub code: TransportErrorCode,
+    /// The type of the frame that caused it, if one did.
     pub frame: Option<FrameType>,
+    /// Why, for the peer and the logs.
     pub reason: Cow<'static, str>,
 }
 
 impl TransportError {
+    /// An error with `code` and `reason`.
     pub fn new(code: TransportErrorCode, reason: impl Into<Cow<'static, str>>) -> Self {
         Self {
             code,
@@ -88,6 +95,7 @@ impl TransportError {
         }
     }
 
+    /// Names the frame type that caused it.
     pub fn with_frame(mut self, frame: FrameType) -> Self {
         self.frame = Some(frame);
         self
@@ -99,6 +107,7 @@ macro_rules! ctors {
         impl TransportError {
             $(
                 #[allow(non_snake_case)]
+                #[doc = concat!("A `", stringify!($code), "` error with `reason`.")]
                 pub fn $fn(reason: impl Into<Cow<'static, str>>) -> Self {
                     Self::new(TransportErrorCode::$code, reason)
                 }

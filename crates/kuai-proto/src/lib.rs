@@ -4,6 +4,7 @@
 //! go in; datagrams and timer deadlines come out. See `docs/architecture.md` for the event flow.
 
 #![forbid(unsafe_code)]
+#![cfg_attr(not(feature = "internals"), warn(missing_docs))]
 
 // The public surface: congestion control (a trait users implement), connection-ID
 // generation, the varint codec HTTP/3 shares, tracing (qlog and other subscribers), and the
@@ -54,6 +55,7 @@ pub use connection::{
 };
 pub use endpoint::{ConnectionHandle, Endpoint, EndpointStats};
 pub use error::{TransportError, TransportErrorCode};
+pub use recovery::PathId;
 pub use stream::{Priority, StreamError, StreamEvent};
 pub use types::{Dir, IdMap, Side, SpaceId, StreamId, Version};
 pub use varint::VarInt;

@@ -9,19 +9,24 @@ use crate::varint::VarInt;
 /// Which end of the connection we are.
 #[derive(Debug, Copy, Clone, Eq, PartialEq, Hash)]
 pub enum Side {
+    /// The client.
     Client = 0,
+    /// The server.
     Server = 1,
 }
 
 impl Side {
+    /// Whether this is the client.
     pub fn is_client(self) -> bool {
         self == Side::Client
     }
 
+    /// Whether this is the server.
     pub fn is_server(self) -> bool {
         self == Side::Server
     }
 
+    /// The other side.
     pub fn peer(self) -> Side {
         match self {
             Side::Client => Side::Server,
@@ -74,7 +79,9 @@ pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// Stream directionality.
 #[derive(Debug, Copy, Clone, Eq, PartialEq, Hash)]
 pub enum Dir {
+    /// Bidirectional.
     Bi = 0,
+    /// Unidirectional.
     Uni = 1,
 }
 
@@ -88,6 +95,7 @@ impl StreamId {
         Self((index << 2) | ((dir as u64) << 1) | initiator as u64)
     }
 
+    /// Who opened the stream (RFC 9000 §2.1).
     pub fn initiator(self) -> Side {
         if self.0 & 1 == 0 {
             Side::Client
@@ -96,6 +104,7 @@ impl StreamId {
         }
     }
 
+    /// Whether the stream is bidirectional or unidirectional.
     pub fn dir(self) -> Dir {
         if self.0 & 2 == 0 { Dir::Bi } else { Dir::Uni }
     }
@@ -105,6 +114,7 @@ impl StreamId {
         self.0 >> 2
     }
 
+    /// The stream ID as a number.
     pub fn into_inner(self) -> u64 {
         self.0
     }
@@ -139,14 +149,19 @@ impl fmt::Display for StreamId {
 /// A packet-number space (RFC 9000 §12.3). 0-RTT and 1-RTT packets share `Data`.
 #[derive(Debug, Copy, Clone, Eq, PartialEq, Ord, PartialOrd, Hash)]
 pub enum SpaceId {
+    /// Initial packets.
     Initial = 0,
+    /// Handshake packets.
     Handshake = 1,
+    /// 0-RTT and 1-RTT packets (the application data space).
     Data = 2,
 }
 
 impl SpaceId {
+    /// The three spaces, in order.
     pub const ALL: [SpaceId; 3] = [SpaceId::Initial, SpaceId::Handshake, SpaceId::Data];
 
+    /// Its index in [`SpaceId::ALL`].
     pub fn index(self) -> usize {
         self as usize
     }
@@ -162,9 +177,12 @@ pub enum Version {
 }
 
 impl Version {
+    /// QUIC version 1 on the wire (RFC 9000).
     pub const V1_WIRE: u32 = 0x0000_0001;
+    /// QUIC version 2 on the wire (RFC 9369).
     pub const V2_WIRE: u32 = 0x6b33_43cf;
 
+    /// Its number on the wire.
     pub fn wire(self) -> u32 {
         match self {
             Version::V1 => Self::V1_WIRE,
@@ -172,6 +190,7 @@ impl Version {
         }
     }
 
+    /// The version `v` names, if kuai speaks it.
     pub fn from_wire(v: u32) -> Option<Self> {
         match v {
             Self::V1_WIRE => Some(Version::V1),

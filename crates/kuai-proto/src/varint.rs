@@ -23,14 +23,17 @@ impl std::error::Error for VarIntBoundsExceeded {}
 impl VarInt {
     /// The largest representable value, 2^62 - 1.
     pub const MAX: Self = Self((1 << 62) - 1);
+    /// Zero.
     pub const ZERO: Self = Self(0);
     /// The largest encoded size in bytes.
     pub const MAX_SIZE: usize = 8;
 
+    /// Any `u32` fits.
     pub const fn from_u32(v: u32) -> Self {
         Self(v as u64)
     }
 
+    /// `v`, if it is below 2^62.
     pub const fn from_u64(v: u64) -> Result<Self, VarIntBoundsExceeded> {
         if v <= Self::MAX.0 {
             Ok(Self(v))
@@ -44,6 +47,7 @@ impl VarInt {
         if v <= Self::MAX.0 { Self(v) } else { Self::MAX }
     }
 
+    /// The value.
     pub const fn into_inner(self) -> u64 {
         self.0
     }
@@ -66,6 +70,7 @@ impl VarInt {
         Self::size_of(self.0)
     }
 
+    /// Writes it in the shortest encoding (RFC 9000 §16).
     pub fn encode<B: BufMut + ?Sized>(self, buf: &mut B) {
         let v = self.0;
         match self.size() {
@@ -76,6 +81,7 @@ impl VarInt {
         }
     }
 
+    /// Reads one from `buf`.
     pub fn decode<B: Buf + ?Sized>(buf: &mut B) -> Result<Self, UnexpectedEnd> {
         if !buf.has_remaining() {
             return Err(UnexpectedEnd);

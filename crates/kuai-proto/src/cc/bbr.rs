@@ -124,10 +124,12 @@ pub enum LossResponse {
 /// Options of [`Bbr`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BbrOptions {
+    /// How the controller answers loss (see [`LossResponse`]).
     pub loss_response: LossResponse,
 }
 
 #[derive(Debug, Clone)]
+/// BBRv3 (draft-ietf-ccwg-bbr) with kuai's choice of loss response.
 pub struct Bbr {
     opts: BbrOptions,
     mds: u64,
@@ -208,6 +210,7 @@ pub struct Bbr {
 }
 
 impl Bbr {
+    /// A controller for datagrams of `max_datagram_size` bytes.
     pub fn new(max_datagram_size: u64, opts: BbrOptions) -> Self {
         let cwnd = initial_window(max_datagram_size);
         let mut b = Self {

@@ -68,6 +68,7 @@ struct Undo {
 }
 
 #[derive(Debug, Clone)]
+/// CUBIC (RFC 9438) with HyStart++ (RFC 9406) in the first slow start.
 pub struct Cubic {
     options: CubicOptions,
     max_datagram_size: u64,
@@ -107,6 +108,7 @@ pub struct Cubic {
 }
 
 impl Cubic {
+    /// A controller for datagrams of `max_datagram_size` bytes.
     pub fn new(max_datagram_size: u64, options: CubicOptions) -> Self {
         let window = initial_window(max_datagram_size);
         Self {

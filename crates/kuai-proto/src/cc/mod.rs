@@ -150,6 +150,7 @@ pub trait CongestionController: Send + fmt::Debug {
 
 /// Makes a controller for each new path. Implement it to plug in your own algorithm.
 pub trait ControllerFactory: Send + Sync + fmt::Debug {
+    /// A controller for a new path whose datagrams are `max_datagram_size` bytes.
     fn build(&self, now: Instant, max_datagram_size: u64) -> Box<dyn CongestionController>;
 }
 
@@ -236,11 +237,13 @@ impl CongestionAlgorithm {
 /// A path's controller: built-ins inline, custom ones boxed.
 #[derive(Debug)]
 pub enum Congestion {
+    /// NewReno (RFC 9002 §7).
     NewReno(NewReno),
     /// Boxed: its state is four times NewReno's, and most connections idle.
     Cubic(Box<Cubic>),
     /// Boxed: its state is several times NewReno's, and most connections idle.
     Bbr(Box<Bbr>),
+    /// A controller of the application's own.
     Custom(Box<dyn CongestionController>),
 }
 

@@ -9,6 +9,7 @@ const LOSS_REDUCTION_NUM: u64 = 1;
 const LOSS_REDUCTION_DEN: u64 = 2;
 
 #[derive(Debug, Clone)]
+/// NewReno as RFC 9002 §7 describes it.
 pub struct NewReno {
     max_datagram_size: u64,
     window: u64,
@@ -22,6 +23,7 @@ pub struct NewReno {
 }
 
 impl NewReno {
+    /// A controller for datagrams of `max_datagram_size` bytes.
     pub fn new(max_datagram_size: u64) -> Self {
         let window = initial_window(max_datagram_size);
         Self {

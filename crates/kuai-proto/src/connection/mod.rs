@@ -41,6 +41,7 @@ pub struct PathHint {
     /// What its congestion controller saw the path carry, in bytes (0: nothing measured),
     /// and the RTT it saw it at (its minimum, for BBR).
     pub window: u64,
+    /// The RTT the window was measured at.
     pub window_rtt: Duration,
 }
 
@@ -72,9 +73,13 @@ use crate::types::{Dir, Side, SpaceId, StreamId, Version};
 /// `segment_size` bytes (the last may be shorter) when it is `Some` (UDP GSO).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
+    /// Where to send it.
     pub destination: SocketAddr,
+    /// The ECN codepoint to mark it with.
     pub ecn: Option<EcnCodepoint>,
+    /// Bytes written into the buffer.
     pub size: usize,
+    /// With several datagrams in the buffer (GSO), the size of each but the last.
     pub segment_size: Option<usize>,
     /// Source IP to send from, when the connection is bound to one (multi-homed hosts).
     pub src_ip: Option<IpAddr>,
@@ -89,7 +94,12 @@ pub enum ConnectionError {
     /// The peer closed with a transport error.
     PeerTransportError(TransportError),
     /// The peer's application closed the connection.
-    ApplicationClosed { code: u64, reason: Bytes },
+    ApplicationClosed {
+        /// The application's error code.
+        code: u64,
+        /// Its reason.
+        reason: Bytes,
+    },
     /// Our application closed the connection.
     LocallyClosed,
     /// The idle timeout expired.
@@ -131,6 +141,7 @@ pub enum Event {
     /// Client: the server refused 0-RTT. Streams opened and data written before the handshake
     /// were discarded; send the requests again.
     ZeroRttRejected,
+    /// A stream became readable, writable, opened or finished.
     Stream(StreamEvent),
     /// A DATAGRAM frame arrived; take it with [`Connection::recv_datagram`].
     DatagramReceived,
@@ -138,12 +149,18 @@ pub enum Event {
     NewToken(Bytes),
     /// The connection moved to a new path (peer migration or NAT rebinding).
     PathMigrated {
+        /// The address it was on.
         from: SocketAddr,
+        /// The address it is on now.
         to: SocketAddr,
     },
+    /// A path to this peer address was validated.
     PathValidated(SocketAddr),
+    /// Validating a path to this peer address failed.
     PathValidationFailed(SocketAddr),
+    /// The 1-RTT keys were updated (RFC 9001 §6).
     KeyUpdated {
+        /// The key phase generation now in use.
         generation: u64,
     },
     /// Client: a session ticket from the server arrived (a NewSessionTicket message, handed
@@ -549,7 +566,9 @@ pub(crate) struct ServerConnectionParams {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ConnectError {
+    /// The server name is not a valid DNS name or IP address.
     InvalidServerName(String),
+    /// The TLS configuration was refused.
     Tls(rustls::Error),
     /// The configuration is unusable (e.g. no QUIC-capable cipher suite).
     Config(String),
@@ -884,6 +903,7 @@ impl Connection {
     // -----------------------------------------------------------------------------------------
     // Accessors
 
+    /// Client or server.
     pub fn side(&self) -> Side {
         self.side
     }
@@ -893,10 +913,12 @@ impl Connection {
         self.original_dcid
     }
 
+    /// The QUIC version in use.
     pub fn version(&self) -> Version {
         self.version
     }
 
+    /// The peer's address on the active path.
     pub fn remote_address(&self) -> SocketAddr {
         self.path.remote
     }
@@ -923,6 +945,7 @@ impl Connection {
         self.handshake_complete
     }
 
+    /// Whether the handshake is confirmed (RFC 9001 §4.1.2).
     pub fn is_handshake_confirmed(&self) -> bool {
         self.handshake_confirmed
     }
@@ -935,6 +958,7 @@ impl Connection {
         )
     }
 
+    /// Whether the connection is over and may be forgotten.
     pub fn is_drained(&self) -> bool {
         self.state == State::Drained
     }
@@ -1000,6 +1024,7 @@ impl Connection {
         self.local_cids.issued.values().map(|c| c.cid)
     }
 
+    /// Sends the connection's trace events to `tracer`.
     pub fn set_tracer(&mut self, tracer: Box<dyn Tracer>) {
         self.tracer = Some(tracer);
     }
@@ -1019,6 +1044,7 @@ impl Connection {
         }
     }
 
+    /// Statistics now.
     pub fn stats(&self) -> ConnectionStats {
         let p = &self.path;
         self.stats.with_path(PathStats {
@@ -1088,6 +1114,7 @@ impl Connection {
                 .is_some_and(|t| self.reported_reset_token != Some(t))
     }
 
+    /// Takes the next event for the application.
     pub fn poll_event(&mut self) -> Option<Event> {
         if let Some(e) = self.events.pop_front() {
             return Some(e);
@@ -1148,18 +1175,22 @@ impl Connection {
         self.streams.take_send_hint()
     }
 
+    /// Bytes stream `id` would take now.
     pub fn write_capacity(&self, id: StreamId) -> Result<u64, StreamError> {
         self.streams.write_capacity(id)
     }
 
+    /// Ends stream `id` after what was written (FIN).
     pub fn finish(&mut self, id: StreamId) -> Result<(), StreamError> {
         self.streams.finish(id)
     }
 
+    /// Abandons sending on stream `id` with an application error `code` (RESET_STREAM).
     pub fn reset_stream(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
         self.streams.reset(id, code)
     }
 
+    /// Sets stream `id`'s priority (RFC 9218).
     pub fn set_priority(&mut self, id: StreamId, priority: Priority) -> Result<(), StreamError> {
         self.streams.set_priority(id, priority)
     }
@@ -1206,6 +1237,7 @@ impl Connection {
         Ok(())
     }
 
+    /// The next DATAGRAM frame received (RFC 9221).
     pub fn recv_datagram(&mut self) -> Option<Bytes> {
         let d = self.datagrams_in.pop_front()?;
         self.datagrams_in_bytes -= d.len();
@@ -2351,8 +2383,11 @@ impl std::error::Error for DatagramError {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MigrateError {
+    /// Only clients migrate (RFC 9000 §9).
     ServerCannotMigrate,
+    /// Migration waits for the handshake to be confirmed.
     HandshakeNotConfirmed,
+    /// The peer sent disable_active_migration.
     PeerDisallows,
     /// The peer has not given us a spare connection ID to use on the new path.
     NoSpareCid,

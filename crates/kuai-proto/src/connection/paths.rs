@@ -10,8 +10,11 @@ use crate::recovery::{DeliveryRate, Pacer, PathId, RttEstimator};
 /// ECN codepoints (RFC 3168).
 #[derive(Debug, Copy, Clone, Eq, PartialEq)]
 pub enum EcnCodepoint {
+    /// ECT(0).
     Ect0 = 0b10,
+    /// ECT(1).
     Ect1 = 0b01,
+    /// Congestion Experienced.
     Ce = 0b11,
 }
 
@@ -31,7 +34,10 @@ impl EcnCodepoint {
 #[derive(Debug, Copy, Clone, Eq, PartialEq)]
 pub enum EcnState {
     /// Marking the first packets and waiting for the peer to report them.
-    Testing { marked: u64 },
+    Testing {
+        /// Packets marked so far.
+        marked: u64,
+    },
     /// The peer's counts prove the path passes ECN.
     Capable,
     /// The path or the peer mangles or ignores ECN; no more marking.
@@ -44,6 +50,7 @@ pub enum EcnState {
 const ECN_TESTING_PACKETS: u64 = 10;
 
 impl EcnState {
+    /// Whether packets go out marked ECT(0).
     pub fn should_mark(&self) -> bool {
         match *self {
             EcnState::Testing { marked } => marked < ECN_TESTING_PACKETS,

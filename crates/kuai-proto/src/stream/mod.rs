@@ -28,6 +28,7 @@ use crate::varint::VarInt;
 pub struct Priority {
     /// 0 (highest) to 7 (lowest); 3 by default.
     pub urgency: u8,
+    /// Whether its data may be interleaved with that of other streams of the same urgency.
     pub incremental: bool,
 }
 
