@@ -5,8 +5,9 @@
 //! style of tokio: [`Connection::open_bi`], [`SendStream`] implements `AsyncWrite`,
 //! [`RecvStream`] implements `AsyncRead`.
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use kuai::{ClientConfig, Endpoint, ServerConfig};
 //!
 //! // A server with a self-signed certificate.
