@@ -204,7 +204,8 @@ fn build_client(args: &Args) -> Result<Client, String> {
         .danger_accept_invalid_certs(args.insecure)
         .connect_timeout(Duration::from_secs_f64(args.connect_timeout.max(0.001)))
         .http1_max_connections(args.h1_connections)
-        .early_data(!args.no_zero_rtt);
+        .early_data(!args.no_zero_rtt)
+        .redirects(if args.location { 20 } else { 0 });
     if let Some(ms) = args.fallback_after_ms {
         b = b.race_delay(Duration::from_millis(ms));
     }
@@ -324,7 +325,6 @@ struct Plan {
     method: Method,
     headers: Vec<(http::HeaderName, HeaderValue)>,
     upload: Upload,
-    follow: bool,
 }
 
 /// One transfer's outcome.
@@ -367,85 +367,27 @@ impl Plan {
             method,
             headers,
             upload,
-            follow: args.location,
         })
     }
 
-    /// Sends the request for `url`, following redirects when asked; the final response.
+    /// Sends the request for `url` (the client follows redirects with -L).
     async fn send(&self, url: &str) -> Result<Fetched, String> {
-        let mut url = url.to_string();
-        let mut method = self.method.clone();
-        let mut with_body = true;
-        for redirects in 0..=20u32 {
-            let mut req = self.client.request(method.clone(), &url);
-            for (n, v) in &self.headers {
-                if !with_body
-                    && (*n == http::header::CONTENT_LENGTH || *n == http::header::CONTENT_TYPE)
-                {
-                    continue;
-                }
-                req = req.header(n.clone(), v.clone());
-            }
-            if with_body {
-                req = req.body(self.upload.body().await?);
-            }
-            let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
-            let status = resp.status();
-            let location = resp
-                .headers()
-                .get(http::header::LOCATION)
-                .and_then(|l| l.to_str().ok())
-                .map(str::to_owned);
-            match location {
-                Some(loc) if self.follow && status.is_redirection() => {
-                    url = join_url(&url, &loc)?;
-                    // 303, and 301/302 after a POST, go on as GET without the body (as
-                    // browsers and curl do); 307 and 308 repeat the request.
-                    if status == http::StatusCode::SEE_OTHER
-                        || (method == Method::POST && matches!(status.as_u16(), 301 | 302))
-                    {
-                        method = Method::GET;
-                        with_body = false;
-                    }
-                    if redirects == 20 {
-                        return Err(format!("{url}: more than 20 redirects"));
-                    }
-                }
-                _ => {
-                    return Ok(Fetched {
-                        resp: Some(resp),
-                        bytes: 0,
-                        redirects,
-                        url,
-                    });
-                }
-            }
+        let mut req = self.client.request(self.method.clone(), url);
+        for (n, v) in &self.headers {
+            req = req.header(n.clone(), v.clone());
         }
-        Err(format!("{url}: more than 20 redirects"))
+        let resp = req
+            .body(self.upload.body().await?)
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        Ok(Fetched {
+            redirects: resp.redirects(),
+            url: resp.url().to_string(),
+            resp: Some(resp),
+            bytes: 0,
+        })
     }
-}
-
-/// `loc` (a Location header) against `base`.
-fn join_url(base: &str, loc: &str) -> Result<String, String> {
-    if loc.starts_with("https://") {
-        return Ok(loc.to_string());
-    }
-    if loc.starts_with("http://") {
-        return Err(format!("redirect to {loc}: only https is supported"));
-    }
-    let b = Url::parse(base)?;
-    let mut u = b.clone();
-    if let Some(rest) = loc.strip_prefix("//") {
-        return Ok(format!("https://{rest}"));
-    }
-    if loc.starts_with('/') {
-        u.path = loc.to_string();
-    } else {
-        let dir = b.path.split(['?', '#']).next().unwrap_or("/");
-        let dir = &dir[..=dir.rfind('/').unwrap_or(0)];
-        u.path = format!("{dir}{loc}");
-    }
-    Ok(u.to_string())
 }
 
 fn ms(d: Duration) -> f64 {

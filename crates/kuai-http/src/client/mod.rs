@@ -83,6 +83,7 @@ pub struct ClientBuilder {
     keylog: Option<Arc<dyn rustls::KeyLog>>,
     qlog_dir: Option<PathBuf>,
     resolve: HashMap<Origin, SocketAddr>,
+    redirects: u32,
 }
 
 impl Default for ClientBuilder {
@@ -105,6 +106,7 @@ impl Default for ClientBuilder {
             keylog: None,
             qlog_dir: None,
             resolve: HashMap::new(),
+            redirects: 10,
         }
     }
 }
@@ -200,6 +202,15 @@ impl ClientBuilder {
         self
     }
 
+    /// Follows at most `n` redirects (10 by default; 0: none), to other servers and
+    /// protocols too: 303, and 301 or 302 after a POST, go on as GET without the body; 307
+    /// and 308 send the request again as it was, when its body is in memory (a streamed
+    /// body cannot be sent twice: the redirect is the answer then).
+    pub fn redirects(mut self, n: u32) -> Self {
+        self.redirects = n;
+        self
+    }
+
     /// The client.
     pub fn build(self) -> Result<Client, Error> {
         let alpn: &[u8] = if self.mode == Mode::Http09 {
@@ -253,6 +264,7 @@ impl ClientBuilder {
                 slots: Mutex::new(HashMap::new()),
                 state: Mutex::new(State::load(self.state_file.as_deref())),
                 resolve: self.resolve,
+                redirects: self.redirects,
             }),
         })
     }
@@ -280,6 +292,7 @@ struct Inner {
     slots: Mutex<HashMap<Origin, Arc<tokio::sync::Mutex<Slot>>>>,
     state: Mutex<State>,
     resolve: HashMap<Origin, SocketAddr>,
+    redirects: u32,
 }
 
 /// Resolves to whether HTTP/3 being set up beside a TCP connection came up.
@@ -323,6 +336,7 @@ pub struct Response {
     timings: Timings,
     start: Instant,
     url: Uri,
+    redirects: u32,
 }
 
 impl std::fmt::Debug for Response {
@@ -381,9 +395,14 @@ impl Response {
         self.remote
     }
 
-    /// The URL it answers.
+    /// The URL it answers (after redirects).
     pub fn url(&self) -> &Uri {
         &self.url
+    }
+
+    /// Redirects followed to get it.
+    pub fn redirects(&self) -> u32 {
+        self.redirects
     }
 
     /// When each step was done (`total` once the body has been read).
@@ -577,9 +596,76 @@ impl Client {
         }
     }
 
-    /// Sends `req` (its URI absolute, `https`).
-    pub async fn execute(&self, mut req: Request<RequestBody>) -> Result<Response, Error> {
+    /// Sends `req` (its URI absolute, `https`), following redirects as the client was built
+    /// to.
+    pub async fn execute(&self, req: Request<RequestBody>) -> Result<Response, Error> {
         let start = Instant::now();
+        let mut req = req;
+        let mut redirects = 0;
+        loop {
+            let next = (redirects < self.inner.redirects)
+                .then(|| req.try_clone_for_redirect())
+                .flatten();
+            let mut resp = self.execute_once(req, start).await?;
+            resp.redirects = redirects;
+            let Some((method, headers, body)) = next else {
+                return Ok(resp);
+            };
+            let status = resp.status();
+            let Some(location) = resp
+                .headers()
+                .get(header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .filter(|_| status.is_redirection() && status != StatusCode::NOT_MODIFIED)
+            else {
+                return Ok(resp);
+            };
+            let url = join(resp.url(), location)?;
+            // RFC 9110 §15.4: 303 (and, as browsers do, 301 and 302 after a POST) go on as
+            // GET without a body; 307 and 308 repeat the request.
+            let as_get = status == StatusCode::SEE_OTHER
+                || (method == Method::POST && matches!(status.as_u16(), 301 | 302));
+            let mut r = Request::new(if as_get {
+                RequestBody::empty()
+            } else {
+                match body {
+                    Some(b) => b,
+                    // A streamed body cannot go again: the redirect is the answer.
+                    None => return Ok(resp),
+                }
+            });
+            *r.method_mut() = if as_get && method != Method::HEAD {
+                Method::GET
+            } else {
+                method
+            };
+            *r.uri_mut() = url;
+            *r.headers_mut() = headers;
+            if as_get {
+                for h in [
+                    header::CONTENT_LENGTH,
+                    header::CONTENT_TYPE,
+                    header::TRANSFER_ENCODING,
+                ] {
+                    r.headers_mut().remove(h);
+                }
+            }
+            // Credentials stay with the origin they were meant for.
+            if origin_of(r.uri()).ok() != origin_of(resp.url()).ok() {
+                r.headers_mut().remove(header::AUTHORIZATION);
+                r.headers_mut().remove(header::COOKIE);
+            }
+            drop(resp);
+            redirects += 1;
+            req = r;
+        }
+    }
+
+    async fn execute_once(
+        &self,
+        mut req: Request<RequestBody>,
+        start: Instant,
+    ) -> Result<Response, Error> {
         let uri = req.uri().clone();
         let origin = origin_of(&uri)?;
         if let Some(ua) = &self.inner.user_agent
@@ -637,6 +723,7 @@ impl Client {
             timings,
             start,
             url,
+            redirects: 0,
         }
     }
 
@@ -762,7 +849,7 @@ impl Client {
         }
         let r = tokio::time::timeout(
             self.inner.connect_timeout,
-            self.connect_quic(addr, &origin.0),
+            self.connect_quic(addr, &origin.0, false),
         )
         .await;
         match r {
@@ -831,13 +918,17 @@ impl Client {
         Ok(ep)
     }
 
-    async fn connect_quic(&self, addr: SocketAddr, host: &str) -> Result<Conn, Error> {
+    /// A QUIC connection to `addr` for `host`. In 0-RTT (when a session allows) only with
+    /// `early`: a session is looked up by server name, so one from another server of the same
+    /// name would make a "connection" to an address where nothing may listen, and win the
+    /// race against TCP with nothing behind it.
+    async fn connect_quic(&self, addr: SocketAddr, host: &str, early: bool) -> Result<Conn, Error> {
         let ep = self.endpoint(addr)?;
         let connecting = ep
             .connect_with(self.inner.quic.clone(), addr, host)
             .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
         let http09 = self.inner.mode == Mode::Http09;
-        let (quic, accepted) = if self.inner.early_data {
+        let (quic, accepted) = if self.inner.early_data && early {
             match connecting.into_0rtt() {
                 Ok((c, a)) => (c, Some(a)),
                 Err(c) => (c.await.map_err(Error::Quic)?, None),
@@ -883,10 +974,12 @@ impl Client {
                 return Ok((Arc::new(c), t, None));
             }
             Mode::Http3 | Mode::Http09 => {
+                let early = lock(&self.inner.state).h3_worked(origin);
                 let c = self
-                    .connect_quic(addr, host)
+                    .connect_quic(addr, host, early)
                     .await
                     .map_err(|e| fail(Some(e), None))?;
+                lock(&self.inner.state).note_h3_worked(origin);
                 t.connect = start.elapsed();
                 return Ok((Arc::new(c), t, None));
             }
@@ -911,7 +1004,9 @@ impl Client {
         }
         let this = self.clone();
         let h = host.clone();
-        let mut quic = tokio::spawn(async move { this.connect_quic(h3_addr, &h).await });
+        // 0-RTT only where this origin's HTTP/3 completed a handshake before.
+        let early = lock(&self.inner.state).h3_worked(origin);
+        let mut quic = tokio::spawn(async move { this.connect_quic(h3_addr, &h, early).await });
         let refused = udp_refused(h3_addr);
         tokio::pin!(refused);
         let delay = self.race_delay_for(Some(h3_addr));
@@ -1053,6 +1148,7 @@ impl QuicConnection {
             },
             start,
             url,
+            redirects: 0,
         })
     }
 }
@@ -1104,8 +1200,36 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `location` (a Location header) resolved against `base` (RFC 3986 §5.2, for the forms
+/// servers send: absolute, scheme-relative, absolute-path and relative-path references).
+fn join(base: &Uri, location: &str) -> Result<Uri, Error> {
+    let bad = |reason| Error::InvalidUrl {
+        url: location.to_string(),
+        reason,
+    };
+    let s = if location.starts_with("https://") || location.starts_with("http://") {
+        location.to_string()
+    } else if let Some(rest) = location.strip_prefix("//") {
+        format!("https://{rest}")
+    } else {
+        let authority = base
+            .authority()
+            .ok_or_else(|| bad("no authority to resolve against"))?;
+        let path = if location.starts_with('/') {
+            location.to_string()
+        } else {
+            let p = base.path();
+            format!("{}{location}", &p[..=p.rfind('/').unwrap_or(0)])
+        };
+        format!("https://{authority}{path}")
+    };
+    let s = s.split('#').next().unwrap_or("");
+    s.parse().map_err(|_| bad("not a URL"))
+}
+
 trait RetryClone {
     fn try_clone_for_retry(&self) -> Option<Request<RequestBody>>;
+    fn try_clone_for_redirect(&self) -> Option<(Method, HeaderMap, Option<RequestBody>)>;
 }
 
 impl RetryClone for Request<RequestBody> {
@@ -1120,6 +1244,15 @@ impl RetryClone for Request<RequestBody> {
         *r.uri_mut() = self.uri().clone();
         *r.headers_mut() = self.headers().clone();
         Some(r)
+    }
+
+    /// What a redirect needs of the request: its method, headers and, when in memory, body.
+    fn try_clone_for_redirect(&self) -> Option<(Method, HeaderMap, Option<RequestBody>)> {
+        Some((
+            self.method().clone(),
+            self.headers().clone(),
+            self.body().try_clone(),
+        ))
     }
 }
 

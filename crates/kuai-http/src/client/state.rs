@@ -41,6 +41,9 @@ pub(crate) struct State {
     broken: HashMap<(Origin, String), Broken>,
     /// Smoothed RTT per server address, in microseconds.
     rtt: HashMap<SocketAddr, u64>,
+    /// Origins whose HTTP/3 completed a handshake in this process (kept in memory, as the
+    /// sessions that 0-RTT needs are).
+    h3_worked: std::collections::HashSet<Origin>,
     path: Option<PathBuf>,
 }
 
@@ -234,8 +237,21 @@ impl State {
         self.save();
     }
 
+    /// Whether HTTP/3 to `origin` completed a handshake before (in this process).
+    pub fn h3_worked(&self, origin: &Origin) -> bool {
+        self.h3_worked.contains(origin)
+    }
+
+    /// HTTP/3 to `origin` completed a handshake.
+    pub fn note_h3_worked(&mut self, origin: &Origin) {
+        if self.h3_worked.len() < MAX_ENTRIES {
+            self.h3_worked.insert(origin.clone());
+        }
+    }
+
     /// HTTP/3 to `origin` worked on `network`: the mark (and its back-off) goes.
     pub fn mark_working(&mut self, origin: &Origin, network: &str) {
+        self.note_h3_worked(origin);
         if self
             .broken
             .remove(&(origin.clone(), network.to_string()))

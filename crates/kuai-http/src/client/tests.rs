@@ -327,3 +327,49 @@ async fn certificates_are_chosen_by_server_name() {
     let u = format!("https://default.test:{}/hello.txt", addr.port());
     assert_eq!(c.get(&u).send().await.unwrap().status(), 200);
 }
+
+/// A redirect from an HTTP/3 server to another origin that only TCP reaches: followed, over
+/// HTTP/2 there, with the body sent again (307); with redirects off, the 307 is the answer.
+/// (Both servers are "localhost": the session from the first must not put the second in
+/// 0-RTT, where nothing listens on its UDP port.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_are_followed_across_servers_and_protocols() {
+    let (cert, tls) = identity();
+    let a = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let a_addr = a.local_addr().unwrap();
+    tokio::spawn(Server::new(TestSite { dir: None }).serve(a));
+    let (b_addr, _, b_cert) = split_server(false).await;
+    let build = |n| {
+        client(&cert)
+            .add_root_certificate(b_cert.clone())
+            .resolve("localhost", a_addr.port(), a_addr)
+            .resolve("localhost", b_addr.port(), b_addr)
+            .redirects(n)
+            .build()
+            .unwrap()
+    };
+    let c = build(10);
+    let resp = c
+        .request(
+            Method::POST,
+            &url(a_addr, &format!("/to/{}/echo", b_addr.port())),
+        )
+        .body("again")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.redirects(), 1);
+    assert_eq!(resp.protocol(), Protocol::Http2);
+    assert_eq!(resp.url().port_u16(), Some(b_addr.port()));
+    assert_eq!(resp.text().await.unwrap(), "again");
+    let c = build(0);
+    let resp = c
+        .get(&url(a_addr, &format!("/to/{}/hello.txt", b_addr.port())))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 307);
+    assert_eq!(resp.protocol(), Protocol::Http3);
+}

@@ -108,6 +108,14 @@ impl tower_service::Service<Request<Body>> for TestSite {
                 let left: u32 = n.parse().unwrap_or(0);
                 let sleep = Box::pin(tokio::time::sleep(Duration::ZERO));
                 Response::new(Slow { left, sleep }.boxed_unsync())
+            } else if let Some(rest) = path.strip_prefix("/to/") {
+                // /to/PORT/PATH: 307 to https://localhost:PORT/PATH.
+                let (port, rest) = rest.split_once('/').unwrap_or((rest, ""));
+                let mut r = Response::new(full(""));
+                *r.status_mut() = StatusCode::TEMPORARY_REDIRECT;
+                let loc = format!("https://localhost:{port}/{rest}");
+                r.headers_mut().insert("location", loc.parse().unwrap());
+                r
             } else if path == "/echo" {
                 let info = *req.extensions().get::<ConnInfo>().expect("ConnInfo");
                 let early = req.extensions().get::<EarlyData>().is_some();
