@@ -190,7 +190,7 @@ impl QuicConn {
         let _ = rx.wait_for(Option::is_some).await;
     }
 
-    fn in_early_data(&self) -> bool {
+    pub(crate) fn in_early_data(&self) -> bool {
         self.handshake.borrow().is_none()
     }
 }

@@ -33,8 +33,10 @@ mod conn;
 pub(crate) mod state;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -1007,19 +1009,28 @@ impl Client {
         // 0-RTT only where this origin's HTTP/3 completed a handshake before.
         let early = lock(&self.inner.state).h3_worked(origin);
         let mut quic = tokio::spawn(async move { this.connect_quic(h3_addr, &h, early).await });
-        let refused = udp_refused(h3_addr);
-        tokio::pin!(refused);
+        let mut refused: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(udp_refused(h3_addr));
         let delay = self.race_delay_for(Some(h3_addr));
         let quic_err = tokio::select! {
             r = &mut quic => match flatten(r) {
                 Ok(c) => {
-                    lock(&self.inner.state).mark_working(origin, &network);
+                    match &c {
+                        // Requests go in 0-RTT before the server has said a word: the
+                        // handshake still has to show that it is there.
+                        Conn::Quic(q) if q.in_early_data() => self.watch_early(
+                            q,
+                            refused,
+                            origin.clone(),
+                            network.clone(),
+                        ),
+                        _ => lock(&self.inner.state).mark_working(origin, &network),
+                    }
                     t.connect = start.elapsed();
                     return Ok((Arc::new(c), t, None));
                 }
                 Err(e) => Some(e),
             },
-            _ = &mut refused => {
+            _ = refused.as_mut() => {
                 quic.abort();
                 Some(Error::Io(std::io::ErrorKind::ConnectionRefused.into()))
             }
@@ -1150,6 +1161,39 @@ impl QuicConnection {
             url,
             redirects: 0,
         })
+    }
+}
+
+impl Client {
+    /// Watches a connection opened in 0-RTT until its handshake completes: when the server's
+    /// host refuses the UDP port (the server went away, or never had HTTP/3 there) or the
+    /// handshake does not complete within the connect timeout, HTTP/3 is marked broken for
+    /// the origin on this network and the connection closed, so its requests fail at once
+    /// and those that may be sent again go over TCP.
+    fn watch_early(
+        &self,
+        q: &QuicConn,
+        refused: Pin<Box<dyn Future<Output = ()> + Send>>,
+        origin: Origin,
+        network: String,
+    ) {
+        let this = self.clone();
+        let quic = q.quic.clone();
+        let mut handshake = q.handshake.clone();
+        tokio::spawn(async move {
+            let failed = tokio::select! {
+                _ = handshake.wait_for(Option::is_some) => quic.close_reason().is_some(),
+                _ = refused => true,
+                _ = tokio::time::sleep(this.inner.connect_timeout) => true,
+            };
+            if failed {
+                tracing::info!(origin = %origin.0, "HTTP/3 in 0-RTT got no handshake: marked broken");
+                lock(&this.inner.state).mark_broken(&origin, &network);
+                quic.close(0, b"no handshake");
+            } else {
+                lock(&this.inner.state).mark_working(&origin, &network);
+            }
+        });
     }
 }
 

@@ -373,3 +373,69 @@ async fn redirects_are_followed_across_servers_and_protocols() {
     assert_eq!(resp.status(), 307);
     assert_eq!(resp.protocol(), Protocol::Http3);
 }
+
+/// An origin whose HTTP/3 worked (so the next connection goes in 0-RTT) comes back with its UDP
+/// port silent (a socket swallows every datagram, as a firewall would): the 0-RTT request gets
+/// no answer, the handshake does not complete within the connect timeout, HTTP/3 is marked
+/// broken and the GET goes again over TCP, long before QUIC's idle timeout (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0rtt_attempt_to_a_silent_port_falls_back_to_tcp() {
+    let (cert, tls) = identity();
+    let first = Listener::bind("127.0.0.1:0".parse().unwrap(), tls.clone())
+        .await
+        .unwrap();
+    let addr = first.local_addr().unwrap();
+    let server = Server::new(TestSite { dir: None });
+    let handle = server.handle();
+    let served = tokio::spawn(server.serve(first));
+    let c = client(&cert)
+        .resolve("localhost", addr.port(), addr)
+        .connect_timeout(Duration::from_millis(800))
+        .build()
+        .unwrap();
+    let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
+    assert_eq!(resp.protocol(), Protocol::Http3);
+    resp.bytes().await.unwrap();
+    c.await_session_tickets().await;
+    c.close_connections();
+    handle.shutdown();
+    served.await.unwrap().unwrap();
+    // The same port again: TCP served, UDP swallowed.
+    let sink = tokio::net::UdpSocket::bind(addr).await.unwrap();
+    let swallowed = Arc::new(AtomicUsize::new(0));
+    {
+        let swallowed = swallowed.clone();
+        tokio::spawn(async move {
+            let mut b = vec![0u8; 65536];
+            while sink.recv_from(&mut b).await.is_ok() {
+                swallowed.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let mut qtls = tls.clone();
+    qtls.alpn_protocols = vec![ALPN_H3.to_vec()];
+    let ep = kuai::Endpoint::builder()
+        .server(kuai::ServerConfig::from_rustls(qtls))
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    tokio::spawn(
+        Server::new(TestSite { dir: None })
+            .alt_svc_max_age(None)
+            .serve(Listener::new(ep).with_tcp(tcp, tls)),
+    );
+    let t = Instant::now();
+    let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
+    let took = t.elapsed();
+    eprintln!(
+        "{:?} after {took:?}; {} datagrams swallowed",
+        resp.protocol(),
+        swallowed.load(Ordering::Relaxed)
+    );
+    assert_eq!(resp.protocol(), Protocol::Http2);
+    assert!(
+        swallowed.load(Ordering::Relaxed) > 1,
+        "HTTP/3 was tried in 0-RTT"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
