@@ -87,6 +87,14 @@ pub struct Args {
     /// HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE; HTTP/3 SETTINGS_MAX_FIELD_SECTION_SIZE).
     #[arg(long, default_value_t = Limits::default().max_header_size)]
     max_header_size: usize,
+    /// Largest request body in bytes, every protocol: a request declaring more gets 413, one
+    /// sending more is cut off (no limit by default: bodies stream under flow control).
+    #[arg(long, value_name = "BYTES")]
+    max_body: Option<u64>,
+    /// After Ctrl-C, how long requests in flight have to finish (GOAWAY first on HTTP/3 and
+    /// HTTP/2).
+    #[arg(long, default_value_t = Timeout(Limits::default().drain_timeout))]
+    drain_timeout: Timeout,
 }
 
 /// A duration on the command line: `500ms`, `10s`, `2m`, or a number of seconds.
@@ -160,6 +168,8 @@ fn limits(args: &Args) -> Limits {
     l.send_timeout = args.send_timeout.0;
     l.h2_max_concurrent_streams = args.h2_max_streams;
     l.max_header_size = args.max_header_size;
+    l.max_request_body = args.max_body;
+    l.drain_timeout = args.drain_timeout.0;
     l
 }
 
