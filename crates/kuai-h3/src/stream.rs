@@ -466,6 +466,15 @@ impl RecvHalf {
 }
 
 impl SendHalf {
+    /// See [`kuai::SendStream::set_max_unsent`].
+    pub fn set_max_unsent(&self, max: Option<u64>) {
+        if let Some(s) = &self.send {
+            s.set_max_unsent(max);
+        }
+    }
+}
+
+impl SendHalf {
     /// Turns a write result into ours; a STOP_SENDING with H3_NO_ERROR is not an error.
     fn outcome(&mut self, r: Result<(), kuai::WriteError>) -> Result<(), Error> {
         match r {

@@ -660,6 +660,23 @@ impl SendStream {
         r
     }
 
+    /// Takes at most `max` bytes ahead of what has been sent (`None`: up to the send buffer).
+    /// For data read into fresh memory just for this stream (a file): the next piece is read
+    /// when the last is nearly sent, and is still in the CPU's cache when it is copied into
+    /// packets.
+    pub fn set_max_unsent(&self, max: Option<u64>) {
+        let id = self.id;
+        let early = self.early;
+        self.inner.with(|s, h| {
+            if voided(early, &s.conns, h) {
+                return;
+            }
+            if let Some(c) = s.ep.connection_mut(h) {
+                let _ = c.set_max_unsent(id, max);
+            }
+        });
+    }
+
     /// Sets the stream's priority (RFC 9218 urgency 0–7 and incremental).
     pub fn set_priority(&self, p: Priority) {
         let id = self.id;

@@ -1195,6 +1195,12 @@ impl Connection {
         self.streams.set_priority(id, priority)
     }
 
+    /// Stream `id` takes at most `max` bytes ahead of what it has sent (see
+    /// [`Streams::set_max_unsent`](crate::stream::Streams::set_max_unsent)).
+    pub fn set_max_unsent(&mut self, id: StreamId, max: Option<u64>) -> Result<(), StreamError> {
+        self.streams.set_max_unsent(id, max)
+    }
+
     /// Reads up to `max` bytes. `Ok(None)` at the end of the stream; `Err(WouldBlock)` when
     /// nothing is available yet (wait for [`StreamEvent::Readable`]).
     pub fn read(&mut self, id: StreamId, max: usize) -> Result<Option<Bytes>, StreamError> {

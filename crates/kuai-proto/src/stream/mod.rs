@@ -115,6 +115,11 @@ struct SendStream {
     reset_final_size: u64,
     /// A write was refused or cut short; announce [`StreamEvent::Writable`] when room opens.
     want_writable: bool,
+    /// Most bytes written and not yet sent once that the stream takes (see
+    /// [`Streams::set_max_unsent`]).
+    max_unsent: Option<u64>,
+    /// A write was refused for `max_unsent`: announce writable when half of it has gone.
+    unsent_blocked: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -424,6 +429,8 @@ impl Streams {
                 stopped: None,
                 reset_final_size: 0,
                 want_writable: false,
+                max_unsent: None,
+                unsent_blocked: false,
             },
         );
     }
@@ -466,7 +473,16 @@ impl Streams {
             SendState::Open { fin: false } => {}
             _ => return Err(StreamError::ClosedStream),
         }
-        let own = Self::stream_send_room(&self.cfg, s);
+        let mut own = Self::stream_send_room(&self.cfg, s);
+        if let Some(max) = s.max_unsent {
+            let ahead = s.buf.end() - s.buf.unsent();
+            if max.saturating_sub(ahead) < own {
+                own = max.saturating_sub(ahead);
+                if own < data.len() as u64 {
+                    s.unsent_blocked = true;
+                }
+            }
+        }
         let n = (data.len() as u64).min(own).min(conn) as usize;
         if n < data.len() {
             s.want_writable = true;
@@ -614,6 +630,17 @@ impl Streams {
         self.pending.reset.push(id);
         self.send_hint = true;
         self.on_send_buffer_freed(freed);
+        Ok(())
+    }
+
+    /// Takes at most `max` bytes ahead of what has been sent on stream `id` (`None`: as many
+    /// as the send buffer holds). A writer whose data comes from memory it fills for the
+    /// purpose (a file being read) then writes just before the data goes out, while it is
+    /// still in the CPU's cache, instead of a send buffer ahead; a refused writer is told it
+    /// may write again (`Writable`) once half of `max` has been sent.
+    pub fn set_max_unsent(&mut self, id: StreamId, max: Option<u64>) -> Result<(), StreamError> {
+        let s = self.send.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        s.max_unsent = max.map(|m| m.max(1));
         Ok(())
     }
 
@@ -1385,6 +1412,14 @@ impl Streams {
                 s.buf.copy_range(range.clone(), buf);
                 if !is_retransmit {
                     self.data_sent += len as u64;
+                    if s.unsent_blocked
+                        && let Some(max) = s.max_unsent
+                        && (s.buf.end() - s.buf.unsent()) * 2 <= max
+                    {
+                        s.unsent_blocked = false;
+                        s.want_writable = false;
+                        self.events.push_back(StreamEvent::Writable(id));
+                    }
                 }
                 if fin {
                     s.fin_sent = true;
@@ -1561,5 +1596,38 @@ mod tests {
         let woken = writable(&mut s);
         assert!(woken.contains(&a), "A woken: {woken:?}");
         assert!(woken.contains(&b), "B woken: {woken:?}");
+    }
+
+    /// `set_max_unsent`: a stream takes at most that much ahead of what it has sent, and its
+    /// refused writer is told it may write again once half of it has gone; sent data does not
+    /// count (only the send buffer bounds what is in flight).
+    #[test]
+    fn a_stream_with_max_unsent_takes_little_ahead_and_wakes_its_writer_as_it_sends() {
+        let mut s = streams(16 << 20, 16 << 20);
+        let a = s.open(Dir::Uni).unwrap();
+        s.set_max_unsent(a, Some(64 * 1024)).unwrap();
+        assert_eq!(s.write(a, Bytes::from(vec![1; 100 * 1024])).unwrap(), 64 * 1024);
+        assert_eq!(s.write(a, Bytes::from(vec![1; 10])).unwrap(), 0);
+        assert_eq!(writable(&mut s), Vec::<StreamId>::new());
+        // Sending a quarter: 48 KiB still ahead, more than half of 64: no wake-up yet.
+        let mut sent = Vec::new();
+        while sent.iter().map(|f| match f {
+            SentFrame::Stream { len, .. } => u64::from(*len),
+            _ => 0,
+        }).sum::<u64>() < 16 * 1024
+        {
+            let mut buf = Vec::new();
+            s.write_stream_frames(&mut buf, 1200, &mut sent);
+        }
+        assert_eq!(writable(&mut s), Vec::<StreamId>::new());
+        // Sending the rest: woken once at most 32 KiB are ahead.
+        let rest = send_all(&mut s);
+        assert!(!rest.is_empty());
+        assert_eq!(writable(&mut s), vec![a]);
+        // Sent but unacknowledged data does not hold it back: 64 KiB more are taken.
+        assert_eq!(s.write(a, Bytes::from(vec![1; 100 * 1024])).unwrap(), 64 * 1024);
+        // Without the limit, the send buffer (1 MiB here) is the bound again.
+        s.set_max_unsent(a, None).unwrap();
+        assert_eq!(s.write(a, Bytes::from(vec![1; 100 * 1024])).unwrap(), 100 * 1024);
     }
 }
