@@ -665,20 +665,21 @@ impl SendStream {
     /// when the last is nearly sent, and is still in the CPU's cache when it is copied into
     /// packets.
     pub fn set_max_unsent(&self, max: Option<u64>) {
-        let id = self.id;
-        let early = self.early;
-        self.inner.with(|s, h| {
-            if voided(early, &s.conns, h) {
-                return;
-            }
-            if let Some(c) = s.ep.connection_mut(h) {
-                let _ = c.set_max_unsent(id, max);
-            }
+        self.with_conn(|c, id| {
+            let _ = c.set_max_unsent(id, max);
         });
     }
 
     /// Sets the stream's priority (RFC 9218 urgency 0–7 and incremental).
     pub fn set_priority(&self, p: Priority) {
+        self.with_conn(|c, id| {
+            let _ = c.set_priority(id, p);
+        });
+    }
+
+    /// Runs `f` on the stream's connection, unless it is gone or the stream was voided by a
+    /// refused 0-RTT.
+    fn with_conn(&self, f: impl FnOnce(&mut kuai_proto::Connection, StreamId)) {
         let id = self.id;
         let early = self.early;
         self.inner.with(|s, h| {
@@ -686,7 +687,7 @@ impl SendStream {
                 return;
             }
             if let Some(c) = s.ep.connection_mut(h) {
-                let _ = c.set_priority(id, p);
+                f(c, id);
             }
         });
     }

@@ -23,6 +23,16 @@ async fn split_server(
 ) {
     let (cert, tls) = identity();
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (tcp_addr, quic_addr) = serve_split(tcp, tls, alt_svc);
+    (tcp_addr, quic_addr, cert)
+}
+
+/// Serves `TestSite` over `tcp` and a QUIC endpoint on a port of its own; the two addresses.
+fn serve_split(
+    tcp: tokio::net::TcpListener,
+    tls: rustls::ServerConfig,
+    alt_svc: bool,
+) -> (SocketAddr, SocketAddr) {
     let tcp_addr = tcp.local_addr().unwrap();
     let mut qtls = tls.clone();
     qtls.alpn_protocols = vec![ALPN_H3.to_vec()];
@@ -39,7 +49,21 @@ async fn split_server(
             .alt_svc_max_age(max_age)
             .serve(listener),
     );
-    (tcp_addr, quic_addr, cert)
+    (tcp_addr, quic_addr)
+}
+
+/// Counts and drops every datagram that reaches `addr` (a UDP port a firewall blocks).
+async fn udp_sink(addr: SocketAddr) -> Arc<AtomicUsize> {
+    let sink = tokio::net::UdpSocket::bind(addr).await.unwrap();
+    let swallowed = Arc::new(AtomicUsize::new(0));
+    let n = swallowed.clone();
+    tokio::spawn(async move {
+        let mut b = vec![0u8; 65536];
+        while sink.recv_from(&mut b).await.is_ok() {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    swallowed
 }
 
 fn client(cert: &rustls::pki_types::CertificateDer<'static>) -> ClientBuilder {
@@ -156,17 +180,7 @@ async fn nothing_listening_is_refused_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_udp_is_marked_broken_and_skipped_next_time() {
     let (tcp, _, cert) = split_server(false).await;
-    let sink = tokio::net::UdpSocket::bind(tcp).await.unwrap();
-    let swallowed = Arc::new(AtomicUsize::new(0));
-    {
-        let swallowed = swallowed.clone();
-        tokio::spawn(async move {
-            let mut b = vec![0u8; 65536];
-            while sink.recv_from(&mut b).await.is_ok() {
-                swallowed.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-    }
+    let swallowed = udp_sink(tcp).await;
     let state = std::env::temp_dir().join(format!("kuai-client-broken-{}", std::process::id()));
     let _ = std::fs::remove_file(&state);
     let build = || {
@@ -401,29 +415,9 @@ async fn a_0rtt_attempt_to_a_silent_port_falls_back_to_tcp() {
     handle.shutdown();
     served.await.unwrap().unwrap();
     // The same port again: TCP served, UDP swallowed.
-    let sink = tokio::net::UdpSocket::bind(addr).await.unwrap();
-    let swallowed = Arc::new(AtomicUsize::new(0));
-    {
-        let swallowed = swallowed.clone();
-        tokio::spawn(async move {
-            let mut b = vec![0u8; 65536];
-            while sink.recv_from(&mut b).await.is_ok() {
-                swallowed.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-    }
+    let swallowed = udp_sink(addr).await;
     let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let mut qtls = tls.clone();
-    qtls.alpn_protocols = vec![ALPN_H3.to_vec()];
-    let ep = kuai::Endpoint::builder()
-        .server(kuai::ServerConfig::from_rustls(qtls))
-        .bind("127.0.0.1:0".parse().unwrap())
-        .unwrap();
-    tokio::spawn(
-        Server::new(TestSite { dir: None })
-            .alt_svc_max_age(None)
-            .serve(Listener::new(ep).with_tcp(tcp, tls)),
-    );
+    serve_split(tcp, tls, false);
     let t = Instant::now();
     let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
     let took = t.elapsed();
