@@ -64,6 +64,7 @@ pub mod server;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use crate::client::state::{AltSvcHeader, parse_alt_svc};
     pub use crate::server::hq_request_path;
 }
 

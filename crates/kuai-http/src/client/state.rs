@@ -291,20 +291,23 @@ impl State {
 
 /// What an Alt-Svc header says about HTTP/3.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum AltSvcHeader {
+pub enum AltSvcHeader {
     /// `clear`: forget the origin's alternatives.
     Clear,
-    /// The first `h3` alternative: host (empty for the origin's), port, max age in seconds.
+    /// The first `h3` alternative.
     H3 {
+        /// Its host; empty for the origin's own.
         host: String,
+        /// Its UDP port.
         port: u16,
+        /// How long it may be remembered, in seconds (`ma`).
         max_age: u64,
     },
 }
 
 /// Parses an Alt-Svc field value (RFC 7838 §3) for its first `h3` alternative; `None` when it
 /// has none (or does not parse).
-pub(crate) fn parse_alt_svc(value: &str) -> Option<AltSvcHeader> {
+pub fn parse_alt_svc(value: &str) -> Option<AltSvcHeader> {
     let value = value.trim();
     if value.eq_ignore_ascii_case("clear") {
         return Some(AltSvcHeader::Clear);
