@@ -552,6 +552,20 @@ impl SendHalf {
         Ok(())
     }
 
+    /// Resolves when the peer can no longer receive what this half would send: it stopped
+    /// the stream (cancelled the request), the connection was lost, or the 0-RTT was
+    /// rejected. Pending for as long as the stream can deliver; a finished half resolves at
+    /// once.
+    pub async fn cancelled(&mut self) -> Error {
+        match self.send.as_mut() {
+            Some(s) => write_error(s.cancelled().await),
+            None => Error::Protocol(H3Error::new(
+                Code::INTERNAL_ERROR,
+                "stream already finished",
+            )),
+        }
+    }
+
     /// Abandons sending with `code` (RESET_STREAM).
     pub fn reset(&mut self, code: Code) {
         if let Some(mut s) = self.send.take() {

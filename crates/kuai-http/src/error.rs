@@ -58,6 +58,8 @@ pub enum Error {
     },
     /// The QUIC connection was lost or refused.
     Quic(kuai::ConnectionError),
+    /// A configuration that cannot work (a proxy without upstreams, say).
+    Config(String),
     /// A QUIC stream failed.
     Read(kuai::ReadError),
 }
@@ -119,6 +121,7 @@ impl fmt::Display for Error {
                 write!(f, "{what}: nothing within {:.1} s", after.as_secs_f64())
             }
             Error::Quic(e) => write!(f, "QUIC: {e}"),
+            Error::Config(why) => write!(f, "configuration: {why}"),
             Error::Read(e) => write!(f, "QUIC stream: {e}"),
         }
     }
@@ -138,6 +141,7 @@ impl std::error::Error for Error {
             Error::BodyTooLarge { .. }
             | Error::InvalidUrl { .. }
             | Error::Connect(_)
+            | Error::Config(_)
             | Error::Timeout { .. } => None,
         }
     }

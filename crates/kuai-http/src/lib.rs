@@ -57,6 +57,7 @@ mod body;
 pub mod client;
 mod error;
 pub mod fs;
+pub mod proxy;
 mod serve_dir;
 pub mod server;
 
@@ -74,6 +75,7 @@ pub use client::{
     Client, ClientBuilder, ConnectionInfo, Mode, QuicConnection, RequestBody, Response, Timings,
 };
 pub use error::{BoxError, ConnectError, Error};
+pub use proxy::Proxy;
 pub use serve_dir::{FileBody, ServeDir};
 pub use server::{
     Certificates, ConnInfo, EarlyData, Handle, Limits, Listener, Protocol, Server, server_tls,

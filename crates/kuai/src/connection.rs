@@ -724,6 +724,37 @@ impl SendStream {
     }
 }
 
+impl SendStream {
+    /// Resolves when nothing more sent on this stream can reach the peer's application: the
+    /// peer stopped it (STOP_SENDING, `Stopped`), the connection was lost, or the 0-RTT it
+    /// went out in was rejected. It never resolves while the stream can still deliver, so a
+    /// server can race it against the work that makes a response, to drop that work when
+    /// the client cancels (RFC 9114 §4.1.1).
+    pub async fn cancelled(&mut self) -> WriteError {
+        let id = self.id;
+        let early = self.early;
+        poll_fn(|cx| {
+            self.inner.with(|s, h| {
+                if voided(early, &s.conns, h) {
+                    return Poll::Ready(WriteError::ZeroRttRejected);
+                }
+                let Some(st) = s.conns.get_mut(&h) else {
+                    return Poll::Ready(WriteError::ConnectionLost(ConnectionError::LocallyClosed));
+                };
+                if let Some(code) = st.stopped(id) {
+                    return Poll::Ready(WriteError::Stopped(code));
+                }
+                if let Some(e) = st.error.clone() {
+                    return Poll::Ready(WriteError::ConnectionLost(e));
+                }
+                st.stream(id).finished = Some(cx.waker().clone());
+                Poll::Pending
+            })
+        })
+        .await
+    }
+}
+
 impl Drop for SendStream {
     fn drop(&mut self) {
         let (id, early, finish) = (self.id, self.early, !self.done);

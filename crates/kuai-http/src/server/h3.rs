@@ -1,15 +1,12 @@
 //! HTTP/3 (RFC 9114) in front of the service.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use kuai_h3::{Code, SendHalf};
 
-use super::{
-    ConnInfo, EarlyData, InFlight, Protocol, ReplyBody, RequestGuard, Shared, log_request,
-};
+use super::{AccessLog, ConnInfo, EarlyData, InFlight, Protocol, ReplyBody, RequestGuard, Shared};
 use crate::Body;
 
 /// Serves every request of a connection. A connection with no request in flight for the
@@ -84,7 +81,6 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
         let shared = shared.clone();
         tokio::spawn(async move {
             let _request = request;
-            let start = Instant::now();
             let (parts, ()) = req.into_parts();
             let method = parts.method.clone();
             let path = parts.uri.path().to_owned();
@@ -95,15 +91,28 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
                 remote,
                 protocol: Protocol::Http3,
             };
-            let (send, recv) = stream.split();
+            let mut log = AccessLog::new(info, method.clone(), path, early);
+            let (mut send, recv) = stream.split();
             let limit = shared.limits.max_request_body;
             let req = Request::from_parts(parts, Body::h3(recv, limit));
-            let resp = shared.respond(req, info).await;
-            match send_response(send, resp, &method).await {
-                Ok((status, bytes)) => {
-                    log_request(&info, &method, &path, status.as_u16(), bytes, start, early)
+            // A client that cancels the request (STOP_SENDING) or goes away drops the work
+            // making its response: a proxied request's upstream exchange, for one.
+            let resp = tokio::select! {
+                r = shared.respond(req, info) => r,
+                e = send.cancelled() => {
+                    tracing::debug!(%remote, %method, path = log.path, error = %e, "h3 request cancelled");
+                    return;
                 }
-                Err(e) => tracing::info!(%remote, %method, path, error = %e, "h3 request failed"),
+            };
+            log.response(&resp);
+            match send_response(send, resp, &method).await {
+                Ok(bytes) => {
+                    log.bytes = bytes;
+                    log.write();
+                }
+                Err(e) => {
+                    tracing::info!(%remote, %method, path = log.path, error = %e, "h3 request failed")
+                }
             }
         });
     }
@@ -129,12 +138,12 @@ async fn linger(server: &kuai_h3::Server, deadline: tokio::time::Instant) {
 }
 
 /// Sends `resp` and its body (none after HEAD, 204 and 304: RFC 9110 §6.4.1) and finishes the
-/// stream; the status and the body bytes sent.
+/// stream; the body bytes sent.
 async fn send_response(
     mut stream: SendHalf,
     resp: Response<ReplyBody>,
     method: &Method,
-) -> Result<(StatusCode, u64), kuai_h3::Error> {
+) -> Result<u64, kuai_h3::Error> {
     let (head, mut body) = resp.into_parts();
     let status = head.status;
     stream.send_response(Response::from_parts(head, ())).await?;
@@ -170,7 +179,10 @@ async fn send_response(
             }
         }
     }
+    // The body's resources (a file, a proxied response's backend connection) go back
+    // before the wait for the acknowledgements.
+    drop(body);
     stream.finish()?;
     let _ = stream.finished().await;
-    Ok((status, sent))
+    Ok(sent)
 }

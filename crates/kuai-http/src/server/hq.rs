@@ -4,12 +4,11 @@
 //! resets the stream.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::{Method, Request, StatusCode, Version};
 use http_body_util::BodyExt;
 
-use super::{ConnInfo, EarlyData, InFlight, Protocol, RequestGuard, Shared, log_request};
+use super::{AccessLog, ConnInfo, EarlyData, InFlight, Protocol, RequestGuard, Shared};
 use crate::Body;
 
 /// Longest request line.
@@ -55,7 +54,6 @@ async fn serve_request(
     shared: &Shared,
     info: ConnInfo,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let start = Instant::now();
     let early = recv.received_in_0rtt();
     let line = recv.read_to_end(MAX_REQUEST).await?;
     let line = String::from_utf8_lossy(&line);
@@ -69,11 +67,12 @@ async fn serve_request(
     if early {
         req.extensions_mut().insert(EarlyData);
     }
+    let mut log = AccessLog::new(info, Method::GET, path.to_owned(), early);
     let resp = shared.respond(req, info).await;
-    let status = resp.status();
-    if status != StatusCode::OK {
+    log.response(&resp);
+    if resp.status() != StatusCode::OK {
         send.reset(NOT_FOUND)?;
-        log_request(&info, &Method::GET, path, status.as_u16(), 0, start, early);
+        log.write();
         return Ok(());
     }
     let mut body = resp.into_body();
@@ -85,7 +84,8 @@ async fn serve_request(
         }
     }
     send.finish()?;
-    log_request(&info, &Method::GET, path, 200, sent, start, early);
+    log.bytes = sent;
+    log.write();
     let _ = send.stopped().await;
     Ok(())
 }

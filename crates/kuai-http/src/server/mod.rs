@@ -550,21 +550,56 @@ fn local(status: StatusCode) -> Response<ReplyBody> {
     r
 }
 
-/// One line per request for the access log (target `kuai_http::access`).
-pub(crate) fn log_request(
-    info: &ConnInfo,
-    method: &Method,
-    path: &str,
-    status: u16,
-    bytes: u64,
-    start: Instant,
-    early: bool,
-) {
-    tracing::info!(
-        target: "kuai_http::access",
-        remote = %info.remote, proto = info.protocol.alpn(), %method, path, status, bytes,
-        ms = start.elapsed().as_millis() as u64, early_data = early, "request"
-    );
+/// What the access log says of a request (target `kuai_http::access`): one line, written by
+/// [`AccessLog::write`].
+pub(crate) struct AccessLog {
+    pub(crate) info: ConnInfo,
+    pub(crate) method: Method,
+    pub(crate) path: String,
+    pub(crate) status: u16,
+    pub(crate) bytes: u64,
+    pub(crate) start: Instant,
+    pub(crate) early: bool,
+    /// A proxied request's backend and its time to the response head.
+    pub(crate) upstream: Option<crate::proxy::UpstreamTiming>,
+}
+
+impl AccessLog {
+    pub(crate) fn new(info: ConnInfo, method: Method, path: String, early: bool) -> Self {
+        Self {
+            info,
+            method,
+            path,
+            status: 0,
+            bytes: 0,
+            start: Instant::now(),
+            early,
+            upstream: None,
+        }
+    }
+
+    /// Takes the status and the upstream timing from the response head.
+    pub(crate) fn response<B>(&mut self, resp: &Response<B>) {
+        self.status = resp.status().as_u16();
+        self.upstream = resp
+            .extensions()
+            .get::<crate::proxy::UpstreamTiming>()
+            .cloned();
+    }
+
+    pub(crate) fn write(&self) {
+        let (upstream, upstream_ms) = match &self.upstream {
+            Some(u) => (Some(&*u.backend), Some(u.elapsed.as_millis() as u64)),
+            None => (None, None),
+        };
+        tracing::info!(
+            target: "kuai_http::access",
+            remote = %self.info.remote, proto = self.info.protocol.alpn(), method = %self.method,
+            path = self.path, status = self.status, bytes = self.bytes,
+            ms = self.start.elapsed().as_millis() as u64, early_data = self.early,
+            upstream, upstream_ms, "request"
+        );
+    }
 }
 
 /// Connection tasks still running, for the drain.

@@ -11,10 +11,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request};
+use http::Request;
 use http_body::Frame;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
-use super::{ALPN_H2, ConnInfo, Limits, Protocol, ReplyBody, Shared, TaskGuard, log_request};
+use super::{ALPN_H2, AccessLog, ConnInfo, Limits, Protocol, ReplyBody, Shared, TaskGuard};
 use crate::{Body, BoxError};
 
 /// HTTP/2 receive windows: what a client may send on a stream (and on the connection) that
@@ -210,25 +210,12 @@ impl Drop for InFlight {
 struct Tracked {
     body: ReplyBody,
     request: InFlight,
-    log: Log,
-}
-
-/// What the access log says of a request.
-struct Log {
-    info: ConnInfo,
-    method: Method,
-    path: String,
-    status: u16,
-    bytes: u64,
-    start: Instant,
+    log: AccessLog,
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        let l = &self.log;
-        log_request(
-            &l.info, &l.method, &l.path, l.status, l.bytes, l.start, false,
-        );
+        self.log.write();
     }
 }
 
@@ -505,26 +492,18 @@ async fn serve_connection(
         let shared = sh.clone();
         let request = InFlight::new(&st);
         async move {
-            let start = Instant::now();
-            let method = req.method().clone();
-            let path = req.uri().path().to_owned();
+            let mut log = AccessLog::new(
+                info,
+                req.method().clone(),
+                req.uri().path().to_owned(),
+                false,
+            );
             let limit = shared.limits.max_request_body;
             let resp = shared
                 .respond(req.map(|b| Body::hyper(b, limit)), info)
                 .await;
-            let status = resp.status().as_u16();
-            Ok::<_, Infallible>(resp.map(|body| Tracked {
-                body,
-                request,
-                log: Log {
-                    info,
-                    method,
-                    path,
-                    status,
-                    bytes: 0,
-                    start,
-                },
-            }))
+            log.response(&resp);
+            Ok::<_, Infallible>(resp.map(|body| Tracked { body, request, log }))
         }
     });
     let io = TokioIo::new(Watched {
@@ -638,6 +617,7 @@ mod tests {
     use crate::server::tests::{Sender, TestSite, Tls, empty, identity, request, tls_to};
     use crate::server::{ALPN_H1, Server};
     use http_body_util::BodyExt;
+    use std::time::Instant;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     struct Srv {

@@ -287,7 +287,7 @@ pub(crate) async fn h3_client(
     h3_client_with(cep, ccfg, addr).await
 }
 
-async fn h3_client_with(
+pub(crate) async fn h3_client_with(
     cep: &kuai::Endpoint,
     ccfg: kuai::ClientConfig,
     addr: SocketAddr,
@@ -303,7 +303,7 @@ async fn h3_client_with(
     (conn, client)
 }
 
-fn client_endpoint() -> kuai::Endpoint {
+pub(crate) fn client_endpoint() -> kuai::Endpoint {
     kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap()
 }
 
@@ -326,7 +326,7 @@ async fn h3_status(client: &kuai_h3::Client, method: Method) -> u16 {
 /// A UDP relay in front of `server` for one client, delaying what the server sends by
 /// `delay`, so the client's Finished comes that much later and its 0-RTT requests are
 /// handled before the handshake completes.
-async fn slow_return_relay(server: SocketAddr, delay: Duration) -> SocketAddr {
+pub(crate) async fn slow_return_relay(server: SocketAddr, delay: Duration) -> SocketAddr {
     let sock = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
     let addr = sock.local_addr().unwrap();
     tokio::spawn(async move {

@@ -1,0 +1,305 @@
+//! One backend: its pooled connections (HTTP/1.1 keep-alive or one shared cleartext HTTP/2
+//! connection), the requests outstanding on it, and whether it looks healthy.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use super::{Options, Upstream, UpstreamProtocol, body::UpBody};
+
+/// Why an exchange with a backend failed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Nothing of the request left: it comes back, to go elsewhere.
+    NotSent(Box<Request<UpBody>>, Reason),
+    /// The request (some of it) went out; no response head came.
+    Sent(Reason),
+}
+
+/// What went wrong, for the log and the status.
+#[derive(Debug)]
+pub(crate) enum Reason {
+    Connect(std::io::Error),
+    ConnectTimeout(Duration),
+    Handshake(hyper::Error),
+    Exchange(hyper::Error),
+    ResponseTimeout(Duration),
+}
+
+impl Reason {
+    /// A timeout (504) rather than a failure (502).
+    pub(crate) fn is_timeout(&self) -> bool {
+        matches!(self, Reason::ConnectTimeout(_) | Reason::ResponseTimeout(_))
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::Connect(e) => write!(f, "connect: {e}"),
+            Reason::ConnectTimeout(d) => write!(f, "connect: timed out after {d:?}"),
+            Reason::Handshake(e) => write!(f, "connection setup: {e}"),
+            Reason::Exchange(e) => write!(f, "{e}"),
+            Reason::ResponseTimeout(d) => write!(f, "no response head within {d:?}"),
+        }
+    }
+}
+
+/// An idle HTTP/1.1 connection and since when it has been idle.
+struct Idle {
+    sender: http1::SendRequest<UpBody>,
+    since: Instant,
+}
+
+pub(crate) struct Backend {
+    pub(crate) upstream: Upstream,
+    /// `host:port` as given, for the log and the statistics.
+    pub(crate) name: Arc<str>,
+    idle: Mutex<Vec<Idle>>,
+    h2: tokio::sync::Mutex<Option<http2::SendRequest<UpBody>>>,
+    /// Requests sent and not yet answered to their last byte.
+    pub(crate) outstanding: AtomicUsize,
+    /// Failures in a row (passive health).
+    fails: AtomicU32,
+    /// Until when (ms since `epoch`) the backend is left alone after failures; 0: not.
+    down_until: AtomicU64,
+    /// The last active health check failed.
+    check_failed: AtomicBool,
+    epoch: Instant,
+}
+
+impl Backend {
+    pub(crate) fn new(upstream: Upstream, epoch: Instant) -> Self {
+        Self {
+            name: upstream.authority().into(),
+            upstream,
+            idle: Mutex::new(Vec::new()),
+            h2: tokio::sync::Mutex::new(None),
+            outstanding: AtomicUsize::new(0),
+            fails: AtomicU32::new(0),
+            down_until: AtomicU64::new(0),
+            check_failed: AtomicBool::new(false),
+            epoch,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Whether requests should go here: no failed health check and not resting after
+    /// failures.
+    pub(crate) fn is_available(&self) -> bool {
+        !self.check_failed.load(Relaxed) && self.down_until.load(Relaxed) <= self.now_ms()
+    }
+
+    /// A request failed here: `max_fails` in a row rest the backend for `fail_timeout`
+    /// (nginx's passive health checks).
+    pub(crate) fn on_failure(&self, o: &Options) {
+        let n = self.fails.fetch_add(1, Relaxed) + 1;
+        if n >= o.max_fails.max(1) {
+            self.fails.store(0, Relaxed);
+            let until = self.now_ms() + o.fail_timeout.as_millis() as u64;
+            self.down_until.store(until, Relaxed);
+            tracing::warn!(
+                target: "kuai_http::proxy", backend = %self.name, failures = n,
+                rest_s = o.fail_timeout.as_secs_f64(), "backend marked down"
+            );
+        }
+    }
+
+    pub(crate) fn on_success(&self) {
+        if self.fails.load(Relaxed) != 0 {
+            self.fails.store(0, Relaxed);
+        }
+    }
+
+    /// The result of an active health check.
+    pub(crate) fn set_check(&self, ok: bool) {
+        let was = self.check_failed.swap(!ok, Relaxed);
+        if was == ok {
+            if ok {
+                tracing::info!(target: "kuai_http::proxy", backend = %self.name, "backend healthy again");
+            } else {
+                tracing::warn!(target: "kuai_http::proxy", backend = %self.name, "backend failed its health check");
+            }
+        }
+        if ok {
+            self.down_until.store(0, Relaxed);
+        }
+    }
+
+    /// Sends `req` and waits for the response head (within `o.response_timeout`).
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        req: Request<UpBody>,
+        o: &Options,
+    ) -> Result<Response<Incoming>, Failure> {
+        match self.upstream.protocol() {
+            UpstreamProtocol::Http1 => self.send_h1(req, o).await,
+            UpstreamProtocol::H2c => self.send_h2(req, o).await,
+        }
+    }
+
+    async fn send_h1(
+        self: &Arc<Self>,
+        mut req: Request<UpBody>,
+        o: &Options,
+    ) -> Result<Response<Incoming>, Failure> {
+        loop {
+            // A pooled connection the backend closed meanwhile gives the request back
+            // unsent: the next one is tried, then a new one.
+            let (mut sender, pooled) = match self.take_idle(o) {
+                Some(s) => (s, true),
+                None => match self.connect_h1(o).await {
+                    Ok(s) => (s, false),
+                    Err(r) => return Err(Failure::NotSent(Box::new(req), r)),
+                },
+            };
+            let sent = tokio::time::timeout(o.response_timeout, sender.try_send_request(req)).await;
+            match sent {
+                Ok(Ok(resp)) => {
+                    self.recycle(sender, o);
+                    return Ok(resp);
+                }
+                Ok(Err(mut e)) => match e.take_message() {
+                    Some(back) if pooled => req = back,
+                    Some(back) => {
+                        return Err(Failure::NotSent(
+                            Box::new(back),
+                            Reason::Exchange(e.into_error()),
+                        ));
+                    }
+                    None => return Err(Failure::Sent(Reason::Exchange(e.into_error()))),
+                },
+                Err(_) => return Err(Failure::Sent(Reason::ResponseTimeout(o.response_timeout))),
+            }
+        }
+    }
+
+    async fn send_h2(
+        &self,
+        mut req: Request<UpBody>,
+        o: &Options,
+    ) -> Result<Response<Incoming>, Failure> {
+        // A connection found closed is replaced once.
+        for attempt in 0..2 {
+            let mut sender = match self.h2_sender(o).await {
+                Ok(s) => s,
+                Err(r) => return Err(Failure::NotSent(Box::new(req), r)),
+            };
+            let sent = tokio::time::timeout(o.response_timeout, async {
+                // Waits for a stream the backend allows (its concurrency limit).
+                match sender.ready().await {
+                    Err(e) => Err((Some(req), e)),
+                    Ok(()) => sender
+                        .try_send_request(req)
+                        .await
+                        .map_err(|mut e| (e.take_message(), e.into_error())),
+                }
+            })
+            .await;
+            match sent {
+                Ok(Ok(resp)) => return Ok(resp),
+                Ok(Err((back, e))) => match back {
+                    Some(back) if attempt == 0 => {
+                        *self.h2.lock().await = None;
+                        req = back;
+                    }
+                    Some(back) => {
+                        return Err(Failure::NotSent(Box::new(back), Reason::Exchange(e)));
+                    }
+                    None => return Err(Failure::Sent(Reason::Exchange(e))),
+                },
+                Err(_) => return Err(Failure::Sent(Reason::ResponseTimeout(o.response_timeout))),
+            }
+        }
+        unreachable!("the second attempt returns")
+    }
+
+    /// The shared HTTP/2 connection, made when there is none (or it closed).
+    async fn h2_sender(&self, o: &Options) -> Result<http2::SendRequest<UpBody>, Reason> {
+        let mut slot = self.h2.lock().await;
+        if let Some(s) = slot.as_ref()
+            && !s.is_closed()
+        {
+            return Ok(s.clone());
+        }
+        let io = self.connect_tcp(o).await?;
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(super::H2_STREAM_WINDOW)
+            .initial_connection_window_size(super::H2_CONNECTION_WINDOW)
+            .handshake(io)
+            .await
+            .map_err(Reason::Handshake)?;
+        let name = self.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(target: "kuai_http::proxy", backend = %name, error = %e, "upstream connection ended");
+            }
+        });
+        *slot = Some(sender.clone());
+        Ok(sender)
+    }
+
+    async fn connect_h1(&self, o: &Options) -> Result<http1::SendRequest<UpBody>, Reason> {
+        let io = self.connect_tcp(o).await?;
+        let (sender, conn) = http1::Builder::new()
+            .handshake(io)
+            .await
+            .map_err(Reason::Handshake)?;
+        let name = self.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(target: "kuai_http::proxy", backend = %name, error = %e, "upstream connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    async fn connect_tcp(&self, o: &Options) -> Result<TokioIo<tokio::net::TcpStream>, Reason> {
+        let connect = tokio::net::TcpStream::connect(self.upstream.authority());
+        let tcp = tokio::time::timeout(o.connect_timeout, connect)
+            .await
+            .map_err(|_| Reason::ConnectTimeout(o.connect_timeout))?
+            .map_err(Reason::Connect)?;
+        let _ = tcp.set_nodelay(true);
+        Ok(TokioIo::new(tcp))
+    }
+
+    /// The most recently used idle connection still open and not idle too long.
+    fn take_idle(&self, o: &Options) -> Option<http1::SendRequest<UpBody>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(i) = idle.pop() {
+            if i.since.elapsed() < o.idle_timeout && i.sender.is_ready() {
+                return Some(i.sender);
+            }
+        }
+        None
+    }
+
+    /// Puts the connection back in the pool once its response has been read to the end (a
+    /// response abandoned half-way closes it instead).
+    fn recycle(self: &Arc<Self>, mut sender: http1::SendRequest<UpBody>, o: &Options) {
+        let pool = self.clone();
+        let max = o.max_idle;
+        tokio::spawn(async move {
+            if sender.ready().await.is_ok() {
+                let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
+                if idle.len() >= max {
+                    // The oldest goes.
+                    idle.remove(0);
+                }
+                idle.push(Idle {
+                    sender,
+                    since: Instant::now(),
+                });
+            }
+        });
+    }
+}

@@ -1,0 +1,153 @@
+//! What a proxy changes in the headers it forwards (RFC 9110 §7.6).
+
+use std::fmt::Write;
+use std::net::IpAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// Header fields that belong to one connection, not to the message (RFC 9110 §7.6.1, with
+/// the non-standard `Keep-Alive` and `Proxy-Connection`); `Proxy-Authorization` is meant for
+/// this proxy and goes no further.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+];
+
+/// Removes the hop-by-hop fields: the fixed ones and every field `Connection` names.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        for n in named {
+            headers.remove(n);
+        }
+    }
+    for n in &HOP_BY_HOP {
+        headers.remove(n);
+    }
+}
+
+/// The `received-protocol` of `Via` for an HTTP version (RFC 9110 §7.6.3: the protocol name
+/// is left out for HTTP).
+pub(crate) fn via_protocol(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_09 => "0.9",
+        http::Version::HTTP_10 => "1.0",
+        http::Version::HTTP_2 => "2",
+        http::Version::HTTP_3 => "3",
+        _ => "1.1",
+    }
+}
+
+/// Appends `value` to the list in field `name`, the field's lines joined into one (as
+/// nginx's `$proxy_add_x_forwarded_for` does); lines that are not text are dropped.
+pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: &str) {
+    let mut joined = String::new();
+    for v in headers.get_all(&name) {
+        if let Ok(s) = v.to_str() {
+            joined.push_str(s);
+            joined.push_str(", ");
+        }
+    }
+    joined.push_str(value);
+    if let Ok(v) = HeaderValue::from_str(&joined) {
+        headers.insert(name, v);
+    }
+}
+
+/// The `Forwarded` element for one hop (RFC 7239 §4): `for`, `proto` and, when known,
+/// `host`; an IPv6 address and a host with a port are quoted strings (§6).
+pub(crate) fn forwarded_element(client: IpAddr, host: Option<&str>) -> String {
+    let mut s = String::with_capacity(64);
+    match client {
+        IpAddr::V4(a) => {
+            let _ = write!(s, "for={a}");
+        }
+        IpAddr::V6(a) => {
+            let _ = write!(s, "for=\"[{a}]\"");
+        }
+    }
+    s.push_str(";proto=https");
+    if let Some(h) = host.filter(|h| is_plain_host(h)) {
+        if h.bytes().all(is_tchar) {
+            let _ = write!(s, ";host={h}");
+        } else {
+            let _ = write!(s, ";host=\"{h}\"");
+        }
+    }
+    s
+}
+
+/// A host as it may appear in `Forwarded` without escaping: letters, digits and the
+/// punctuation of names, addresses and ports.
+fn is_plain_host(h: &str) -> bool {
+    !h.is_empty()
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+}
+
+/// RFC 9110 §5.6.2 `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_fields_and_those_connection_names_go() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, X-Secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key(header::ACCEPT));
+    }
+
+    #[test]
+    fn a_list_field_grows_on_its_last_line() {
+        let mut h = HeaderMap::new();
+        append_list(&mut h, header::VIA, "3 kuai");
+        assert_eq!(h[header::VIA], "3 kuai");
+        let name = HeaderName::from_static("x-forwarded-for");
+        h.append(&name, HeaderValue::from_static("10.0.0.1"));
+        h.append(&name, HeaderValue::from_static("10.0.0.2"));
+        append_list(&mut h, name.clone(), "192.0.2.7");
+        let all: Vec<_> = h.get_all(&name).iter().collect();
+        assert_eq!(all, ["10.0.0.1, 10.0.0.2, 192.0.2.7"]);
+    }
+
+    #[test]
+    fn forwarded_quotes_what_is_not_a_token() {
+        let v4 = forwarded_element([192, 0, 2, 7].into(), Some("example.com"));
+        assert_eq!(v4, "for=192.0.2.7;proto=https;host=example.com");
+        let v6 = forwarded_element("2001:db8::1".parse().unwrap(), Some("example.com:8443"));
+        assert_eq!(
+            v6,
+            "for=\"[2001:db8::1]\";proto=https;host=\"example.com:8443\""
+        );
+        let odd = forwarded_element([192, 0, 2, 7].into(), Some("a\"b"));
+        assert_eq!(odd, "for=192.0.2.7;proto=https");
+    }
+}

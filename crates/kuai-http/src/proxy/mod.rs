@@ -1,0 +1,655 @@
+//! A reverse proxy: [`Proxy`] is a `tower` service that forwards each request to one of a
+//! set of backends over HTTP/1.1 or cleartext HTTP/2, so a [`Server`](crate::Server) in
+//! front of it is a gateway that takes HTTP/3, HTTP/2 and HTTP/1.1 from clients.
+//!
+//! - Connections to backends are pooled (HTTP/1.1 keep-alive; one multiplexed HTTP/2
+//!   connection per backend); requests go round robin or to the backend with the fewest
+//!   outstanding ([`Balance`]).
+//! - Bodies stream both ways under backpressure: nothing is gathered in memory. A client
+//!   that goes away drops its request to the backend.
+//! - A request that never left (the connection failed first) goes to the next backend,
+//!   whatever its method; an idempotent one without a body also after its connection failed
+//!   before a response head came (RFC 9110 §9.2.2).
+//! - A backend that fails [`ProxyBuilder::max_fails`] times in a row rests for
+//!   [`ProxyBuilder::fail_timeout`] (passive checks); [`HealthCheck`] asks it for a path
+//!   every so often (active checks).
+//! - Hop-by-hop header fields are removed both ways; `Forwarded` (RFC 7239),
+//!   `X-Forwarded-For`, `X-Forwarded-Proto` and `Via` are added; a request that arrived in
+//!   0-RTT carries `Early-Data: 1` (RFC 8470 §5.1), and a backend's 425 goes back to the
+//!   client, which retries after its handshake. (The server itself answers 425 to
+//!   non-idempotent requests in 0-RTT unless told otherwise.)
+//! - A backend that fails gives 502, one that does not answer in time 504; the reason is
+//!   logged (target `kuai_http::proxy`). The response carries an [`UpstreamTiming`]
+//!   extension, which the server's access log prints.
+//!
+//! ```no_run
+//! # async fn run(tls: rustls::ServerConfig) -> Result<(), kuai_http::Error> {
+//! use kuai_http::proxy::{Proxy, Upstream};
+//! let proxy = Proxy::builder()
+//!     .upstream("http://127.0.0.1:8080".parse::<Upstream>()?)
+//!     .upstream("h2c://127.0.0.1:8081".parse::<Upstream>()?)
+//!     .build()?;
+//! let listener = kuai_http::Listener::bind("0.0.0.0:443".parse().unwrap(), tls).await?;
+//! kuai_http::Server::new(proxy).serve(listener).await
+//! # }
+//! ```
+
+mod backend;
+mod body;
+mod headers;
+#[cfg(test)]
+mod tests;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+
+use self::backend::{Backend, Failure, Reason};
+pub use self::body::ProxyBody;
+use self::body::{Outstanding, UpBody};
+use crate::{Body, ConnInfo, EarlyData, Error};
+
+/// HTTP/2 windows toward a backend: as the server's own toward clients.
+const H2_STREAM_WINDOW: u32 = 256 * 1024;
+const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
+
+/// How the proxy talks to a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 (`http://`), a pool of keep-alive connections.
+    Http1,
+    /// HTTP/2 without TLS, with prior knowledge (`h2c://`): one connection, many streams.
+    H2c,
+}
+
+/// A backend's address: `http://HOST:PORT` (HTTP/1.1) or `h2c://HOST:PORT` (cleartext
+/// HTTP/2). The port defaults to 80; a path is not allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    protocol: UpstreamProtocol,
+    authority: String,
+}
+
+impl Upstream {
+    /// How the proxy talks to it.
+    pub fn protocol(&self) -> UpstreamProtocol {
+        self.protocol
+    }
+
+    /// `host:port`, what the proxy connects to.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+}
+
+impl FromStr for Upstream {
+    type Err = Error;
+
+    fn from_str(url: &str) -> Result<Self, Error> {
+        let bad = |reason| Error::InvalidUrl {
+            url: url.to_owned(),
+            reason,
+        };
+        let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
+        let protocol = match uri.scheme_str() {
+            Some("http") => UpstreamProtocol::Http1,
+            Some("h2c") => UpstreamProtocol::H2c,
+            _ => return Err(bad("an upstream is http://HOST:PORT or h2c://HOST:PORT")),
+        };
+        let auth = uri.authority().ok_or_else(|| bad("no host"))?;
+        if auth.host().is_empty() || auth.as_str().contains('@') {
+            return Err(bad("no host"));
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(bad("an upstream has no path"));
+        }
+        let port = auth.port_u16().unwrap_or(80);
+        Ok(Self {
+            protocol,
+            authority: format!("{}:{port}", auth.host()),
+        })
+    }
+}
+
+impl std::fmt::Display for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = match self.protocol {
+            UpstreamProtocol::Http1 => "http",
+            UpstreamProtocol::H2c => "h2c",
+        };
+        write!(f, "{scheme}://{}", self.authority)
+    }
+}
+
+/// Which backend takes a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Balance {
+    /// Each in turn.
+    #[default]
+    RoundRobin,
+    /// The one with the fewest requests outstanding (sent, and not answered to the last
+    /// byte); ties in turn.
+    LeastOutstanding,
+}
+
+impl FromStr for Balance {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "round-robin" | "rr" => Ok(Balance::RoundRobin),
+            "least-outstanding" | "least" => Ok(Balance::LeastOutstanding),
+            _ => Err(Error::Config(format!(
+                "balance {s:?}: round-robin or least-outstanding"
+            ))),
+        }
+    }
+}
+
+/// Active health checks: a `GET` of `path` on every backend each `interval`; a backend that
+/// answers other than 2xx or 3xx within `timeout`, or not at all, gets no requests until
+/// it passes again.
+#[derive(Debug, Clone)]
+pub struct HealthCheck {
+    /// The path asked for (`/healthz`, say).
+    pub path: String,
+    /// Time between checks.
+    pub interval: Duration,
+    /// How long an answer may take.
+    pub timeout: Duration,
+}
+
+impl HealthCheck {
+    /// Checks `path` every 5 s, allowing 2 s for the answer.
+    pub fn new(path: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Which backend answered a proxied request and how long it took to its response head: an
+/// extension of the response.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct UpstreamTiming {
+    /// The backend (`host:port`).
+    pub backend: Arc<str>,
+    /// From sending the request (the last attempt) to the response head.
+    pub elapsed: Duration,
+}
+
+/// Timeouts and limits of a proxy.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    max_idle: usize,
+    idle_timeout: Duration,
+    max_fails: u32,
+    fail_timeout: Duration,
+}
+
+/// Builds a [`Proxy`].
+#[derive(Debug)]
+pub struct ProxyBuilder {
+    upstreams: Vec<Upstream>,
+    balance: Balance,
+    options: Options,
+    health: Option<HealthCheck>,
+    via: String,
+}
+
+impl ProxyBuilder {
+    /// Adds a backend.
+    pub fn upstream(mut self, u: Upstream) -> Self {
+        self.upstreams.push(u);
+        self
+    }
+
+    /// How backends are picked (round robin by default).
+    pub fn balance(mut self, b: Balance) -> Self {
+        self.balance = b;
+        self
+    }
+
+    /// Time allowed for a TCP connection to a backend (5 s by default); past it the next
+    /// backend is tried, and 504 answered when none is left.
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.options.connect_timeout = d;
+        self
+    }
+
+    /// Time allowed from sending a request to its response head (60 s by default), then
+    /// 504.
+    pub fn response_timeout(mut self, d: Duration) -> Self {
+        self.options.response_timeout = d;
+        self
+    }
+
+    /// Idle HTTP/1.1 connections kept per backend (128 by default).
+    pub fn max_idle_per_backend(mut self, n: usize) -> Self {
+        self.options.max_idle = n;
+        self
+    }
+
+    /// How long an idle connection is kept (50 s by default, under the 60–75 s after
+    /// which common servers close theirs).
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.options.idle_timeout = d;
+        self
+    }
+
+    /// Failures in a row (connection refused or lost, timeouts) after which a backend rests
+    /// (1 by default, as nginx's `max_fails`).
+    pub fn max_fails(mut self, n: u32) -> Self {
+        self.options.max_fails = n;
+        self
+    }
+
+    /// How long a failing backend rests (10 s by default); when every backend rests, they
+    /// are tried all the same.
+    pub fn fail_timeout(mut self, d: Duration) -> Self {
+        self.options.fail_timeout = d;
+        self
+    }
+
+    /// Active health checks (none by default).
+    pub fn health_check(mut self, h: HealthCheck) -> Self {
+        self.health = Some(h);
+        self
+    }
+
+    /// The name this proxy gives itself in `Via` ("kuai" by default).
+    pub fn via_name(mut self, name: impl Into<String>) -> Self {
+        self.via = name.into();
+        self
+    }
+
+    /// The proxy. Active health checks start here, so this runs inside a tokio runtime
+    /// when [`health_check`](Self::health_check) was set.
+    pub fn build(self) -> Result<Proxy, Error> {
+        if self.upstreams.is_empty() {
+            return Err(Error::Config("a proxy needs at least one upstream".into()));
+        }
+        if !self.via.bytes().all(|b| b.is_ascii_graphic()) || self.via.is_empty() {
+            return Err(Error::Config(format!(
+                "the Via name {:?} is not one token",
+                self.via
+            )));
+        }
+        let epoch = Instant::now();
+        let inner = Arc::new(Inner {
+            backends: self
+                .upstreams
+                .into_iter()
+                .map(|u| Arc::new(Backend::new(u, epoch)))
+                .collect(),
+            balance: self.balance,
+            next: AtomicUsize::new(0),
+            options: self.options,
+            via_name: self.via,
+        });
+        if let Some(h) = self.health {
+            let rt = tokio::runtime::Handle::try_current()
+                .map_err(|_| Error::Config("health checks need a tokio runtime".into()))?;
+            for b in &inner.backends {
+                rt.spawn(health_checks(Arc::downgrade(&inner), b.clone(), h.clone()));
+            }
+        }
+        Ok(Proxy { inner })
+    }
+}
+
+/// A reverse proxy in front of one or more backends; see the [module](self) docs.
+#[derive(Clone)]
+pub struct Proxy {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.inner.backends.iter().map(|b| &*b.name).collect();
+        f.debug_struct("Proxy").field("backends", &names).finish()
+    }
+}
+
+struct Inner {
+    backends: Vec<Arc<Backend>>,
+    balance: Balance,
+    next: AtomicUsize,
+    options: Options,
+    via_name: String,
+}
+
+impl Proxy {
+    /// A builder with no upstream yet.
+    pub fn builder() -> ProxyBuilder {
+        ProxyBuilder {
+            upstreams: Vec::new(),
+            balance: Balance::default(),
+            options: Options {
+                connect_timeout: Duration::from_secs(5),
+                response_timeout: Duration::from_secs(60),
+                max_idle: 128,
+                idle_timeout: Duration::from_secs(50),
+                max_fails: 1,
+                fail_timeout: Duration::from_secs(10),
+            },
+            health: None,
+            via: "kuai".into(),
+        }
+    }
+
+    /// Forwards `req` and returns the backend's response, or the proxy's 502 or 504.
+    pub async fn forward(&self, req: Request<Body>) -> Response<ProxyBody> {
+        self.inner.forward(req).await
+    }
+}
+
+impl tower_service::Service<Request<Body>> for Proxy {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move { Ok(inner.forward(req).await) })
+    }
+}
+
+/// The request as it goes upstream, less its body: what a retry after a failed exchange
+/// rebuilds it from.
+struct Head {
+    method: Method,
+    uri: Uri,
+    headers: http::HeaderMap,
+}
+
+impl Head {
+    /// The request for a backend of `protocol`: HTTP/1.1 sends the path (origin form) and
+    /// `Host`; HTTP/2 sends the absolute URI's parts as pseudo-header fields, the authority
+    /// as `:authority` and no `Host` (RFC 9113 §8.3.1).
+    fn request(&self, body: UpBody, protocol: UpstreamProtocol) -> Request<UpBody> {
+        let mut r = Request::new(body);
+        *r.method_mut() = self.method.clone();
+        *r.headers_mut() = self.headers.clone();
+        match protocol {
+            UpstreamProtocol::Http1 => {
+                *r.uri_mut() = self
+                    .uri
+                    .path_and_query()
+                    .map_or_else(|| Uri::from_static("/"), |p| Uri::from(p.clone()));
+            }
+            UpstreamProtocol::H2c => {
+                *r.uri_mut() = self.uri.clone();
+                *r.version_mut() = http::Version::HTTP_2;
+                r.headers_mut().remove(header::HOST);
+            }
+        }
+        r
+    }
+}
+
+impl Inner {
+    async fn forward(&self, req: Request<Body>) -> Response<ProxyBody> {
+        let info = req.extensions().get::<ConnInfo>().copied();
+        let early = req.extensions().get::<EarlyData>().is_some();
+        let (parts, body) = req.into_parts();
+        let Some(head) = self.upstream_head(parts, info, early) else {
+            return local(StatusCode::BAD_REQUEST, "cannot forward this request");
+        };
+        let idempotent = head.method.is_idempotent();
+        let (up, mut watch) = UpBody::new(body);
+        // The body until a backend took the request; a request that comes back unsent
+        // brings it back.
+        let mut unsent = Some(up);
+        let mut returned: Option<Request<UpBody>> = None;
+        let mut last: Option<Reason> = None;
+        for i in self.order() {
+            let b = &self.backends[i];
+            let protocol = b.upstream.protocol();
+            let r = if let Some(r) = returned.take() {
+                // Back unsent from another backend: its head is rebuilt for this one's
+                // protocol, its body is as it was.
+                head.request(r.into_body(), protocol)
+            } else if let Some(up) = unsent.take() {
+                head.request(up, protocol)
+            } else if idempotent && watch.ended_empty() {
+                // After a failed exchange: only an idempotent request without a body goes
+                // again (RFC 9110 §9.2.2).
+                let (up, w) = UpBody::new(Body::empty());
+                watch = w;
+                head.request(up, protocol)
+            } else {
+                break;
+            };
+            let outstanding = Outstanding::new(b);
+            let start = Instant::now();
+            match b.send(r, &self.options).await {
+                Ok(resp) => {
+                    b.on_success();
+                    return self.downstream(resp, b, start.elapsed(), outstanding);
+                }
+                Err(Failure::NotSent(back, why)) => {
+                    b.on_failure(&self.options);
+                    self.log_failure(b, &why, &head, true);
+                    returned = Some(*back);
+                    last = Some(why);
+                }
+                Err(Failure::Sent(why)) => {
+                    b.on_failure(&self.options);
+                    self.log_failure(b, &why, &head, false);
+                    last = Some(why);
+                }
+            }
+        }
+        match last {
+            Some(why) if why.is_timeout() => local(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the upstream did not answer in time",
+            ),
+            _ => local(StatusCode::BAD_GATEWAY, "the upstream failed"),
+        }
+    }
+
+    fn log_failure(&self, b: &Backend, why: &Reason, head: &Head, unsent: bool) {
+        tracing::warn!(
+            target: "kuai_http::proxy", backend = %b.name, method = %head.method,
+            path = head.uri.path(), unsent, reason = %why, "upstream request failed"
+        );
+    }
+
+    /// The backends in the order to try them: available ones first (by the balance), then
+    /// the resting ones, in case every backend rests.
+    fn order(&self) -> Vec<usize> {
+        let n = self.backends.len();
+        let start = self.next.fetch_add(1, Relaxed) % n;
+        let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
+        // Stable: ties keep the round-robin order.
+        match self.balance {
+            Balance::RoundRobin => order.sort_by_key(|&i| !self.backends[i].is_available()),
+            Balance::LeastOutstanding => order.sort_by_key(|&i| {
+                let b = &self.backends[i];
+                (!b.is_available(), b.outstanding.load(Relaxed))
+            }),
+        }
+        order
+    }
+
+    /// The request head as it goes to a backend (RFC 9110 §7.6): origin-form target,
+    /// `Host` from the client's authority, hop-by-hop fields out, forwarding fields in.
+    fn upstream_head(
+        &self,
+        parts: http::request::Parts,
+        info: Option<ConnInfo>,
+        early: bool,
+    ) -> Option<Head> {
+        let http::request::Parts {
+            method,
+            uri,
+            mut headers,
+            version,
+            ..
+        } = parts;
+        headers::strip_hop_by_hop(&mut headers);
+        let host = match uri.authority() {
+            Some(a) => Some(a.as_str().to_owned()),
+            None => headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_owned),
+        };
+        if let Some(h) = &host {
+            headers.insert(header::HOST, HeaderValue::from_str(h).ok()?);
+        }
+        if let Some(info) = info {
+            let ip = info.remote.ip().to_canonical();
+            headers::append_list(
+                &mut headers,
+                HeaderName::from_static("x-forwarded-for"),
+                &ip.to_string(),
+            );
+            headers::append_list(
+                &mut headers,
+                header::FORWARDED,
+                &headers::forwarded_element(ip, host.as_deref()),
+            );
+        }
+        headers.insert(
+            HeaderName::from_static("x-forwarded-proto"),
+            HeaderValue::from_static("https"),
+        );
+        // The protocol the request came in with: the connection's, which an HTTP/3
+        // request's version does not always say.
+        let version = match info.map(|i| i.protocol) {
+            Some(crate::Protocol::Http3) => http::Version::HTTP_3,
+            Some(crate::Protocol::Http2) => http::Version::HTTP_2,
+            Some(crate::Protocol::Http11) => http::Version::HTTP_11,
+            Some(crate::Protocol::Http09) => http::Version::HTTP_09,
+            None => version,
+        };
+        let via = format!("{} {}", headers::via_protocol(version), self.via_name);
+        headers::append_list(&mut headers, header::VIA, &via);
+        // RFC 8470 §5.1: the backend learns the request came in early data, and may answer
+        // 425.
+        if early {
+            headers.insert(
+                HeaderName::from_static("early-data"),
+                HeaderValue::from_static("1"),
+            );
+        }
+        let target = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+        // An absolute URI: HTTP/1.1 sends its path (origin form), HTTP/2 its parts as
+        // pseudo-header fields; the connection itself goes to the backend.
+        let authority = host.as_deref().unwrap_or("localhost");
+        let uri = Uri::builder()
+            .scheme("http")
+            .authority(authority)
+            .path_and_query(target)
+            .build()
+            .ok()?;
+        Some(Head {
+            method,
+            uri,
+            headers,
+        })
+    }
+
+    /// A backend's response as it goes to the client.
+    fn downstream(
+        &self,
+        resp: Response<hyper::body::Incoming>,
+        b: &Arc<Backend>,
+        elapsed: Duration,
+        outstanding: Outstanding,
+    ) -> Response<ProxyBody> {
+        let (mut parts, body) = resp.into_parts();
+        headers::strip_hop_by_hop(&mut parts.headers);
+        let via = format!("{} {}", headers::via_protocol(parts.version), self.via_name);
+        headers::append_list(&mut parts.headers, header::VIA, &via);
+        parts.version = http::Version::default();
+        parts.extensions.insert(UpstreamTiming {
+            backend: b.name.clone(),
+            elapsed,
+        });
+        Response::from_parts(parts, ProxyBody::upstream(body, outstanding))
+    }
+}
+
+/// The proxy's own answer.
+fn local(status: StatusCode, text: &'static str) -> Response<ProxyBody> {
+    let mut r = Response::new(ProxyBody::local(Bytes::from_static(text.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// Checks `b` every `h.interval` while the proxy lives.
+async fn health_checks(proxy: std::sync::Weak<Inner>, b: Arc<Backend>, h: HealthCheck) {
+    let mut tick = tokio::time::interval(h.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = proxy.upgrade() else {
+            return;
+        };
+        let mut options = inner.options.clone();
+        options.response_timeout = h.timeout;
+        options.connect_timeout = options.connect_timeout.min(h.timeout);
+        let uri = Uri::builder()
+            .scheme("http")
+            .authority(b.upstream.authority())
+            .path_and_query(h.path.as_str())
+            .build();
+        let Ok(uri) = uri else {
+            tracing::warn!(target: "kuai_http::proxy", path = h.path, "health check path is not a path");
+            return;
+        };
+        let mut headers = http::HeaderMap::new();
+        if let Ok(host) = HeaderValue::from_str(b.upstream.authority()) {
+            headers.insert(header::HOST, host);
+        }
+        headers.insert(
+            header::USER_AGENT,
+            HeaderValue::from_static("kuai-health-check"),
+        );
+        let head = Head {
+            method: Method::GET,
+            uri,
+            headers,
+        };
+        let req = head.request(UpBody::new(Body::empty()).0, b.upstream.protocol());
+        drop(inner);
+        let ok = match b.send(req, &options).await {
+            Ok(resp) => {
+                let ok = resp.status().is_success() || resp.status().is_redirection();
+                // Read the answer out so the connection goes back to the pool.
+                let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+                ok
+            }
+            Err(_) => false,
+        };
+        b.set_check(ok);
+    }
+}

@@ -1,0 +1,517 @@
+//! The proxy between kuai-http's client (HTTP/3, HTTP/2, HTTP/1.1) and hyper backends.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, combinators::UnsyncBoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use super::*;
+use crate::client::{Client, Mode};
+use crate::server::tests::{client_endpoint, h3_client_with, identity, slow_return_relay};
+use crate::{BoxError, Listener, Server};
+
+type BackendBody = UnsyncBoxBody<Bytes, BoxError>;
+
+fn full(b: impl Into<Bytes>) -> BackendBody {
+    http_body_util::Full::new(b.into())
+        .map_err(|e: Infallible| match e {})
+        .boxed_unsync()
+}
+
+/// A backend: what it answers, and what it saw.
+#[derive(Default)]
+struct Seen {
+    /// Requests whose handler is running (a cancelled one is dropped).
+    live: AtomicUsize,
+    requests: AtomicUsize,
+}
+
+struct LiveGuard(Arc<Seen>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, SeqCst);
+    }
+}
+
+/// A hyper backend on a free port: HTTP/1.1, or HTTP/2 with prior knowledge (`h2c`).
+/// `/echo` sends the request body back as it comes; `/headers` lists the request line and
+/// fields; `/slow` sends a line, waits 400 ms, sends another; `/hang` answers after 10 s;
+/// `/early` answers 425 to a request marked `Early-Data: 1`; `/whoami` the backend's
+/// name; `/healthz` 200, or 503 for a backend named "sick".
+async fn backend(name: &'static str, h2c: bool) -> (SocketAddr, Arc<Seen>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Seen::default());
+    let s = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
+            let s = s.clone();
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let s = s.clone();
+                async move { Ok::<_, Infallible>(answer(name, &s, req).await) }
+            });
+            let io = TokioIo::new(tcp);
+            tokio::spawn(async move {
+                if h2c {
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, svc)
+                        .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await;
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+async fn answer(
+    name: &'static str,
+    s: &Arc<Seen>,
+    req: Request<Incoming>,
+) -> Response<BackendBody> {
+    s.requests.fetch_add(1, SeqCst);
+    s.live.fetch_add(1, SeqCst);
+    let _live = LiveGuard(s.clone());
+    match req.uri().path() {
+        "/echo" => Response::new(req.into_body().map_err(Into::into).boxed_unsync()),
+        "/headers" => {
+            let mut text = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
+            for (k, v) in req.headers() {
+                text.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+            }
+            Response::new(full(text))
+        }
+        "/slow" => {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tokio::spawn(async move {
+                let _ = tx.send(Bytes::from("first\n")).await;
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let _ = tx.send(Bytes::from("second\n")).await;
+            });
+            Response::new(Channel(rx).boxed_unsync())
+        }
+        "/hang" => {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            Response::new(full("late"))
+        }
+        "/early" => {
+            let early = req.headers().get("early-data").is_some_and(|v| v == "1");
+            let mut r = Response::new(full(if early { "too early" } else { "late" }));
+            if early {
+                *r.status_mut() = StatusCode::TOO_EARLY;
+            }
+            r
+        }
+        "/whoami" => Response::new(full(name)),
+        "/healthz" if name == "sick" => {
+            let mut r = Response::new(full("sick"));
+            *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            r
+        }
+        "/healthz" => Response::new(full("ok")),
+        _ => {
+            let mut r = Response::new(full("not found"));
+            *r.status_mut() = StatusCode::NOT_FOUND;
+            r
+        }
+    }
+}
+
+/// A body of the pieces sent on a channel.
+struct Channel(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Channel {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// A gateway in front of `proxy` on a free port, and clients of it by protocol.
+struct Gateway {
+    port: u16,
+    addr: SocketAddr,
+    cert: rustls::pki_types::CertificateDer<'static>,
+}
+
+impl Gateway {
+    async fn start(proxy: Proxy) -> Self {
+        let (cert, tls) = identity();
+        let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(Server::new(proxy).serve(listener));
+        Self {
+            port: addr.port(),
+            addr,
+            cert,
+        }
+    }
+
+    fn client(&self, mode: Mode) -> Client {
+        Client::builder()
+            .system_roots(false)
+            .add_root_certificate(self.cert.clone())
+            .resolve("localhost", self.port, self.addr)
+            .mode(mode)
+            .build()
+            .unwrap()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{path}", self.port)
+    }
+}
+
+fn proxy_to(addrs: &[(SocketAddr, bool)]) -> ProxyBuilder {
+    let mut b = Proxy::builder();
+    for (a, h2c) in addrs {
+        let scheme = if *h2c { "h2c" } else { "http" };
+        b = b.upstream(format!("{scheme}://{a}").parse().unwrap());
+    }
+    b
+}
+
+const MODES: [(Mode, &str); 3] = [
+    (Mode::Http3, "3"),
+    (Mode::Http2, "2"),
+    (Mode::Http11, "1.1"),
+];
+
+/// Over HTTP/3, HTTP/2 and HTTP/1.1, to an HTTP/1.1 and to an HTTP/2 backend: a 1 MiB body
+/// comes back byte for byte, and the backend sees the client's authority, the forwarding
+/// fields, and no hop-by-hop field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_protocol_reaches_both_kinds_of_backend() {
+    let body: Vec<u8> = (0..1 << 20)
+        .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    for h2c in [false, true] {
+        let (b, _) = backend("b", h2c).await;
+        let gw = Gateway::start(proxy_to(&[(b, h2c)]).build().unwrap()).await;
+        for (mode, via) in MODES {
+            let client = gw.client(mode);
+            let resp = client
+                .request(Method::POST, &gw.url("/echo"))
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let up_via = if h2c { "2 kuai" } else { "1.1 kuai" };
+            assert_eq!(resp.headers()["via"], up_via, "{mode:?}");
+            let got = resp.bytes().await.unwrap();
+            assert!(got == body, "{mode:?} h2c={h2c}: {} bytes back", got.len());
+
+            let resp = client
+                .get(&gw.url("/headers?x=1"))
+                .header("connection", "x-private")
+                .header("x-private", "hop")
+                .header("x-forwarded-for", "192.0.2.1")
+                .send()
+                .await
+                .unwrap();
+            let text = resp.text().await.unwrap();
+            let want_line = if h2c {
+                "GET http://localhost:{port}/headers?x=1 HTTP/2.0"
+            } else {
+                "GET /headers?x=1 HTTP/1.1"
+            };
+            let want_line = want_line.replace("{port}", &gw.port.to_string());
+            assert!(text.starts_with(&want_line), "{mode:?}: {text}");
+            if !h2c {
+                assert!(
+                    text.contains(&format!("host: localhost:{}\n", gw.port)),
+                    "{text}"
+                );
+            }
+            for want in [
+                "x-forwarded-for: 192.0.2.1, 127.0.0.1\n".to_string(),
+                "x-forwarded-proto: https\n".into(),
+                format!(
+                    "forwarded: for=127.0.0.1;proto=https;host=\"localhost:{}\"\n",
+                    gw.port
+                ),
+                format!("via: {via} kuai\n"),
+            ] {
+                assert!(
+                    text.contains(&want),
+                    "{mode:?} h2c={h2c}: no {want:?} in\n{text}"
+                );
+            }
+            // (HTTP/2 and HTTP/3 have no Connection field: the client drops it.)
+            if mode == Mode::Http11 {
+                assert!(!text.contains("x-private"), "{text}");
+            }
+            assert!(!text.contains("early-data"), "{text}");
+        }
+    }
+}
+
+/// A response the backend sends slowly reaches the client piece by piece.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_response_streams() {
+    let (b, _) = backend("b", false).await;
+    let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+    for (mode, _) in MODES {
+        let start = Instant::now();
+        let mut resp = gw.client(mode).get(&gw.url("/slow")).send().await.unwrap();
+        let first = resp.chunk().await.unwrap().unwrap();
+        let at_first = start.elapsed();
+        assert_eq!(&first[..], b"first\n");
+        let mut rest = Vec::new();
+        while let Some(c) = resp.chunk().await.unwrap() {
+            rest.extend_from_slice(&c);
+        }
+        assert_eq!(rest, b"second\n");
+        assert!(
+            at_first < Duration::from_millis(300) && start.elapsed() >= Duration::from_millis(400),
+            "{mode:?}: first piece at {at_first:?}, all at {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+/// With nothing listening at the first backend, requests (with and without a body) go to
+/// the second; with none left, 502. A backend too slow to answer gives 504.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_go_elsewhere_then_502_and_504() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let (live, seen) = backend("live", false).await;
+    let gw = Gateway::start(
+        proxy_to(&[(dead, false), (live, false)])
+            .fail_timeout(Duration::from_millis(1))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let client = gw.client(Mode::Http3);
+    for _ in 0..3 {
+        let r = client.get(&gw.url("/whoami")).send().await.unwrap();
+        assert_eq!(r.text().await.unwrap(), "live");
+        let r = client
+            .request(Method::POST, &gw.url("/echo"))
+            .body(b"posted".to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.text().await.unwrap(), "posted");
+    }
+    assert_eq!(seen.requests.load(SeqCst), 6);
+
+    let gw = Gateway::start(proxy_to(&[(dead, false)]).build().unwrap()).await;
+    let r = gw
+        .client(Mode::Http2)
+        .get(&gw.url("/x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+
+    let gw = Gateway::start(
+        proxy_to(&[(live, false)])
+            .response_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let r = gw
+        .client(Mode::Http3)
+        .get(&gw.url("/hang"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+}
+
+/// A client that gives up on a request (HTTP/3: the stream is stopped; HTTP/2: reset;
+/// HTTP/1.1: the connection closed) cancels the backend's request: its handler is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_cancels_the_upstream_request() {
+    let (b, seen) = backend("b", false).await;
+    let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+    for (mode, _) in MODES {
+        let client = gw.client(mode);
+        let before = seen.requests.load(SeqCst);
+        let r = tokio::time::timeout(
+            Duration::from_millis(500),
+            client.get(&gw.url("/hang")).send(),
+        )
+        .await;
+        assert!(r.is_err(), "{mode:?}: /hang answered");
+        assert_eq!(seen.requests.load(SeqCst), before + 1, "{mode:?}");
+        client.close_connections();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while seen.live.load(SeqCst) != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{mode:?}: the backend still works on it"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A request that arrived in 0-RTT reaches the backend with `Early-Data: 1`, and the
+/// backend's 425 reaches the client; a POST in 0-RTT is answered 425 by the gateway
+/// without reaching the backend; after the handshake both go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_data_is_marked_and_425_comes_back() {
+    let (b, seen) = backend("b", false).await;
+    let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+    let cep = client_endpoint();
+    let ccfg = kuai::ClientConfig::with_root(gw.cert.clone(), &[crate::server::ALPN_H3]).unwrap();
+    let (conn, client) = h3_client_with(&cep, ccfg.clone(), gw.addr).await;
+    assert_eq!(status(&client, Method::GET, "/whoami").await, 200);
+    assert!(conn.session_ticket().await);
+    conn.close(0, b"");
+    drop(client);
+    let relay = slow_return_relay(gw.addr, Duration::from_millis(300)).await;
+    let Ok((conn, accepted)) = cep
+        .connect_with(ccfg, relay, "localhost")
+        .unwrap()
+        .into_0rtt()
+    else {
+        panic!("the ticket allows 0-RTT");
+    };
+    let client = kuai_h3::Client::new(conn.clone(), kuai_h3::Config::default())
+        .await
+        .unwrap();
+    let before = seen.requests.load(SeqCst);
+    let (get, post) = tokio::join!(
+        status(&client, Method::GET, "/early"),
+        status(&client, Method::POST, "/echo")
+    );
+    assert!(accepted.await, "0-RTT accepted");
+    assert_eq!((get, post), (425, 425));
+    assert_eq!(
+        seen.requests.load(SeqCst),
+        before + 1,
+        "only the GET went upstream"
+    );
+    assert_eq!(status(&client, Method::GET, "/early").await, 200);
+    assert_eq!(status(&client, Method::POST, "/echo").await, 200);
+}
+
+async fn status(client: &kuai_h3::Client, method: Method, path: &str) -> u16 {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("https://localhost{path}"))
+        .body(())
+        .unwrap();
+    let mut s = client.send_request(req).await.unwrap();
+    s.finish().unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), s.recv_response())
+        .await
+        .expect("answered within 5 s")
+        .unwrap();
+    resp.status().as_u16()
+}
+
+async fn whoami(client: &Client, gw: &Gateway) -> String {
+    let r = client.get(&gw.url("/whoami")).send().await.unwrap();
+    r.text().await.unwrap()
+}
+
+/// Round robin takes turns; least-outstanding avoids the backend busy with a long request;
+/// a backend that fails its health check gets nothing until it passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balancing_and_health_checks() {
+    let (a, _) = backend("a", false).await;
+    let (b, _) = backend("b", true).await;
+    let gw = Gateway::start(proxy_to(&[(a, false), (b, true)]).build().unwrap()).await;
+    let client = gw.client(Mode::Http3);
+    let mut names = Vec::new();
+    for _ in 0..4 {
+        names.push(whoami(&client, &gw).await);
+    }
+    names.sort();
+    assert_eq!(names, ["a", "a", "b", "b"]);
+
+    let gw = Gateway::start(
+        proxy_to(&[(a, false), (b, true)])
+            .balance(Balance::LeastOutstanding)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let client = gw.client(Mode::Http3);
+    let url = gw.url("/hang");
+    let busy = client.clone();
+    let hung = tokio::spawn(async move { busy.get(&url).send().await.map(|r| r.status()) });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let first = whoami(&client, &gw).await;
+    for _ in 0..3 {
+        assert_eq!(
+            whoami(&client, &gw).await,
+            first,
+            "the idle backend takes them all"
+        );
+    }
+    hung.abort();
+
+    let (sick, sick_seen) = backend("sick", false).await;
+    let mut check = HealthCheck::new("/healthz");
+    check.interval = Duration::from_millis(50);
+    let gw = Gateway::start(
+        proxy_to(&[(sick, false), (a, false)])
+            .health_check(check)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = gw.client(Mode::Http2);
+    for _ in 0..4 {
+        assert_eq!(whoami(&client, &gw).await, "a");
+    }
+    assert!(sick_seen.requests.load(SeqCst) >= 2, "checked");
+}
+
+#[test]
+fn upstream_urls() {
+    let u: Upstream = "http://127.0.0.1:8080".parse().unwrap();
+    assert_eq!(
+        (u.protocol(), u.authority()),
+        (UpstreamProtocol::Http1, "127.0.0.1:8080")
+    );
+    let u: Upstream = "h2c://backend".parse().unwrap();
+    assert_eq!(
+        (u.protocol(), u.authority()),
+        (UpstreamProtocol::H2c, "backend:80")
+    );
+    assert_eq!(u.to_string(), "h2c://backend:80");
+    for bad in [
+        "https://x:1",
+        "http://x:1/app",
+        "x:1",
+        "http://",
+        "http://u@x:1",
+    ] {
+        assert!(bad.parse::<Upstream>().is_err(), "{bad}");
+    }
+    assert!(Proxy::builder().build().is_err());
+}
