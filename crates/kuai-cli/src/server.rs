@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kuai::{Endpoint, ServerConfig};
+use kuai_http::proxy::{Balance, HealthCheck, Proxy, Upstream};
 use kuai_http::{Limits, Listener, Server};
 
 use crate::keylog::FileKeyLog;
@@ -15,9 +16,31 @@ use crate::tls::Identity;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Directory to serve; without it, a built-in demo site.
-    #[arg(long)]
+    /// Directory to serve; without it (and without --upstream), a built-in demo site.
+    #[arg(long, conflicts_with = "upstream")]
     root: Option<PathBuf>,
+    /// Be a gateway: forward every request to this backend, `http://HOST:PORT` (HTTP/1.1,
+    /// pooled keep-alive connections) or `h2c://HOST:PORT` (cleartext HTTP/2). Repeat it
+    /// for several backends.
+    #[arg(long, value_name = "URL")]
+    upstream: Vec<Upstream>,
+    /// Gateway: how a backend is picked, round-robin or least-outstanding.
+    #[arg(long, default_value = "round-robin", requires = "upstream")]
+    balance: Balance,
+    /// Gateway: check each backend with a GET of this path (2xx or 3xx is healthy); a
+    /// failing backend gets no requests until it passes again.
+    #[arg(long, value_name = "PATH", requires = "upstream")]
+    health_check: Option<String>,
+    /// Gateway: time between health checks.
+    #[arg(long, default_value = "5s", requires = "health_check")]
+    health_interval: Timeout,
+    /// Gateway: time allowed to connect to a backend (then the next is tried, 504 when none
+    /// is left).
+    #[arg(long, default_value = "5s", requires = "upstream")]
+    upstream_connect_timeout: Timeout,
+    /// Gateway: time allowed for a backend's response head (then 504).
+    #[arg(long, default_value = "60s", requires = "upstream")]
+    upstream_timeout: Timeout,
     /// UDP address to listen on.
     #[arg(long, default_value = "[::]:4433")]
     listen: SocketAddr,
@@ -301,6 +324,10 @@ async fn serve(args: Args) -> Result<(), String> {
     };
     match &args.root {
         Some(dir) => println!("serving {}", dir.display()),
+        None if !args.upstream.is_empty() => {
+            let list: Vec<String> = args.upstream.iter().map(|u| u.to_string()).collect();
+            println!("gateway to {} ({})", list.join(", "), args.balance);
+        }
         None => println!("serving the built-in demo site"),
     }
     if identity.self_signed {
@@ -320,7 +347,12 @@ async fn serve(args: Args) -> Result<(), String> {
             "  chromium --user-data-dir=$(mktemp -d) --enable-quic --origin-to-force-quic-on=localhost:{port}{resolve} \\\n    --ignore-certificate-errors-spki-list={spki} https://localhost:{port}/"
         );
     }
-    println!("or: cargo run --release -- get --insecure -v https://localhost:{port}/hello.txt");
+    let path = if args.upstream.is_empty() {
+        "/hello.txt"
+    } else {
+        "/"
+    };
+    println!("or: cargo run --release -- get --insecure -v https://localhost:{port}{path}");
     let mut listener = Listener::new(ep);
     if let Some(l) = tcp {
         listener = listener.with_tcp(
@@ -328,7 +360,6 @@ async fn serve(args: Args) -> Result<(), String> {
             rustls_server_config(&identity, &[], args.keylog.as_deref())?,
         );
     }
-    let server = Server::new(SiteService::new(&site)).limits(limits(&args));
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
         println!("shutting down: requests in flight may finish (Ctrl-C again to stop now)");
@@ -337,10 +368,40 @@ async fn serve(args: Args) -> Result<(), String> {
             std::process::exit(130);
         });
     };
-    server
-        .serve_with_shutdown(listener, shutdown)
-        .await
-        .map_err(|e| e.to_string())
+    let limits = limits(&args);
+    let served = if args.upstream.is_empty() {
+        Server::new(SiteService::new(&site))
+            .limits(limits)
+            .serve_with_shutdown(listener, shutdown)
+            .await
+    } else {
+        Server::new(proxy(&args)?)
+            .limits(limits)
+            .serve_with_shutdown(listener, shutdown)
+            .await
+    };
+    served.map_err(|e| e.to_string())
+}
+
+/// The gateway's proxy from the flags.
+fn proxy(args: &Args) -> Result<Proxy, String> {
+    let mut b = Proxy::builder()
+        .balance(args.balance)
+        .connect_timeout(args.upstream_connect_timeout.0)
+        .response_timeout(args.upstream_timeout.0);
+    for u in &args.upstream {
+        b = b.upstream(u.clone());
+    }
+    if let Some(path) = &args.health_check {
+        if !path.starts_with('/') {
+            return Err(format!("--health-check {path:?}: a path starting with /"));
+        }
+        let mut h = HealthCheck::new(path.clone());
+        h.interval = args.health_interval.0;
+        h.timeout = h.timeout.min(args.health_interval.0);
+        b = b.health_check(h);
+    }
+    b.build().map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -143,6 +143,15 @@ pub enum Balance {
     LeastOutstanding,
 }
 
+impl std::fmt::Display for Balance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Balance::RoundRobin => "round-robin",
+            Balance::LeastOutstanding => "least-outstanding",
+        })
+    }
+}
+
 impl FromStr for Balance {
     type Err = Error;
 
