@@ -31,6 +31,10 @@ enum Mode {
     /// Flood a QUIC server with client Initials that never complete, timing real clients
     /// during the flood (a test of how the server survives it).
     Flood(crate::flood::FloodArgs),
+    /// HTTP load on a URL over one connection (HTTP/3, HTTP/2; HTTP/1.1 keeps one connection
+    /// per request in flight): `--requests` GETs, `--concurrency` in flight, one JSON line of
+    /// results. For gateways and servers: compare the server's CPU per request.
+    Http(HttpLoad),
     /// Serve the perf protocol until killed.
     Server {
         #[arg(long, default_value = "127.0.0.1:4443")]
@@ -89,11 +93,99 @@ enum Mode {
     },
 }
 
+#[derive(clap::Args)]
+struct HttpLoad {
+    /// The URL every request asks for.
+    url: String,
+    /// Requests in all.
+    #[arg(long, default_value_t = 10_000)]
+    requests: u64,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: u64,
+    /// http3, http2 or http1.1.
+    #[arg(long, default_value = "http3")]
+    protocol: String,
+    /// Accept any certificate (a benchmark's self-signed one).
+    #[arg(long, short = 'k')]
+    insecure: bool,
+}
+
+/// `kuai bench http`: `requests` GETs of one URL with `concurrency` in flight, each response
+/// read to its end.
+async fn http_load(h: HttpLoad) -> Result<(), String> {
+    let mode = match h.protocol.as_str() {
+        "http3" | "h3" => kuai_http::Mode::Http3,
+        "http2" | "h2" => kuai_http::Mode::Http2,
+        "http1.1" | "h1" => kuai_http::Mode::Http11,
+        p => return Err(format!("--protocol {p}: http3, http2 or http1.1")),
+    };
+    let client = kuai_http::Client::builder()
+        .mode(mode)
+        .danger_accept_invalid_certs(h.insecure)
+        .early_data(false)
+        .build()
+        .map_err(|e| e.to_string())?;
+    // One request first: the connection, outside the measurement.
+    let first = client.get(&h.url).send().await.map_err(|e| e.to_string())?;
+    if !first.status().is_success() {
+        return Err(format!("{}: {}", h.url, first.status()));
+    }
+    first.bytes().await.map_err(|e| e.to_string())?;
+    let next = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let cpu0 = cpu_seconds();
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..h.concurrency.max(1) {
+        let (client, url) = (client.clone(), h.url.clone());
+        let (next, bytes, failed, total) =
+            (next.clone(), bytes.clone(), failed.clone(), h.requests);
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < total {
+                let r = match client.get(&url).send().await {
+                    Ok(r) if r.status().is_success() => r.bytes().await.map(|b| b.len() as u64),
+                    Ok(_) => Ok(u64::MAX),
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(n) if n != u64::MAX => {
+                        bytes.fetch_add(n, Ordering::Relaxed);
+                    }
+                    _ => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let failed = failed.load(Ordering::Relaxed);
+    println!(
+        "{{\"impl\":\"kuai\",\"workload\":\"http\",\"protocol\":\"{}\",\"requests\":{},\"failed\":{failed},\"concurrency\":{},\"bytes\":{},\"seconds\":{secs:.4},\"req_s\":{:.1},\"client_cpu_s\":{:.3}}}",
+        h.protocol,
+        h.requests,
+        h.concurrency,
+        bytes.load(Ordering::Relaxed),
+        h.requests as f64 / secs,
+        cpu_seconds() - cpu0,
+    );
+    if failed > 0 {
+        return Err(format!("{failed} requests failed"));
+    }
+    Ok(())
+}
+
 pub async fn run(args: Args) -> ExitCode {
     let r = match args.mode {
         Mode::Flood(a) => tokio::task::spawn_blocking(move || crate::flood::run(a))
             .await
             .unwrap_or_else(|e| Err(e.to_string())),
+        Mode::Http(h) => http_load(h).await,
         Mode::Server {
             listen,
             transport,

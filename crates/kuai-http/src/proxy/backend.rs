@@ -134,15 +134,17 @@ impl Backend {
         }
     }
 
-    /// Sends `req` and waits for the response head (within `o.response_timeout`).
+    /// Sends `req` and waits for the response head (within `o.response_timeout`); with it,
+    /// the HTTP/1.1 connection to give back ([`put_idle`](Self::put_idle)) once the response
+    /// body has been read to its end.
     pub(crate) async fn send(
         self: &Arc<Self>,
         req: Request<UpBody>,
         o: &Options,
-    ) -> Result<Response<Incoming>, Failure> {
+    ) -> Result<(Response<Incoming>, Option<http1::SendRequest<UpBody>>), Failure> {
         match self.upstream.protocol() {
-            UpstreamProtocol::Http1 => self.send_h1(req, o).await,
-            UpstreamProtocol::H2c => self.send_h2(req, o).await,
+            UpstreamProtocol::Http1 => self.send_h1(req, o).await.map(|(r, s)| (r, Some(s))),
+            UpstreamProtocol::H2c => self.send_h2(req, o).await.map(|r| (r, None)),
         }
     }
 
@@ -150,7 +152,7 @@ impl Backend {
         self: &Arc<Self>,
         mut req: Request<UpBody>,
         o: &Options,
-    ) -> Result<Response<Incoming>, Failure> {
+    ) -> Result<(Response<Incoming>, http1::SendRequest<UpBody>), Failure> {
         loop {
             // A pooled connection the backend closed meanwhile gives the request back
             // unsent: the next one is tried, then a new one.
@@ -161,12 +163,13 @@ impl Backend {
                     Err(r) => return Err(Failure::NotSent(Box::new(req), r)),
                 },
             };
+            // A connection given back as its response ended may still be finishing it.
+            if pooled && sender.ready().await.is_err() {
+                continue;
+            }
             let sent = tokio::time::timeout(o.response_timeout, sender.try_send_request(req)).await;
             match sent {
-                Ok(Ok(resp)) => {
-                    self.recycle(sender, o);
-                    return Ok(resp);
-                }
+                Ok(Ok(resp)) => return Ok((resp, sender)),
                 Ok(Err(mut e)) => match e.take_message() {
                     Some(back) if pooled => req = back,
                     Some(back) => {
@@ -276,30 +279,26 @@ impl Backend {
     fn take_idle(&self, o: &Options) -> Option<http1::SendRequest<UpBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(i) = idle.pop() {
-            if i.since.elapsed() < o.idle_timeout && i.sender.is_ready() {
+            if i.since.elapsed() < o.idle_timeout && !i.sender.is_closed() {
                 return Some(i.sender);
             }
         }
         None
     }
 
-    /// Puts the connection back in the pool once its response has been read to the end (a
-    /// response abandoned half-way closes it instead).
-    fn recycle(self: &Arc<Self>, mut sender: http1::SendRequest<UpBody>, o: &Options) {
-        let pool = self.clone();
-        let max = o.max_idle;
-        tokio::spawn(async move {
-            if sender.ready().await.is_ok() {
-                let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
-                if idle.len() >= max {
-                    // The oldest goes.
-                    idle.remove(0);
-                }
-                idle.push(Idle {
-                    sender,
-                    since: Instant::now(),
-                });
-            }
+    /// Puts a connection whose response was read to its end back in the pool (`max` idle
+    /// ones at most: the oldest goes).
+    pub(crate) fn put_idle(&self, sender: http1::SendRequest<UpBody>, max: usize) {
+        if sender.is_closed() || max == 0 {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() >= max {
+            idle.remove(0);
+        }
+        idle.push(Idle {
+            sender,
+            since: Instant::now(),
         });
     }
 }

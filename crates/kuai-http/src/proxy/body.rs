@@ -9,6 +9,7 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
+use hyper::client::conn::http1;
 
 use super::backend::Backend;
 use crate::{Body, Error};
@@ -106,20 +107,51 @@ pub struct ProxyBody {
 
 enum Kind {
     /// The body and the request's count on its backend, let go at the body's end.
-    Upstream(Incoming, Option<Outstanding>),
+    Upstream(Incoming, Option<Outstanding>, Option<Recycle>),
     Local(Option<Bytes>),
 }
 
+/// An HTTP/1.1 connection to give back to its backend's pool once its response has been
+/// read to the end (a response abandoned half-way closes it instead).
+pub(crate) struct Recycle {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) sender: http1::SendRequest<UpBody>,
+    pub(crate) max_idle: usize,
+}
+
+impl Recycle {
+    fn give_back(self) {
+        self.backend.put_idle(self.sender, self.max_idle);
+    }
+}
+
 impl ProxyBody {
-    pub(crate) fn upstream(body: Incoming, outstanding: Outstanding) -> Self {
+    pub(crate) fn upstream(
+        body: Incoming,
+        outstanding: Outstanding,
+        recycle: Option<Recycle>,
+    ) -> Self {
         Self {
-            kind: Kind::Upstream(body, Some(outstanding)),
+            kind: Kind::Upstream(body, Some(outstanding), recycle),
         }
     }
 
     pub(crate) fn local(text: Bytes) -> Self {
         Self {
             kind: Kind::Local(Some(text)),
+        }
+    }
+}
+
+impl Drop for ProxyBody {
+    fn drop(&mut self) {
+        // A response with nothing (more) to read (after HEAD, a 204, or read to its last
+        // frame without the end seen) leaves its connection reusable.
+        if let Kind::Upstream(b, _, recycle) = &mut self.kind
+            && http_body::Body::is_end_stream(b)
+            && let Some(r) = recycle.take()
+        {
+            r.give_back();
         }
     }
 }
@@ -142,10 +174,20 @@ impl http_body::Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         match &mut self.get_mut().kind {
-            Kind::Upstream(b, outstanding) => {
+            Kind::Upstream(b, outstanding, recycle) => {
                 let f = ready!(Pin::new(b).poll_frame(cx));
-                if !matches!(f, Some(Ok(_))) {
-                    *outstanding = None;
+                match &f {
+                    Some(Ok(_)) => {}
+                    None => {
+                        *outstanding = None;
+                        if let Some(r) = recycle.take() {
+                            r.give_back();
+                        }
+                    }
+                    Some(Err(_)) => {
+                        *outstanding = None;
+                        *recycle = None;
+                    }
                 }
                 Poll::Ready(f.map(|r| r.map_err(Error::Hyper)))
             }
@@ -155,14 +197,14 @@ impl http_body::Body for ProxyBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Upstream(b, _) => b.is_end_stream(),
+            Kind::Upstream(b, ..) => b.is_end_stream(),
             Kind::Local(b) => b.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Upstream(b, _) => b.size_hint(),
+            Kind::Upstream(b, ..) => b.size_hint(),
             Kind::Local(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
         }
     }

@@ -38,18 +38,6 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The `received-protocol` of `Via` for an HTTP version (RFC 9110 §7.6.3: the protocol name
-/// is left out for HTTP).
-pub(crate) fn via_protocol(v: http::Version) -> &'static str {
-    match v {
-        http::Version::HTTP_09 => "0.9",
-        http::Version::HTTP_10 => "1.0",
-        http::Version::HTTP_2 => "2",
-        http::Version::HTTP_3 => "3",
-        _ => "1.1",
-    }
-}
-
 /// Appends `value` to the list in field `name`, the field's lines joined into one (as
 /// nginx's `$proxy_add_x_forwarded_for` does); lines that are not text are dropped.
 pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: &str) {
@@ -63,6 +51,17 @@ pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: &str
     joined.push_str(value);
     if let Ok(v) = HeaderValue::from_str(&joined) {
         headers.insert(name, v);
+    }
+}
+
+/// Appends `value` to the list in field `name` (a copy of it when the field is new).
+pub(crate) fn append_value(headers: &mut HeaderMap, name: HeaderName, value: &HeaderValue) {
+    if headers.contains_key(&name) {
+        if let Ok(v) = value.to_str() {
+            append_list(headers, name, v);
+        }
+    } else {
+        headers.insert(name, value.clone());
     }
 }
 

@@ -55,7 +55,7 @@ use http::{Method, Request, Response, StatusCode, Uri};
 
 use self::backend::{Backend, Failure, Reason};
 pub use self::body::ProxyBody;
-use self::body::{Outstanding, UpBody};
+use self::body::{Outstanding, Recycle, UpBody};
 use crate::{Body, ConnInfo, EarlyData, Error};
 
 /// HTTP/2 windows toward a backend: as the server's own toward clients.
@@ -310,7 +310,9 @@ impl ProxyBuilder {
             balance: self.balance,
             next: AtomicUsize::new(0),
             options: self.options,
-            via_name: self.via,
+            via_values: ["0.9", "1.0", "1.1", "2", "3"].map(|v| {
+                HeaderValue::from_str(&format!("{v} {}", self.via)).expect("checked above")
+            }),
         });
         if let Some(h) = self.health {
             let rt = tokio::runtime::Handle::try_current()
@@ -341,7 +343,8 @@ struct Inner {
     balance: Balance,
     next: AtomicUsize,
     options: Options,
-    via_name: String,
+    /// `Via` values for HTTP/0.9, 1.0, 1.1, 2 and 3.
+    via_values: [HeaderValue; 5],
 }
 
 impl Proxy {
@@ -384,45 +387,75 @@ impl tower_service::Service<Request<Body>> for Proxy {
     }
 }
 
-/// The request as it goes upstream, less its body: what a retry after a failed exchange
-/// rebuilds it from.
+/// The request as it goes upstream, less its body.
 struct Head {
     method: Method,
-    uri: Uri,
+    /// The target in origin form (path and query), as HTTP/1.1 sends it.
+    origin: Uri,
+    /// The client's authority: `Host` for HTTP/1.1, `:authority` for HTTP/2.
+    authority: Option<http::uri::Authority>,
+    host: Option<HeaderValue>,
     headers: http::HeaderMap,
+    /// Another attempt may need the fields again, so the first gets a copy.
+    keep: bool,
 }
 
 impl Head {
-    /// The request for a backend of `protocol`: HTTP/1.1 sends the path (origin form) and
-    /// `Host`; HTTP/2 sends the absolute URI's parts as pseudo-header fields, the authority
-    /// as `:authority` and no `Host` (RFC 9113 §8.3.1).
-    fn request(&self, body: UpBody, protocol: UpstreamProtocol) -> Request<UpBody> {
+    /// The request for a backend of `protocol`.
+    fn request(&mut self, body: UpBody, protocol: UpstreamProtocol) -> Request<UpBody> {
+        let headers = if self.keep {
+            self.headers.clone()
+        } else {
+            std::mem::take(&mut self.headers)
+        };
         let mut r = Request::new(body);
         *r.method_mut() = self.method.clone();
-        *r.headers_mut() = self.headers.clone();
+        *r.headers_mut() = headers;
+        self.target(&mut r, protocol);
+        r
+    }
+
+    /// Points a request (new, or back unsent from another backend) at a backend of
+    /// `protocol`: HTTP/1.1 sends the path (origin form) and `Host`; HTTP/2 the absolute
+    /// URI's parts as pseudo-header fields, the authority as `:authority` and no `Host`
+    /// (RFC 9113 §8.3.1).
+    fn target(&self, r: &mut Request<UpBody>, protocol: UpstreamProtocol) {
         match protocol {
             UpstreamProtocol::Http1 => {
-                *r.uri_mut() = self
-                    .uri
-                    .path_and_query()
-                    .map_or_else(|| Uri::from_static("/"), |p| Uri::from(p.clone()));
+                *r.uri_mut() = self.origin.clone();
+                *r.version_mut() = http::Version::HTTP_11;
+                if let Some(h) = &self.host {
+                    r.headers_mut().insert(header::HOST, h.clone());
+                }
             }
             UpstreamProtocol::H2c => {
-                *r.uri_mut() = self.uri.clone();
+                let mut parts = http::uri::Parts::default();
+                parts.scheme = Some(http::uri::Scheme::HTTP);
+                parts.authority = Some(
+                    self.authority
+                        .clone()
+                        .unwrap_or_else(|| http::uri::Authority::from_static("localhost")),
+                );
+                parts.path_and_query = self.origin.path_and_query().cloned();
+                if let Ok(u) = Uri::from_parts(parts) {
+                    *r.uri_mut() = u;
+                }
                 *r.version_mut() = http::Version::HTTP_2;
                 r.headers_mut().remove(header::HOST);
             }
         }
-        r
     }
 }
+
+/// Most backends one request is tried on.
+const MAX_ATTEMPTS: usize = 8;
 
 impl Inner {
     async fn forward(&self, req: Request<Body>) -> Response<ProxyBody> {
         let info = req.extensions().get::<ConnInfo>().copied();
         let early = req.extensions().get::<EarlyData>().is_some();
         let (parts, body) = req.into_parts();
-        let Some(head) = self.upstream_head(parts, info, early) else {
+        let Some(mut head) = self.upstream_head(parts, info, early) else {
             return local(StatusCode::BAD_REQUEST, "cannot forward this request");
         };
         let idempotent = head.method.is_idempotent();
@@ -432,16 +465,21 @@ impl Inner {
         let mut unsent = Some(up);
         let mut returned: Option<Request<UpBody>> = None;
         let mut last: Option<Reason> = None;
-        for i in self.order() {
+        let mut tried = [usize::MAX; MAX_ATTEMPTS];
+        for attempt in 0..MAX_ATTEMPTS.min(self.backends.len()) {
+            let Some(i) = self.pick(&tried[..attempt]) else {
+                break;
+            };
+            tried[attempt] = i;
             let b = &self.backends[i];
             let protocol = b.upstream.protocol();
-            let r = if let Some(r) = returned.take() {
-                // Back unsent from another backend: its head is rebuilt for this one's
-                // protocol, its body is as it was.
-                head.request(r.into_body(), protocol)
+            let r = if let Some(mut r) = returned.take() {
+                // Back unsent from another backend, fields and body as they were.
+                head.target(&mut r, protocol);
+                r
             } else if let Some(up) = unsent.take() {
                 head.request(up, protocol)
-            } else if idempotent && watch.ended_empty() {
+            } else if idempotent && head.keep && watch.ended_empty() {
                 // After a failed exchange: only an idempotent request without a body goes
                 // again (RFC 9110 §9.2.2).
                 let (up, w) = UpBody::new(Body::empty());
@@ -453,9 +491,14 @@ impl Inner {
             let outstanding = Outstanding::new(b);
             let start = Instant::now();
             match b.send(r, &self.options).await {
-                Ok(resp) => {
+                Ok((resp, sender)) => {
                     b.on_success();
-                    return self.downstream(resp, b, start.elapsed(), outstanding);
+                    let recycle = sender.map(|sender| Recycle {
+                        backend: b.clone(),
+                        sender,
+                        max_idle: self.options.max_idle,
+                    });
+                    return self.downstream(resp, b, start.elapsed(), outstanding, recycle);
                 }
                 Err(Failure::NotSent(back, why)) => {
                     b.on_failure(&self.options);
@@ -482,29 +525,37 @@ impl Inner {
     fn log_failure(&self, b: &Backend, why: &Reason, head: &Head, unsent: bool) {
         tracing::warn!(
             target: "kuai_http::proxy", backend = %b.name, method = %head.method,
-            path = head.uri.path(), unsent, reason = %why, "upstream request failed"
+            path = head.origin.path(), unsent, reason = %why, "upstream request failed"
         );
     }
 
-    /// The backends in the order to try them: available ones first (by the balance), then
-    /// the resting ones, in case every backend rests.
-    fn order(&self) -> Vec<usize> {
+    /// The backend for the next attempt, of those not `tried`: an available one first
+    /// (by the balance), else a resting one, in case every backend rests.
+    fn pick(&self, tried: &[usize]) -> Option<usize> {
         let n = self.backends.len();
         let start = self.next.fetch_add(1, Relaxed) % n;
-        let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
-        // Stable: ties keep the round-robin order.
-        match self.balance {
-            Balance::RoundRobin => order.sort_by_key(|&i| !self.backends[i].is_available()),
-            Balance::LeastOutstanding => order.sort_by_key(|&i| {
-                let b = &self.backends[i];
-                (!b.is_available(), b.outstanding.load(Relaxed))
-            }),
+        let mut best: Option<(bool, usize, usize)> = None;
+        for k in 0..n {
+            let i = (start + k) % n;
+            if tried.contains(&i) {
+                continue;
+            }
+            let b = &self.backends[i];
+            let load = match self.balance {
+                Balance::RoundRobin => 0,
+                Balance::LeastOutstanding => b.outstanding.load(Relaxed),
+            };
+            // Ties keep the round-robin order: the first found stays.
+            let key = (!b.is_available(), load, i);
+            if best.is_none_or(|(r, l, _)| (key.0, key.1) < (r, l)) {
+                best = Some(key);
+            }
         }
-        order
+        best.map(|(_, _, i)| i)
     }
 
-    /// The request head as it goes to a backend (RFC 9110 §7.6): origin-form target,
-    /// `Host` from the client's authority, hop-by-hop fields out, forwarding fields in.
+    /// The request head as it goes to a backend (RFC 9110 §7.6): hop-by-hop fields out,
+    /// forwarding fields in, the client's authority kept.
     fn upstream_head(
         &self,
         parts: http::request::Parts,
@@ -519,16 +570,16 @@ impl Inner {
             ..
         } = parts;
         headers::strip_hop_by_hop(&mut headers);
-        let host = match uri.authority() {
-            Some(a) => Some(a.as_str().to_owned()),
+        let authority = match uri.authority() {
+            Some(a) => Some(a.clone()),
             None => headers
                 .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_owned),
+                .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok()),
         };
-        if let Some(h) = &host {
-            headers.insert(header::HOST, HeaderValue::from_str(h).ok()?);
-        }
+        let host = match &authority {
+            Some(a) => Some(HeaderValue::from_str(a.as_str()).ok()?),
+            None => None,
+        };
         if let Some(info) = info {
             let ip = info.remote.ip().to_canonical();
             headers::append_list(
@@ -539,7 +590,7 @@ impl Inner {
             headers::append_list(
                 &mut headers,
                 header::FORWARDED,
-                &headers::forwarded_element(ip, host.as_deref()),
+                &headers::forwarded_element(ip, authority.as_ref().map(|a| a.as_str())),
             );
         }
         headers.insert(
@@ -555,8 +606,7 @@ impl Inner {
             Some(crate::Protocol::Http09) => http::Version::HTTP_09,
             None => version,
         };
-        let via = format!("{} {}", headers::via_protocol(version), self.via_name);
-        headers::append_list(&mut headers, header::VIA, &via);
+        headers::append_value(&mut headers, header::VIA, self.via(version));
         // RFC 8470 §5.1: the backend learns the request came in early data, and may answer
         // 425.
         if early {
@@ -565,21 +615,32 @@ impl Inner {
                 HeaderValue::from_static("1"),
             );
         }
-        let target = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
-        // An absolute URI: HTTP/1.1 sends its path (origin form), HTTP/2 its parts as
-        // pseudo-header fields; the connection itself goes to the backend.
-        let authority = host.as_deref().unwrap_or("localhost");
-        let uri = Uri::builder()
-            .scheme("http")
-            .authority(authority)
-            .path_and_query(target)
-            .build()
-            .ok()?;
+        let origin = match uri.path_and_query() {
+            Some(p) => Uri::from(p.clone()),
+            None => Uri::from_static("/"),
+        };
+        // A retry after a failed exchange needs the fields again (see `forward`).
+        let keep = method.is_idempotent() && self.backends.len() > 1;
         Some(Head {
             method,
-            uri,
+            origin,
+            authority,
+            host,
             headers,
+            keep,
         })
+    }
+
+    /// `Via` for a message received with `version`, as this proxy names itself.
+    fn via(&self, version: http::Version) -> &HeaderValue {
+        let i = match version {
+            http::Version::HTTP_09 => 0,
+            http::Version::HTTP_10 => 1,
+            http::Version::HTTP_2 => 3,
+            http::Version::HTTP_3 => 4,
+            _ => 2,
+        };
+        &self.via_values[i]
     }
 
     /// A backend's response as it goes to the client.
@@ -589,17 +650,17 @@ impl Inner {
         b: &Arc<Backend>,
         elapsed: Duration,
         outstanding: Outstanding,
+        recycle: Option<Recycle>,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = resp.into_parts();
         headers::strip_hop_by_hop(&mut parts.headers);
-        let via = format!("{} {}", headers::via_protocol(parts.version), self.via_name);
-        headers::append_list(&mut parts.headers, header::VIA, &via);
+        headers::append_value(&mut parts.headers, header::VIA, self.via(parts.version));
         parts.version = http::Version::default();
         parts.extensions.insert(UpstreamTiming {
             backend: b.name.clone(),
             elapsed,
         });
-        Response::from_parts(parts, ProxyBody::upstream(body, outstanding))
+        Response::from_parts(parts, ProxyBody::upstream(body, outstanding, recycle))
     }
 }
 
@@ -626,35 +687,39 @@ async fn health_checks(proxy: std::sync::Weak<Inner>, b: Arc<Backend>, h: Health
         let mut options = inner.options.clone();
         options.response_timeout = h.timeout;
         options.connect_timeout = options.connect_timeout.min(h.timeout);
-        let uri = Uri::builder()
-            .scheme("http")
-            .authority(b.upstream.authority())
-            .path_and_query(h.path.as_str())
-            .build();
-        let Ok(uri) = uri else {
+        let (Ok(origin), Ok(authority)) = (
+            Uri::try_from(h.path.as_str()),
+            http::uri::Authority::try_from(b.upstream.authority()),
+        ) else {
             tracing::warn!(target: "kuai_http::proxy", path = h.path, "health check path is not a path");
             return;
         };
         let mut headers = http::HeaderMap::new();
-        if let Ok(host) = HeaderValue::from_str(b.upstream.authority()) {
-            headers.insert(header::HOST, host);
-        }
         headers.insert(
             header::USER_AGENT,
             HeaderValue::from_static("kuai-health-check"),
         );
-        let head = Head {
+        let mut head = Head {
             method: Method::GET,
-            uri,
+            origin,
+            host: HeaderValue::from_str(authority.as_str()).ok(),
+            authority: Some(authority),
             headers,
+            keep: false,
         };
         let req = head.request(UpBody::new(Body::empty()).0, b.upstream.protocol());
         drop(inner);
         let ok = match b.send(req, &options).await {
-            Ok(resp) => {
+            Ok((resp, sender)) => {
                 let ok = resp.status().is_success() || resp.status().is_redirection();
                 // Read the answer out so the connection goes back to the pool.
-                let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+                if http_body_util::BodyExt::collect(resp.into_body())
+                    .await
+                    .is_ok()
+                    && let Some(s) = sender
+                {
+                    b.put_idle(s, options.max_idle);
+                }
                 ok
             }
             Err(_) => false,

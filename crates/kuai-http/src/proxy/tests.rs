@@ -31,6 +31,7 @@ struct Seen {
     /// Requests whose handler is running (a cancelled one is dropped).
     live: AtomicUsize,
     requests: AtomicUsize,
+    connections: AtomicUsize,
 }
 
 struct LiveGuard(Arc<Seen>);
@@ -56,6 +57,7 @@ async fn backend(name: &'static str, h2c: bool) -> (SocketAddr, Arc<Seen>) {
             let Ok((tcp, _)) = l.accept().await else {
                 return;
             };
+            s.connections.fetch_add(1, SeqCst);
             let s = s.clone();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let s = s.clone();
@@ -489,6 +491,40 @@ async fn balancing_and_health_checks() {
         assert_eq!(whoami(&client, &gw).await, "a");
     }
     assert!(sick_seen.requests.load(SeqCst) >= 2, "checked");
+}
+
+/// Requests one after another share one backend connection, HEAD and bodies read to the end
+/// alike; a response abandoned half-way costs its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_connections_are_reused() {
+    for h2c in [false, true] {
+        let (b, seen) = backend("b", h2c).await;
+        let gw = Gateway::start(proxy_to(&[(b, h2c)]).build().unwrap()).await;
+        let client = gw.client(Mode::Http3);
+        for i in 0..20 {
+            let method = if i % 5 == 4 {
+                Method::HEAD
+            } else {
+                Method::GET
+            };
+            let r = client
+                .request(method, &gw.url("/whoami"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+        }
+        assert_eq!(seen.connections.load(SeqCst), 1, "h2c={h2c}");
+        if !h2c {
+            let mut r = client.get(&gw.url("/slow")).send().await.unwrap();
+            r.chunk().await.unwrap();
+            drop(r);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert_eq!(whoami(&client, &gw).await, "b");
+            assert_eq!(seen.connections.load(SeqCst), 2);
+        }
+    }
 }
 
 #[test]
