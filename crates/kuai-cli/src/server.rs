@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kuai::{Endpoint, ServerConfig};
+use kuai_http::metrics::Metrics;
 use kuai_http::proxy::{Balance, HealthCheck, Proxy, Upstream};
 use kuai_http::{Limits, Listener, Server};
 
@@ -60,6 +61,12 @@ pub struct Args {
     /// Write a qlog trace of every connection into this directory.
     #[arg(long)]
     qlog_dir: Option<PathBuf>,
+    /// Serve statistics in the Prometheus text format at http://ADDR/metrics: handshakes,
+    /// 0-RTT, connections by version / cipher suite / ALPN, RTT, congestion window and loss,
+    /// migrations, stateless answers and drops, requests by protocol and status, upstream
+    /// latency and errors.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
     /// Do not serve HTTP/1.1 and HTTP/2 over TCP on the same port.
     #[arg(long)]
     no_tcp: bool,
@@ -293,6 +300,20 @@ async fn serve(args: Args) -> Result<(), String> {
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);
     }
+    let metrics = match args.metrics {
+        Some(addr) => {
+            let m = Metrics::new();
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot bind the metrics address {addr}: {e}"))?;
+            let local = l.local_addr().map_err(|e| e.to_string())?;
+            println!("metrics at http://{local}/metrics");
+            tokio::spawn(m.clone().serve(l));
+            builder = builder.subscriber(m.subscriber());
+            Some(m)
+        }
+        None => None,
+    };
     if let Some(a) = args.preferred_address {
         builder = builder.preferred_address(a);
     }
@@ -370,21 +391,23 @@ async fn serve(args: Args) -> Result<(), String> {
     };
     let limits = limits(&args);
     let served = if args.upstream.is_empty() {
-        Server::new(SiteService::new(&site))
-            .limits(limits)
-            .serve_with_shutdown(listener, shutdown)
-            .await
+        let mut server = Server::new(SiteService::new(&site)).limits(limits);
+        if let Some(m) = &metrics {
+            server = server.metrics(m.clone());
+        }
+        server.serve_with_shutdown(listener, shutdown).await
     } else {
-        Server::new(proxy(&args)?)
-            .limits(limits)
-            .serve_with_shutdown(listener, shutdown)
-            .await
+        let mut server = Server::new(proxy(&args, metrics.as_ref())?).limits(limits);
+        if let Some(m) = &metrics {
+            server = server.metrics(m.clone());
+        }
+        server.serve_with_shutdown(listener, shutdown).await
     };
     served.map_err(|e| e.to_string())
 }
 
 /// The gateway's proxy from the flags.
-fn proxy(args: &Args) -> Result<Proxy, String> {
+fn proxy(args: &Args, metrics: Option<&Arc<Metrics>>) -> Result<Proxy, String> {
     let mut b = Proxy::builder()
         .balance(args.balance)
         .connect_timeout(args.upstream_connect_timeout.0)
@@ -400,6 +423,9 @@ fn proxy(args: &Args) -> Result<Proxy, String> {
         h.interval = args.health_interval.0;
         h.timeout = h.timeout.min(args.health_interval.0);
         b = b.health_check(h);
+    }
+    if let Some(m) = metrics {
+        b = b.metrics(m.clone());
     }
     b.build().map_err(|e| e.to_string())
 }

@@ -153,8 +153,12 @@ impl Drop for Gateway {
 
 /// `kuai server --upstream URL...` on a free port, once it listens.
 fn gateway(upstreams: &[String]) -> Gateway {
+    gateway_with(upstreams, &[])
+}
+
+fn gateway_with(upstreams: &[String], extra: &[&str]) -> Gateway {
     let mut cmd = Command::new(KUAI);
-    cmd.args(["server", "--listen", "127.0.0.1:0"]);
+    cmd.args(["server", "--listen", "127.0.0.1:0"]).args(extra);
     for u in upstreams {
         cmd.args(["--upstream", u]);
     }
@@ -409,4 +413,133 @@ fn chromium_loads_a_page_through_the_gateway_over_http3() {
     let dom = String::from_utf8_lossy(&o.stdout);
     assert!(dom.contains("reached the backend via 3 kuai"), "{dom}");
     assert!(dom.contains("browser saw page h3, script h3"), "{dom}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `curl -s URL`'s body.
+fn fetch_text(url: &str) -> String {
+    String::from_utf8_lossy(&run(Command::new("curl").args(["-s", "--max-time", "5", url])).stdout)
+        .into_owned()
+}
+
+/// `kuai server --metrics`: `/metrics` passes `promtool check metrics` and shows the
+/// handshakes, 0-RTT and requests the test made; a real Prometheus scrapes it.
+#[test]
+fn metrics_pass_promtool_and_prometheus_scrapes_them() {
+    let need = |tool: &str| {
+        let found = have_quietly(tool);
+        assert!(
+            found || std::env::var_os("KUAI_REQUIRE_PROMETHEUS").is_none(),
+            "{tool} is not installed and KUAI_REQUIRE_PROMETHEUS is set"
+        );
+        found
+    };
+    if !need("curl") || !need("promtool") || !need("prometheus") {
+        eprintln!("curl, promtool or prometheus missing: test skipped");
+        return;
+    }
+    let b = backend();
+    let mport = free_port();
+    let maddr = format!("127.0.0.1:{mport}");
+    let gw = gateway_with(&[format!("http://{b}")], &["--metrics", &maddr]);
+    let url = format!("https://localhost:{}/file", gw.port);
+    // Three HTTP/3 connections from one process: the second and third resume in 0-RTT.
+    let o = run(Command::new(KUAI).args([
+        "get",
+        "--insecure",
+        "--state-file",
+        "none",
+        "--repeat",
+        "3",
+        "-o",
+        "/dev/null",
+        &url,
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = curl(&["--http2", "-o", "/dev/null", &url]);
+    assert!(o.status.success());
+    let metrics_url = format!("http://{maddr}/metrics");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let t = fetch_text(&metrics_url);
+        if t.contains("kuai_http_requests_total{protocol=\"h3\",status=\"200\"} 3\n")
+            && t.contains("kuai_quic_handshakes_total{result=\"ok\"} 3\n")
+        {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "{t}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for want in [
+        "kuai_quic_zero_rtt_accepted_total 2\n",
+        "kuai_http_requests_total{protocol=\"h2\",status=\"200\"} 1\n",
+    ] {
+        assert!(text.contains(want), "no {want:?} in\n{text}");
+    }
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut promtool.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Prometheus scrapes it every second; its query API gives back what the test caused.
+    let dir = temp_dir("prometheus");
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: kuai\n    static_configs:\n      - targets: ['{maddr}']\n"
+        ),
+    )
+    .unwrap();
+    let pport = free_port();
+    let mut prom = Command::new("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{pport}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let query = |q: &str| fetch_text(&format!("http://127.0.0.1:{pport}/api/v1/query?query={q}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let answer = loop {
+        let a = query("sum(kuai_http_requests_total)");
+        if a.contains("\"value\":[") && a.contains("\"4\"]") {
+            break a;
+        }
+        if Instant::now() > deadline {
+            let _ = prom.kill();
+            panic!("Prometheus did not scrape the count: {a}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let zero_rtt = query("kuai_quic_zero_rtt_accepted_total");
+    let _ = prom.kill();
+    let _ = prom.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(answer.contains("\"status\":\"success\""), "{answer}");
+    assert!(zero_rtt.contains("\"2\"]"), "{zero_rtt}");
 }

@@ -57,6 +57,7 @@ mod body;
 pub mod client;
 mod error;
 pub mod fs;
+pub mod metrics;
 pub mod proxy;
 mod serve_dir;
 pub mod server;

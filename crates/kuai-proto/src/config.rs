@@ -391,6 +391,8 @@ pub struct EndpointConfig {
     pub stateless_reset: bool,
     /// What the endpoint's connections may hold before their windows shrink.
     pub memory_budget: Arc<MemoryBudget>,
+    /// Who watches the endpoint and its connections (none by default: no event is built).
+    pub subscribers: crate::trace::Subscribers,
 }
 
 impl Default for EndpointConfig {
@@ -403,6 +405,7 @@ impl Default for EndpointConfig {
             max_udp_payload_size: 1500,
             stateless_reset: true,
             memory_budget: MemoryBudget::new(DEFAULT_MEMORY_BUDGET),
+            subscribers: crate::trace::Subscribers::default(),
         }
     }
 }

@@ -12,6 +12,7 @@ use bytes::{Bytes, BytesMut};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::trace::{ConnectionMeta, EndpointDropReason, EndpointTraceEvent};
 use crate::cid::{ConnectionId, ConnectionIdGenerator, MAX_CID_SIZE};
 use crate::config::{ClientConfig, EndpointConfig, RetryPolicy, ServerConfig};
 use crate::connection::{
@@ -186,6 +187,8 @@ pub struct Endpoint {
     rng: StdRng,
     anchor: (Instant, u64),
     stats: EndpointStats,
+    /// The time of the datagram or call being handled, for subscribers' events.
+    now: Instant,
     /// What client connections learnt about their servers' paths, for the next connection
     /// to the same address.
     path_hints: Hints<SocketAddr>,
@@ -263,6 +266,7 @@ impl Endpoint {
             rng,
             anchor: (now, unix_ms),
             stats: EndpointStats::default(),
+            now,
             path_hints: Hints::new(),
             client_hints: Hints::new(),
         }
@@ -403,8 +407,10 @@ impl Endpoint {
         let cid = self.new_cid();
         let seed = self.rng.random();
         let hint = self.path_hints.get(&remote);
-        let conn =
+        self.now = now;
+        let mut conn =
             Connection::new_client(config, server_name, remote, cid, token, now, seed, hint)?;
+        self.attach_tracer(&mut conn, Side::Client, remote, now);
         let h = self.insert(Entry {
             conn,
             handshaking: false,
@@ -483,6 +489,40 @@ impl Endpoint {
         }
     }
 
+    /// Gives a new connection its subscribers' tracer, if the endpoint has subscribers.
+    fn attach_tracer(&self, conn: &mut Connection, side: Side, remote: SocketAddr, now: Instant) {
+        let subs = &self.config.subscribers;
+        if subs.is_empty() {
+            return;
+        }
+        let meta = ConnectionMeta {
+            side,
+            remote,
+            original_dcid: conn.original_dcid(),
+        };
+        if let Some(t) = subs.connection_tracer(&meta, now) {
+            conn.set_tracer(t);
+        }
+    }
+
+    /// Counts a datagram dropped before any connection saw it, and tells the subscribers.
+    fn drop_datagram(&mut self, remote: SocketAddr, size: usize, reason: EndpointDropReason) {
+        self.stats.dropped += 1;
+        self.notify(EndpointTraceEvent::DatagramDropped {
+            remote,
+            size,
+            reason,
+        });
+    }
+
+    /// Hands `event` to the subscribers (built only when there are some: callers pass a
+    /// cheap value).
+    fn notify(&self, event: EndpointTraceEvent) {
+        if !self.config.subscribers.is_empty() {
+            self.config.subscribers.endpoint_event(self.now, &event);
+        }
+    }
+
     /// Processes a received UDP datagram.
     pub fn handle_datagram(
         &mut self,
@@ -492,6 +532,7 @@ impl Endpoint {
         ecn: Option<EcnCodepoint>,
         data: BytesMut,
     ) {
+        self.now = now;
         let Some(first) = data.first().copied() else {
             return;
         };
@@ -502,7 +543,7 @@ impl Endpoint {
                 .get(1..1 + cid_len)
                 .and_then(ConnectionId::try_from_slice)
             else {
-                self.stats.dropped += 1;
+                self.drop_datagram(remote, data.len(), EndpointDropReason::Malformed);
                 return;
             };
             if let Some(&h) = self.by_cid.get(&dcid) {
@@ -519,7 +560,7 @@ impl Endpoint {
         }
         // Long header invariants (RFC 8999 §5.1).
         let Some(info) = long_header_ids(&data) else {
-            self.stats.dropped += 1;
+            self.drop_datagram(remote, data.len(), EndpointDropReason::Malformed);
             return;
         };
         let version = info.version;
@@ -537,13 +578,13 @@ impl Endpoint {
             return;
         }
         if version == 0 {
-            self.stats.dropped += 1;
+            self.drop_datagram(remote, data.len(), EndpointDropReason::UnsupportedVersion);
             return;
         }
         let v = Version::from_wire(version).expect("checked above");
         let ty = LongType::from_bits((first >> 4) & 0x03, v);
         if ty != LongType::Initial || self.server.is_none() {
-            self.stats.dropped += 1;
+            self.drop_datagram(remote, data.len(), EndpointDropReason::Unexpected);
             return;
         }
         self.accept_initial(now, remote, local_ip, ecn, data, v);
@@ -583,18 +624,18 @@ impl Endpoint {
         let server = self.server.clone().expect("checked by caller");
         // RFC 9000 §14.1: Initial datagrams are at least 1200 bytes.
         if data.len() < 1200 {
-            self.stats.dropped += 1;
+            self.drop_datagram(remote, data.len(), EndpointDropReason::InitialTooSmall);
             return;
         }
         let Ok((pd, _)) = packet::PartialDecode::new(data.clone(), self.cid_gen.cid_len()) else {
-            self.stats.dropped += 1;
+            self.drop_datagram(remote, data.len(), EndpointDropReason::Malformed);
             return;
         };
         let dcid = pd.dst_cid();
         let Some(scid) = pd.src_cid() else { return };
         // RFC 9000 §7.2: the client's first DCID is at least 8 bytes.
         if dcid.len() < 8 {
-            self.stats.dropped += 1;
+            self.drop_datagram(remote, data.len(), EndpointDropReason::InitialCidTooShort);
             return;
         }
         if !server.versions.contains(&version) {
@@ -641,6 +682,7 @@ impl Endpoint {
                         validated = true;
                     } else {
                         self.stats.invalid_tokens += 1;
+                        self.notify(EndpointTraceEvent::InvalidToken { remote });
                     }
                 }
                 Err(TokenError::Stale) => {
@@ -648,9 +690,11 @@ impl Endpoint {
                     // that are stale are simply ignored, but we cannot tell them apart here
                     // without decrypting; stale ones of either kind lead to a Retry below.
                     self.stats.invalid_tokens += 1;
+                    self.notify(EndpointTraceEvent::InvalidToken { remote });
                 }
                 Err(TokenError::Invalid) => {
                     self.stats.invalid_tokens += 1;
+                    self.notify(EndpointTraceEvent::InvalidToken { remote });
                 }
             }
         }
@@ -733,6 +777,8 @@ impl Endpoint {
             },
             now,
         );
+        let mut conn = conn;
+        self.attach_tracer(&mut conn, Side::Server, remote, now);
         let h = self.insert(Entry {
             conn,
             handshaking: true,
@@ -760,6 +806,7 @@ impl Endpoint {
         for c in extra {
             self.route_cid(c, h);
         }
+        let size = data.len();
         self.deliver(h, now, remote, local_ip, ecn, data);
         // RFC 9001 §5.2: an Initial that fails authentication is discarded, and it leaves
         // nothing behind: a connection whose first datagram held no packet it could open is
@@ -771,7 +818,7 @@ impl Endpoint {
             self.remove(h);
             self.removed.retain(|&r| r != h);
             self.events.retain(|(x, _)| *x != h);
-            self.stats.dropped += 1;
+            self.drop_datagram(remote, size, EndpointDropReason::InitialUndecryptable);
             return;
         }
         self.incoming.push_back(h);
@@ -791,6 +838,7 @@ impl Endpoint {
         let tok = token::retry_token(&server.token_key, remote, dcid, unix_ms);
         let pkt = packet::build_retry(version, scid, &new_scid, dcid, &tok);
         self.stats.retries_sent += 1;
+        self.notify(EndpointTraceEvent::RetrySent { remote });
         self.queue_response(remote, local_ip, pkt);
     }
 
@@ -805,6 +853,7 @@ impl Endpoint {
         code: TransportErrorCode,
     ) {
         self.stats.refused += 1;
+        self.notify(EndpointTraceEvent::ConnectionRefused { remote });
         let keys = crate::crypto::initial_keys(version, dcid, Side::Server);
         let local = self.cid_gen.generate();
         let mut buf = Vec::with_capacity(128);
@@ -847,7 +896,7 @@ impl Endpoint {
         // RFC 9000 §6.1 / §14.1: only for datagrams big enough to be a client's Initial, and
         // never in answer to a Version Negotiation packet.
         if self.server.is_none() || datagram_len < 1200 || info.version == 0 {
-            self.stats.dropped += 1;
+            self.drop_datagram(remote, datagram_len, EndpointDropReason::UnsupportedVersion);
             return;
         }
         let versions: Vec<u32> = self
@@ -857,6 +906,7 @@ impl Endpoint {
             .unwrap_or_default();
         let pkt = packet::build_version_negotiation(&info.scid, &info.dcid_bytes, &versions);
         self.stats.version_negotiations_sent += 1;
+        self.notify(EndpointTraceEvent::VersionNegotiationSent { remote });
         self.queue_response(remote, local_ip, pkt);
     }
 
@@ -865,7 +915,7 @@ impl Endpoint {
     /// dropped (each answers a datagram that may be spoofed, so none is owed).
     fn queue_response(&mut self, remote: SocketAddr, local_ip: Option<IpAddr>, pkt: Vec<u8>) {
         if self.responses.len() >= MAX_RESPONSES {
-            self.stats.dropped += 1;
+            self.drop_datagram(remote, pkt.len(), EndpointDropReason::ResponsesQueueFull);
             return;
         }
         self.responses.push_back((remote, local_ip, pkt));
@@ -884,13 +934,14 @@ impl Endpoint {
             || received <= packet::MIN_STATELESS_RESET_SIZE
             || dcid.is_empty()
         {
-            self.stats.dropped += 1;
+            self.drop_datagram(remote, received, EndpointDropReason::UnknownConnection);
             return;
         }
         let token = token::reset_token(&self.config.reset_key, dcid);
         let len = (received - 1).min(43 + self.rng.random_range(0..16));
         let pkt = packet::build_stateless_reset(&token, len);
         self.stats.stateless_resets_sent += 1;
+        self.notify(EndpointTraceEvent::StatelessResetSent { remote });
         self.queue_response(remote, local_ip, pkt);
     }
 

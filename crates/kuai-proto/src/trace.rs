@@ -1,11 +1,23 @@
 //! Observability: qlog-shaped trace events (draft-ietf-quic-qlog-quic-events) delivered to a
-//! callback, and per-connection statistics.
+//! callback, per-connection statistics, and [`Subscriber`]s: what an application registers
+//! with an endpoint to get a context of its own per connection and every event, typed.
+//!
+//! A subscriber is set in [`EndpointConfig::subscribers`](crate::EndpointConfig): the
+//! endpoint calls [`Subscriber::create_connection_context`] when it creates a connection
+//! (a server: for the client's first Initial, before its first packet is read), then
+//! [`Subscriber::on_connection_event`] for each of the connection's events with that
+//! context, and [`Subscriber::on_endpoint_event`] for what it does without a connection
+//! (Retry, Version Negotiation, stateless resets, dropped datagrams). The context is dropped
+//! with the connection. With no subscriber the endpoint builds no event at all.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::cid::ConnectionId;
+use crate::connection::ConnectionError;
 use crate::recovery::PathId;
-use crate::types::{SpaceId, Version};
+use crate::types::{Side, SpaceId, Version};
 
 /// A packet type as qlog names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +71,21 @@ pub enum DropReason {
     ConnectionClosing,
     /// An Initial in a datagram under 1200 bytes (RFC 9000 §14.1).
     DatagramTooSmall,
+}
+
+impl DropReason {
+    /// A short name, for logs and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::KeyUnavailable => "key_unavailable",
+            DropReason::DecryptionFailure => "decryption_failure",
+            DropReason::Duplicate => "duplicate",
+            DropReason::HeaderParseError => "header_parse_error",
+            DropReason::UnexpectedVersion => "unexpected_version",
+            DropReason::ConnectionClosing => "connection_closing",
+            DropReason::DatagramTooSmall => "datagram_too_small",
+        }
+    }
 }
 
 /// A trace event. Field names follow qlog's `quic:` event schema so a JSON writer can map them
@@ -185,12 +212,274 @@ pub enum TraceEvent<'a> {
         /// The version in use.
         version: Version,
     },
+    /// The handshake completed: the statistics then (its duration, the version, cipher
+    /// suite and ALPN, resumption, 0-RTT attempted and accepted).
+    HandshakeCompleted {
+        /// The connection's statistics at that moment.
+        stats: &'a ConnectionStats,
+    },
+    /// `quic:connection_closed`: the connection is gone (drained, timed out, or
+    /// abandoned); its final statistics, and why it ended.
+    ConnectionClosed {
+        /// The connection's final statistics.
+        stats: &'a ConnectionStats,
+        /// Why it ended (`None`: closed quietly before anything happened).
+        error: Option<&'a ConnectionError>,
+        /// Whether its handshake had completed.
+        established: bool,
+    },
 }
 
 /// Receives a connection's trace events.
 pub trait Tracer: Send {
     /// Called for each event as it happens, with the time the connection was given.
     fn event(&mut self, time: Instant, event: &TraceEvent<'_>);
+
+    /// Whether it wants the events of every packet (see [`Subscriber::per_packet_events`]).
+    fn per_packet(&self) -> bool {
+        true
+    }
+}
+
+/// Why an endpoint dropped a datagram before any connection saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EndpointDropReason {
+    /// Its header did not parse (cut short, a connection ID of the wrong length).
+    Malformed,
+    /// A short-header packet for no connection here, and no stateless reset owed for it.
+    UnknownConnection,
+    /// A long-header packet for no connection here that is not a client's first Initial
+    /// (or this endpoint takes no connections).
+    Unexpected,
+    /// A client's Initial in a datagram under 1200 bytes (RFC 9000 §14.1).
+    InitialTooSmall,
+    /// A client's Initial whose destination connection ID is under 8 bytes (RFC 9000 §7.2).
+    InitialCidTooShort,
+    /// A client's Initial in which no packet could be opened (RFC 9001 §5.2).
+    InitialUndecryptable,
+    /// A version this endpoint does not speak in a datagram too small for an answer, or a
+    /// Version Negotiation packet (RFC 9000 §6.1).
+    UnsupportedVersion,
+    /// Too many stateless answers (Retry, Version Negotiation, resets) waiting to be sent.
+    ResponsesQueueFull,
+}
+
+impl EndpointDropReason {
+    /// A short name, for logs and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            EndpointDropReason::Malformed => "malformed",
+            EndpointDropReason::UnknownConnection => "unknown_connection",
+            EndpointDropReason::Unexpected => "unexpected",
+            EndpointDropReason::InitialTooSmall => "initial_too_small",
+            EndpointDropReason::InitialCidTooShort => "initial_cid_too_short",
+            EndpointDropReason::InitialUndecryptable => "initial_undecryptable",
+            EndpointDropReason::UnsupportedVersion => "unsupported_version",
+            EndpointDropReason::ResponsesQueueFull => "responses_queue_full",
+        }
+    }
+}
+
+/// What an endpoint does without a connection.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum EndpointTraceEvent {
+    /// A Retry went to `remote` (RFC 9000 §8.1.2).
+    RetrySent {
+        /// The client's address.
+        remote: SocketAddr,
+    },
+    /// A Version Negotiation packet went to `remote` (RFC 9000 §6.1).
+    VersionNegotiationSent {
+        /// The client's address.
+        remote: SocketAddr,
+    },
+    /// A stateless reset went to `remote` (RFC 9000 §10.3).
+    StatelessResetSent {
+        /// The peer's address.
+        remote: SocketAddr,
+    },
+    /// A connection attempt was refused (CONNECTION_REFUSED) at a limit.
+    ConnectionRefused {
+        /// The client's address.
+        remote: SocketAddr,
+    },
+    /// An address-validation token (Retry or NEW_TOKEN) did not check out.
+    InvalidToken {
+        /// The client's address.
+        remote: SocketAddr,
+    },
+    /// A datagram was dropped.
+    DatagramDropped {
+        /// Where it came from.
+        remote: SocketAddr,
+        /// Its size in bytes.
+        size: usize,
+        /// Why.
+        reason: EndpointDropReason,
+    },
+}
+
+/// What a subscriber learns of a connection when it begins.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConnectionMeta {
+    /// Client or server (this end).
+    pub side: Side,
+    /// The peer's address at the start.
+    pub remote: SocketAddr,
+    /// The client's first destination connection ID (qlog's ODCID).
+    pub original_dcid: ConnectionId,
+}
+
+/// Watches an endpoint: a context per connection and every event, typed (see the
+/// [module](self) docs). Register it in [`EndpointConfig::subscribers`](crate::EndpointConfig)
+/// (the `kuai` crate: `EndpointBuilder::subscriber`). Its methods run on the endpoint's
+/// driver, in the packet path: they should be quick (count, sample, queue).
+pub trait Subscriber: Send + Sync + 'static {
+    /// What the subscriber keeps per connection; dropped with the connection.
+    type ConnectionContext: Send + 'static;
+
+    /// A connection begins (a server: a client's Initial arrived).
+    fn create_connection_context(
+        &self,
+        meta: &ConnectionMeta,
+        now: Instant,
+    ) -> Self::ConnectionContext;
+
+    /// One of the connection's events.
+    fn on_connection_event(
+        &self,
+        context: &mut Self::ConnectionContext,
+        now: Instant,
+        event: &TraceEvent<'_>,
+    ) {
+        let _ = (context, now, event);
+    }
+
+    /// One of the endpoint's events.
+    fn on_endpoint_event(&self, now: Instant, event: &EndpointTraceEvent) {
+        let _ = (now, event);
+    }
+
+    /// Whether it wants the events that come with every packet: `PacketSent`,
+    /// `PacketReceived` (the frames named: a decoding pass), `PacketLost`, `MetricsUpdated`
+    /// and `CongestionStateUpdated`. A subscriber that counts connections, handshakes and
+    /// closes (their statistics carry the totals) says no, and costs the packet path
+    /// nothing.
+    fn per_packet_events(&self) -> bool {
+        true
+    }
+}
+
+/// The subscribers of an endpoint (none by default).
+#[derive(Clone, Default)]
+pub struct Subscribers {
+    list: Vec<Arc<dyn ErasedSubscriber>>,
+}
+
+impl std::fmt::Debug for Subscribers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Subscribers({})", self.list.len())
+    }
+}
+
+impl Subscribers {
+    /// Adds a subscriber.
+    pub fn push<S: Subscriber>(&mut self, s: S) {
+        self.push_shared(Arc::new(s));
+    }
+
+    /// Adds a subscriber the application keeps a handle to (to read what it gathers).
+    pub fn push_shared<S: Subscriber>(&mut self, s: Arc<S>) {
+        self.list.push(Arc::new(Holder(s)));
+    }
+
+    /// Adds all of `other`'s.
+    pub fn extend(&mut self, other: Subscribers) {
+        self.list.extend(other.list);
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The tracer a new connection reports to, if anyone listens.
+    pub(crate) fn connection_tracer(
+        &self,
+        meta: &ConnectionMeta,
+        now: Instant,
+    ) -> Option<Box<dyn Tracer>> {
+        match self.list.as_slice() {
+            [] => None,
+            [one] => Some(one.tracer(meta, now)),
+            many => Some(Box::new(Fanout(
+                many.iter().map(|s| s.tracer(meta, now)).collect(),
+            ))),
+        }
+    }
+
+    /// Hands an endpoint event to every subscriber.
+    pub(crate) fn endpoint_event(&self, now: Instant, event: &EndpointTraceEvent) {
+        for s in &self.list {
+            s.endpoint_event(now, event);
+        }
+    }
+}
+
+/// A subscriber without its context type.
+trait ErasedSubscriber: Send + Sync {
+    fn tracer(&self, meta: &ConnectionMeta, now: Instant) -> Box<dyn Tracer>;
+    fn endpoint_event(&self, now: Instant, event: &EndpointTraceEvent);
+}
+
+struct Holder<S>(Arc<S>);
+
+impl<S: Subscriber> ErasedSubscriber for Holder<S> {
+    fn tracer(&self, meta: &ConnectionMeta, now: Instant) -> Box<dyn Tracer> {
+        Box::new(ContextTracer {
+            context: self.0.create_connection_context(meta, now),
+            subscriber: self.0.clone(),
+        })
+    }
+
+    fn endpoint_event(&self, now: Instant, event: &EndpointTraceEvent) {
+        self.0.on_endpoint_event(now, event);
+    }
+}
+
+/// A connection's context and its subscriber.
+struct ContextTracer<S: Subscriber> {
+    subscriber: Arc<S>,
+    context: S::ConnectionContext,
+}
+
+impl<S: Subscriber> Tracer for ContextTracer<S> {
+    fn event(&mut self, time: Instant, event: &TraceEvent<'_>) {
+        self.subscriber
+            .on_connection_event(&mut self.context, time, event);
+    }
+
+    fn per_packet(&self) -> bool {
+        self.subscriber.per_packet_events()
+    }
+}
+
+/// Several subscribers' tracers for one connection.
+struct Fanout(Vec<Box<dyn Tracer>>);
+
+impl Tracer for Fanout {
+    fn event(&mut self, time: Instant, event: &TraceEvent<'_>) {
+        for t in &mut self.0 {
+            t.event(time, event);
+        }
+    }
+
+    fn per_packet(&self) -> bool {
+        self.0.iter().any(|t| t.per_packet())
+    }
 }
 
 /// Per-path statistics.

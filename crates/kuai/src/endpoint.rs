@@ -164,7 +164,6 @@ pub(crate) struct State {
     closed: bool,
     max_segments: usize,
     idle_wakers: Vec<Waker>,
-    qlog_dir: Option<std::path::PathBuf>,
 }
 
 /// One worker: its socket, transport endpoint and connections, and what wakes its driver.
@@ -230,7 +229,7 @@ pub struct EndpointBuilder {
     client: Option<ClientConfig>,
     socket: SocketOptions,
     max_segments: Option<usize>,
-    qlog_dir: Option<std::path::PathBuf>,
+    subscribers: kuai_proto::trace::Subscribers,
     preferred_address: Option<SocketAddr>,
     workers: usize,
 }
@@ -280,9 +279,24 @@ impl EndpointBuilder {
     }
 
     /// Write a qlog trace of every connection into this directory
-    /// (`<original DCID>_<client|server>.sqlog`).
-    pub fn qlog_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
-        self.qlog_dir = Some(dir.into());
+    /// (`<original DCID>_<client|server>.sqlog`): the [`QlogDir`](crate::qlog::QlogDir)
+    /// subscriber.
+    pub fn qlog_dir(self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.subscriber(crate::qlog::QlogDir::new(dir))
+    }
+
+    /// Adds a subscriber: it gets a context of its own for each connection from its first
+    /// packet, the connection's events, and the endpoint's (Retry, Version Negotiation,
+    /// stateless resets, dropped datagrams). See [`kuai_proto::trace::Subscriber`]. Several
+    /// may be added; with none, no event is built.
+    pub fn subscriber<S: kuai_proto::trace::Subscriber>(mut self, s: S) -> Self {
+        self.subscribers.push(s);
+        self
+    }
+
+    /// Adds a subscriber the application keeps a handle to (to read what it gathers).
+    pub fn subscriber_shared<S: kuai_proto::trace::Subscriber>(mut self, s: Arc<S>) -> Self {
+        self.subscribers.push_shared(s);
         self
     }
 
@@ -346,7 +360,8 @@ impl Endpoint {
     fn bind_with(addr: SocketAddr, b: EndpointBuilder) -> io::Result<Self> {
         let now = Instant::now();
         let n = b.workers.max(1);
-        let config = b.config.unwrap_or_default().proto;
+        let mut config = b.config.unwrap_or_default().proto;
+        config.subscribers.extend(b.subscribers);
         let cid_len = (config.cid_generator)().cid_len();
         let sockets = UdpSocket::bind_workers(addr, b.socket, n, cid_len)?;
         let main = sockets[0].local_addr();
@@ -404,7 +419,6 @@ impl Endpoint {
                     closed: false,
                     max_segments,
                     idle_wakers: Vec::new(),
-                    qlog_dir: b.qlog_dir.clone(),
                 }),
                 notify: Notify::new(),
                 udp: UdpStats::default(),
@@ -526,7 +540,6 @@ impl Endpoint {
             ..ConnState::default()
         };
         s.conns.insert(h, Box::new(st));
-        attach_qlog(&mut s, h, now);
         drop(s);
         worker.kick();
         Ok(Connecting::new(ConnectionInner::new(worker.clone(), h)))
@@ -1206,7 +1219,6 @@ fn preferred_config(addr: SocketAddr) -> kuai_proto::PreferredAddressConfig {
 fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
     while let Some(h) = s.ep.accept() {
         s.conns.entry(h).or_default();
-        attach_qlog(s, h, Instant::now());
         s.incoming.push_back(h);
         for w in s.accept_wakers.drain(..) {
             woken.push(w);
@@ -1306,20 +1318,6 @@ fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
         for w in s.idle_wakers.drain(..) {
             woken.push(w);
         }
-    }
-}
-
-/// Starts a qlog trace for a new connection when the endpoint has a qlog directory.
-fn attach_qlog(s: &mut State, h: ConnectionHandle, now: Instant) {
-    let Some(dir) = s.qlog_dir.clone() else {
-        return;
-    };
-    let Some(c) = s.ep.connection_mut(h) else {
-        return;
-    };
-    match crate::qlog::QlogWriter::create(&dir, &c.original_dcid(), c.side(), now) {
-        Ok(w) => c.set_tracer(Box::new(w)),
-        Err(e) => tracing::warn!(error = %e, dir = %dir.display(), "cannot write qlog"),
     }
 }
 

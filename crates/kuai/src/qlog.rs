@@ -7,7 +7,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use kuai_proto::trace::{PacketKind, TraceEvent, Tracer};
+use kuai_proto::trace::{ConnectionMeta, PacketKind, Subscriber, TraceEvent, Tracer};
 use kuai_proto::{ConnectionId, Side};
 
 /// Events a server keeps in memory for a connection whose client has not proved its address
@@ -288,7 +288,43 @@ impl Tracer for QlogWriter {
                     version.wire()
                 );
             }
-            // An event this writer does not know yet (kuai-proto's list may grow).
+            TraceEvent::ConnectionClosed { error, .. } => {
+                use kuai_proto::ConnectionError as E;
+                let (owner, trigger) = match error {
+                    Some(E::TransportError(_) | E::LocallyClosed) => ("local", None),
+                    Some(E::PeerTransportError(_) | E::ApplicationClosed { .. }) => {
+                        ("remote", None)
+                    }
+                    Some(E::TimedOut) => ("local", Some("idle_timeout")),
+                    Some(E::Reset) => ("remote", Some("stateless_reset")),
+                    Some(E::VersionMismatch) => ("local", Some("version_mismatch")),
+                    _ => ("local", Some("unspecified")),
+                };
+                let _ = write!(
+                    l,
+                    "\"name\":\"quic:connection_closed\",\"data\":{{\"owner\":\"{owner}\""
+                );
+                match error {
+                    Some(E::TransportError(e) | E::PeerTransportError(e)) => {
+                        let _ =
+                            write!(l, ",\"connection_code\":{},\"trigger\":\"error\"", e.code.0);
+                    }
+                    Some(E::ApplicationClosed { code, .. }) => {
+                        let _ = write!(
+                            l,
+                            ",\"application_code\":{code},\"trigger\":\"application\""
+                        );
+                    }
+                    Some(E::LocallyClosed) => l.push_str(",\"trigger\":\"application\""),
+                    _ => {}
+                }
+                if let Some(t) = trigger {
+                    let _ = write!(l, ",\"trigger\":\"{t}\"");
+                }
+                l.push('}');
+            }
+            // An event this writer does not know yet (kuai-proto's list may grow), or one
+            // qlog has no place for (HandshakeCompleted: connection_state_updated says it).
             _ => return,
         }
         l.push_str("}\n");
@@ -314,6 +350,46 @@ impl Tracer for QlogWriter {
                 }
             }
             Out::Failed => {}
+        }
+    }
+}
+
+/// qlog for every connection of an endpoint: a [`Subscriber`] writing each connection's trace
+/// to `<dir>/<original DCID>_<client|server>.sqlog` ([`QlogWriter`]).
+#[derive(Debug, Clone)]
+pub struct QlogDir {
+    dir: PathBuf,
+}
+
+impl QlogDir {
+    /// Traces into `dir` (created when the first trace is written).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+}
+
+impl Subscriber for QlogDir {
+    /// `None` when the trace could not be started (logged once).
+    type ConnectionContext = Option<QlogWriter>;
+
+    fn create_connection_context(&self, meta: &ConnectionMeta, now: Instant) -> Option<QlogWriter> {
+        match QlogWriter::create(&self.dir, &meta.original_dcid, meta.side, now) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %self.dir.display(), "cannot write qlog");
+                None
+            }
+        }
+    }
+
+    fn on_connection_event(
+        &self,
+        w: &mut Option<QlogWriter>,
+        now: Instant,
+        event: &TraceEvent<'_>,
+    ) {
+        if let Some(w) = w {
+            w.event(now, event);
         }
     }
 }

@@ -655,3 +655,143 @@ async fn close_then_flush_reaches_the_server_before_the_client_is_gone() {
         "{why:?}"
     );
 }
+
+/// What a test subscriber saw.
+#[derive(Default)]
+struct Seen {
+    contexts: std::sync::atomic::AtomicUsize,
+    dropped_contexts: std::sync::atomic::AtomicUsize,
+    log: std::sync::Mutex<Vec<String>>,
+}
+
+struct Watch(std::sync::Arc<Seen>);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.0
+            .dropped_contexts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+struct Sub(std::sync::Arc<Seen>);
+
+impl kuai::kuai_proto::trace::Subscriber for Sub {
+    type ConnectionContext = (Watch, bool);
+
+    fn create_connection_context(
+        &self,
+        meta: &kuai::kuai_proto::trace::ConnectionMeta,
+        _: Instant,
+    ) -> (Watch, bool) {
+        self.0
+            .contexts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0
+            .log
+            .lock()
+            .unwrap()
+            .push(format!("begin {:?}", meta.side));
+        (Watch(self.0.clone()), false)
+    }
+
+    fn on_connection_event(
+        &self,
+        ctx: &mut (Watch, bool),
+        _: Instant,
+        event: &kuai::kuai_proto::trace::TraceEvent<'_>,
+    ) {
+        use kuai::kuai_proto::trace::TraceEvent as E;
+        let line = match event {
+            // The first packet only: the context was there before it.
+            E::PacketReceived { kind, .. } if !ctx.1 => {
+                ctx.1 = true;
+                format!("first packet {}", kind.qlog_name())
+            }
+            E::HandshakeCompleted { stats } => format!(
+                "handshake {} {}",
+                String::from_utf8_lossy(stats.alpn.as_deref().unwrap_or_default()),
+                stats.cipher_suite.unwrap_or("?")
+            ),
+            E::ConnectionClosed {
+                stats, established, ..
+            } => format!(
+                "closed established={established} sent={}",
+                stats.packets_sent > 0
+            ),
+            _ => return,
+        };
+        self.0.log.lock().unwrap().push(line);
+    }
+
+    fn on_endpoint_event(&self, _: Instant, event: &kuai::kuai_proto::trace::EndpointTraceEvent) {
+        use kuai::kuai_proto::trace::EndpointTraceEvent as E;
+        let line = match event {
+            E::VersionNegotiationSent { .. } => "version negotiation sent".to_string(),
+            E::DatagramDropped { reason, .. } => format!("dropped {}", reason.name()),
+            E::StatelessResetSent { .. } => "stateless reset sent".to_string(),
+            _ => return,
+        };
+        self.0.log.lock().unwrap().push(line);
+    }
+}
+
+/// A subscriber gets a context per connection before its first packet, the handshake and
+/// the close with statistics, the endpoint's stateless answers and drops; the context goes
+/// with the connection.
+#[tokio::test]
+async fn a_subscriber_sees_connections_and_the_endpoint() {
+    let (scfg, cert) = server_config();
+    let seen = std::sync::Arc::new(Seen::default());
+    let server = Endpoint::builder()
+        .server(scfg)
+        .subscriber(Sub(seen.clone()))
+        .bind(localhost())
+        .unwrap();
+    let (server, addr) = start_server_on(server);
+    let (_client, conn) = connect(cert, addr).await;
+    assert_eq!(fetch(&conn, 1000).await, 1000);
+    conn.close(0, b"done");
+    // An unknown version in a full-size datagram gets Version Negotiation; a short
+    // datagram for no connection is dropped.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut odd = vec![0u8; 1200];
+    odd[0] = 0xc0;
+    odd[1..5].copy_from_slice(&0x1a2a_3a4au32.to_be_bytes());
+    odd[5] = 8;
+    odd[14] = 8;
+    udp.send_to(&odd, addr).unwrap();
+    udp.send_to(&[0x40, 1, 2], addr).unwrap();
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let log = seen.log.lock().unwrap().clone();
+        let done = log.iter().any(|l| l.starts_with("closed"))
+            && log.iter().any(|l| l.starts_with("version negotiation"))
+            && log.iter().any(|l| l.starts_with("dropped"));
+        if done
+            && seen
+                .dropped_contexts
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 1
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "saw only {log:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let log = seen.log.lock().unwrap().clone();
+    assert_eq!(seen.contexts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(log[0], "begin Server");
+    assert_eq!(log[1], "first packet initial", "{log:?}");
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("handshake kuai-test TLS13_")),
+        "{log:?}"
+    );
+    assert!(
+        log.contains(&"closed established=true sent=true".to_string()),
+        "{log:?}"
+    );
+    assert!(log.contains(&"dropped malformed".to_string()), "{log:?}");
+    drop(server);
+}

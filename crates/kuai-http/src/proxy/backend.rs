@@ -32,6 +32,15 @@ pub(crate) enum Reason {
 }
 
 impl Reason {
+    /// For the statistics: `timeout`, `connect` or `exchange`.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Reason::ConnectTimeout(_) | Reason::ResponseTimeout(_) => "timeout",
+            Reason::Connect(_) | Reason::Handshake(_) => "connect",
+            Reason::Exchange(_) => "exchange",
+        }
+    }
+
     /// A timeout (504) rather than a failure (502).
     pub(crate) fn is_timeout(&self) -> bool {
         matches!(self, Reason::ConnectTimeout(_) | Reason::ResponseTimeout(_))
@@ -71,6 +80,8 @@ pub(crate) struct Backend {
     /// The last active health check failed.
     check_failed: AtomicBool,
     epoch: Instant,
+    /// Response times and errors, when the proxy keeps statistics.
+    pub(crate) metrics: Option<Arc<crate::metrics::Upstream>>,
 }
 
 impl Backend {
@@ -85,6 +96,7 @@ impl Backend {
             down_until: AtomicU64::new(0),
             check_failed: AtomicBool::new(false),
             epoch,
+            metrics: None,
         }
     }
 

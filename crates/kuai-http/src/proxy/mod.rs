@@ -220,6 +220,7 @@ pub struct ProxyBuilder {
     options: Options,
     health: Option<HealthCheck>,
     via: String,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl ProxyBuilder {
@@ -282,6 +283,13 @@ impl ProxyBuilder {
         self
     }
 
+    /// Records each backend's response times and errors in `metrics` (see
+    /// [`crate::metrics`]).
+    pub fn metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// The name this proxy gives itself in `Via` ("kuai" by default).
     pub fn via_name(mut self, name: impl Into<String>) -> Self {
         self.via = name.into();
@@ -305,7 +313,13 @@ impl ProxyBuilder {
             backends: self
                 .upstreams
                 .into_iter()
-                .map(|u| Arc::new(Backend::new(u, epoch)))
+                .map(|u| {
+                    let mut b = Backend::new(u, epoch);
+                    if let Some(m) = &self.metrics {
+                        b.metrics = Some(m.upstream(b.name.clone()));
+                    }
+                    Arc::new(b)
+                })
                 .collect(),
             balance: self.balance,
             next: AtomicUsize::new(0),
@@ -363,6 +377,7 @@ impl Proxy {
             },
             health: None,
             via: "kuai".into(),
+            metrics: None,
         }
     }
 
@@ -493,6 +508,9 @@ impl Inner {
             match b.send(r, &self.options).await {
                 Ok((resp, sender)) => {
                     b.on_success();
+                    if let Some(m) = &b.metrics {
+                        m.answered(start.elapsed());
+                    }
                     let recycle = sender.map(|sender| Recycle {
                         backend: b.clone(),
                         sender,
@@ -523,6 +541,9 @@ impl Inner {
     }
 
     fn log_failure(&self, b: &Backend, why: &Reason, head: &Head, unsent: bool) {
+        if let Some(m) = &b.metrics {
+            m.failed(why.kind());
+        }
         tracing::warn!(
             target: "kuai_http::proxy", backend = %b.name, method = %head.method,
             path = head.origin.path(), unsent, reason = %why, "upstream request failed"

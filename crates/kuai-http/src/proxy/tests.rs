@@ -157,12 +157,25 @@ struct Gateway {
 
 impl Gateway {
     async fn start(proxy: Proxy) -> Self {
+        Self::start_with(proxy, None).await
+    }
+
+    /// With statistics: the endpoint's subscriber and the server's request counts.
+    async fn start_with(proxy: Proxy, metrics: Option<Arc<crate::metrics::Metrics>>) -> Self {
         let (cert, tls) = identity();
-        let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        let mut ep = kuai::Endpoint::builder();
+        if let Some(m) = &metrics {
+            ep = ep.subscriber(m.subscriber());
+        }
+        let listener = Listener::bind_with("127.0.0.1:0".parse().unwrap(), tls, ep)
             .await
             .unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(Server::new(proxy).serve(listener));
+        let mut server = Server::new(proxy);
+        if let Some(m) = metrics {
+            server = server.metrics(m);
+        }
+        tokio::spawn(server.serve(listener));
         Self {
             port: addr.port(),
             addr,
@@ -525,6 +538,104 @@ async fn backend_connections_are_reused() {
             assert_eq!(seen.connections.load(SeqCst), 2);
         }
     }
+}
+
+/// The statistics count what happened: handshakes (one of them in 0-RTT), requests by
+/// protocol and status, the backend's answers and errors; `promtool check metrics` (Debian's
+/// prometheus package) accepts the text when installed (`KUAI_REQUIRE_PROMTOOL=1`: must be).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_what_happened() {
+    let (b, _) = backend("b", false).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let m = crate::metrics::Metrics::new();
+    let proxy = proxy_to(&[(b, false), (dead, false)])
+        .balance(Balance::RoundRobin)
+        .metrics(m.clone())
+        .build()
+        .unwrap();
+    let gw = Gateway::start_with(proxy, Some(m.clone())).await;
+    let client = gw.client(Mode::Http3);
+    for _ in 0..3 {
+        assert_eq!(whoami(&client, &gw).await, "b");
+    }
+    // A new connection: its request goes in 0-RTT.
+    client.close_connections();
+    let r = client.get(&gw.url("/whoami")).send().await.unwrap();
+    assert_eq!(r.connection().early_data, Some(true), "0-RTT");
+    r.bytes().await.unwrap();
+    let h2 = gw.client(Mode::Http2);
+    let r = h2.get(&gw.url("/nothing-here")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    client.close_connections();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let t = m.render();
+        if t.contains("kuai_quic_handshakes_total{result=\"ok\"} 2\n")
+            && t.contains("kuai_http_requests_total{protocol=\"h3\",status=\"200\"} 4\n")
+            && t.contains("kuai_quic_connections_open 0\n")
+        {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "{t}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for want in [
+        "kuai_quic_zero_rtt_attempted_total 1\n",
+        "kuai_quic_zero_rtt_accepted_total 1\n",
+        "kuai_quic_resumptions_total 1\n",
+        "kuai_quic_connections_total{version=\"1\",cipher_suite=\"TLS13_AES_128_GCM_SHA256\",alpn=\"h3\"} 2\n",
+        "kuai_http_requests_total{protocol=\"h2\",status=\"404\"} 1\n",
+        "kuai_quic_rtt_seconds_count 2\n",
+        "kuai_http_requests_in_flight 0\n",
+    ] {
+        assert!(text.contains(want), "no {want:?} in\n{text}");
+    }
+    // Round robin sent some requests to the dead backend first: refused, then retried.
+    let dead_errors = format!("kuai_upstream_errors_total{{backend=\"{dead}\",kind=\"connect\"}} ");
+    let line = text.lines().find(|l| l.starts_with(&dead_errors)).unwrap();
+    assert!(!line.ends_with(" 0"), "{line}");
+    assert!(
+        text.contains(&format!(
+            "kuai_upstream_response_seconds_count{{backend=\"{b}\"}} 5\n"
+        )),
+        "{text}"
+    );
+    promtool_accepts(&text);
+}
+
+/// `promtool check metrics` on `text`, when promtool is installed.
+fn promtool_accepts(text: &str) {
+    use std::io::Write;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        assert!(
+            std::env::var_os("KUAI_REQUIRE_PROMTOOL").is_none(),
+            "promtool is not installed and KUAI_REQUIRE_PROMTOOL is set"
+        );
+        eprintln!("promtool not installed: the text was not checked");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -91,7 +91,7 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
                 remote,
                 protocol: Protocol::Http3,
             };
-            let mut log = AccessLog::new(info, method.clone(), path, early);
+            let mut log = AccessLog::new(&shared, info, method.clone(), path, early);
             let (mut send, recv) = stream.split();
             let limit = shared.limits.max_request_body;
             let req = Request::from_parts(parts, Body::h3(recv, limit));
@@ -106,9 +106,12 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
             };
             log.response(&resp);
             match send_response(send, resp, &method).await {
-                Ok(bytes) => {
+                Ok((bytes, mut send)) => {
                     log.bytes = bytes;
                     log.write();
+                    drop(log);
+                    // The request is done; its stream stays until the client has it all.
+                    let _ = send.finished().await;
                 }
                 Err(e) => {
                     tracing::info!(%remote, %method, path = log.path, error = %e, "h3 request failed")
@@ -138,12 +141,12 @@ async fn linger(server: &kuai_h3::Server, deadline: tokio::time::Instant) {
 }
 
 /// Sends `resp` and its body (none after HEAD, 204 and 304: RFC 9110 §6.4.1) and finishes the
-/// stream; the body bytes sent.
+/// stream; the body bytes sent, and the stream (to wait for its acknowledgement).
 async fn send_response(
     mut stream: SendHalf,
     resp: Response<ReplyBody>,
     method: &Method,
-) -> Result<u64, kuai_h3::Error> {
+) -> Result<(u64, SendHalf), kuai_h3::Error> {
     let (head, mut body) = resp.into_parts();
     let status = head.status;
     stream.send_response(Response::from_parts(head, ())).await?;
@@ -183,6 +186,5 @@ async fn send_response(
     // before the wait for the acknowledgements.
     drop(body);
     stream.finish()?;
-    let _ = stream.finished().await;
-    Ok(sent)
+    Ok((sent, stream))
 }

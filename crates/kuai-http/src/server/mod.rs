@@ -177,6 +177,16 @@ impl Listener {
     /// example from [`server_tls`]; its ALPN list is set here); certificates by SNI come
     /// from its certificate resolver.
     pub async fn bind(addr: SocketAddr, tls: rustls::ServerConfig) -> Result<Self, Error> {
+        Self::bind_with(addr, tls, kuai::Endpoint::builder()).await
+    }
+
+    /// [`bind`](Self::bind) with the QUIC endpoint made from `endpoint` (its subscribers,
+    /// workers, qlog directory...); its server configuration is set here, from `tls`.
+    pub async fn bind_with(
+        addr: SocketAddr,
+        tls: rustls::ServerConfig,
+        endpoint: kuai::EndpointBuilder,
+    ) -> Result<Self, Error> {
         let mut quic_tls = tls.clone();
         quic_tls.alpn_protocols = vec![ALPN_H3.to_vec()];
         let quic = kuai::ServerConfig::from_rustls(quic_tls);
@@ -184,7 +194,8 @@ impl Listener {
         let tries = if addr.port() == 0 { 8 } else { 1 };
         let mut last = None;
         for _ in 0..tries {
-            let endpoint = kuai::Endpoint::builder()
+            let endpoint = endpoint
+                .clone()
                 .server(quic.clone())
                 .bind(addr)
                 .map_err(|source| Error::Bind { addr, source })?;
@@ -279,6 +290,7 @@ pub struct Server<S> {
     alt_svc_max_age: Option<Duration>,
     refuse_unsafe_early_data: bool,
     handle: Handle,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// Response bodies as the protocol fronts send them.
@@ -304,6 +316,7 @@ where
             alt_svc_max_age: Some(Duration::from_secs(86400)),
             refuse_unsafe_early_data: true,
             handle: Handle(Arc::new(watch::channel(false).0)),
+            metrics: None,
         }
     }
 
@@ -325,6 +338,13 @@ where
     /// replays itself (see [`EarlyData`]).
     pub fn refuse_unsafe_early_data(mut self, on: bool) -> Self {
         self.refuse_unsafe_early_data = on;
+        self
+    }
+
+    /// Counts requests (by protocol and status, and those in flight) in `metrics`; see
+    /// [`crate::metrics`].
+    pub fn metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 
@@ -422,6 +442,7 @@ where
             refuse_unsafe_early_data: self.refuse_unsafe_early_data,
             shutdown: self.handle.0.subscribe(),
             tasks: Arc::new(Tasks::default()),
+            metrics: self.metrics,
         })
     }
 }
@@ -488,6 +509,7 @@ pub(crate) struct Shared {
     refuse_unsafe_early_data: bool,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) tasks: Arc<Tasks>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Shared {
@@ -562,10 +584,22 @@ pub(crate) struct AccessLog {
     pub(crate) early: bool,
     /// A proxied request's backend and its time to the response head.
     pub(crate) upstream: Option<crate::proxy::UpstreamTiming>,
+    /// Counts the request (in flight now, by status when it ends).
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl AccessLog {
-    pub(crate) fn new(info: ConnInfo, method: Method, path: String, early: bool) -> Self {
+    pub(crate) fn new(
+        shared: &Shared,
+        info: ConnInfo,
+        method: Method,
+        path: String,
+        early: bool,
+    ) -> Self {
+        let metrics = shared.metrics.clone();
+        if let Some(m) = &metrics {
+            m.request_started();
+        }
         Self {
             info,
             method,
@@ -575,6 +609,7 @@ impl AccessLog {
             start: Instant::now(),
             early,
             upstream: None,
+            metrics,
         }
     }
 
@@ -599,6 +634,14 @@ impl AccessLog {
             ms = self.start.elapsed().as_millis() as u64, early_data = self.early,
             upstream, upstream_ms, "request"
         );
+    }
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        if let Some(m) = &self.metrics {
+            m.request_ended(self.info.protocol, self.status);
+        }
     }
 }
 

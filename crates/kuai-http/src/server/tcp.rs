@@ -493,6 +493,7 @@ async fn serve_connection(
         let request = InFlight::new(&st);
         async move {
             let mut log = AccessLog::new(
+                &shared,
                 info,
                 req.method().clone(),
                 req.uri().path().to_owned(),

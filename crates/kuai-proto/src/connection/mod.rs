@@ -489,6 +489,8 @@ pub struct Connection {
     undecryptable: Vec<(Instant, SocketAddr, Option<EcnCodepoint>, bytes::BytesMut)>,
     stats: Counters,
     tracer: Option<Box<dyn Tracer>>,
+    /// The tracer wants every packet's events (building them costs).
+    trace_packets: bool,
     rng: ConnRng,
     now: Instant,
     spin: bool,
@@ -889,6 +891,7 @@ impl Connection {
                 ..Default::default()
             },
             tracer: None,
+            trace_packets: false,
             rng: ConnRng::new(seed),
             now,
             spin: false,
@@ -1024,9 +1027,16 @@ impl Connection {
         self.local_cids.issued.values().map(|c| c.cid)
     }
 
-    /// Sends the connection's trace events to `tracer`.
+    /// Sends the connection's trace events to `tracer`. Given before the connection's first
+    /// packet, it hears the handshake start.
     pub fn set_tracer(&mut self, tracer: Box<dyn Tracer>) {
+        self.trace_packets = tracer.per_packet();
         self.tracer = Some(tracer);
+        if self.state == State::Handshake && self.packets_received() == 0 {
+            self.trace(TraceEvent::ConnectionStateUpdated {
+                new: "handshake_started",
+            });
+        }
     }
 
     fn trace(&mut self, ev: TraceEvent<'_>) {
@@ -1431,6 +1441,7 @@ impl Connection {
         {
             self.zero_rtt_keys = Some(Box::new(k));
             self.zero_rtt = ZeroRtt::Attempting;
+            self.stats.zero_rtt_attempted = true;
             self.retry_undecryptable(now);
         }
         self.release_tls();
@@ -1693,6 +1704,10 @@ impl Connection {
         self.trace(TraceEvent::ConnectionStateUpdated {
             new: "handshake_complete",
         });
+        if self.tracer.is_some() {
+            let stats = self.stats();
+            self.trace(TraceEvent::HandshakeCompleted { stats: &stats });
+        }
         // 1-RTT packets held back until now (server) can be processed.
         self.retry_undecryptable(now);
         Ok(())
@@ -1956,6 +1971,19 @@ impl Connection {
             self.timers.clear();
             self.endpoint_events.push_back(EndpointEvent::Drained);
             self.trace(TraceEvent::ConnectionStateUpdated { new: "closed" });
+            self.trace_packets = false;
+            if let Some(mut t) = self.tracer.take() {
+                let stats = self.stats();
+                t.event(
+                    self.now,
+                    &TraceEvent::ConnectionClosed {
+                        stats: &stats,
+                        error: self.error.as_ref(),
+                        established: self.handshake_complete,
+                    },
+                );
+                // Nothing comes after: the tracer (a subscriber's context) goes now.
+            }
         }
     }
 

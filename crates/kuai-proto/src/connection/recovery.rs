@@ -367,12 +367,14 @@ impl Connection {
             if space == SpaceId::Data && p.ack_eliciting && !p.mtu_probe && p.path == self.path.id {
                 self.path.recent_lost = (self.path.recent_lost + 1).min(self.path.recent_sent);
             }
-            self.trace(TraceEvent::PacketLost {
-                space,
-                pn,
-                size: usize::from(p.size),
-                trigger,
-            });
+            if self.trace_packets {
+                self.trace(TraceEvent::PacketLost {
+                    space,
+                    pn,
+                    size: usize::from(p.size),
+                    trigger,
+                });
+            }
             let on_active = p.path == self.path.id;
             if p.in_flight {
                 if on_active {
@@ -535,7 +537,7 @@ impl Connection {
     }
 
     fn trace_metrics(&mut self) {
-        if self.tracer.is_none() {
+        if !self.trace_packets {
             return;
         }
         let slow_start = self.path.cc.in_slow_start();

@@ -222,6 +222,11 @@ impl Connection {
             self.drop_packet(Some(kind), size, DropReason::UnexpectedVersion);
             return PacketResult::default();
         }
+        if is_0rtt {
+            // The client tried 0-RTT, whether or not its keys are here (rejected early data
+            // still counts as an attempt in the statistics).
+            self.stats.zero_rtt_attempted = true;
+        }
         // Header protection key.
         let si = space.index();
         let hp = match (space, is_0rtt) {
@@ -396,7 +401,7 @@ impl Connection {
                 return res;
             }
         }
-        if self.tracer.is_some() {
+        if self.trace_packets {
             // Only when tracing: name the frames (the packet was valid, so they decode).
             let mut names: Vec<&'static str> = FrameIter::new(pkt.payload.clone())
                 .filter_map(|f| f.ok().map(|f| f.ty().name()))

@@ -514,7 +514,7 @@ impl Connection {
             ecn_marked,
             frames,
         );
-        if self.tracer.is_some() {
+        if self.trace_packets {
             let kind = match space {
                 SpaceId::Initial => PacketKind::Initial,
                 SpaceId::Handshake => PacketKind::Handshake,
