@@ -17,7 +17,9 @@ macro_rules! codes {
                 pub const $name: Self = Self($val);
             )*
 
-            fn name(self) -> Option<&'static str> {
+            /// The code's name in RFC 9000 §20.1 (RFC 9368 for version negotiation), or
+            /// `CRYPTO_ERROR` for the TLS alert range; `None` for codes it does not define.
+            pub fn name(self) -> Option<&'static str> {
                 match self.0 {
                     $($val => Some($text),)*
                     0x0100..=0x01ff => Some("CRYPTO_ERROR"),

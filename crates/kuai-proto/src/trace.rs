@@ -1,4 +1,4 @@
-//! Observability: qlog-shaped trace events (draft-ietf-quic-qlog-quic-events) delivered to a
+//! Observability: qlog-shaped trace events (draft-ietf-quic-qlog-quic-events-14) delivered to a
 //! callback, per-connection statistics, and [`Subscriber`]s: what an application registers
 //! with an endpoint to get a context of its own per connection and every event, typed.
 //!
@@ -126,7 +126,7 @@ pub enum TraceEvent<'a> {
         /// Why it was dropped.
         reason: DropReason,
     },
-    /// `recovery:packet_lost`
+    /// `quic:packet_lost`
     PacketLost {
         /// Its packet-number space.
         space: SpaceId,
@@ -137,7 +137,7 @@ pub enum TraceEvent<'a> {
         /// What declared it lost (`reordering_threshold`, `time_threshold`, `pto_expired`).
         trigger: &'static str,
     },
-    /// `recovery:metrics_updated`
+    /// `quic:recovery_metrics_updated`
     MetricsUpdated {
         /// The path.
         path: PathId,
@@ -158,38 +158,40 @@ pub enum TraceEvent<'a> {
         /// The pacing rate, in bytes per second.
         pacing_rate: u64,
     },
-    /// `recovery:congestion_state_updated`
+    /// `quic:congestion_state_updated`
     CongestionStateUpdated {
         /// The path.
         path: PathId,
         /// The controller's new state (`slow_start`, `congestion_avoidance`, ...).
         state: &'static str,
     },
-    /// `security:key_updated`
+    /// `quic:key_updated`
     KeyUpdated {
         /// `local_update` or `remote_update`.
         trigger: &'static str,
         /// The key phase generation now in use.
         generation: u64,
     },
-    /// `security:key_discarded`
+    /// `quic:key_discarded`
     KeyDiscarded {
         /// The packet-number space whose keys went.
         space: SpaceId,
     },
-    /// `transport:parameters_set`
+    /// `quic:parameters_set`
     ParametersSet {
         /// Ours (`true`) or the peer's.
         owner_local: bool,
         /// The parameters, as text.
         summary: String,
+        /// The parameters by their qlog names (RFC 9000 §18.2's, lower case).
+        params: &'a [(&'static str, ParamValue)],
     },
-    /// `connectivity:connection_state_updated`
+    /// `quic:connection_state_updated`
     ConnectionStateUpdated {
         /// The new state, by qlog name.
         new: &'static str,
     },
-    /// `connectivity:path_updated` / migration.
+    /// `quic:tuple_assigned` and `quic:migration_state_updated`.
     PathUpdated {
         /// The path.
         path: PathId,
@@ -198,7 +200,7 @@ pub enum TraceEvent<'a> {
         /// What happened (`validated`, `migrated`, ...).
         event: &'static str,
     },
-    /// `recovery:mtu_updated`
+    /// `quic:mtu_updated`
     MtuUpdated {
         /// The path.
         path: PathId,
@@ -207,7 +209,7 @@ pub enum TraceEvent<'a> {
         /// The search is over.
         done: bool,
     },
-    /// `transport:version_information`
+    /// `quic:version_information`
     VersionChosen {
         /// The version in use.
         version: Version,
@@ -228,6 +230,18 @@ pub enum TraceEvent<'a> {
         /// Whether its handshake had completed.
         established: bool,
     },
+}
+
+/// A transport parameter's value, as qlog writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ParamValue {
+    /// A number.
+    Number(u64),
+    /// Present (true) or not.
+    Flag(bool),
+    /// Bytes (a connection ID, a token), in hexadecimal.
+    Hex(String),
 }
 
 /// Receives a connection's trace events.

@@ -143,6 +143,57 @@ pub struct VersionInformation {
     pub available: Vec<u32>,
 }
 
+impl TransportParameters {
+    /// The parameters by their qlog names (`quic:parameters_set`), those present only.
+    pub(crate) fn qlog_params(&self) -> Vec<(&'static str, crate::trace::ParamValue)> {
+        use crate::trace::ParamValue::{Flag, Hex, Number};
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let mut v = vec![
+            ("max_idle_timeout", Number(self.max_idle_timeout)),
+            ("max_udp_payload_size", Number(self.max_udp_payload_size)),
+            ("ack_delay_exponent", Number(self.ack_delay_exponent)),
+            ("max_ack_delay", Number(self.max_ack_delay)),
+            ("active_connection_id_limit", Number(self.active_connection_id_limit)),
+            ("initial_max_data", Number(self.initial_max_data)),
+            (
+                "initial_max_stream_data_bidi_local",
+                Number(self.initial_max_stream_data_bidi_local),
+            ),
+            (
+                "initial_max_stream_data_bidi_remote",
+                Number(self.initial_max_stream_data_bidi_remote),
+            ),
+            (
+                "initial_max_stream_data_uni",
+                Number(self.initial_max_stream_data_uni),
+            ),
+            ("initial_max_streams_bidi", Number(self.initial_max_streams_bidi)),
+            ("initial_max_streams_uni", Number(self.initial_max_streams_uni)),
+            ("disable_active_migration", Flag(self.disable_active_migration)),
+            ("grease_quic_bit", Flag(self.grease_quic_bit)),
+        ];
+        if let Some(c) = &self.original_destination_connection_id {
+            v.push(("original_destination_connection_id", Hex(hex(c))));
+        }
+        if let Some(c) = &self.initial_source_connection_id {
+            v.push(("initial_source_connection_id", Hex(hex(c))));
+        }
+        if let Some(c) = &self.retry_source_connection_id {
+            v.push(("retry_source_connection_id", Hex(hex(c))));
+        }
+        if let Some(t) = &self.stateless_reset_token {
+            v.push(("stateless_reset_token", Hex(hex(t))));
+        }
+        if let Some(n) = self.max_datagram_frame_size {
+            v.push(("max_datagram_frame_size", Number(n)));
+        }
+        if let Some(n) = self.min_ack_delay {
+            v.push(("min_ack_delay", Number(n)));
+        }
+        v
+    }
+}
+
 impl Default for TransportParameters {
     fn default() -> Self {
         Self {

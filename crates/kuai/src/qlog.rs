@@ -1,5 +1,9 @@
 //! qlog output: a [`Tracer`] writing the connection's events as JSON text sequences
-//! (`.sqlog`, RFC 7464 records; the qlog main schema's JSON-SEQ format), readable by qvis.
+//! (`.sqlog`, RFC 7464 records): the main schema's `QlogFileSeq`
+//! (draft-ietf-quic-qlog-main-schema-13, `urn:ietf:params:qlog:file:sequential`) with the
+//! QUIC events of draft-ietf-quic-qlog-quic-events-14 (`urn:ietf:params:qlog:events:quic-14`,
+//! every name in the `quic` namespace). The header also carries `qlog_format` and
+//! `qlog_version`, which the drafts dropped and qvis still looks for.
 
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
@@ -7,7 +11,36 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use kuai_proto::trace::{ConnectionMeta, PacketKind, Subscriber, TraceEvent, Tracer};
+/// The QUIC event schema written (draft-ietf-quic-qlog-quic-events-14 §3.1: a draft's URI
+/// ends in its number).
+pub const EVENT_SCHEMA: &str = "urn:ietf:params:qlog:events:quic-14";
+
+/// `t` as an RFC 3339 UTC date and time with milliseconds.
+fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (the proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+use kuai_proto::SpaceId;
+use kuai_proto::trace::{ConnectionMeta, PacketKind, ParamValue, Subscriber, TraceEvent, Tracer};
 use kuai_proto::{ConnectionId, Side};
 
 /// Events a server keeps in memory for a connection whose client has not proved its address
@@ -50,16 +83,21 @@ impl QlogWriter {
         start: Instant,
     ) -> std::io::Result<Self> {
         let role = if side.is_client() { "client" } else { "server" };
-        let unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        let wall = rfc3339(SystemTime::now());
         let mut buf = Vec::with_capacity(512);
+        // Times are milliseconds from the connection's start on a monotonic clock, whose
+        // epoch qlog calls "unknown"; the wall-clock time says when that was (main schema
+        // §7.1). The group is the connection's original destination ID.
         writeln!(
             buf,
-            "\u{1e}{{\"qlog_version\":\"0.4\",\"qlog_format\":\"JSON-SEQ\",\"title\":\"kuai\",\
-             \"trace\":{{\"vantage_point\":{{\"name\":\"kuai\",\"type\":\"{role}\"}},\
-             \"common_fields\":{{\"ODCID\":\"{odcid}\",\"time_format\":\"relative\",\
-             \"reference_time\":{unix_ms:.3}}}}}}}"
+            "\u{1e}{{\"file_schema\":\"urn:ietf:params:qlog:file:sequential\",\
+             \"serialization_format\":\"application/qlog+json-seq\",\"title\":\"kuai\",\
+             \"qlog_format\":\"JSON-SEQ\",\"qlog_version\":\"0.3\",\
+             \"trace\":{{\"event_schemas\":[\"{EVENT_SCHEMA}\"],\
+             \"vantage_point\":{{\"name\":\"kuai\",\"type\":\"{role}\"}},\
+             \"common_fields\":{{\"group_id\":\"{odcid}\",\"time_format\":\"relative_to_epoch\",\
+             \"reference_time\":{{\"clock_type\":\"monotonic\",\"epoch\":\"unknown\",\
+             \"wall_clock_time\":\"{wall}\"}}}}}}}}"
         )?;
         let mut w = Self {
             out: Out::Pending {
@@ -123,6 +161,67 @@ impl QlogWriter {
 
 fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// The packet type of a packet-number space's packets (1-RTT for application data).
+fn space_packet_type(space: SpaceId) -> &'static str {
+    match space {
+        SpaceId::Initial => "initial",
+        SpaceId::Handshake => "handshake",
+        SpaceId::Data => "1RTT",
+    }
+}
+
+/// A qlog `TupleEndpointInfo` for a peer's address.
+fn tuple_json(a: &std::net::SocketAddr) -> String {
+    match a {
+        std::net::SocketAddr::V4(a) => {
+            format!("{{\"ip_v4\":\"{}\",\"port_v4\":{}}}", a.ip(), a.port())
+        }
+        std::net::SocketAddr::V6(a) => {
+            format!("{{\"ip_v6\":\"{}\",\"port_v6\":{}}}", a.ip(), a.port())
+        }
+    }
+}
+
+/// `quic:connection_closed`: who closed, the error (its RFC 9000 name, lower case, or
+/// `unknown` with the code), the reason, and the trigger.
+fn connection_closed_json(l: &mut String, error: Option<&kuai_proto::ConnectionError>) {
+    use kuai_proto::ConnectionError as E;
+    let _ = write!(l, "\"name\":\"quic:connection_closed\",\"data\":{{");
+    let transport = |l: &mut String, initiator: &str, e: &kuai_proto::TransportError| {
+        let code = e.code;
+        let name = match code.name() {
+            Some(_) if code.0 >= 0x100 => format!("crypto_error_{:#x}", code.0),
+            Some(n) => n.to_ascii_lowercase(),
+            None => "unknown".into(),
+        };
+        let _ = write!(
+            l,
+            "\"initiator\":\"{initiator}\",\"connection_error\":\"{name}\",\"error_code\":{},\"reason\":\"{}\",\"trigger\":\"error\"",
+            code.0,
+            json_escape(&e.reason)
+        );
+    };
+    match error {
+        Some(E::TransportError(e)) => transport(l, "local", e),
+        Some(E::PeerTransportError(e)) => transport(l, "remote", e),
+        Some(E::ApplicationClosed { code, reason }) => {
+            let _ = write!(
+                l,
+                "\"initiator\":\"remote\",\"application_error\":\"unknown\",\"error_code\":{code},\"reason\":\"{}\",\"trigger\":\"application\"",
+                json_escape(&String::from_utf8_lossy(reason))
+            );
+        }
+        Some(E::LocallyClosed) => l.push_str("\"initiator\":\"local\",\"trigger\":\"application\""),
+        Some(E::TimedOut) => l.push_str("\"initiator\":\"local\",\"trigger\":\"idle_timeout\""),
+        Some(E::Reset) => l.push_str("\"initiator\":\"remote\",\"trigger\":\"stateless_reset\""),
+        Some(E::VersionMismatch) => {
+            l.push_str("\"initiator\":\"local\",\"trigger\":\"version_mismatch\"")
+        }
+        _ => l.push_str("\"trigger\":\"unspecified\""),
+    }
+    l.push('}');
 }
 
 fn frames_json(out: &mut String, frames: &[&str]) {
@@ -189,21 +288,33 @@ impl Tracer for QlogWriter {
                 l.push('}');
             }
             TraceEvent::PacketDropped { kind, size, reason } => {
+                use kuai_proto::trace::DropReason as D;
+                let trigger = match reason {
+                    D::KeyUnavailable => "key_unavailable",
+                    D::DecryptionFailure => "decryption_failure",
+                    D::Duplicate => "duplicate",
+                    D::UnexpectedVersion => "unsupported",
+                    D::ConnectionClosing => "rejected",
+                    D::HeaderParseError | D::DatagramTooSmall => "invalid",
+                    _ => "general",
+                };
+                let _ = write!(l, "\"name\":\"quic:packet_dropped\",\"data\":{{");
+                if let Some(k) = kind {
+                    let _ = write!(l, "\"header\":{{\"packet_type\":\"{}\"}},", k.qlog_name());
+                }
                 let _ = write!(
                     l,
-                    "\"name\":\"quic:packet_dropped\",\"data\":{{\"header\":{{\"packet_type\":\"{}\"}},\"raw\":{{\"length\":{size}}},\"trigger\":\"{reason:?}\"}}",
-                    kind.map_or("unknown", |k| k.qlog_name())
+                    "\"raw\":{{\"length\":{size}}},\"trigger\":\"{trigger}\",\"details\":{{\"reason\":\"{}\"}}}}",
+                    reason.name()
                 );
             }
             TraceEvent::PacketLost {
-                space,
-                pn,
-                size,
-                trigger,
+                space, pn, trigger, ..
             } => {
                 let _ = write!(
                     l,
-                    "\"name\":\"recovery:packet_lost\",\"data\":{{\"header\":{{\"packet_number_space\":\"{space:?}\",\"packet_number\":{pn}}},\"raw\":{{\"length\":{size}}},\"trigger\":\"{trigger}\"}}"
+                    "\"name\":\"quic:packet_lost\",\"data\":{{\"header\":{{\"packet_type\":\"{}\",\"packet_number\":{pn}}},\"trigger\":\"{trigger}\"}}",
+                    space_packet_type(*space)
                 );
             }
             TraceEvent::MetricsUpdated {
@@ -217,9 +328,10 @@ impl Tracer for QlogWriter {
                 pacing_rate,
                 ..
             } => {
+                // RTTs in milliseconds, the pacing rate in bits per second.
                 let _ = write!(
                     l,
-                    "\"name\":\"recovery:metrics_updated\",\"data\":{{\"min_rtt\":{:.3},\"smoothed_rtt\":{:.3},\"latest_rtt\":{:.3},\"rtt_variance\":{:.3},\"congestion_window\":{cwnd},\"bytes_in_flight\":{bytes_in_flight},\"pacing_rate\":{}",
+                    "\"name\":\"quic:recovery_metrics_updated\",\"data\":{{\"min_rtt\":{:.3},\"smoothed_rtt\":{:.3},\"latest_rtt\":{:.3},\"rtt_variance\":{:.3},\"congestion_window\":{cwnd},\"bytes_in_flight\":{bytes_in_flight},\"pacing_rate\":{}",
                     ms(*min_rtt),
                     ms(*smoothed_rtt),
                     ms(*latest_rtt),
@@ -234,34 +346,49 @@ impl Tracer for QlogWriter {
             TraceEvent::CongestionStateUpdated { state, .. } => {
                 let _ = write!(
                     l,
-                    "\"name\":\"recovery:congestion_state_updated\",\"data\":{{\"new\":\"{state}\"}}"
+                    "\"name\":\"quic:congestion_state_updated\",\"data\":{{\"new\":\"{state}\"}}"
                 );
             }
             TraceEvent::KeyUpdated {
                 trigger,
                 generation,
             } => {
+                // Both directions' 1-RTT keys change together: one record each.
                 let _ = write!(
                     l,
-                    "\"name\":\"security:key_updated\",\"data\":{{\"key_type\":\"1rtt\",\"trigger\":\"{trigger}\",\"key_phase\":{generation}}}"
+                    "\"name\":\"quic:key_updated\",\"data\":{{\"key_type\":\"client_1rtt_secret\",\"trigger\":\"{trigger}\",\"key_phase\":{generation}}}}}\n\u{1e}{{\"time\":{t:.3},\"name\":\"quic:key_updated\",\"data\":{{\"key_type\":\"server_1rtt_secret\",\"trigger\":\"{trigger}\",\"key_phase\":{generation}}}"
                 );
             }
             TraceEvent::KeyDiscarded { space } => {
+                let level = match space {
+                    SpaceId::Initial => "initial",
+                    SpaceId::Handshake => "handshake",
+                    SpaceId::Data => "0rtt",
+                };
                 let _ = write!(
                     l,
-                    "\"name\":\"security:key_discarded\",\"data\":{{\"key_type\":\"{space:?}\"}}"
+                    "\"name\":\"quic:key_discarded\",\"data\":{{\"key_type\":\"client_{level}_secret\",\"trigger\":\"tls\"}}}}\n\u{1e}{{\"time\":{t:.3},\"name\":\"quic:key_discarded\",\"data\":{{\"key_type\":\"server_{level}_secret\",\"trigger\":\"tls\"}}"
                 );
             }
             TraceEvent::ParametersSet {
                 owner_local,
-                summary,
+                params,
+                ..
             } => {
                 let _ = write!(
                     l,
-                    "\"name\":\"quic:parameters_set\",\"data\":{{\"owner\":\"{}\",\"kuai_summary\":\"{}\"}}",
+                    "\"name\":\"quic:parameters_set\",\"data\":{{\"initiator\":\"{}\"",
                     if *owner_local { "local" } else { "remote" },
-                    json_escape(summary)
                 );
+                for (name, v) in params.iter() {
+                    let _ = match v {
+                        ParamValue::Number(n) => write!(l, ",\"{name}\":{n}"),
+                        ParamValue::Flag(b) => write!(l, ",\"{name}\":{b}"),
+                        ParamValue::Hex(h) => write!(l, ",\"{name}\":\"{}\"", json_escape(h)),
+                        _ => Ok(()),
+                    };
+                }
+                l.push('}');
             }
             TraceEvent::ConnectionStateUpdated { new } => {
                 let _ = write!(
@@ -269,16 +396,30 @@ impl Tracer for QlogWriter {
                     "\"name\":\"quic:connection_state_updated\",\"data\":{{\"new\":\"{new}\"}}"
                 );
             }
-            TraceEvent::PathUpdated { remote, event, .. } => {
+            TraceEvent::PathUpdated {
+                path,
+                remote,
+                event,
+            } => {
+                // The path's tuple (its ID: kuai's path number), then what happened to it.
+                let tuple = tuple_json(remote);
+                let state = match *event {
+                    "validated" => "probing_successful",
+                    "client_migration" | "peer_migration" | "preferred_address" => {
+                        "migration_started"
+                    }
+                    _ => "migration_abandoned",
+                };
                 let _ = write!(
                     l,
-                    "\"name\":\"quic:path_assigned\",\"data\":{{\"path_remote\":\"{remote}\",\"kuai_event\":\"{event}\"}}"
+                    "\"name\":\"quic:tuple_assigned\",\"data\":{{\"tuple_id\":\"{}\",\"tuple_remote\":{tuple}}}}}\n\u{1e}{{\"time\":{t:.3},\"name\":\"quic:migration_state_updated\",\"data\":{{\"new\":\"{state}\",\"tuple_id\":\"{}\",\"tuple_remote\":{tuple},\"kuai_event\":\"{event}\"}}",
+                    path.0, path.0
                 );
             }
             TraceEvent::MtuUpdated { mtu, done, .. } => {
                 let _ = write!(
                     l,
-                    "\"name\":\"recovery:mtu_updated\",\"data\":{{\"new\":{mtu},\"done\":{done}}}"
+                    "\"name\":\"quic:mtu_updated\",\"data\":{{\"new\":{mtu},\"done\":{done}}}"
                 );
             }
             TraceEvent::VersionChosen { version } => {
@@ -289,39 +430,7 @@ impl Tracer for QlogWriter {
                 );
             }
             TraceEvent::ConnectionClosed { error, .. } => {
-                use kuai_proto::ConnectionError as E;
-                let (owner, trigger) = match error {
-                    Some(E::TransportError(_) | E::LocallyClosed) => ("local", None),
-                    Some(E::PeerTransportError(_) | E::ApplicationClosed { .. }) => {
-                        ("remote", None)
-                    }
-                    Some(E::TimedOut) => ("local", Some("idle_timeout")),
-                    Some(E::Reset) => ("remote", Some("stateless_reset")),
-                    Some(E::VersionMismatch) => ("local", Some("version_mismatch")),
-                    _ => ("local", Some("unspecified")),
-                };
-                let _ = write!(
-                    l,
-                    "\"name\":\"quic:connection_closed\",\"data\":{{\"owner\":\"{owner}\""
-                );
-                match error {
-                    Some(E::TransportError(e) | E::PeerTransportError(e)) => {
-                        let _ =
-                            write!(l, ",\"connection_code\":{},\"trigger\":\"error\"", e.code.0);
-                    }
-                    Some(E::ApplicationClosed { code, .. }) => {
-                        let _ = write!(
-                            l,
-                            ",\"application_code\":{code},\"trigger\":\"application\""
-                        );
-                    }
-                    Some(E::LocallyClosed) => l.push_str(",\"trigger\":\"application\""),
-                    _ => {}
-                }
-                if let Some(t) = trigger {
-                    let _ = write!(l, ",\"trigger\":\"{t}\"");
-                }
-                l.push('}');
+                connection_closed_json(l, *error);
             }
             // An event this writer does not know yet (kuai-proto's list may grow), or one
             // qlog has no place for (HandshakeCompleted: connection_state_updated says it).

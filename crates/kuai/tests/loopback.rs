@@ -368,10 +368,108 @@ async fn qlog_traces_are_written() {
         .collect();
     assert_eq!(files.len(), 1);
     let text = std::fs::read_to_string(&files[0]).unwrap();
-    assert!(text.starts_with('\u{1e}'));
-    assert!(text.contains("\"qlog_format\":\"JSON-SEQ\""));
-    assert!(text.contains("quic:packet_sent") && text.contains("quic:packet_received"));
     let _ = std::fs::remove_dir_all(&dir);
+    check_qlog(&text);
+}
+
+/// `text` is a qlog JSON-SEQ file of the current drafts (main schema -13, QUIC events -14):
+/// RFC 7464 records that are JSON each, a `QlogFileSeq` header, and events whose names are
+/// the draft's, with the fields it requires.
+fn check_qlog(text: &str) {
+    use serde_json::Value;
+    const NAMES: &[&str] = &[
+        "quic:parameters_set",
+        "quic:packet_sent",
+        "quic:packet_received",
+        "quic:packet_dropped",
+        "quic:packet_lost",
+        "quic:recovery_metrics_updated",
+        "quic:congestion_state_updated",
+        "quic:key_updated",
+        "quic:key_discarded",
+        "quic:connection_state_updated",
+        "quic:tuple_assigned",
+        "quic:migration_state_updated",
+        "quic:mtu_updated",
+        "quic:version_information",
+        "quic:connection_closed",
+    ];
+    assert!(text.starts_with('\u{1e}') && text.ends_with('\n'));
+    let records: Vec<Value> = text
+        .split('\u{1e}')
+        .skip(1)
+        .map(|r| serde_json::from_str(r).unwrap_or_else(|e| panic!("{e}: {r}")))
+        .collect();
+    let head = &records[0];
+    assert_eq!(head["file_schema"], "urn:ietf:params:qlog:file:sequential");
+    assert_eq!(head["serialization_format"], "application/qlog+json-seq");
+    assert_eq!(
+        head["trace"]["event_schemas"][0],
+        "urn:ietf:params:qlog:events:quic-14"
+    );
+    assert_eq!(head["trace"]["vantage_point"]["type"], "client");
+    let rt = &head["trace"]["common_fields"]["reference_time"];
+    assert_eq!(
+        (&rt["clock_type"], &rt["epoch"]),
+        (&Value::from("monotonic"), &Value::from("unknown"))
+    );
+    assert!(rt["wall_clock_time"].as_str().unwrap().ends_with('Z'));
+    let mut seen = std::collections::BTreeSet::new();
+    let mut last = 0.0;
+    for e in &records[1..] {
+        let name = e["name"].as_str().unwrap();
+        assert!(
+            NAMES.contains(&name),
+            "event {name} is not a quic-events-14 name: {e}"
+        );
+        let t = e["time"].as_f64().unwrap();
+        assert!(t >= last, "time went back: {e}");
+        last = t;
+        let d = &e["data"];
+        assert!(d.is_object(), "{e}");
+        match name {
+            "quic:packet_sent" | "quic:packet_received" => {
+                assert!(
+                    d["header"]["packet_type"].is_string() && d["header"]["packet_number"].is_u64(),
+                    "{e}"
+                );
+                assert!(
+                    d["frames"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .all(|f| f["frame_type"].is_string()),
+                    "{e}"
+                );
+            }
+            "quic:parameters_set" => {
+                assert_eq!(d["initiator"], "remote");
+                assert!(
+                    d["initial_max_data"].is_u64() && d["disable_active_migration"].is_boolean(),
+                    "{e}"
+                );
+            }
+            "quic:recovery_metrics_updated" => {
+                assert!(
+                    d["smoothed_rtt"].is_f64() && d["congestion_window"].is_u64(),
+                    "{e}"
+                );
+            }
+            "quic:connection_closed" => assert_eq!(d["initiator"], "local", "{e}"),
+            _ => {}
+        }
+        seen.insert(name);
+    }
+    for want in [
+        "quic:parameters_set",
+        "quic:packet_sent",
+        "quic:packet_received",
+        "quic:recovery_metrics_updated",
+        "quic:connection_state_updated",
+        "quic:connection_closed",
+    ] {
+        assert!(seen.contains(want), "no {want} in the trace: {seen:?}");
+    }
 }
 
 /// The peer stops reading (STOP_SENDING) and answers; once the reset that follows is

@@ -1581,9 +1581,11 @@ impl Connection {
         self.grease_quic_bit = tp.grease_quic_bit && self.config.grease_quic_bit;
         if self.tracer.is_some() {
             let summary = format!("{tp:?}");
+            let params = tp.qlog_params();
             self.trace(TraceEvent::ParametersSet {
                 owner_local: false,
                 summary,
+                params: &params,
             });
         }
         self.peer_params = Some(tp);
