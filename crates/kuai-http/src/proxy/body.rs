@@ -109,6 +109,8 @@ enum Kind {
     /// The body and the request's count on its backend, let go at the body's end.
     Upstream(Incoming, Option<Outstanding>, Option<Recycle>),
     Local(Option<Bytes>),
+    /// The backend's side of a WebSocket tunnel (HTTP/3 extended CONNECT).
+    Tunnel(super::websocket::TunnelRead),
 }
 
 /// An HTTP/1.1 connection to give back to its backend's pool once its response has been
@@ -133,6 +135,15 @@ impl ProxyBody {
     ) -> Self {
         Self {
             kind: Kind::Upstream(body, Some(outstanding), recycle),
+        }
+    }
+
+    pub(crate) fn tunnel(
+        read: tokio::io::ReadHalf<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>,
+        activity: Arc<super::websocket::Activity>,
+    ) -> Self {
+        Self {
+            kind: Kind::Tunnel(super::websocket::TunnelRead::new(read, activity)),
         }
     }
 
@@ -161,6 +172,7 @@ impl std::fmt::Debug for ProxyBody {
         f.write_str(match self.kind {
             Kind::Upstream(..) => "ProxyBody(upstream)",
             Kind::Local(_) => "ProxyBody(local)",
+            Kind::Tunnel(_) => "ProxyBody(tunnel)",
         })
     }
 }
@@ -192,6 +204,7 @@ impl http_body::Body for ProxyBody {
                 Poll::Ready(f.map(|r| r.map_err(Error::Hyper)))
             }
             Kind::Local(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Tunnel(t) => t.poll_frame(cx),
         }
     }
 
@@ -199,6 +212,7 @@ impl http_body::Body for ProxyBody {
         match &self.kind {
             Kind::Upstream(b, ..) => b.is_end_stream(),
             Kind::Local(b) => b.is_none(),
+            Kind::Tunnel(_) => false,
         }
     }
 
@@ -206,6 +220,7 @@ impl http_body::Body for ProxyBody {
         match &self.kind {
             Kind::Upstream(b, ..) => b.size_hint(),
             Kind::Local(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Tunnel(_) => SizeHint::default(),
         }
     }
 }

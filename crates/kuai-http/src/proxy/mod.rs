@@ -39,6 +39,7 @@ mod body;
 mod headers;
 #[cfg(test)]
 mod tests;
+mod websocket;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -466,13 +467,17 @@ impl Head {
 const MAX_ATTEMPTS: usize = 8;
 
 impl Inner {
-    async fn forward(&self, req: Request<Body>) -> Response<ProxyBody> {
+    async fn forward(&self, mut req: Request<Body>) -> Response<ProxyBody> {
         let info = req.extensions().get::<ConnInfo>().copied();
         let early = req.extensions().get::<EarlyData>().is_some();
+        let ws = websocket::ask(&mut req);
         let (parts, body) = req.into_parts();
         let Some(mut head) = self.upstream_head(parts, info, early) else {
             return local(StatusCode::BAD_REQUEST, "cannot forward this request");
         };
+        if let Some(ask) = ws {
+            return self.websocket(head, body, ask).await;
+        }
         let idempotent = head.method.is_idempotent();
         let (up, mut watch) = UpBody::new(body);
         // The body until a backend took the request; a request that comes back unsent
@@ -548,6 +553,23 @@ impl Inner {
             target: "kuai_http::proxy", backend = %b.name, method = %head.method,
             path = head.origin.path(), unsent, reason = %why, "upstream request failed"
         );
+    }
+
+    /// A backend `fit` for the request, available ones first, in turn.
+    fn pick_where(&self, fit: impl Fn(&Backend) -> bool) -> Option<Arc<Backend>> {
+        let n = self.backends.len();
+        let start = self.next.fetch_add(1, Relaxed) % n;
+        let fits = (0..n)
+            .map(|k| &self.backends[(start + k) % n])
+            .filter(|b| fit(b));
+        let mut fallback = None;
+        for b in fits {
+            if b.is_available() {
+                return Some(b.clone());
+            }
+            fallback.get_or_insert_with(|| b.clone());
+        }
+        fallback
     }
 
     /// The backend for the next attempt, of those not `tried`: an available one first

@@ -2,8 +2,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -636,6 +636,163 @@ fn promtool_accepts(text: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[allow(clippy::result_large_err)] // tungstenite's callback type
+/// A WebSocket echo backend (tokio-tungstenite, an independent implementation) on a free
+/// port; what the last handshake's request carried goes to `seen`.
+async fn websocket_backend() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    use futures_util::{SinkExt, StreamExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let cb = |req: &tokio_tungstenite::tungstenite::handshake::server::Request,
+                          resp| {
+                    let mut s = s.lock().unwrap();
+                    s.push(format!("{} {}", req.method(), req.uri()));
+                    for (k, v) in req.headers() {
+                        s.push(format!("{k}: {}", v.to_str().unwrap_or("?")));
+                    }
+                    Ok(resp)
+                };
+                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(tcp, cb).await else {
+                    return;
+                };
+                while let Some(Ok(m)) = ws.next().await {
+                    if m.is_text() || m.is_binary() {
+                        if ws.send(m).await.is_err() {
+                            return;
+                        }
+                    } else if m.is_close() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// Sends a text and a 100 KB binary message over `ws` and checks the echoes.
+async fn echo_over<S>(mut ws: tokio_tungstenite::WebSocketStream<S>, label: &str)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let big: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+    for m in [
+        Message::text(format!("hello over {label}")),
+        Message::binary(big),
+    ] {
+        ws.send(m.clone()).await.unwrap();
+        let back = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("{label}: no echo in 5 s"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(back, m, "{label}");
+    }
+    ws.close(None).await.unwrap();
+}
+
+/// A WebSocket echo through the gateway: HTTP/3 extended CONNECT (RFC 9220), HTTP/2
+/// extended CONNECT (RFC 8441) and HTTP/1.1 Upgrade, each to an HTTP/1.1 backend's
+/// `Upgrade: websocket`, with the forwarding fields at the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_go_through_on_every_protocol() {
+    use tokio_tungstenite::tungstenite::protocol::Role;
+    let (b, seen) = websocket_backend().await;
+    let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+
+    // HTTP/3: the request stream's DATA frames are the tunnel.
+    let cep = client_endpoint();
+    let ccfg = kuai::ClientConfig::with_root(gw.cert.clone(), &[crate::server::ALPN_H3]).unwrap();
+    let (_conn, client) = h3_client_with(&cep, ccfg, gw.addr).await;
+    let mut req = Request::builder()
+        .method(Method::CONNECT)
+        .uri("https://localhost/ws?h3")
+        .header("sec-websocket-version", "13")
+        .body(())
+        .unwrap();
+    req.extensions_mut()
+        .insert(kuai_h3::Protocol("websocket".into()));
+    let mut stream = client.send_request(req).await.unwrap();
+    let resp = stream.recv_response().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let (mut send, mut recv) = stream.split();
+    let (mine, theirs) = tokio::io::duplex(64 * 1024);
+    let (mut rd, mut wr) = tokio::io::split(theirs);
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n) = rd.read(&mut buf).await {
+            if n == 0
+                || send
+                    .send_data(Bytes::copy_from_slice(&buf[..n]))
+                    .await
+                    .is_err()
+            {
+                break;
+            }
+        }
+        let _ = send.finish();
+    });
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Ok(Some(d)) = recv.recv_data().await {
+            if wr.write_all(&d).await.is_err() {
+                break;
+            }
+        }
+    });
+    let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(mine, Role::Client, None).await;
+    echo_over(ws, "HTTP/3").await;
+    {
+        let s = seen.lock().unwrap();
+        assert_eq!(s[0], "GET /ws?h3", "{s:?}");
+        assert!(
+            s.contains(&"x-forwarded-for: 127.0.0.1".to_string()),
+            "{s:?}"
+        );
+        assert!(s.contains(&"via: 3 kuai".to_string()), "{s:?}");
+        assert!(s.contains(&"host: localhost".to_string()), "{s:?}");
+    }
+
+    // HTTP/2: hyper's client, extended CONNECT, the stream upgraded.
+    let mut h2 =
+        crate::server::tests::Sender::connect(gw.addr, &gw.cert, crate::server::ALPN_H2).await;
+    let mut req = Request::builder()
+        .method(Method::CONNECT)
+        .uri(format!("https://localhost:{}/ws?h2", gw.port))
+        .header("sec-websocket-version", "13")
+        .body(crate::server::tests::empty())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let resp = h2.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let up = hyper::upgrade::on(resp).await.unwrap();
+    let ws =
+        tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(up), Role::Client, None)
+            .await;
+    echo_over(ws, "HTTP/2").await;
+
+    // HTTP/1.1: tungstenite's own client handshake over TLS.
+    let tls = crate::server::tests::tls_to(gw.addr, &gw.cert, crate::server::ALPN_H1).await;
+    let (ws, resp) =
+        tokio_tungstenite::client_async(format!("wss://localhost:{}/ws?h1", gw.port), tls)
+            .await
+            .unwrap();
+    assert_eq!(resp.status(), 101);
+    echo_over(ws, "HTTP/1.1").await;
+    let s = seen.lock().unwrap();
+    assert!(s.iter().any(|l| l == "GET /ws?h1"), "{s:?}");
 }
 
 #[test]

@@ -520,6 +520,8 @@ async fn serve_connection(
             .max_header_list_size(u32::try_from(limits.max_header_size).unwrap_or(u32::MAX))
             .initial_stream_window_size(H2_STREAM_WINDOW)
             .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            // Extended CONNECT (RFC 8441): WebSockets over HTTP/2.
+            .enable_connect_protocol()
             .serve_connection(io, svc);
         watch(
             conn,
@@ -538,7 +540,9 @@ async fn serve_connection(
             .header_read_timeout(None)
             .max_headers(limits.max_headers)
             .max_header_size(limits.max_header_size)
-            .serve_connection(io, svc);
+            .serve_connection(io, svc)
+            // `Upgrade: websocket` (RFC 6455 §4) for services that take it.
+            .with_upgrades();
         watch(
             conn,
             |c| c.graceful_shutdown(),

@@ -1,0 +1,456 @@
+//! WebSockets through the proxy: extended CONNECT from HTTP/3 (RFC 9220) and HTTP/2
+//! (RFC 8441) clients, and `Upgrade: websocket` from HTTP/1.1 ones (RFC 6455 §4), forwarded
+//! to an HTTP/1.1 backend as an upgrade; then bytes both ways until either side ends or the
+//! tunnel is idle for the proxy's response timeout.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use super::ProxyBody;
+use super::backend::Backend;
+use super::{Head, Inner, UpstreamProtocol, local};
+use crate::{Body, Error};
+
+/// RFC 6455 §1.3: appended to the key before hashing for `Sec-WebSocket-Accept`.
+const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// How a client asks for a WebSocket.
+pub(super) enum Ask {
+    /// HTTP/3 extended CONNECT: the request and response bodies are the tunnel.
+    Http3,
+    /// HTTP/2 extended CONNECT: hyper hands the stream over after a 2xx.
+    Http2(hyper::upgrade::OnUpgrade),
+    /// HTTP/1.1 `Upgrade: websocket`: hyper hands the connection over after the 101.
+    Http11(hyper::upgrade::OnUpgrade),
+}
+
+/// Whether `req` asks for a WebSocket, and how.
+pub(super) fn ask(req: &mut Request<Body>) -> Option<Ask> {
+    let connect = req.method() == Method::CONNECT;
+    if connect
+        && req
+            .extensions()
+            .get::<kuai_h3::Protocol>()
+            .is_some_and(|p| p.0.eq_ignore_ascii_case("websocket"))
+    {
+        return Some(Ask::Http3);
+    }
+    if connect
+        && req
+            .extensions()
+            .get::<hyper::ext::Protocol>()
+            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
+    {
+        return Some(Ask::Http2(hyper::upgrade::on(req)));
+    }
+    let upgrade = req.method() == Method::GET
+        && req.version() == Version::HTTP_11
+        && has_token(req.headers(), header::CONNECTION, "upgrade")
+        && has_token(req.headers(), header::UPGRADE, "websocket");
+    upgrade.then(|| Ask::Http11(hyper::upgrade::on(req)))
+}
+
+/// Whether list field `name` holds `token` (case-insensitive).
+fn has_token(h: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// `Sec-WebSocket-Accept` for `key` (RFC 6455 §4.2.2).
+fn accept_for(key: &[u8]) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    ctx.update(key);
+    ctx.update(GUID.as_bytes());
+    base64(ctx.finish().as_ref())
+}
+
+/// Standard base64 with padding (RFC 4648 §4).
+fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::with_capacity(b.len().div_ceil(3) * 4);
+    for c in b.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                s.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                s.push('=');
+            }
+        }
+    }
+    s
+}
+
+impl Inner {
+    /// Forwards a WebSocket request: an upgrade on a new connection to an HTTP/1.1
+    /// backend, then the tunnel.
+    pub(super) async fn websocket(
+        &self,
+        mut head: Head,
+        body: Body,
+        ask: Ask,
+    ) -> Response<ProxyBody> {
+        let Some(b) = self.pick_where(|b| b.upstream.protocol() == UpstreamProtocol::Http1) else {
+            return local(
+                StatusCode::BAD_GATEWAY,
+                "WebSockets need an http:// upstream",
+            );
+        };
+        let h = &mut head.headers;
+        // The client's own key when it sent one (HTTP/1.1); otherwise ours (extended
+        // CONNECT has none, RFC 8441 §5), checked against the backend's answer.
+        let key = match (&ask, h.get(header::SEC_WEBSOCKET_KEY)) {
+            (Ask::Http11(_), Some(k)) => k.clone(),
+            _ => {
+                let mut raw = [0u8; 16];
+                if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
+                    .is_err()
+                {
+                    return local(StatusCode::INTERNAL_SERVER_ERROR, "no randomness");
+                }
+                match HeaderValue::from_str(&base64(&raw)) {
+                    Ok(v) => v,
+                    Err(_) => return local(StatusCode::INTERNAL_SERVER_ERROR, "bad key"),
+                }
+            }
+        };
+        h.insert(header::SEC_WEBSOCKET_KEY, key.clone());
+        h.entry(header::SEC_WEBSOCKET_VERSION)
+            .or_insert(HeaderValue::from_static("13"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.remove(header::CONTENT_LENGTH);
+        head.method = Method::GET;
+        let mut req = head.request(
+            super::body::UpBody::new(Body::empty()).0,
+            UpstreamProtocol::Http1,
+        );
+        // Upgrades take a connection for themselves: a new one, never pooled.
+        let start = Instant::now();
+        let resp = match b.upgrade(&mut req, &self.options).await {
+            Ok(r) => r,
+            Err(why) => {
+                b.on_failure(&self.options);
+                self.log_failure(&b, &why, &head, false);
+                return if why.is_timeout() {
+                    local(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "the upstream did not answer in time",
+                    )
+                } else {
+                    local(StatusCode::BAD_GATEWAY, "the upstream failed")
+                };
+            }
+        };
+        b.on_success();
+        if let Some(m) = &b.metrics {
+            m.answered(start.elapsed());
+        }
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            // A refusal (403, 404, 426...) goes back as it is.
+            let outstanding = super::body::Outstanding::new(&b);
+            return self.downstream(resp, &b, start.elapsed(), outstanding, None);
+        }
+        let want = accept_for(key.as_bytes());
+        if resp
+            .headers()
+            .get(header::SEC_WEBSOCKET_ACCEPT)
+            .is_none_or(|a| a.as_bytes() != want.as_bytes())
+        {
+            tracing::warn!(target: "kuai_http::proxy", backend = %b.name, "WebSocket upgrade with a wrong Sec-WebSocket-Accept");
+            return local(
+                StatusCode::BAD_GATEWAY,
+                "the upstream's WebSocket answer is wrong",
+            );
+        }
+        let mut answer = Response::new(ProxyBody::local(Bytes::new()));
+        for name in [
+            header::SEC_WEBSOCKET_PROTOCOL,
+            header::SEC_WEBSOCKET_EXTENSIONS,
+        ] {
+            if let Some(v) = resp.headers().get(&name) {
+                answer.headers_mut().insert(name, v.clone());
+            }
+        }
+        let up = match hyper::upgrade::on(resp).await {
+            Ok(u) => TokioIo::new(u),
+            Err(e) => {
+                tracing::warn!(target: "kuai_http::proxy", backend = %b.name, error = %e, "WebSocket upgrade failed");
+                return local(StatusCode::BAD_GATEWAY, "the upstream's upgrade failed");
+            }
+        };
+        let idle = self.options.response_timeout;
+        let name = b.name.clone();
+        match ask {
+            Ask::Http3 => {
+                // The request body is the client's side of the tunnel, the response body
+                // the backend's.
+                let (read, write) = tokio::io::split(up);
+                let activity = Arc::new(Activity::new());
+                tokio::spawn(pump_body(body, write, activity.clone(), idle, name));
+                *answer.body_mut() = ProxyBody::tunnel(read, activity);
+                answer
+            }
+            Ask::Http2(on) => {
+                tokio::spawn(splice(on, up, idle, name));
+                answer
+            }
+            Ask::Http11(on) => {
+                *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+                let h = answer.headers_mut();
+                h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+                if let Ok(v) = HeaderValue::from_str(&want) {
+                    h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+                }
+                tokio::spawn(splice(on, up, idle, name));
+                answer
+            }
+        }
+    }
+}
+
+impl Backend {
+    /// Sends an upgrade request on a new connection and waits for the response head.
+    pub(super) async fn upgrade(
+        &self,
+        req: &mut Request<super::body::UpBody>,
+        o: &super::Options,
+    ) -> Result<Response<hyper::body::Incoming>, super::backend::Reason> {
+        use super::backend::Reason;
+        let connect = tokio::net::TcpStream::connect(self.upstream.authority());
+        let tcp = tokio::time::timeout(o.connect_timeout, connect)
+            .await
+            .map_err(|_| Reason::ConnectTimeout(o.connect_timeout))?
+            .map_err(Reason::Connect)?;
+        let _ = tcp.set_nodelay(true);
+        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(Reason::Handshake)?;
+        tokio::spawn(conn.with_upgrades());
+        let req = std::mem::replace(req, Request::new(super::body::UpBody::new(Body::empty()).0));
+        tokio::time::timeout(o.response_timeout, sender.send_request(req))
+            .await
+            .map_err(|_| Reason::ResponseTimeout(o.response_timeout))?
+            .map_err(Reason::Exchange)
+    }
+}
+
+/// When a tunnel last moved a byte (milliseconds since its start).
+pub(crate) struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Relaxed);
+    }
+
+    /// Resolves once nothing moved for `idle`.
+    async fn idle(&self, idle: Duration) {
+        loop {
+            let last = self.start + Duration::from_millis(self.last_ms.load(Relaxed));
+            let until = last + idle;
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep_until(until.into()).await;
+        }
+    }
+}
+
+/// The client's bytes (an HTTP/3 request body) to the backend, until either ends or the
+/// tunnel idles.
+async fn pump_body<W: AsyncWrite + Unpin>(
+    mut body: Body,
+    mut to: W,
+    activity: Arc<Activity>,
+    idle: Duration,
+    backend: Arc<str>,
+) {
+    let copy = async {
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() else {
+                continue;
+            };
+            activity.touch();
+            to.write_all(&data).await.map_err(|e| e.to_string())?;
+        }
+        to.shutdown().await.map_err(|e| e.to_string())
+    };
+    tokio::select! {
+        r = copy => if let Err(e) = r {
+            tracing::debug!(target: "kuai_http::proxy", %backend, error = e, "WebSocket tunnel ended");
+        },
+        _ = activity.idle(idle) => {
+            tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel idle: closed");
+        }
+    }
+}
+
+/// Bytes both ways between the client's upgraded connection (HTTP/2 stream or HTTP/1.1
+/// connection) and the backend's, until either ends or the tunnel idles.
+async fn splice(
+    client: hyper::upgrade::OnUpgrade,
+    mut up: TokioIo<Upgraded>,
+    idle: Duration,
+    backend: Arc<str>,
+) {
+    let client = match client.await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(target: "kuai_http::proxy", %backend, error = %e, "client upgrade failed");
+            return;
+        }
+    };
+    let activity = Arc::new(Activity::new());
+    let mut client = Watched {
+        io: TokioIo::new(client),
+        activity: activity.clone(),
+    };
+    tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut client, &mut up) => if let Err(e) = r {
+            tracing::debug!(target: "kuai_http::proxy", %backend, error = %e, "WebSocket tunnel ended");
+        },
+        _ = activity.idle(idle) => {
+            tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel idle: closed");
+        }
+    }
+}
+
+/// An I/O object that notes when bytes move through it.
+struct Watched<T> {
+    io: T,
+    activity: Arc<Activity>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = ready!(Pin::new(&mut self.io).poll_read(cx, buf));
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        Poll::Ready(r)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = ready!(Pin::new(&mut self.io).poll_write(cx, buf));
+        if matches!(r, Ok(n) if n > 0) {
+            self.activity.touch();
+        }
+        Poll::Ready(r)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The backend's side of an HTTP/3 tunnel, as a response body.
+pub(crate) struct TunnelRead {
+    read: tokio::io::ReadHalf<TokioIo<Upgraded>>,
+    activity: Arc<Activity>,
+    buf: BytesMut,
+}
+
+impl TunnelRead {
+    pub(crate) fn new(
+        read: tokio::io::ReadHalf<TokioIo<Upgraded>>,
+        activity: Arc<Activity>,
+    ) -> Self {
+        Self {
+            read,
+            activity,
+            buf: BytesMut::new(),
+        }
+    }
+
+    pub(crate) fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        if self.buf.capacity() < 4096 {
+            self.buf.reserve(16 * 1024);
+        }
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.read),
+            cx,
+            &mut self.buf
+        ));
+        Poll::Ready(match n {
+            Ok(0) => None,
+            Ok(_) => {
+                self.activity.touch();
+                Some(Ok(Frame::data(self.buf.split().freeze())))
+            }
+            Err(e) => Some(Err(Error::Io(e))),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 6455 §1.3's example key and answer; RFC 4648 §10's base64 vectors.
+    #[test]
+    fn accept_and_base64() {
+        assert_eq!(
+            accept_for(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
+        for (raw, enc) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(raw.as_bytes()), enc);
+        }
+    }
+}
