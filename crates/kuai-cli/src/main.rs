@@ -1,6 +1,7 @@
 //! `kuai`: a QUIC server, a curl-like client and an interop endpoint.
 
 mod bench;
+mod config;
 mod demo;
 mod flood;
 mod get;

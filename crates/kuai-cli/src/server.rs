@@ -11,12 +11,18 @@ use kuai_http::metrics::Metrics;
 use kuai_http::proxy::{Balance, HealthCheck, Proxy, Upstream};
 use kuai_http::{Limits, Listener, Server};
 
+use crate::config;
 use crate::keylog::FileKeyLog;
 use crate::site::{Site, SiteService};
 use crate::tls::Identity;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// A TOML file with several hosts (certificates by SNI), path-prefix routes to upstream
+    /// pools or directories, limits and timeouts (docs/gateway.md); its settings win over
+    /// the flags'.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["root", "upstream", "cert", "key", "health_check"])]
+    config: Option<PathBuf>,
     /// Directory to serve; without it (and without --upstream), a built-in demo site.
     #[arg(long, conflicts_with = "upstream")]
     root: Option<PathBuf>,
@@ -269,10 +275,7 @@ pub fn server_config(
 }
 
 async fn serve(args: Args) -> Result<(), String> {
-    let identity = match (&args.cert, &args.key) {
-        (Some(c), Some(k)) => Identity::load(c, k)?,
-        _ => Identity::self_signed(&["localhost", "127.0.0.1", "::1"])?,
-    };
+    let file = args.config.as_deref().map(config::File::load).transpose()?;
     let site = match &args.root {
         Some(dir) => {
             if !dir.is_dir() {
@@ -282,11 +285,40 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         None => Site::Demo,
     };
-    let mut cfg = server_config(
-        &identity,
-        &[kuai_http::server::ALPN_H3, kuai_http::server::ALPN_HQ],
-        args.keylog.as_deref(),
-    )?;
+    // The TLS configuration for both transports (ALPN set per transport below), and the
+    // certificate to print the SPKI hash of when it was made here.
+    let (tls, shown) = match &file {
+        Some(f) => f.tls()?,
+        None => {
+            let identity = match (&args.cert, &args.key) {
+                (Some(c), Some(k)) => Identity::load(c, k)?,
+                _ => Identity::self_signed(&["localhost", "127.0.0.1", "::1"])?,
+            };
+            let tls = kuai_http::server_tls(identity.certs.clone(), identity.key.clone_key())
+                .map_err(|e| e.to_string())?;
+            (tls, Some(identity))
+        }
+    };
+    let keylog = match args.keylog.as_deref() {
+        Some(path) => {
+            Some(Arc::new(FileKeyLog::create(path).map_err(|e| {
+                format!("cannot open {}: {e}", path.display())
+            })?))
+        }
+        None => None,
+    };
+    let with_alpn = |alpn: &[&[u8]]| {
+        let mut t = tls.clone();
+        t.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+        if let Some(k) = &keylog {
+            t.key_log = k.clone();
+        }
+        t
+    };
+    let mut cfg = ServerConfig::from_rustls(with_alpn(&[
+        kuai_http::server::ALPN_H3,
+        kuai_http::server::ALPN_HQ,
+    ]));
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
@@ -296,11 +328,16 @@ async fn serve(args: Args) -> Result<(), String> {
         args.initial_window,
         args.no_redundancy,
     );
-    let mut builder = Endpoint::builder().server(cfg).workers(args.workers);
+    let workers = file
+        .as_ref()
+        .and_then(|f| f.workers)
+        .unwrap_or(args.workers);
+    let listen = file.as_ref().and_then(|f| f.listen).unwrap_or(args.listen);
+    let mut builder = Endpoint::builder().server(cfg).workers(workers);
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);
     }
-    let metrics = match args.metrics {
+    let metrics = match file.as_ref().and_then(|f| f.metrics).or(args.metrics) {
         Some(addr) => {
             let m = Metrics::new();
             let l = tokio::net::TcpListener::bind(addr)
@@ -317,9 +354,9 @@ async fn serve(args: Args) -> Result<(), String> {
     if let Some(a) = args.preferred_address {
         builder = builder.preferred_address(a);
     }
-    let ep = builder.bind(args.listen).map_err(|e| match e.kind() {
+    let ep = builder.bind(listen).map_err(|e| match e.kind() {
         std::io::ErrorKind::InvalidInput => e.to_string(),
-        _ => format!("cannot bind {}: {e}", args.listen),
+        _ => format!("cannot bind {listen}: {e}"),
     })?;
     let local = ep.local_addr().map_err(|e| e.to_string())?;
     let port = local.port();
@@ -344,6 +381,11 @@ async fn serve(args: Args) -> Result<(), String> {
         Some(l)
     };
     match &args.root {
+        _ if file.is_some() => {
+            for line in file.as_ref().map(|f| f.describe()).unwrap_or_default() {
+                println!("serving {line}");
+            }
+        }
         Some(dir) => println!("serving {}", dir.display()),
         None if !args.upstream.is_empty() => {
             let list: Vec<String> = args.upstream.iter().map(|u| u.to_string()).collect();
@@ -351,10 +393,10 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         None => println!("serving the built-in demo site"),
     }
-    if identity.self_signed {
+    if shown.as_ref().is_some_and(|i| i.self_signed) {
         println!("certificate: self-signed for localhost, made at start");
     }
-    if let Some(spki) = identity.spki_sha256() {
+    if let Some(spki) = shown.as_ref().and_then(Identity::spki_sha256) {
         println!("certificate SPKI sha256 (base64): {spki}");
         println!("open it in Chromium over HTTP/3:");
         // Chromium resolves localhost to ::1 first; point it at an IPv4-only listener.
@@ -376,10 +418,7 @@ async fn serve(args: Args) -> Result<(), String> {
     println!("or: cargo run --release -- get --insecure -v https://localhost:{port}{path}");
     let mut listener = Listener::new(ep);
     if let Some(l) = tcp {
-        listener = listener.with_tcp(
-            l,
-            rustls_server_config(&identity, &[], args.keylog.as_deref())?,
-        );
+        listener = listener.with_tcp(l, with_alpn(&[]));
     }
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -389,8 +428,17 @@ async fn serve(args: Args) -> Result<(), String> {
             std::process::exit(130);
         });
     };
-    let limits = limits(&args);
-    let served = if args.upstream.is_empty() {
+    let mut limits = limits(&args);
+    if let Some(f) = &file {
+        limits = f.limits(limits);
+    }
+    let served = if let Some(f) = &file {
+        let mut server = Server::new(f.router(metrics.as_ref())?).limits(limits);
+        if let Some(m) = &metrics {
+            server = server.metrics(m.clone());
+        }
+        server.serve_with_shutdown(listener, shutdown).await
+    } else if args.upstream.is_empty() {
         let mut server = Server::new(SiteService::new(&site)).limits(limits);
         if let Some(m) = &metrics {
             server = server.metrics(m.clone());

@@ -66,8 +66,9 @@ document.getElementById("browser").textContent =
 
 /// The backend's answers: `/` and `/app.js` the page, `/echo` the request body as it comes, `/headers` the request
 /// line and fields, `/slow` a line, 400 ms, another line, `/file` FILE_LEN bytes.
-async fn answer(req: Request<Incoming>) -> Response<B> {
+async fn answer(req: Request<Incoming>, port: u16) -> Response<B> {
     match req.uri().path() {
+        "/port" => Response::new(full(port.to_string())),
         "/echo" => Response::new(req.into_body().map_err(Into::into).boxed_unsync()),
         "/headers" => {
             let mut text = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
@@ -120,13 +121,14 @@ fn backend() -> SocketAddr {
             .unwrap();
         rt.block_on(async move {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = l.local_addr().unwrap().port();
             tx.send(l.local_addr().unwrap()).unwrap();
             loop {
                 let Ok((tcp, _)) = l.accept().await else {
                     return;
                 };
-                let svc = hyper::service::service_fn(|req| async {
-                    Ok::<_, Infallible>(answer(req).await)
+                let svc = hyper::service::service_fn(move |req| async move {
+                    Ok::<_, Infallible>(answer(req, port).await)
                 });
                 tokio::spawn(
                     hyper::server::conn::http1::Builder::new()
@@ -542,4 +544,154 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(answer.contains("\"status\":\"success\""), "{answer}");
     assert!(zero_rtt.contains("\"2\"]"), "{zero_rtt}");
+}
+
+/// A certificate for `name` (and `*.name`) in PEM files under `dir`: (cert, key).
+fn cert_files(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let ck =
+        rcgen::generate_simple_self_signed(vec![name.to_string(), format!("*.{name}")]).unwrap();
+    let (c, k) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&c, ck.cert.pem()).unwrap();
+    std::fs::write(&k, ck.key_pair.serialize_pem()).unwrap();
+    (c, k)
+}
+
+/// `kuai server --config`: two hosts with certificates of their own (each client trusts only
+/// its host's, so the right one must come by SNI), path-prefix routes to two backends and a
+/// directory (prefix stripped), limits from the file; over HTTP/3 (kuai get) and HTTP/2
+/// (curl).
+#[test]
+fn a_config_file_routes_hosts_and_prefixes() {
+    let (a, b) = (backend(), backend());
+    let dir = temp_dir("config");
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("hello.txt"), "static hello\n").unwrap();
+    let (ac, ak) = cert_files(&dir, "a.test");
+    let (bc, bk) = cert_files(&dir, "b.test");
+    let port = free_port();
+    let file = dir.join("kuai.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"listen = "127.0.0.1:{port}"
+[limits]
+max_body = 100
+
+[[host]]
+names = ["a.test"]
+default = true
+cert = "{ac}"
+key = "{ak}"
+[[host.route]]
+prefix = "/"
+upstreams = ["http://{a}"]
+[[host.route]]
+prefix = "/static/"
+root = "{www}"
+strip_prefix = true
+
+[[host]]
+names = ["b.test", "*.b.test"]
+cert = "{bc}"
+key = "{bk}"
+[[host.route]]
+prefix = "/"
+upstreams = ["http://{b}"]
+"#,
+            ac = ac.display(),
+            ak = ak.display(),
+            bc = bc.display(),
+            bk = bk.display(),
+            www = www.display(),
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(KUAI)
+        .args(["server", "--config"])
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let Some(Ok(line)) = lines.next() else { break };
+        if line.starts_with("kuai server listening on tcp") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let gw = Gateway {
+        child,
+        port,
+        spki: String::new(),
+    };
+    let get = |host: &str, ca: &Path, path: &str| {
+        let o = run(Command::new(KUAI).args([
+            "get",
+            "--state-file",
+            "none",
+            "--http3",
+            "--ca",
+            ca.to_str().unwrap(),
+            "--resolve",
+            &format!("{host}:{}:127.0.0.1", gw.port),
+            &format!("https://{host}:{}{path}", gw.port),
+        ]));
+        assert!(
+            o.status.success(),
+            "{host}{path}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(get("a.test", &ac, "/port"), a.port().to_string());
+    assert_eq!(get("b.test", &bc, "/port"), b.port().to_string());
+    assert_eq!(get("www.b.test", &bc, "/port"), b.port().to_string());
+    assert_eq!(get("a.test", &ac, "/static/hello.txt"), "static hello\n");
+    assert!(get("a.test", &ac, "/headers").contains(&format!("host: a.test:{}\n", gw.port)));
+    if have("curl", "KUAI_REQUIRE_CURL") {
+        let curl_to = |host: &str, ca: &Path, path: &str, extra: &[&str]| {
+            run(Command::new("curl")
+                .args([
+                    "-sS",
+                    "--http2",
+                    "--cacert",
+                    ca.to_str().unwrap(),
+                    "--resolve",
+                ])
+                .arg(format!("{host}:{}:127.0.0.1", gw.port))
+                .args(extra)
+                .arg(format!("https://{host}:{}{path}", gw.port)))
+        };
+        let o = curl_to("b.test", &bc, "/port", &[]);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), b.port().to_string());
+        // a.test's certificate does not do for b.test: SNI picked b's.
+        assert!(!curl_to("b.test", &ac, "/port", &[]).status.success());
+        // An unknown name gets the default host's certificate and site.
+        let o = curl_to("c.test", &ac, "/port", &["-k"]);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), a.port().to_string());
+        // The file's body limit.
+        let o = curl_to(
+            "a.test",
+            &ac,
+            "/echo",
+            &[
+                "--data-binary",
+                &"x".repeat(500),
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ],
+        );
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "413");
+    }
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
 }

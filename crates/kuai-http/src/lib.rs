@@ -59,6 +59,7 @@ mod error;
 pub mod fs;
 pub mod metrics;
 pub mod proxy;
+pub mod router;
 mod serve_dir;
 pub mod server;
 
@@ -77,6 +78,7 @@ pub use client::{
 };
 pub use error::{BoxError, ConnectError, Error};
 pub use proxy::Proxy;
+pub use router::Router;
 pub use serve_dir::{FileBody, ServeDir};
 pub use server::{
     Certificates, ConnInfo, EarlyData, Handle, Limits, Listener, Protocol, Server, server_tls,

@@ -302,8 +302,13 @@ impl Metrics {
         }
     }
 
-    /// Registers a proxy's backend.
+    /// Registers a proxy's backend (one entry per name: proxies sharing a backend share
+    /// its series).
     pub(crate) fn upstream(&self, name: Arc<str>) -> Arc<Upstream> {
+        let mut list = self.upstreams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = list.iter().find(|u| u.name == name) {
+            return u.clone();
+        }
         let u = Arc::new(Upstream {
             name,
             seconds: Histogram::new(SECONDS),
@@ -311,10 +316,7 @@ impl Metrics {
             errors_timeout: AtomicU64::new(0),
             errors_exchange: AtomicU64::new(0),
         });
-        self.upstreams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(u.clone());
+        list.push(u.clone());
         u
     }
 
