@@ -268,12 +268,42 @@ impl File {
 
 impl RouteFile {
     fn proxy(&self, metrics: Option<&Arc<Metrics>>) -> Result<Proxy, String> {
-        let mut b = Proxy::builder();
+        let mut upstreams = Vec::new();
         for u in &self.upstreams {
-            b = b.upstream(u.parse().map_err(|e: kuai_http::Error| e.to_string())?);
+            upstreams.push(u.parse().map_err(|e: kuai_http::Error| e.to_string())?);
         }
-        if let Some(bal) = &self.balance {
-            b = b.balance(bal.parse().map_err(|e: kuai_http::Error| e.to_string())?);
+        let balance = match &self.balance {
+            Some(b) => b.parse().map_err(|e: kuai_http::Error| e.to_string())?,
+            None => Balance::default(),
+        };
+        Pool {
+            upstreams: &upstreams,
+            balance,
+            connect_timeout: self.connect_timeout,
+            response_timeout: self.response_timeout,
+            health_check: self.health_check.as_deref(),
+            health_interval: self.health_interval,
+        }
+        .proxy(metrics)
+    }
+}
+
+/// An upstream pool as flags or the file describe it.
+pub struct Pool<'a> {
+    pub upstreams: &'a [Upstream],
+    pub balance: Balance,
+    pub connect_timeout: Option<Timeout>,
+    pub response_timeout: Option<Timeout>,
+    pub health_check: Option<&'a str>,
+    pub health_interval: Option<Timeout>,
+}
+
+impl Pool<'_> {
+    /// The proxy to it.
+    pub fn proxy(&self, metrics: Option<&Arc<Metrics>>) -> Result<Proxy, String> {
+        let mut b = Proxy::builder().balance(self.balance);
+        for u in self.upstreams {
+            b = b.upstream(u.clone());
         }
         if let Some(t) = self.connect_timeout {
             b = b.connect_timeout(t.0);
@@ -281,11 +311,11 @@ impl RouteFile {
         if let Some(t) = self.response_timeout {
             b = b.response_timeout(t.0);
         }
-        if let Some(path) = &self.health_check {
+        if let Some(path) = self.health_check {
             if !path.starts_with('/') {
-                return Err(format!("health_check {path:?}: a path starting with /"));
+                return Err(format!("health check {path:?}: a path starting with /"));
             }
-            let mut h = HealthCheck::new(path.clone());
+            let mut h = HealthCheck::new(path);
             if let Some(i) = self.health_interval {
                 h.interval = i.0;
                 h.timeout = h.timeout.min(i.0);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kuai::{Endpoint, ServerConfig};
 use kuai_http::metrics::Metrics;
-use kuai_http::proxy::{Balance, HealthCheck, Proxy, Upstream};
+use kuai_http::proxy::{Balance, Proxy, Upstream};
 use kuai_http::{Limits, Listener, Server};
 
 use crate::config;
@@ -456,26 +456,15 @@ async fn serve(args: Args) -> Result<(), String> {
 
 /// The gateway's proxy from the flags.
 fn proxy(args: &Args, metrics: Option<&Arc<Metrics>>) -> Result<Proxy, String> {
-    let mut b = Proxy::builder()
-        .balance(args.balance)
-        .connect_timeout(args.upstream_connect_timeout.0)
-        .response_timeout(args.upstream_timeout.0);
-    for u in &args.upstream {
-        b = b.upstream(u.clone());
+    config::Pool {
+        upstreams: &args.upstream,
+        balance: args.balance,
+        connect_timeout: Some(args.upstream_connect_timeout),
+        response_timeout: Some(args.upstream_timeout),
+        health_check: args.health_check.as_deref(),
+        health_interval: Some(args.health_interval),
     }
-    if let Some(path) = &args.health_check {
-        if !path.starts_with('/') {
-            return Err(format!("--health-check {path:?}: a path starting with /"));
-        }
-        let mut h = HealthCheck::new(path.clone());
-        h.interval = args.health_interval.0;
-        h.timeout = h.timeout.min(args.health_interval.0);
-        b = b.health_check(h);
-    }
-    if let Some(m) = metrics {
-        b = b.metrics(m.clone());
-    }
-    b.build().map_err(|e| e.to_string())
+    .proxy(metrics)
 }
 
 #[cfg(test)]

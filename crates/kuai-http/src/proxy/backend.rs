@@ -277,7 +277,10 @@ impl Backend {
         Ok(sender)
     }
 
-    async fn connect_tcp(&self, o: &Options) -> Result<TokioIo<tokio::net::TcpStream>, Reason> {
+    pub(super) async fn connect_tcp(
+        &self,
+        o: &Options,
+    ) -> Result<TokioIo<tokio::net::TcpStream>, Reason> {
         let connect = tokio::net::TcpStream::connect(self.upstream.authority());
         let tcp = tokio::time::timeout(o.connect_timeout, connect)
             .await

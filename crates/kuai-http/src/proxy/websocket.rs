@@ -235,14 +235,9 @@ impl Backend {
         o: &super::Options,
     ) -> Result<Response<hyper::body::Incoming>, super::backend::Reason> {
         use super::backend::Reason;
-        let connect = tokio::net::TcpStream::connect(self.upstream.authority());
-        let tcp = tokio::time::timeout(o.connect_timeout, connect)
-            .await
-            .map_err(|_| Reason::ConnectTimeout(o.connect_timeout))?
-            .map_err(Reason::Connect)?;
-        let _ = tcp.set_nodelay(true);
+        let io = self.connect_tcp(o).await?;
         let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-            .handshake(TokioIo::new(tcp))
+            .handshake(io)
             .await
             .map_err(Reason::Handshake)?;
         tokio::spawn(conn.with_upgrades());
