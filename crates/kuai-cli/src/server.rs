@@ -255,6 +255,7 @@ pub fn rustls_server_config(
         .with_single_cert(identity.certs.clone(), identity.key.clone_key())
         .map_err(|e| format!("certificate and key do not match: {e}"))?;
     tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+    tls.session_storage = kuai::session::SessionCache::with_defaults();
     if let Some(path) = keylog {
         tls.key_log = Arc::new(
             FileKeyLog::create(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?,

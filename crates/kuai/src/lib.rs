@@ -53,6 +53,7 @@
 mod connection;
 mod endpoint;
 pub mod qlog;
+pub mod session;
 pub mod udp;
 
 use std::sync::Arc;
@@ -120,7 +121,9 @@ pub struct ServerConfig {
 
 impl ServerConfig {
     /// From a rustls server config (TLS 1.3, ALPN set; `max_early_data_size` is set to allow
-    /// 0-RTT).
+    /// 0-RTT). Its session store stays as given: rustls's default keeps 256 sessions, so set
+    /// `tls.session_storage` to a [`SessionCache`](crate::session::SessionCache) (as
+    /// [`with_single_cert`](Self::with_single_cert) does) for more clients to resume.
     pub fn from_rustls(mut tls: rustls::ServerConfig) -> Self {
         tls.max_early_data_size = u32::MAX;
         Self {
@@ -139,6 +142,7 @@ impl ServerConfig {
             .with_no_client_auth()
             .with_single_cert(certs, key)?;
         tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+        tls.session_storage = crate::session::SessionCache::with_defaults();
         Ok(Self::from_rustls(tls))
     }
 

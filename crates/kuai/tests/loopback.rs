@@ -893,3 +893,99 @@ async fn a_subscriber_sees_connections_and_the_endpoint() {
     assert!(log.contains(&"dropped malformed".to_string()), "{log:?}");
     drop(server);
 }
+
+/// Clients that resume (in 0-RTT) out of `n` different ones, each with a session store of
+/// its own, connecting to `scfg` twice, 32 at a time.
+async fn clients_resuming(
+    scfg: ServerConfig,
+    cert: rustls::pki_types::CertificateDer<'static>,
+    n: usize,
+) -> usize {
+    let (_server, addr) = start_server(scfg).await;
+    let client = Endpoint::client(localhost()).unwrap();
+    let configs: Vec<ClientConfig> = (0..n)
+        .map(|_| ClientConfig::with_root(cert.clone(), &[ALPN]).unwrap())
+        .collect();
+    let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+    // Every client once, for its tickets.
+    let mut tasks = Vec::new();
+    for c in &configs {
+        let (client, c, limit) = (client.clone(), c.clone(), limit.clone());
+        tasks.push(tokio::spawn(async move {
+            let _p = limit.acquire().await.unwrap();
+            let conn = client
+                .connect_with(c, addr, "localhost")
+                .unwrap()
+                .await
+                .unwrap();
+            assert_eq!(fetch(&conn, 10).await, 10);
+            assert!(conn.session_ticket().await);
+            conn.close(0, b"");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Then again: resumed, requests in 0-RTT.
+    let mut tasks = Vec::new();
+    for c in configs {
+        let (client, limit) = (client.clone(), limit.clone());
+        tasks.push(tokio::spawn(async move {
+            let _p = limit.acquire().await.unwrap();
+            let connecting = client.connect_with(c, addr, "localhost").unwrap();
+            let Ok((conn, accepted)) = connecting.into_0rtt() else {
+                return false;
+            };
+            // The request goes in 0-RTT; a server that rejects it voids the stream.
+            let got = async {
+                let (mut send, mut recv) = conn.open_bi().await.ok()?;
+                send.write_all(b"GET 10").await.ok()?;
+                send.finish().ok()?;
+                recv.read_to_end(1024).await.ok().map(|b| b.len())
+            }
+            .await;
+            let ok = accepted.await && conn.stats().resumed && got == Some(10);
+            conn.close(0, b"");
+            ok
+        }));
+    }
+    let mut resumed = 0;
+    for t in tasks {
+        resumed += usize::from(t.await.unwrap());
+    }
+    resumed
+}
+
+/// Many clients resume with 0-RTT: kuai's servers keep their sessions in a
+/// `kuai::session::SessionCache`; with rustls's default store (256 sessions) most of them
+/// could not. `KUAI_RESUME_CLIENTS` sets how many (1,000 by default; 10,000 by hand).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_all_resume_in_0rtt() {
+    let n: usize = std::env::var("KUAI_RESUME_CLIENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let start = Instant::now();
+    let (scfg, cert) = server_config();
+    let resumed = clients_resuming(scfg, cert, n).await;
+    println!(
+        "{resumed} of {n} clients resumed in 0-RTT ({:?})",
+        start.elapsed()
+    );
+    assert_eq!(resumed, n);
+
+    // The same with rustls's own store: it remembers 256 sessions (2 tickets a client).
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert = ck.cert.der().clone();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.key_pair.serialize_der().into());
+    let mut tls = rustls::ServerConfig::builder_with_provider(kuai::crypto_provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.clone()], key)
+        .unwrap();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let few = clients_resuming(ServerConfig::from_rustls(tls), cert, n.min(1000)).await;
+    println!("with rustls's default store: {few} of {}", n.min(1000));
+    assert!(few <= 256, "{few}");
+}

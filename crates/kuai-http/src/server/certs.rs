@@ -63,12 +63,12 @@ impl Certificates {
 
     /// The TLS 1.3 server configuration that picks among them.
     pub fn into_tls(self) -> Result<rustls::ServerConfig, Error> {
-        Ok(
-            rustls::ServerConfig::builder_with_provider(kuai::crypto_provider())
-                .with_protocol_versions(&[&rustls::version::TLS13])?
-                .with_no_client_auth()
-                .with_cert_resolver(Arc::new(self)),
-        )
+        let mut tls = rustls::ServerConfig::builder_with_provider(kuai::crypto_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(self));
+        tls.session_storage = kuai::session::SessionCache::with_defaults();
+        Ok(tls)
     }
 
     fn pick(&self, name: Option<&str>) -> Option<Arc<CertifiedKey>> {

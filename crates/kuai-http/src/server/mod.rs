@@ -258,12 +258,13 @@ pub fn server_tls(
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 ) -> Result<rustls::ServerConfig, Error> {
-    Ok(
-        rustls::ServerConfig::builder_with_provider(kuai::crypto_provider())
-            .with_protocol_versions(&[&rustls::version::TLS13])?
-            .with_no_client_auth()
-            .with_single_cert(certs, key)?,
-    )
+    let mut tls = rustls::ServerConfig::builder_with_provider(kuai::crypto_provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    // Resumption and 0-RTT for many clients, not rustls's 256 (see kuai::session).
+    tls.session_storage = kuai::session::SessionCache::with_defaults();
+    Ok(tls)
 }
 
 /// Stops a [`Server`] gracefully (see the module documentation). Clones stop the same

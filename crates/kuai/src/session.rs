@@ -1,0 +1,160 @@
+//! [`SessionCache`]: the server's store of TLS sessions for resumption and 0-RTT.
+//!
+//! rustls issues TLS 1.3 tickets in one of two ways: stateless (the session encrypted into
+//! the ticket by a `ProducesTickets`) or stateful (a random ID, the session kept in a
+//! `StoresServerSessions`). rustls 0.23 allows 0-RTT only with stateful tickets, each used
+//! once (`take`), which is also the replay defence of RFC 8446 §8.1 for one server. Its
+//! default store keeps 256 sessions: past 256 recent clients a server forgets sessions and
+//! clients lose resumption and 0-RTT. This one keeps many more, for as long as a ticket says
+//! it lives, in shards so that handshakes on several workers do not queue on one lock.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Shards (the first byte of a ticket ID picks one: IDs are random).
+const SHARDS: usize = 16;
+
+/// Sessions kept by default: about 20 MiB at most (a session is a few hundred bytes).
+pub const DEFAULT_CAPACITY: usize = 64 * 1024;
+
+/// How long a session is kept by default: rustls tells clients that a stateful ticket lives
+/// a day.
+pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Sessions by ticket ID, the oldest dropped first past the capacity, none kept past the
+/// lifetime; see the [module](self) docs.
+pub struct SessionCache {
+    shards: Box<[Mutex<Shard>]>,
+    per_shard: usize,
+    lifetime: Duration,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<Vec<u8>, (Vec<u8>, Instant)>,
+    /// Insertion order, for eviction; may name sessions already taken (skipped).
+    order: VecDeque<(Vec<u8>, Instant)>,
+}
+
+impl std::fmt::Debug for SessionCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionCache")
+            .field("len", &self.len())
+            .field("capacity", &(self.per_shard * SHARDS))
+            .finish()
+    }
+}
+
+impl SessionCache {
+    /// A cache of about `capacity` sessions, each kept at most `lifetime`.
+    pub fn new(capacity: usize, lifetime: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            per_shard: capacity.div_ceil(SHARDS).max(1),
+            lifetime,
+        })
+    }
+
+    /// [`DEFAULT_CAPACITY`] sessions for [`DEFAULT_LIFETIME`].
+    pub fn with_defaults() -> Arc<Self> {
+        Self::new(DEFAULT_CAPACITY, DEFAULT_LIFETIME)
+    }
+
+    /// Sessions held now.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
+        &self.shards[usize::from(key.first().copied().unwrap_or(0)) % SHARDS]
+    }
+
+    fn fresh(&self, at: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(at) < self.lifetime
+    }
+}
+
+fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl rustls::server::StoresServerSessions for SessionCache {
+    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        let now = Instant::now();
+        let mut s = lock(self.shard(&key));
+        while s.map.len() >= self.per_shard {
+            let Some((old, at)) = s.order.pop_front() else {
+                break;
+            };
+            // Only the entry that order slot was for (not a newer one under that key).
+            if s.map.get(&old).is_some_and(|(_, t)| *t == at) {
+                s.map.remove(&old);
+            }
+        }
+        s.order.push_back((key.clone(), now));
+        s.map.insert(key, (value, now));
+        // Taken sessions leave their order slots behind: drop them now and then.
+        if s.order.len() > 2 * self.per_shard {
+            let Shard { map, order } = &mut *s;
+            order.retain(|(k, t)| map.get(k).is_some_and(|(_, at)| at == t));
+        }
+        true
+    }
+
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let now = Instant::now();
+        let s = lock(self.shard(key));
+        s.map
+            .get(key)
+            .filter(|(_, at)| self.fresh(*at, now))
+            .map(|(v, _)| v.clone())
+    }
+
+    fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let now = Instant::now();
+        let mut s = lock(self.shard(key));
+        s.map
+            .remove(key)
+            .filter(|(_, at)| self.fresh(*at, now))
+            .map(|(v, _)| v)
+    }
+
+    fn can_cache(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::server::StoresServerSessions;
+
+    #[test]
+    fn sessions_are_taken_once_evicted_oldest_first_and_expire() {
+        let c = SessionCache::new(SHARDS * 2, Duration::from_secs(3600));
+        // Keys in one shard (first byte 0): the third evicts the first.
+        for i in 1..=3u8 {
+            assert!(c.put(vec![0, i], vec![i]));
+        }
+        assert_eq!(c.get(&[0, 1]), None);
+        assert_eq!(c.get(&[0, 2]), Some(vec![2]));
+        assert_eq!(c.take(&[0, 2]), Some(vec![2]));
+        assert_eq!(c.take(&[0, 2]), None, "used once");
+        // Many puts and takes leave no growing order list behind.
+        for i in 0..10_000u32 {
+            let k = [1, (i >> 8) as u8, i as u8];
+            c.put(k.to_vec(), vec![1]);
+            c.take(&k);
+        }
+        assert!(lock(c.shard(&[1])).order.len() <= 4 + 1);
+        let short = SessionCache::new(16, Duration::ZERO);
+        short.put(vec![5], vec![5]);
+        assert_eq!(short.take(&[5]), None, "expired");
+    }
+}
