@@ -7,12 +7,13 @@
 #![cfg_attr(not(feature = "internals"), warn(missing_docs))]
 
 // The public surface: congestion control (a trait users implement), connection-ID
-// generation, the varint codec HTTP/3 shares, tracing (qlog and other subscribers), and the
+// generation and QUIC-LB routable IDs, the varint codec HTTP/3 shares, tracing (qlog and other subscribers), and the
 // re-exports below. The rest is internal; the `internals` feature opens it to this crate's
 // tests, benchmarks and fuzz targets (not a stable interface).
 pub mod cc;
 pub mod cid;
 pub mod coding;
+pub mod quic_lb;
 pub mod trace;
 pub mod varint;
 
