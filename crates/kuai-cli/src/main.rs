@@ -7,6 +7,7 @@ mod flood;
 mod get;
 mod interop;
 mod keylog;
+mod lb;
 mod server;
 mod site;
 mod tls;
@@ -38,6 +39,9 @@ enum Command {
     Interop,
     /// Measure throughput, request and handshake rates, memory and CPU (perf protocol).
     Bench(bench::Args),
+    /// A QUIC-LB load balancer: routes datagrams to backends by the server ID in their
+    /// connection IDs (a full proxy).
+    Lb(lb::Args),
     /// Two network namespaces joined by an emulated link (delay, loss, rate, outages, traces).
     Netsim(Box<kuai_netsim::cli::Args>),
 }
@@ -86,6 +90,10 @@ fn main() -> ExitCode {
         Command::Interop => {
             init_logging("info");
             rt.block_on(interop::run())
+        }
+        Command::Lb(args) => {
+            init_logging("info");
+            rt.block_on(lb::run(args))
         }
         Command::Netsim(args) => kuai_netsim::cli::run(*args),
     }

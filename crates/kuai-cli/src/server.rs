@@ -94,6 +94,13 @@ pub struct Args {
     /// than the one of --listen.
     #[arg(long)]
     preferred_address: Option<SocketAddr>,
+    /// This server's QUIC-LB server ID (hex): every connection ID it issues carries it, so a
+    /// QUIC-LB load balancer (`kuai lb`) routes the connection's packets here whatever the
+    /// client's address. One worker only for now.
+    #[arg(long, value_name = "HEX")]
+    server_id: Option<String>,
+    #[command(flatten)]
+    quic_lb: crate::lb::QuicLbArgs,
     /// Spread connections over this many workers: UDP sockets sharing the port, each with a
     /// driver of its own, the kernel steering each packet by its connection ID (Linux).
     #[arg(long, default_value_t = 1)]
@@ -335,6 +342,23 @@ async fn serve(args: Args) -> Result<(), String> {
         .unwrap_or(args.workers);
     let listen = file.as_ref().and_then(|f| f.listen).unwrap_or(args.listen);
     let mut builder = Endpoint::builder().server(cfg).workers(workers);
+    if let Some(hex) = &args.server_id {
+        let sid = crate::lb::parse_hex(hex).ok_or("--server-id: hex digits")?;
+        if workers > 1 {
+            // The workers' steering byte would overwrite part of an encrypted ID.
+            return Err("--server-id works with one worker for now".into());
+        }
+        let config = args.quic_lb.config(sid.len())?;
+        kuai_proto::quic_lb::QuicLbCids::new(config.clone(), &sid).map_err(|e| e.to_string())?;
+        let mut ec = kuai::EndpointConfig::default();
+        ec.proto.cid_generator = Arc::new(move || {
+            Box::new(
+                kuai_proto::quic_lb::QuicLbCids::new(config.clone(), &sid).expect("checked above"),
+            )
+        });
+        builder = builder.endpoint_config(ec);
+        println!("QUIC-LB server ID {hex}");
+    }
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);
     }

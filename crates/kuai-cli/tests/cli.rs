@@ -363,3 +363,61 @@ fn file_server_serves_no_dotfile_symlink_out_or_fifo() {
     drop(srv);
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// `kuai lb` in front of two `kuai server --server-id`s: fetches through it work, new
+/// connections and repeated ones (a new connection per run), each reaching the server its
+/// connection IDs name.
+#[test]
+fn fetches_go_through_the_quic_lb_balancer() {
+    let root = temp_dir("lb");
+    std::fs::write(root.join("x.txt"), "through the balancer\n").unwrap();
+    let key = "000102030405060708090a0b0c0d0e0f";
+    let servers: Vec<Server> = ["0a", "0b"]
+        .iter()
+        .map(|id| server_with(&root, &["--server-id", id, "--quic-lb-key", key]))
+        .collect();
+    let mut lb = Command::new(KUAI);
+    lb.args(["lb", "--listen", "127.0.0.1:0", "--quic-lb-key", key]);
+    for (id, s) in ["0a", "0b"].iter().zip(&servers) {
+        lb.args(["--backend", &format!("{id}=127.0.0.1:{}", s.port)]);
+    }
+    let mut child = lb
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    let port: u16 = line
+        .strip_prefix("kuai lb listening on udp 127.0.0.1:")
+        .unwrap_or_else(|| panic!("{line}"))
+        .parse()
+        .unwrap();
+    std::thread::spawn(move || for _ in lines {});
+    let balancer = Server { child, port };
+    let url = format!("https://localhost:{}/x.txt", balancer.port);
+    let out = get(&[
+        "--insecure",
+        "--http3",
+        "--state-file",
+        "none",
+        "--repeat",
+        "6",
+        &url,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(runs.matches("\"ok\":true").count(), 6, "{runs}");
+    let out = get(&["--insecure", "--http3", "--state-file", "none", &url]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "through the balancer\n"
+    );
+    drop(balancer);
+    drop(servers);
+    let _ = std::fs::remove_dir_all(&root);
+}

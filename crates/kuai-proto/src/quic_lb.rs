@@ -465,7 +465,9 @@ mod tests {
             for nonce_len in 4..=(19 - sid_len) {
                 for key in [None, Some(key(KEY))] {
                     let c = QuicLbConfig::new(5, sid_len, nonce_len, key).unwrap();
-                    let sid: Vec<u8> = (0..sid_len as u8).map(|i| i.wrapping_mul(37)).collect();
+                    let sid: Vec<u8> = (0..sid_len as u8)
+                        .map(|i| i.wrapping_mul(37) ^ 0xa5)
+                        .collect();
                     let mut g = QuicLbCids::new(c.clone(), &sid).unwrap();
                     let mut dec = QuicLbDecoder::new();
                     dec.add(c.clone());

@@ -52,6 +52,7 @@
 
 mod connection;
 mod endpoint;
+pub mod lb;
 pub mod qlog;
 pub mod session;
 pub mod udp;

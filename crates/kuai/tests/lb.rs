@@ -1,0 +1,199 @@
+//! `kuai::lb`: three servers issuing QUIC-LB connection IDs behind one balancer, on real
+//! loopback sockets.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kuai::lb::{LbConfig, LbHandle, LoadBalancer};
+use kuai::{ClientConfig, Endpoint, EndpointConfig, ServerConfig};
+use kuai_proto::quic_lb::{QuicLbCids, QuicLbConfig, QuicLbDecoder};
+
+const ALPN: &[u8] = b"kuai-test";
+const KEY: [u8; 16] = [7; 16];
+
+fn localhost() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn lb_config() -> QuicLbConfig {
+    QuicLbConfig::new(0, 1, 6, Some(KEY)).unwrap()
+}
+
+/// A server whose connection IDs carry `sid`, answering "GET n" with n bytes.
+fn server(scfg: ServerConfig, sid: [u8; 1]) -> Endpoint {
+    let mut ec = EndpointConfig::default();
+    ec.proto.cid_generator =
+        Arc::new(move || Box::new(QuicLbCids::new(lb_config(), &sid).unwrap()));
+    let ep = Endpoint::builder()
+        .endpoint_config(ec)
+        .server(scfg)
+        .bind(localhost())
+        .unwrap();
+    let e = ep.clone();
+    tokio::spawn(async move {
+        while let Some(connecting) = e.accept().await {
+            tokio::spawn(async move {
+                let Ok(conn) = connecting.await else { return };
+                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                    tokio::spawn(async move {
+                        let req = recv.read_to_end(64).await.unwrap();
+                        let n: usize = std::str::from_utf8(&req[4..]).unwrap().parse().unwrap();
+                        let block = Bytes::from(vec![0x5a; 60_000]);
+                        let mut left = n;
+                        while left > 0 {
+                            let k = left.min(block.len());
+                            send.write_chunk(block.slice(..k)).await.unwrap();
+                            left -= k;
+                        }
+                        send.finish().unwrap();
+                        let _ = send.stopped().await;
+                    });
+                }
+            });
+        }
+    });
+    ep
+}
+
+async fn fetch(conn: &kuai::Connection, n: usize) -> usize {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(format!("GET {n}").as_bytes()).await.unwrap();
+    send.finish().unwrap();
+    let mut got = 0;
+    while let Some(c) = recv.read_chunk(usize::MAX).await.unwrap() {
+        got += c.len();
+    }
+    got
+}
+
+struct Fleet {
+    servers: Vec<Endpoint>,
+    lb: SocketAddr,
+    handle: LbHandle,
+    ccfg: ClientConfig,
+}
+
+async fn fleet() -> Fleet {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
+    let servers: Vec<Endpoint> = (1..=3u8).map(|i| server(scfg.clone(), [i])).collect();
+    let mut decoder = QuicLbDecoder::new();
+    decoder.add(lb_config());
+    let (lb, handle) = LoadBalancer::bind(
+        localhost(),
+        servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (vec![i as u8 + 1], s.local_addr().unwrap()))
+            .collect(),
+        LbConfig {
+            decoder,
+            cid_len: lb_config().cid_len(),
+            flow_idle: Duration::from_secs(30),
+        },
+    )
+    .unwrap();
+    let addr = lb.local_addr();
+    tokio::spawn(lb.run());
+    Fleet {
+        servers,
+        lb: addr,
+        handle,
+        ccfg: ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+    }
+}
+
+fn accepted(f: &Fleet) -> Vec<u64> {
+    f.servers.iter().map(|s| s.stats().accepted).collect()
+}
+
+/// Connections through the balancer spread over the three servers and work; a client that
+/// rebinds its socket mid-transfer (a NAT rebinding: a new address at the balancer) keeps
+/// its connection, which the balancer routes by connection ID to the server holding it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_spread_and_survive_rebinding() {
+    let f = fleet().await;
+    let client = Endpoint::client(localhost()).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..30 {
+        let c = client
+            .connect_with(f.ccfg.clone(), f.lb, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(fetch(&c, 100_000).await, 100_000);
+        conns.push(c);
+    }
+    let per = accepted(&f);
+    assert_eq!(per.iter().sum::<u64>(), 30, "{per:?}");
+    assert!(per.iter().all(|&n| n >= 1), "a server got none: {per:?}");
+
+    let conn = conns.pop().unwrap();
+    let c2 = conn.clone();
+    let transfer = tokio::spawn(async move { fetch(&c2, 30 << 20).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    client.rebind(localhost()).unwrap();
+    assert_eq!(transfer.await.unwrap(), 30 << 20);
+    assert_eq!(conn.stats().migrations, 1);
+    assert_eq!(accepted(&f).iter().sum::<u64>(), 30, "no new connection");
+    let (forwarded, unroutable) = f.handle.counts();
+    assert!(forwarded > 0 && unroutable == 0, "{forwarded} {unroutable}");
+}
+
+/// A drained server gets no new connection while its live ones keep working; a removed
+/// one's share goes to the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_drain_and_go_without_dropping_the_others() {
+    let f = fleet().await;
+    let client = Endpoint::client(localhost()).unwrap();
+    // A connection on each server.
+    let mut on: Vec<Option<kuai::Connection>> = vec![None, None, None];
+    for _ in 0..40 {
+        let before = accepted(&f);
+        let c = client
+            .connect_with(f.ccfg.clone(), f.lb, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        let after = accepted(&f);
+        let i = (0..3).find(|&i| after[i] > before[i]).unwrap();
+        on[i].get_or_insert(c);
+        if on.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    let on: Vec<kuai::Connection> = on.into_iter().map(Option::unwrap).collect();
+    assert!(f.handle.drain(&[1]));
+    let before = accepted(&f);
+    for _ in 0..12 {
+        let c = client
+            .connect_with(f.ccfg.clone(), f.lb, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(fetch(&c, 1000).await, 1000);
+    }
+    let after = accepted(&f);
+    assert_eq!(
+        after[0], before[0],
+        "the drained server got new connections"
+    );
+    assert_eq!(after[1] + after[2] - before[1] - before[2], 12);
+    // Its live connection still works.
+    assert_eq!(fetch(&on[0], 200_000).await, 200_000);
+    // Server 3 removed: the others still answer.
+    assert!(f.handle.remove(&[3]));
+    assert_eq!(fetch(&on[1], 200_000).await, 200_000);
+    let c = client
+        .connect_with(f.ccfg.clone(), f.lb, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(fetch(&c, 1000).await, 1000);
+    assert_eq!(
+        accepted(&f)[2],
+        after[2],
+        "no new connection on the removed server"
+    );
+}
