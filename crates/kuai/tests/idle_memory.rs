@@ -113,11 +113,13 @@ async fn an_idle_connection_costs_the_server_little_heap() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let per_conn = (LIVE.load(Ordering::Relaxed) - base) as f64 / N as f64;
     eprintln!("server heap per idle connection: {per_conn:.0} bytes");
-    // About 8.5 KB today: 8.1 KB with NewReno and 384 bytes more for the default controller's
-    // (BBR's) boxed state. Allocator overhead and fragmentation come on top in resident memory
+    // About 8.9 KB today: 8.1 KB with NewReno, 384 bytes more for the default controller's
+    // (BBR's) boxed state, and about 350 bytes for the two session tickets the server keeps
+    // per client (kuai::session::SessionCache; they outlive the connection, for resumption
+    // and 0-RTT). Allocator overhead and fragmentation come on top in resident memory
     // (`kuai bench`'s idle workload).
     assert!(
-        per_conn < 8_800.0,
+        per_conn < 9_200.0,
         "{per_conn:.0} bytes of server heap per idle connection"
     );
     drop(conns);
