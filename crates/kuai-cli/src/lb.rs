@@ -66,6 +66,9 @@ pub struct Args {
     /// Seconds a flow (a client address toward a backend) lives without traffic.
     #[arg(long, default_value_t = 60)]
     flow_idle: u64,
+    /// Most flows at once (each a socket); datagrams that would open another are dropped.
+    #[arg(long, default_value_t = 65_536)]
+    max_flows: usize,
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -98,16 +101,11 @@ async fn serve(args: Args) -> Result<(), String> {
     let cid_len = config.cid_len();
     let mut decoder = QuicLbDecoder::new();
     decoder.add(config);
-    let (lb, _handle) = LoadBalancer::bind(
-        args.listen,
-        backends.clone(),
-        LbConfig {
-            decoder,
-            cid_len,
-            flow_idle: Duration::from_secs(args.flow_idle.max(1)),
-        },
-    )
-    .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
+    let mut config = LbConfig::new(decoder, cid_len);
+    config.flow_idle = Duration::from_secs(args.flow_idle.max(1));
+    config.max_flows = args.max_flows.max(1);
+    let (lb, _handle) = LoadBalancer::bind(args.listen, backends.clone(), config)
+        .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     println!("kuai lb listening on udp {}", lb.local_addr());
     for (id, addr) in &backends {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();

@@ -68,7 +68,13 @@ fn udp_echo_rtt_with_50ms_delay() {
         let payload = [i; 200];
         let sent = Instant::now();
         client.send_to(&payload, (SERVER_ADDR, 7007)).unwrap();
-        let (n, _) = client.recv_from(&mut buf).expect("echo within a second");
+        // A signal (the emulator's children) may interrupt the wait: wait again.
+        let (n, _) = loop {
+            match client.recv_from(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r.expect("echo within a second"),
+            }
+        };
         rtts.push(sent.elapsed());
         assert_eq!(&buf[..n], &payload);
     }

@@ -12,7 +12,8 @@
 //! - Backends are added, drained (no new connections; the connections they hold keep their
 //!   packets) and removed while the balancer runs ([`LbHandle`]).
 //! - Each (client address, backend) pair is a flow with a UDP socket of its own toward the
-//!   backend, closed after [`LbConfig::flow_idle`] without traffic. Datagrams move in batches:
+//!   backend, closed after [`LbConfig::flow_idle`] without traffic, [`LbConfig::max_flows`] at
+//!   most (source addresses can be spoofed). Datagrams move in batches:
 //!   `recvmmsg`/GRO in, GSO or `sendmmsg` out, one copy each way.
 
 use std::collections::HashMap;
@@ -43,6 +44,22 @@ pub struct LbConfig {
     /// A flow without traffic this long is closed (its client's next datagram opens a new
     /// one).
     pub flow_idle: Duration,
+    /// Most flows (each a socket) at once: datagrams that would open another are dropped.
+    /// Source addresses can be spoofed, so this bounds what a flood of them costs.
+    pub max_flows: usize,
+}
+
+impl LbConfig {
+    /// `decoder`'s configurations for IDs of `cid_len` bytes; flows idle out after 60 s,
+    /// 65,536 at most.
+    pub fn new(decoder: QuicLbDecoder, cid_len: usize) -> Self {
+        Self {
+            decoder,
+            cid_len,
+            flow_idle: Duration::from_secs(60),
+            max_flows: 65_536,
+        }
+    }
 }
 
 /// A backend as the balancer knows it.
@@ -252,6 +269,9 @@ impl LoadBalancer {
         let mut st = lock(&s.state);
         if let Some(f) = st.flows.get(&(client, backend)) {
             return Some(f.clone());
+        }
+        if st.flows.len() >= s.config.max_flows {
+            return None;
         }
         let local: SocketAddr = if backend.is_ipv4() {
             (std::net::Ipv4Addr::UNSPECIFIED, 0).into()

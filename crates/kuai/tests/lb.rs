@@ -87,11 +87,7 @@ async fn fleet() -> Fleet {
             .enumerate()
             .map(|(i, s)| (vec![i as u8 + 1], s.local_addr().unwrap()))
             .collect(),
-        LbConfig {
-            decoder,
-            cid_len: lb_config().cid_len(),
-            flow_idle: Duration::from_secs(30),
-        },
+        LbConfig::new(decoder, lb_config().cid_len()),
     )
     .unwrap();
     let addr = lb.local_addr();
@@ -196,4 +192,37 @@ async fn backends_drain_and_go_without_dropping_the_others() {
         after[2],
         "no new connection on the removed server"
     );
+}
+
+/// Past `max_flows` a new client address gets no flow (spoofed floods cost a bounded number
+/// of sockets); the clients that have one keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flows_are_capped() {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
+    let s = server(scfg, [1]);
+    let mut decoder = QuicLbDecoder::new();
+    decoder.add(lb_config());
+    let mut cfg = LbConfig::new(decoder, lb_config().cid_len());
+    cfg.max_flows = 1;
+    let (lb, handle) =
+        LoadBalancer::bind(localhost(), vec![(vec![1], s.local_addr().unwrap())], cfg).unwrap();
+    let addr = lb.local_addr();
+    tokio::spawn(lb.run());
+    let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    let first = Endpoint::client(localhost()).unwrap();
+    let c = first
+        .connect_with(ccfg.clone(), addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(fetch(&c, 1000).await, 1000);
+    let second = Endpoint::client(localhost()).unwrap();
+    let r = tokio::time::timeout(
+        Duration::from_secs(1),
+        second.connect_with(ccfg, addr, "localhost").unwrap(),
+    )
+    .await;
+    assert!(!matches!(r, Ok(Ok(_))), "a second flow was opened");
+    assert_eq!(fetch(&c, 1000).await, 1000);
+    assert!(handle.counts().1 > 0, "the refused datagrams are counted");
 }
