@@ -36,6 +36,10 @@ use tokio::task::JoinHandle;
 #[derive(Debug, Clone)]
 pub struct StaticDir {
     root: PathBuf,
+    /// The root (absolute, without symlinks) and whether it is on a memory filesystem
+    /// (tmpfs, ramfs), found once; `None` when the root could not be resolved at start or
+    /// goes through a symlink (it is then resolved per request).
+    resolved: Option<Arc<(PathBuf, bool)>>,
 }
 
 /// A request path as a path below a root ([`RelativePath::parse`]).
@@ -74,7 +78,18 @@ impl RelativePath {
 impl StaticDir {
     /// Serves the files below `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        let root = root.into();
+        // Kept only when the root's path holds no symlink: one that does (a `current`
+        // link flipped at each deploy) is resolved again for every request.
+        let resolved = root
+            .canonicalize()
+            .ok()
+            .filter(|real| std::path::absolute(&root).is_ok_and(|abs| abs == *real))
+            .map(|real| {
+                let memory = std::fs::File::open(&real).is_ok_and(|d| memory_filesystem(&d));
+                Arc::new((real, memory))
+            });
+        Self { root, resolved }
     }
 
     /// The directory served.
@@ -82,16 +97,28 @@ impl StaticDir {
         &self.root
     }
 
-    /// Opens the file that a request path (its query and fragment are cut off) names, on a
-    /// blocking task; `None` when it is missing or must not be served (the two are not told
-    /// apart, so a client learns nothing about what it may not read).
+    /// Opens the file that a request path (its query and fragment are cut off) names: on a
+    /// blocking task, or at once when the root is on a memory filesystem (nothing there
+    /// waits for a disk); `None` when it is missing or must not be served (the two are not
+    /// told apart, so a client learns nothing about what it may not read).
     pub async fn open(&self, path: &str) -> Option<FileChunks> {
         let path = path.split(['?', '#']).next().unwrap_or("");
         let rel = RelativePath::parse(path)?;
-        let root = self.root.clone();
-        let (file, len) = tokio::task::spawn_blocking(move || open_below(&root, &rel))
-            .await
-            .ok()??;
+        let (file, len) = match &self.resolved {
+            Some(r) if r.1 => open_below(&r.0, &rel)?,
+            Some(r) => {
+                let r = r.clone();
+                tokio::task::spawn_blocking(move || open_below(&r.0, &rel))
+                    .await
+                    .ok()??
+            }
+            None => {
+                let root = self.root.clone();
+                tokio::task::spawn_blocking(move || open_below(&root.canonicalize().ok()?, &rel))
+                    .await
+                    .ok()??
+            }
+        };
         Some(FileChunks::new(file, len))
     }
 }
@@ -159,15 +186,14 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Opens `rel` below `root` if it is, once every symlink is resolved, a regular file still
-/// below the root with no dot-named component; a directory stands for its `index.html`.
-/// Blocking: run it off the runtime.
+/// Opens `rel` below `root` (resolved) if it is, once every symlink is resolved, a regular
+/// file still below the root with no dot-named component; a directory stands for its
+/// `index.html`. Blocking unless the root is on a memory filesystem.
 fn open_below(root: &Path, rel: &RelativePath) -> Option<(std::fs::File, u64)> {
-    let root = root.canonicalize().ok()?;
-    let mut real = checked_real_path(&root, &root.join(&rel.path))?;
+    let mut real = checked_real_path(root, &root.join(&rel.path))?;
     let meta = std::fs::metadata(&real).ok()?;
     if meta.is_dir() {
-        real = checked_real_path(&root, &real.join("index.html"))?;
+        real = checked_real_path(root, &real.join("index.html"))?;
     } else if rel.directory {
         return None;
     }
@@ -625,6 +651,38 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "10 of 20 bytes");
         assert!(got.len() <= 10);
         assert!(chunks.next().await.is_none());
+    }
+
+    /// A root reached through a symlink follows the link when it moves (a deploy's
+    /// `current` flipped to a new release); a root without one is resolved once.
+    #[cfg(unix)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_symlinked_root_follows_its_link() {
+        let base = std::env::temp_dir().join(format!("kuai-fs-flip-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        for (d, text) in [("a", "release a"), ("b", "release b")] {
+            std::fs::create_dir_all(base.join(d)).unwrap();
+            std::fs::write(base.join(d).join("x.txt"), text).unwrap();
+        }
+        let current = base.join("current");
+        std::os::unix::fs::symlink(base.join("a"), &current).unwrap();
+        let dir = StaticDir::new(&current);
+        assert!(
+            dir.resolved.is_none(),
+            "a symlinked root is resolved per request"
+        );
+        assert_eq!(
+            collect(dir.open("/x.txt").await.unwrap()).await.0,
+            b"release a"
+        );
+        std::fs::remove_file(&current).unwrap();
+        std::os::unix::fs::symlink(base.join("b"), &current).unwrap();
+        assert_eq!(
+            collect(dir.open("/x.txt").await.unwrap()).await.0,
+            b"release b"
+        );
+        assert!(StaticDir::new(base.join("a")).resolved.is_some());
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
