@@ -3,6 +3,7 @@
 mod bench;
 mod config;
 mod demo;
+mod fleet;
 mod flood;
 mod get;
 mod interop;

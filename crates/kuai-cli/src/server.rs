@@ -101,6 +101,11 @@ pub struct Args {
     server_id: Option<String>,
     #[command(flatten)]
     quic_lb: crate::lb::QuicLbArgs,
+    /// A Redis (`redis://[:password@]host:port` or `rediss://` for TLS) holding the keys a
+    /// fleet shares: the stateless-reset key and the Retry/NEW_TOKEN token key, set by the
+    /// first server and read by the others at start. Unreachable: this process's own keys.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
     /// Spread connections over this many workers: UDP sockets sharing the port, each with a
     /// driver of its own, the kernel steering each packet by its connection ID (Linux).
     #[arg(long, default_value_t = 1)]
@@ -330,6 +335,25 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
+    let shared = match &args.redis {
+        Some(url) => match crate::fleet::shared_keys(url).await {
+            Ok(k) => {
+                println!(
+                    "fleet keys from redis: reset key {}, token key {}",
+                    crate::fleet::key_id(&k.reset),
+                    crate::fleet::key_id(&k.token)
+                );
+                cfg.token_secret(&k.token);
+                Some(k)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "redis unreachable: serving with this process's own keys");
+                println!("fleet keys: redis unreachable ({e}); this process's own keys");
+                None
+            }
+        },
+        None => None,
+    };
     crate::set_transport(
         &mut cfg.proto_mut().transport,
         &args.cc,
@@ -342,6 +366,7 @@ async fn serve(args: Args) -> Result<(), String> {
         .unwrap_or(args.workers);
     let listen = file.as_ref().and_then(|f| f.listen).unwrap_or(args.listen);
     let mut builder = Endpoint::builder().server(cfg).workers(workers);
+    let mut ec = kuai::EndpointConfig::default();
     if let Some(hex) = &args.server_id {
         let sid = crate::lb::parse_hex(hex).ok_or("--server-id: hex digits")?;
         if workers > 1 {
@@ -350,15 +375,17 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         let config = args.quic_lb.config(sid.len())?;
         kuai_proto::quic_lb::QuicLbCids::new(config.clone(), &sid).map_err(|e| e.to_string())?;
-        let mut ec = kuai::EndpointConfig::default();
         ec.proto.cid_generator = Arc::new(move || {
             Box::new(
                 kuai_proto::quic_lb::QuicLbCids::new(config.clone(), &sid).expect("checked above"),
             )
         });
-        builder = builder.endpoint_config(ec);
         println!("QUIC-LB server ID {hex}");
     }
+    if let Some(k) = &shared {
+        ec.proto.reset_key = k.reset;
+    }
+    builder = builder.endpoint_config(ec);
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);
     }

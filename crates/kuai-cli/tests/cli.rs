@@ -421,3 +421,111 @@ fn fetches_go_through_the_quic_lb_balancer() {
     drop(servers);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Starts `kuai server` with `args` and returns it with what it printed until it listened.
+fn server_printing(args: &[&str]) -> (Server, Vec<String>) {
+    let mut child = Command::new(KUAI)
+        .args(["server", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut port, mut seen) = (0, Vec::new());
+    while let Some(Ok(line)) = lines.next() {
+        if let Some(addr) = line.strip_prefix("kuai server listening on udp ") {
+            let addr = addr.split_whitespace().next().unwrap();
+            port = addr.rsplit(':').next().unwrap().parse().unwrap();
+        }
+        let done = line.starts_with("kuai server listening on tcp");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    assert!(port != 0, "server did not start: {seen:?}");
+    std::thread::spawn(move || for _ in lines {});
+    (Server { child, port }, seen)
+}
+
+/// `kuai server --redis`: servers pointed at one redis-server (Debian's, on a free loopback
+/// port) share their stateless-reset and token keys; with Redis away a server still starts,
+/// with keys of its own, and serves.
+#[test]
+fn servers_share_their_keys_through_redis() {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("KUAI_REQUIRE_REDIS").is_none(),
+            "redis-server is not installed and KUAI_REQUIRE_REDIS is set"
+        );
+        eprintln!("redis-server not installed: test skipped");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let redis = Server {
+        child: Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        port,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let root = temp_dir("redis");
+    std::fs::write(root.join("x.txt"), "shared\n").unwrap();
+    let url = format!("redis://127.0.0.1:{port}");
+    let keys = |printed: &[String]| {
+        printed
+            .iter()
+            .find(|l| l.starts_with("fleet keys"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let root_s = root.to_str().unwrap();
+    let (a, pa) = server_printing(&["--root", root_s, "--redis", &url]);
+    let (b, pb) = server_printing(&["--root", root_s, "--redis", &url]);
+    assert!(
+        keys(&pa).starts_with("fleet keys from redis: reset key "),
+        "{pa:?}"
+    );
+    assert_eq!(
+        keys(&pa),
+        keys(&pb),
+        "the second server read the first one's keys"
+    );
+    drop(redis);
+    let (c, pc) = server_printing(&["--root", root_s, "--redis", &url]);
+    assert!(keys(&pc).contains("redis unreachable"), "{pc:?}");
+    let out = get(&[
+        "--insecure",
+        "--http3",
+        "--state-file",
+        "none",
+        &format!("https://localhost:{}/x.txt", c.port),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "shared\n");
+    drop((a, b, c));
+    let _ = std::fs::remove_dir_all(&root);
+}

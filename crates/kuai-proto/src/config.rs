@@ -290,6 +290,12 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// Seals Retry and NEW_TOKEN tokens with a key made from `secret` (AES-256-GCM): servers
+    /// that share it accept each other's tokens (a fleet behind one balancer).
+    pub fn set_token_secret(&mut self, secret: &[u8; 32]) {
+        self.token_key = Arc::new(TokenKey::new(secret));
+    }
+
     /// A server with `tls` and the default transport settings.
     pub fn new(tls: Arc<rustls::ServerConfig>) -> Self {
         Self {

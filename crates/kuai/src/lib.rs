@@ -168,6 +168,13 @@ impl ServerConfig {
         self
     }
 
+    /// The secret Retry and NEW_TOKEN tokens are sealed with; servers that share it accept
+    /// each other's tokens (random per process by default).
+    pub fn token_secret(&mut self, secret: &[u8; 32]) -> &mut Self {
+        self.proto.set_token_secret(secret);
+        self
+    }
+
     /// When to validate client addresses with Retry first.
     pub fn retry(&mut self, policy: RetryPolicy) -> &mut Self {
         self.proto.retry = policy;
