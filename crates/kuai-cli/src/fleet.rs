@@ -30,8 +30,9 @@ pub fn key_id(k: &[u8; 32]) -> String {
         .collect()
 }
 
-/// The shared keys from the Redis at `url` (`redis://[:password@]host:port/db` or
-/// `rediss://` for TLS), set by whichever server comes first; within 5 s.
+/// The shared keys from the Redis at `url` (`redis://[:password@]host:port[/db]`; the
+/// client's TLS feature is not built in yet), set by whichever server comes first; within
+/// 5 s.
 pub async fn shared_keys(url: &str) -> Result<SharedKeys, String> {
     let fetch = async {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;

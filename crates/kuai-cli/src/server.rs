@@ -101,7 +101,7 @@ pub struct Args {
     server_id: Option<String>,
     #[command(flatten)]
     quic_lb: crate::lb::QuicLbArgs,
-    /// A Redis (`redis://[:password@]host:port` or `rediss://` for TLS) holding the keys a
+    /// A Redis (`redis://[:password@]host:port[/db]`; no TLS yet) holding the keys a
     /// fleet shares: the stateless-reset key and the Retry/NEW_TOKEN token key, set by the
     /// first server and read by the others at start. Unreachable: this process's own keys.
     #[arg(long, value_name = "URL")]
