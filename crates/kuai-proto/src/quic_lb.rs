@@ -76,28 +76,34 @@ impl std::fmt::Debug for QuicLbConfig {
     }
 }
 
-/// AES-128 in ECB mode, one block at a time, both ways.
+/// AES-128 in ECB mode, one block at a time, both ways; the key schedules made once.
 #[derive(Clone)]
 struct Cipher {
-    key: [u8; 16],
+    enc: std::sync::Arc<EncryptingKey>,
+    dec: std::sync::Arc<DecryptingKey>,
 }
 
 impl Cipher {
+    fn new(key: &[u8; 16]) -> Result<Self, QuicLbError> {
+        let k = |_| QuicLbError::Key;
+        let enc =
+            EncryptingKey::ecb(UnboundCipherKey::new(&AES_128, key).map_err(k)?).map_err(k)?;
+        let dec =
+            DecryptingKey::ecb(UnboundCipherKey::new(&AES_128, key).map_err(k)?).map_err(k)?;
+        Ok(Self {
+            enc: std::sync::Arc::new(enc),
+            dec: std::sync::Arc::new(dec),
+        })
+    }
+
     fn encrypt_block(&self, block: &mut [u8; 16]) {
-        // Keys were checked when the configuration was made.
-        if let Ok(k) = UnboundCipherKey::new(&AES_128, &self.key)
-            && let Ok(k) = EncryptingKey::ecb(k)
-        {
-            let _ = k.encrypt(block);
-        }
+        let _ = self.enc.encrypt(block);
     }
 
     fn decrypt_block(&self, block: &mut [u8; 16]) {
-        if let Ok(k) = UnboundCipherKey::new(&AES_128, &self.key)
-            && let Ok(k) = DecryptingKey::ecb(k)
-        {
-            let _ = k.decrypt(block, aws_lc_rs::cipher::DecryptionContext::None);
-        }
+        let _ = self
+            .dec
+            .decrypt(block, aws_lc_rs::cipher::DecryptionContext::None);
     }
 }
 
@@ -123,14 +129,7 @@ impl QuicLbConfig {
         if nonce_len < 4 {
             return Err(QuicLbError::NonceTooShort(nonce_len));
         }
-        let cipher = match key {
-            Some(key) => {
-                let k = UnboundCipherKey::new(&AES_128, &key).map_err(|_| QuicLbError::Key)?;
-                EncryptingKey::ecb(k).map_err(|_| QuicLbError::Key)?;
-                Some(Cipher { key })
-            }
-            None => None,
-        };
+        let cipher = key.as_ref().map(Cipher::new).transpose()?;
         Ok(Self {
             config_id,
             server_id_len,

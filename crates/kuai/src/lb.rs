@@ -265,8 +265,9 @@ impl LoadBalancer {
     /// The flow for a datagram from `client`, made when new.
     fn flow_for(&self, client: SocketAddr, datagram: &[u8]) -> Option<Arc<Flow>> {
         let s = &self.0;
-        let backend = self.route(datagram)?;
+        // One lock per datagram: the route and the flow under it.
         let mut st = lock(&s.state);
+        let backend = route(&s.config, &st.backends, datagram)?;
         if let Some(f) = st.flows.get(&(client, backend)) {
             return Some(f.clone());
         }
@@ -294,36 +295,34 @@ impl LoadBalancer {
         tokio::spawn(back_to_client(s.clone(), flow.clone(), client));
         Some(flow)
     }
+}
 
-    /// The backend for a datagram: by the server ID in its destination connection ID, else
-    /// by a rendezvous hash of that ID over the backends taking connections.
-    fn route(&self, d: &[u8]) -> Option<SocketAddr> {
-        let s = &self.0;
-        let first = *d.first()?;
-        let dcid = if first & 0x80 != 0 {
-            // Long header (RFC 8999 §5.1): version (4), DCID length (1), DCID.
-            let len = usize::from(*d.get(5)?);
-            d.get(6..6 + len)?
-        } else {
-            d.get(1..1 + s.config.cid_len)?
-        };
-        let st = lock(&s.state);
-        if let Some(sid) = s.config.decoder.server_id(dcid)
-            && let Some(b) = st.backends.iter().find(|b| b.server_id == sid)
-        {
-            return Some(b.addr);
-        }
-        st.backends
-            .iter()
-            .filter(|b| !b.draining)
-            .max_by_key(|b| {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                dcid.hash(&mut h);
-                b.server_id.hash(&mut h);
-                h.finish()
-            })
-            .map(|b| b.addr)
+/// The backend for a datagram: by the server ID in its destination connection ID, else by a
+/// rendezvous hash of that ID over the backends taking connections.
+fn route(config: &LbConfig, backends: &[BackendInfo], d: &[u8]) -> Option<SocketAddr> {
+    let first = *d.first()?;
+    let dcid = if first & 0x80 != 0 {
+        // Long header (RFC 8999 §5.1): version (4), DCID length (1), DCID.
+        let len = usize::from(*d.get(5)?);
+        d.get(6..6 + len)?
+    } else {
+        d.get(1..1 + config.cid_len)?
+    };
+    if let Some(sid) = config.decoder.server_id(dcid)
+        && let Some(b) = backends.iter().find(|b| b.server_id == sid)
+    {
+        return Some(b.addr);
     }
+    backends
+        .iter()
+        .filter(|b| !b.draining)
+        .max_by_key(|b| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            dcid.hash(&mut h);
+            b.server_id.hash(&mut h);
+            h.finish()
+        })
+        .map(|b| b.addr)
 }
 
 /// Sends `data` (datagrams of `stride` bytes, the last maybe shorter) to `to`; waits once
