@@ -18,6 +18,7 @@ use quinn_udp::RecvMeta;
 use tokio::sync::Notify;
 
 use crate::connection::{Connecting, ConnectionInner};
+use crate::replay::{AntiReplay, Held, Verdict};
 use crate::udp::{RecvPool, SocketOptions, UdpSocket, UdpStats, UdpStatsSnapshot, worker_of};
 use crate::{ClientConfig, EndpointConfig, ServerConfig};
 
@@ -164,6 +165,17 @@ pub(crate) struct State {
     closed: bool,
     max_segments: usize,
     idle_wakers: Vec<Waker>,
+    /// Server: the guard that must see each accepted 0-RTT ticket before the application
+    /// sees its connection (see [`crate::replay`]).
+    anti_replay: Option<Arc<dyn AntiReplay>>,
+    /// Connections held back from `accept` until the guard answers.
+    held: Vec<Held>,
+    held_seq: u64,
+    /// The guard's answers: handle, the `Held::seq` asked, first use.
+    pub(crate) verdicts: Vec<(ConnectionHandle, u64, bool)>,
+    /// Held connections the application never got, closing: their entries in `conns` go
+    /// when the transport forgets them.
+    orphans: Vec<ConnectionHandle>,
 }
 
 /// One worker: its socket, transport endpoint and connections, and what wakes its driver.
@@ -419,6 +431,11 @@ impl Endpoint {
                     closed: false,
                     max_segments,
                     idle_wakers: Vec::new(),
+                    anti_replay: server.as_ref().and_then(|s| s.anti_replay.clone()),
+                    held: Vec::new(),
+                    held_seq: 0,
+                    verdicts: Vec::new(),
+                    orphans: Vec::new(),
                 }),
                 notify: Notify::new(),
                 udp: UdpStats::default(),
@@ -475,6 +492,7 @@ impl Endpoint {
                 .preferred
                 .as_ref()
                 .map(|p| preferred_config(p.local_addr()));
+            s.anti_replay = c.as_ref().and_then(|c| c.anti_replay.clone());
             s.ep.set_server_config(c.as_ref().map(|c| {
                 let mut proto = worker_server_config(&c.proto, n);
                 if preferred.is_some() {
@@ -852,6 +870,7 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
     let mut metas = [RecvMeta::default(); RECV_BATCH];
     let mut outbox = Outbox::new();
     let mut woken = Vec::new();
+    let mut checks: Vec<Check> = Vec::new();
     // Tasks woken by the last turn that woke any.
     let mut last_woken = 0;
     // The last turn had more to send than one outbox: go on without waiting.
@@ -969,6 +988,9 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
             s.ep.handle_timeout(now);
             full = backlog_sent && outbox.fill(&mut s, now);
             dispatch(&mut s, &mut woken);
+            if !s.held.is_empty() {
+                release_held(&mut s, &shared, &mut woken, &mut checks);
+            }
             woke = !woken.is_empty();
             if woke {
                 last_woken = woken.len();
@@ -977,6 +999,10 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
                 w.wake();
             }
             view = View::of(&mut s);
+        }
+        // Outside the lock: a guard may answer at once, and its answer takes the lock.
+        for (guard, ticket, verdict) in checks.drain(..) {
+            guard.check(&ticket, verdict);
         }
         if route.workers > 1 {
             route.hand_on(&workers, &mut away);
@@ -1219,6 +1245,15 @@ fn preferred_config(addr: SocketAddr) -> kuai_proto::PreferredAddressConfig {
 fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
     while let Some(h) = s.ep.accept() {
         s.conns.entry(h).or_default();
+        if s.anti_replay.is_some() {
+            s.held_seq += 1;
+            s.held.push(Held {
+                handle: h,
+                seq: s.held_seq,
+                asked: false,
+            });
+            continue;
+        }
         s.incoming.push_back(h);
         for w in s.accept_wakers.drain(..) {
             woken.push(w);
@@ -1304,6 +1339,11 @@ fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
     // Connections that drained: wake anyone still waiting. Their state stays until the last
     // application handle goes (ConnectionInner::drop), so late callers still learn why.
     while let Some(h) = s.ep.poll_removed() {
+        if let Some(k) = s.orphans.iter().position(|&o| o == h) {
+            s.orphans.swap_remove(k);
+            s.conns.remove(&h);
+            continue;
+        }
         if let Some(st) = s.conns.get_mut(&h)
             && !st.drained
         {
@@ -1318,6 +1358,76 @@ fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
         for w in s.idle_wakers.drain(..) {
             woken.push(w);
         }
+    }
+}
+
+/// A ticket for the anti-replay guard to check, asked once the worker's lock is released.
+type Check = (Arc<dyn AntiReplay>, Box<[u8]>, Verdict);
+
+/// Moves held connections (see [`crate::replay`]) on: to the guard once their ClientHello is
+/// read and they accepted 0-RTT, to `accept` once it answered first use (or at once without
+/// 0-RTT); a replay is refused first. Handshake completion does not release one: the
+/// replay's twin may be the one another server accepted.
+fn release_held(
+    s: &mut State,
+    shared: &Arc<Shared>,
+    woken: &mut Vec<Waker>,
+    checks: &mut Vec<Check>,
+) {
+    let verdicts = std::mem::take(&mut s.verdicts);
+    let now = Instant::now();
+    let mut released = false;
+    let mut i = 0;
+    while i < s.held.len() {
+        let hd = &mut s.held[i];
+        let verdict = verdicts
+            .iter()
+            .find(|v| v.0 == hd.handle && v.1 == hd.seq)
+            .map(|v| v.2);
+        // Released to `accept`: Some(true); dropped unseen (its early data never reaches the
+        // application): Some(false).
+        let release = match s.ep.connection(hd.handle) {
+            None => Some(false),
+            Some(_) if verdict == Some(true) => Some(true),
+            Some(c) if c.is_closed() => Some(false),
+            Some(_) if verdict == Some(false) => {
+                if let Some(c) = s.ep.connection_mut(hd.handle) {
+                    c.refuse(now, "0-RTT replay: this session ticket was used before");
+                }
+                tracing::info!(target: "kuai::replay", "refused a replayed 0-RTT flight");
+                Some(false)
+            }
+            Some(c) if !c.client_hello_read() => None,
+            Some(c) => match c.accepted_0rtt_ticket() {
+                None => Some(true),
+                Some(_) if hd.asked => None,
+                Some(t) => {
+                    hd.asked = true;
+                    if let Some(g) = &s.anti_replay {
+                        let v = Verdict::new(shared, hd.handle, hd.seq);
+                        checks.push((g.clone(), Box::from(t), v));
+                    }
+                    None
+                }
+            },
+        };
+        match release {
+            None => i += 1,
+            Some(to_app) => {
+                let h = s.held.swap_remove(i).handle;
+                if to_app {
+                    s.incoming.push_back(h);
+                    released = true;
+                } else if s.ep.connection(h).is_some() {
+                    s.orphans.push(h);
+                } else {
+                    s.conns.remove(&h);
+                }
+            }
+        }
+    }
+    if released {
+        woken.append(&mut s.accept_wakers);
     }
 }
 

@@ -54,6 +54,7 @@ mod connection;
 mod endpoint;
 pub mod lb;
 pub mod qlog;
+pub mod replay;
 pub mod session;
 pub mod udp;
 
@@ -118,6 +119,7 @@ pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
 #[derive(Clone)]
 pub struct ServerConfig {
     pub(crate) proto: kuai_proto::ServerConfig,
+    pub(crate) anti_replay: Option<Arc<dyn replay::AntiReplay>>,
 }
 
 impl ServerConfig {
@@ -129,6 +131,7 @@ impl ServerConfig {
         tls.max_early_data_size = u32::MAX;
         Self {
             proto: kuai_proto::ServerConfig::new(Arc::new(tls)),
+            anti_replay: None,
         }
     }
 
@@ -191,6 +194,14 @@ impl ServerConfig {
     /// Whether resumed clients may send 0-RTT data.
     pub fn accept_0rtt(&mut self, on: bool) -> &mut Self {
         self.proto.accept_0rtt = on;
+        self
+    }
+
+    /// A guard that records each 0-RTT ticket's first use for a fleet of servers sharing
+    /// sessions: connections with 0-RTT reach the application only once it says first use,
+    /// replays are refused. See [`replay`].
+    pub fn anti_replay(&mut self, guard: Arc<dyn replay::AntiReplay>) -> &mut Self {
+        self.anti_replay = Some(guard);
         self
     }
 

@@ -374,6 +374,8 @@ pub struct Connection {
     trimmed_after_handshake: bool,
     /// Server: ClientHello bytes gathered before TLS starts (to pick the version first).
     client_hello: Vec<u8>,
+    /// Server: the PSK identity (session ticket) of a ClientHello that asked for 0-RTT.
+    early_data_identity: Option<Box<[u8]>>,
     /// The version rustls derives keys for; differs from `version` after a client switched
     /// versions mid-handshake, and then kuai derives the keys itself.
     tls_version: Version,
@@ -818,6 +820,7 @@ impl Connection {
             tls_released: false,
             trimmed_after_handshake: false,
             client_hello: Vec::new(),
+            early_data_identity: None,
             tls_version: version,
             secret_capture: None,
             client_random: None,
@@ -1006,6 +1009,26 @@ impl Connection {
             && self.one_rtt.is_some()
             && self.peer_params.is_some()
             && !self.is_closed()
+    }
+
+    /// Server: whether the ClientHello has been read (TLS started), so that whether 0-RTT was
+    /// accepted is known.
+    pub fn client_hello_read(&self) -> bool {
+        self.side.is_server() && (self.tls.is_some() || self.tls_released)
+    }
+
+    /// Server: the session ticket (the first PSK identity of the ClientHello, RFC 8446
+    /// §4.2.10) whose 0-RTT data this connection accepted; `None` if it accepted none. A
+    /// fleet records each ticket's first use to refuse replays at other servers (RFC 8446
+    /// §8, RFC 9001 §9.2).
+    pub fn accepted_0rtt_ticket(&self) -> Option<&[u8]> {
+        if self.side.is_server() && matches!(self.zero_rtt, ZeroRtt::Attempting | ZeroRtt::Accepted)
+        {
+            // rustls accepted early data, so its ClientHello had a first identity.
+            self.early_data_identity.as_deref()
+        } else {
+            None
+        }
     }
 
     /// Client: whether the server accepted our 0-RTT data (`None` while unknown or not tried).
@@ -1277,6 +1300,13 @@ impl Connection {
                 reason: Bytes::copy_from_slice(reason),
             },
         );
+    }
+
+    /// Server: refuses the connection (CONNECTION_REFUSED, RFC 9000 §20.1), e.g. because its
+    /// 0-RTT flight is a replay.
+    pub fn refuse(&mut self, now: Instant, reason: &'static str) {
+        self.now = now;
+        self.close_with_error(now, TransportError::CONNECTION_REFUSED(reason));
     }
 
     /// Starts a 1-RTT key update (RFC 9001 §6). Fails while the previous update is not yet

@@ -792,6 +792,7 @@ impl Connection {
         let cfg = self.server_config.clone().expect("server has config");
         let ch = std::mem::take(&mut self.client_hello);
         let client_tp = parse_client_hello_tp(&ch);
+        self.early_data_identity = client_hello_early_data_identity(&ch).map(Box::from);
         // Compatible version negotiation (RFC 9368 §4): the first of our versions that the
         // client lists and that is compatible with the one it used.
         if let Some(vi) = client_tp
@@ -1160,9 +1161,25 @@ fn client_hello_len(data: &[u8]) -> Option<usize> {
     Some(4 + len)
 }
 
-/// Extracts the quic_transport_parameters extension (0x39) from a ClientHello, without
-/// trusting any length (RFC 8446 §4.1.2).
+/// Extracts the quic_transport_parameters extension (0x39) from a ClientHello.
 fn parse_client_hello_tp(ch: &[u8]) -> Option<&[u8]> {
+    client_hello_extension(ch, 0x39)
+}
+
+/// The first PSK identity of a ClientHello that asks for 0-RTT: its `early_data` extension
+/// (42) is there, and the identity its `pre_shared_key` extension (41) lists first, the one
+/// the early data is encrypted with (RFC 8446 §4.2.10, §4.2.11).
+fn client_hello_early_data_identity(ch: &[u8]) -> Option<&[u8]> {
+    use crate::coding::BufExt;
+    client_hello_extension(ch, 42)?;
+    let mut psk = client_hello_extension(ch, 41)?;
+    let _identities_len = psk.get_u16_checked().ok()?;
+    let len = psk.get_u16_checked().ok()? as usize;
+    psk.get(..len).filter(|id| !id.is_empty())
+}
+
+/// Extension `wanted` of a ClientHello, without trusting any length (RFC 8446 §4.1.2).
+fn client_hello_extension(ch: &[u8], wanted: u16) -> Option<&[u8]> {
     use crate::coding::BufExt;
     let mut b = ch;
     if b.get_u8_checked().ok()? != 1 {
@@ -1191,7 +1208,7 @@ fn parse_client_hello_tp(ch: &[u8]) -> Option<&[u8]> {
         if ext.len() < len {
             return None;
         }
-        if ty == 0x39 {
+        if ty == wanted {
             return Some(&ext[..len]);
         }
         ext = &ext[len..];
