@@ -69,6 +69,10 @@ pub struct Args {
     /// Most flows at once (each a socket); datagrams that would open another are dropped.
     #[arg(long, default_value_t = 65_536)]
     max_flows: usize,
+    /// Milliseconds between health probes to each backend (a Version Negotiation probe; 0:
+    /// none). A backend that misses three in a row gets no new connections until it answers.
+    #[arg(long, default_value_t = 1000)]
+    health_interval: u64,
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -104,13 +108,35 @@ async fn serve(args: Args) -> Result<(), String> {
     let mut config = LbConfig::new(decoder, cid_len);
     config.flow_idle = Duration::from_secs(args.flow_idle.max(1));
     config.max_flows = args.max_flows.max(1);
-    let (lb, _handle) = LoadBalancer::bind(args.listen, backends.clone(), config)
+    config.health_interval = (args.health_interval > 0)
+        .then(|| Duration::from_millis(args.health_interval));
+    let (lb, handle) = LoadBalancer::bind(args.listen, backends.clone(), config)
         .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     println!("kuai lb listening on udp {}", lb.local_addr());
     for (id, addr) in &backends {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         println!("backend {hex} at {addr}");
     }
+    // Say when a backend stops or starts answering.
+    tokio::spawn(async move {
+        let mut seen: Vec<(Vec<u8>, bool)> = Vec::new();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for b in handle.backends() {
+                let was = seen.iter().find(|(id, _)| *id == b.server_id).map(|s| s.1);
+                if was.is_some_and(|w| w != b.up) {
+                    let hex: String = b.server_id.iter().map(|x| format!("{x:02x}")).collect();
+                    let state = if b.up { "up" } else { "down (no new connections)" };
+                    println!("backend {hex} {state}");
+                }
+            }
+            seen = handle
+                .backends()
+                .into_iter()
+                .map(|b| (b.server_id, b.up))
+                .collect();
+        }
+    });
     tokio::select! {
         r = lb.run() => r.map_err(|e| e.to_string()),
         _ = tokio::signal::ctrl_c() => Ok(()),

@@ -3,7 +3,6 @@
 mod bench;
 mod config;
 mod demo;
-mod fleet;
 mod flood;
 mod get;
 mod interop;

@@ -101,11 +101,16 @@ pub struct Args {
     server_id: Option<String>,
     #[command(flatten)]
     quic_lb: crate::lb::QuicLbArgs,
-    /// A Redis (`redis://[:password@]host:port[/db]`; no TLS yet) holding the keys a
-    /// fleet shares: the stateless-reset key and the Retry/NEW_TOKEN token key, set by the
-    /// first server and read by the others at start. Unreachable: this process's own keys.
+    /// Join a fleet through this Redis (`redis://[[user]:password@]host:port[/db]`, or
+    /// `rediss://` for TLS): every server keeps every session of the fleet, so a client
+    /// resumes in 0-RTT on any of them; each ticket's first use is recorded there, so a
+    /// replayed 0-RTT flight is refused on all; the stateless-reset and Retry/NEW_TOKEN keys
+    /// are shared. Redis away: the server serves with what it holds (docs/fleet.md).
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
+    /// PEM certificate(s) to trust for a `rediss://` Redis instead of the system's roots.
+    #[arg(long, value_name = "FILE", requires = "redis")]
+    redis_ca: Option<PathBuf>,
     /// Spread connections over this many workers: UDP sockets sharing the port, each with a
     /// driver of its own, the kernel steering each packet by its connection ID (Linux).
     #[arg(long, default_value_t = 1)]
@@ -300,7 +305,7 @@ async fn serve(args: Args) -> Result<(), String> {
     };
     // The TLS configuration for both transports (ALPN set per transport below), and the
     // certificate to print the SPKI hash of when it was made here.
-    let (tls, shown) = match &file {
+    let (mut tls, shown) = match &file {
         Some(f) => f.tls()?,
         None => {
             let identity = match (&args.cert, &args.key) {
@@ -320,6 +325,26 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         None => None,
     };
+    let fleet = match &args.redis {
+        Some(url) => {
+            let ca_pem = match &args.redis_ca {
+                Some(p) => Some(
+                    std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?,
+                ),
+                None => None,
+            };
+            let options = kuai_fleet::FleetOptions {
+                ca_pem,
+                ..Default::default()
+            };
+            let fleet = kuai_fleet::Fleet::start(url, options).map_err(|e| e.to_string())?;
+            Some(fleet)
+        }
+        None => None,
+    };
+    if let Some(f) = &fleet {
+        tls.session_storage = f.sessions();
+    }
     let with_alpn = |alpn: &[&[u8]]| {
         let mut t = tls.clone();
         t.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
@@ -335,13 +360,13 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
-    let shared = match &args.redis {
-        Some(url) => match crate::fleet::shared_keys(url).await {
+    let shared = match &fleet {
+        Some(f) => match f.shared_keys().await {
             Ok(k) => {
                 println!(
                     "fleet keys from redis: reset key {}, token key {}",
-                    crate::fleet::key_id(&k.reset),
-                    crate::fleet::key_id(&k.token)
+                    kuai_fleet::key_id(&k.reset),
+                    kuai_fleet::key_id(&k.token)
                 );
                 cfg.token_secret(&k.token);
                 Some(k)
@@ -354,6 +379,10 @@ async fn serve(args: Args) -> Result<(), String> {
         },
         None => None,
     };
+    if let Some(f) = &fleet {
+        cfg.anti_replay(f.anti_replay());
+        println!("fleet sessions and 0-RTT first uses through redis");
+    }
     crate::set_transport(
         &mut cfg.proto_mut().transport,
         &args.cc,

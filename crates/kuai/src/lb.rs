@@ -11,6 +11,11 @@
 //!   share.
 //! - Backends are added, drained (no new connections; the connections they hold keep their
 //!   packets) and removed while the balancer runs ([`LbHandle`]).
+//! - Backends are checked: every [`LbConfig::health_interval`] each gets a probe, a
+//!   1200-byte long-header packet of a reserved version (RFC 9000 §15), which any QUIC
+//!   server answers with Version Negotiation (§6.1) without keeping state. A backend that
+//!   misses [`LbConfig::health_failures`] probes in a row takes no new connections until it
+//!   answers again.
 //! - Each (client address, backend) pair is a flow with a UDP socket of its own toward the
 //!   backend, closed after [`LbConfig::flow_idle`] without traffic, [`LbConfig::max_flows`] at
 //!   most (source addresses can be spoofed). Datagrams move in batches:
@@ -47,6 +52,10 @@ pub struct LbConfig {
     /// Most flows (each a socket) at once: datagrams that would open another are dropped.
     /// Source addresses can be spoofed, so this bounds what a flood of them costs.
     pub max_flows: usize,
+    /// How often each backend is probed (`None`: never; every backend counts as up).
+    pub health_interval: Option<Duration>,
+    /// Probes missed in a row that take a backend out of new connections.
+    pub health_failures: u32,
 }
 
 impl LbConfig {
@@ -58,6 +67,8 @@ impl LbConfig {
             cid_len,
             flow_idle: Duration::from_secs(60),
             max_flows: 65_536,
+            health_interval: Some(Duration::from_secs(1)),
+            health_failures: 3,
         }
     }
 }
@@ -71,6 +82,8 @@ pub struct BackendInfo {
     pub addr: SocketAddr,
     /// It takes no new connections.
     pub draining: bool,
+    /// It answered the last health probes (see the [module](self) docs).
+    pub up: bool,
 }
 
 struct Flow {
@@ -116,6 +129,7 @@ impl LbHandle {
             server_id: server_id.to_vec(),
             addr,
             draining: false,
+            up: true,
         });
     }
 
@@ -179,6 +193,7 @@ impl LoadBalancer {
                         server_id,
                         addr,
                         draining: false,
+                        up: true,
                     })
                     .collect(),
                 flows: HashMap::new(),
@@ -195,8 +210,20 @@ impl LoadBalancer {
         self.0.sock.local_addr()
     }
 
-    /// Forwards until the task is dropped.
+    /// Forwards (and checks the backends) until the task is dropped.
     pub async fn run(self) -> io::Result<()> {
+        match self.0.config.health_interval {
+            Some(every) => {
+                tokio::select! {
+                    r = self.forward() => r,
+                    r = health_checks(self.0.clone(), every) => r,
+                }
+            }
+            None => self.forward().await,
+        }
+    }
+
+    async fn forward(&self) -> io::Result<()> {
         let s = &self.0;
         let mut bufs = vec![vec![0u8; BUF]; BATCH];
         let mut meta = vec![RecvMeta::default(); BATCH];
@@ -313,9 +340,12 @@ fn route(config: &LbConfig, backends: &[BackendInfo], d: &[u8]) -> Option<Socket
     {
         return Some(b.addr);
     }
+    // New connections go to backends that answer their probes; if none does, to any (the
+    // probes may be what is lost).
+    let any_up = backends.iter().any(|b| b.up && !b.draining);
     backends
         .iter()
-        .filter(|b| !b.draining)
+        .filter(|b| !b.draining && (b.up || !any_up))
         .max_by_key(|b| {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             dcid.hash(&mut h);
@@ -323,6 +353,93 @@ fn route(config: &LbConfig, backends: &[BackendInfo], d: &[u8]) -> Option<Socket
             h.finish()
         })
         .map(|b| b.addr)
+}
+
+/// The reserved version the health probes use (of the 0x?a?a?a?a form, RFC 9000 §15).
+const PROBE_VERSION: u32 = 0x6a7a_8a9a;
+
+/// Probes every backend each `every`; see the [module](self) docs.
+async fn health_checks(s: Arc<Shared>, every: Duration) -> io::Result<()> {
+    let local: SocketAddr = if s.sock.local_addr().is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let sock = tokio::net::UdpSocket::bind(local).await?;
+    // Per backend address: the probe ID in flight, and probes missed in a row.
+    let mut pending: HashMap<SocketAddr, ([u8; 8], u32)> = HashMap::new();
+    let mut probe = vec![0u8; 1200];
+    let mut buf = vec![0u8; 2048];
+    let mut round = 0u64;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                round += 1;
+                let backends = lock(&s.state).backends.clone();
+                pending.retain(|a, _| backends.iter().any(|b| b.addr == *a));
+                for (i, b) in backends.iter().enumerate() {
+                    let entry = pending.entry(b.addr).or_insert(([0; 8], 0));
+                    if entry.0 != [0; 8] {
+                        entry.1 += 1;
+                        if entry.1 == s.config.health_failures {
+                            set_up(&s, b.addr, false);
+                        }
+                    }
+                    // A probe ID unique per round and backend, never all zeros.
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    (s.start, round, i, b.addr).hash(&mut h);
+                    entry.0 = (h.finish() | 1).to_be_bytes();
+                    // Long header (RFC 8999 §5.1): the reserved version, this DCID, no SCID.
+                    probe[0] = 0xc0;
+                    probe[1..5].copy_from_slice(&PROBE_VERSION.to_be_bytes());
+                    probe[5] = 8;
+                    probe[6..14].copy_from_slice(&entry.0);
+                    probe[14] = 0;
+                    let _ = sock.send_to(&probe, b.addr).await;
+                }
+            }
+            r = sock.recv_from(&mut buf) => {
+                let Ok((n, from)) = r else { continue };
+                // Version Negotiation (RFC 9000 §17.2.1): version 0, our DCID as its SCID.
+                let d = &buf[..n];
+                let answered = d.len() >= 7
+                    && d[0] & 0x80 != 0
+                    && d[1..5] == [0; 4]
+                    && {
+                        let dlen = usize::from(d[5]);
+                        let scid = d.get(6 + dlen + 1..).and_then(|rest| {
+                            let slen = usize::from(*d.get(6 + dlen)?);
+                            rest.get(..slen)
+                        });
+                        pending.get(&from).is_some_and(|(id, _)| scid == Some(&id[..]))
+                    };
+                if answered && let Some(p) = pending.get_mut(&from) {
+                    let was_down = p.1 >= s.config.health_failures;
+                    *p = ([0; 8], 0);
+                    if was_down {
+                        set_up(&s, from, true);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn set_up(s: &Shared, addr: SocketAddr, up: bool) {
+    let mut st = lock(&s.state);
+    for b in st.backends.iter_mut().filter(|b| b.addr == addr) {
+        if b.up != up {
+            b.up = up;
+            if up {
+                tracing::info!(target: "kuai::lb", backend = %addr, "backend answers again");
+            } else {
+                tracing::warn!(target: "kuai::lb", backend = %addr,
+                    "backend does not answer: no new connections to it");
+            }
+        }
+    }
 }
 
 /// Sends `data` (datagrams of `stride` bytes, the last maybe shorter) to `to`; waits once

@@ -30,9 +30,16 @@ pub struct SessionCache {
     lifetime: Duration,
 }
 
+/// A session, when it came, and whether this server issued it (else a fleet's replica).
+struct Entry {
+    value: Vec<u8>,
+    at: Instant,
+    local: bool,
+}
+
 #[derive(Default)]
 struct Shard {
-    map: HashMap<Vec<u8>, (Vec<u8>, Instant)>,
+    map: HashMap<Vec<u8>, Entry>,
     /// Insertion order, for eviction; may name sessions already taken (skipped).
     order: VecDeque<(Vec<u8>, Instant)>,
 }
@@ -78,6 +85,59 @@ impl SessionCache {
     fn fresh(&self, at: Instant, now: Instant) -> bool {
         now.saturating_duration_since(at) < self.lifetime
     }
+
+    fn insert(&self, key: Vec<u8>, value: Vec<u8>, local: bool) {
+        let now = Instant::now();
+        let mut s = lock(self.shard(&key));
+        while s.map.len() >= self.per_shard {
+            let Some((old, at)) = s.order.pop_front() else {
+                break;
+            };
+            // Only the entry that order slot was for (not a newer one under that key).
+            if s.map.get(&old).is_some_and(|e| e.at == at) {
+                s.map.remove(&old);
+            }
+        }
+        s.order.push_back((key.clone(), now));
+        s.map.insert(
+            key,
+            Entry {
+                value,
+                at: now,
+                local,
+            },
+        );
+        // Taken sessions leave their order slots behind: drop them now and then.
+        if s.order.len() > 2 * self.per_shard {
+            let Shard { map, order } = &mut *s;
+            order.retain(|(k, t)| map.get(k).is_some_and(|e| e.at == *t));
+        }
+    }
+
+    /// Keeps a session another server of a fleet issued (a replica: see
+    /// [`take_session`](Self::take_session)).
+    pub fn insert_replica(&self, key: Vec<u8>, value: Vec<u8>) {
+        self.insert(key, value, false);
+    }
+
+    /// Forgets a session (another server of the fleet used it); whether it was held.
+    pub fn remove(&self, key: &[u8]) -> bool {
+        lock(self.shard(key)).map.remove(key).is_some()
+    }
+
+    /// Takes a session out for a resumption, with whether this server issued it; a replica
+    /// only if `replicas`, else it stays.
+    pub fn take_session(&self, key: &[u8], replicas: bool) -> Option<(Vec<u8>, bool)> {
+        let now = Instant::now();
+        let mut s = lock(self.shard(key));
+        if !replicas && s.map.get(key).is_some_and(|e| !e.local) {
+            return None;
+        }
+        s.map
+            .remove(key)
+            .filter(|e| self.fresh(e.at, now))
+            .map(|e| (e.value, e.local))
+    }
 }
 
 fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
@@ -86,24 +146,7 @@ fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
 
 impl rustls::server::StoresServerSessions for SessionCache {
     fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
-        let now = Instant::now();
-        let mut s = lock(self.shard(&key));
-        while s.map.len() >= self.per_shard {
-            let Some((old, at)) = s.order.pop_front() else {
-                break;
-            };
-            // Only the entry that order slot was for (not a newer one under that key).
-            if s.map.get(&old).is_some_and(|(_, t)| *t == at) {
-                s.map.remove(&old);
-            }
-        }
-        s.order.push_back((key.clone(), now));
-        s.map.insert(key, (value, now));
-        // Taken sessions leave their order slots behind: drop them now and then.
-        if s.order.len() > 2 * self.per_shard {
-            let Shard { map, order } = &mut *s;
-            order.retain(|(k, t)| map.get(k).is_some_and(|(_, at)| at == t));
-        }
+        self.insert(key, value, true);
         true
     }
 
@@ -112,17 +155,12 @@ impl rustls::server::StoresServerSessions for SessionCache {
         let s = lock(self.shard(key));
         s.map
             .get(key)
-            .filter(|(_, at)| self.fresh(*at, now))
-            .map(|(v, _)| v.clone())
+            .filter(|e| self.fresh(e.at, now))
+            .map(|e| e.value.clone())
     }
 
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
-        let now = Instant::now();
-        let mut s = lock(self.shard(key));
-        s.map
-            .remove(key)
-            .filter(|(_, at)| self.fresh(*at, now))
-            .map(|(v, _)| v)
+        self.take_session(key, true).map(|(v, _)| v)
     }
 
     fn can_cache(&self) -> bool {
@@ -153,6 +191,14 @@ mod tests {
             c.take(&k);
         }
         assert!(lock(c.shard(&[1])).order.len() <= 4 + 1);
+        // Replicas: taken only when asked for, forgotten on notice.
+        c.insert_replica(vec![2, 1], vec![7]);
+        c.insert_replica(vec![2, 2], vec![8]);
+        assert_eq!(c.take_session(&[2, 1], false), None, "a replica stays");
+        assert_eq!(c.take_session(&[2, 1], true), Some((vec![7], false)));
+        assert!(c.remove(&[2, 2]) && !c.remove(&[2, 2]));
+        c.put(vec![2, 3], vec![9]);
+        assert_eq!(c.take_session(&[2, 3], false), Some((vec![9], true)));
         let short = SessionCache::new(16, Duration::ZERO);
         short.put(vec![5], vec![5]);
         assert_eq!(short.take(&[5]), None, "expired");

@@ -73,9 +73,15 @@ struct Fleet {
     lb: SocketAddr,
     handle: LbHandle,
     ccfg: ClientConfig,
+    scfg: ServerConfig,
 }
 
 async fn fleet() -> Fleet {
+    fleet_checked(Duration::from_secs(1)).await
+}
+
+/// The fleet with health probes every `every`.
+async fn fleet_checked(every: Duration) -> Fleet {
     let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
     let servers: Vec<Endpoint> = (1..=3u8).map(|i| server(scfg.clone(), [i])).collect();
     let mut decoder = QuicLbDecoder::new();
@@ -87,7 +93,10 @@ async fn fleet() -> Fleet {
             .enumerate()
             .map(|(i, s)| (vec![i as u8 + 1], s.local_addr().unwrap()))
             .collect(),
-        LbConfig::new(decoder, lb_config().cid_len()),
+        LbConfig {
+            health_interval: Some(every),
+            ..LbConfig::new(decoder, lb_config().cid_len())
+        },
     )
     .unwrap();
     let addr = lb.local_addr();
@@ -97,6 +106,7 @@ async fn fleet() -> Fleet {
         lb: addr,
         handle,
         ccfg: ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+        scfg,
     }
 }
 
@@ -225,4 +235,39 @@ async fn flows_are_capped() {
     assert!(!matches!(r, Ok(Ok(_))), "a second flow was opened");
     assert_eq!(fetch(&c, 1000).await, 1000);
     assert!(handle.counts().1 > 0, "the refused datagrams are counted");
+}
+
+/// A server that stops answering (it no longer takes connections, so its health probes go
+/// unanswered) gets no new connection once it missed three probes; it is back once it
+/// answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_stops_answering_gets_no_new_connections() {
+    let f = fleet_checked(Duration::from_millis(100)).await;
+    let up = |f: &Fleet| -> Vec<bool> { f.handle.backends().iter().map(|b| b.up).collect() };
+    let wait_for = async |f: &Fleet, want: Vec<bool>| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while up(f) != want {
+            assert!(std::time::Instant::now() < deadline, "{:?}", up(f));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(up(&f), [true, true, true], "every server answers its probes");
+    f.servers[1].set_server_config(None);
+    wait_for(&f, vec![true, false, true]).await;
+    let client = Endpoint::client(localhost()).unwrap();
+    let before = accepted(&f);
+    for _ in 0..15 {
+        let c = client
+            .connect_with(f.ccfg.clone(), f.lb, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(fetch(&c, 1000).await, 1000);
+    }
+    let after = accepted(&f);
+    assert_eq!(after[1], before[1], "the silent server got none");
+    assert_eq!(after.iter().sum::<u64>() - before.iter().sum::<u64>(), 15);
+    f.servers[1].set_server_config(Some(f.scfg.clone()));
+    wait_for(&f, vec![true, true, true]).await;
 }

@@ -1,0 +1,309 @@
+//! [`FleetSessions`]: every server keeps every session of the fleet, replicated through a
+//! Redis stream; see the [crate](crate) docs.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use kuai::session::SessionCache;
+use redis::Value;
+use tokio::sync::mpsc;
+
+use crate::{FleetOptions, Link};
+
+/// The Redis stream sessions and their uses go through.
+const STREAM: &str = "kuai:sessions";
+
+/// Entries read at once from the stream.
+const READ_BATCH: usize = 1024;
+
+/// Announcements waiting for the writer; past this, new ones are dropped (counted).
+const QUEUE: usize = 16 * 1024;
+
+/// How long a blocking read of the stream waits for news.
+const BLOCK: Duration = Duration::from_secs(2);
+
+/// How long this server remembers which tickets it issued itself (for the anti-replay
+/// guard's answer when Redis is away).
+const LOCAL_TAKES_KEPT: Duration = Duration::from_secs(30);
+const LOCAL_TAKES_MAX: usize = 4096;
+
+/// What the writer appends to the stream.
+enum Note {
+    /// A session this server issued.
+    Issued(Vec<u8>, Vec<u8>),
+    /// A session used here (the replicas drop it).
+    Used(Vec<u8>),
+}
+
+/// The fleet's session store: this server's sessions and replicas of the others', for
+/// rustls (`ServerConfig::session_storage`). See the [crate](crate) docs.
+pub struct FleetSessions {
+    cache: Arc<SessionCache>,
+    link: Arc<Link>,
+    /// Tells this server's entries from the others' on the stream.
+    origin: u64,
+    notes: mpsc::Sender<Note>,
+    /// Tickets of this server's own sessions used lately.
+    local_takes: Mutex<VecDeque<(Vec<u8>, Instant)>>,
+    dropped_notes: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for FleetSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetSessions")
+            .field("held", &self.cache.len())
+            .finish()
+    }
+}
+
+impl FleetSessions {
+    pub(crate) fn start(link: Arc<Link>, options: &FleetOptions) -> Arc<Self> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let mut origin = [0u8; 8];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut origin);
+        let s = Arc::new(Self {
+            cache: SessionCache::new(options.capacity, options.lifetime),
+            link,
+            origin: u64::from_le_bytes(origin),
+            notes: tx,
+            local_takes: Mutex::new(VecDeque::new()),
+            dropped_notes: Default::default(),
+        });
+        tokio::spawn(write(Arc::downgrade(&s), rx, options.capacity));
+        tokio::spawn(read(Arc::downgrade(&s), options.lifetime));
+        s
+    }
+
+    /// Sessions held (this server's and replicas).
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+
+    /// Whether this server issued `ticket` and used it lately (within 30 s).
+    pub(crate) fn took_own(&self, ticket: &[u8]) -> bool {
+        lock(&self.local_takes).iter().any(|(t, _)| t == ticket)
+    }
+
+    fn note(&self, n: Note) {
+        if self.notes.try_send(n).is_err() {
+            self.dropped_notes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn apply(&self, kind: &[u8], origin: u64, id: Vec<u8>, value: Vec<u8>) {
+        if origin == self.origin {
+            return;
+        }
+        match kind {
+            b"i" => self.cache.insert_replica(id, value),
+            b"u" => {
+                self.cache.remove(&id);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl rustls::server::StoresServerSessions for FleetSessions {
+    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        self.note(Note::Issued(key.clone(), value.clone()));
+        self.cache.put(key, value)
+    }
+
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.cache.get(key)
+    }
+
+    fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
+        // A replica only while Redis can record its first use (see the crate docs).
+        let (value, local) = self.cache.take_session(key, self.link.is_up())?;
+        if local {
+            let now = Instant::now();
+            let mut t = lock(&self.local_takes);
+            while t.front().is_some_and(|(_, at)| {
+                now.duration_since(*at) > LOCAL_TAKES_KEPT || t.len() >= LOCAL_TAKES_MAX
+            }) {
+                t.pop_front();
+            }
+            t.push_back((key.to_vec(), now));
+        }
+        self.note(Note::Used(key.to_vec()));
+        Some(value)
+    }
+
+    fn can_cache(&self) -> bool {
+        true
+    }
+}
+
+/// Appends this server's notes to the stream, in batches; drops them while Redis is away.
+async fn write(
+    sessions: std::sync::Weak<FleetSessions>,
+    mut rx: mpsc::Receiver<Note>,
+    capacity: usize,
+) {
+    let mut batch = Vec::with_capacity(256);
+    while rx.recv_many(&mut batch, 256).await > 0 {
+        let Some(s) = sessions.upgrade() else { return };
+        let origin = crate::keys::hex(&s.origin.to_le_bytes());
+        let mut pipe = redis::pipe();
+        for n in batch.drain(..) {
+            let (kind, id, value) = match n {
+                Note::Issued(id, value) => ("i", id, value),
+                Note::Used(id) => ("u", id, Vec::new()),
+            };
+            pipe.cmd("XADD")
+                .arg(STREAM)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(capacity)
+                .arg("*")
+                .arg("k")
+                .arg(kind)
+                .arg("o")
+                .arg(&origin)
+                .arg("i")
+                .arg(id)
+                .arg("v")
+                .arg(value)
+                .ignore();
+        }
+        if s.link.run::<()>(crate::Query::Pipe(&pipe)).await.is_err() {
+            // Redis is away: what was not written is lost to the others (they do full
+            // handshakes for those sessions); wait a little before trying again.
+            drop(s);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// Tails the stream from its start, applying the other servers' notes.
+async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
+    let mut last = "0".to_string();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(link) = sessions.upgrade().map(|s| s.link.clone()) else {
+            return;
+        };
+        let mut conn = match link.connect(BLOCK + link.timeout).await {
+            Ok(c) => c,
+            Err(e) => {
+                link.failed(&e);
+                drop(link);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        loop {
+            let r: redis::RedisResult<Value> = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(READ_BATCH)
+                .arg("BLOCK")
+                .arg(BLOCK.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(STREAM)
+                .arg(&last)
+                .query_async(&mut conn)
+                .await;
+            let v = match r {
+                Ok(v) => v,
+                Err(e) => {
+                    link.failed(&crate::FleetError::Redis(e));
+                    break;
+                }
+            };
+            link.succeeded();
+            let Some(s) = sessions.upgrade() else { return };
+            for_each_entry(&v, |id, fields| {
+                last = id.to_string();
+                // Entry IDs start with their time in ms: skip sessions past their lifetime.
+                let ms: u64 = id.split('-').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+                let now_ms = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                if now_ms.saturating_sub(ms) > lifetime.as_millis() as u64 {
+                    return;
+                }
+                let mut kind: &[u8] = b"";
+                let mut origin = 0u64;
+                let (mut tid, mut value) = (Vec::new(), Vec::new());
+                for (k, v) in fields {
+                    match k {
+                        b"k" => kind = v,
+                        b"o" => origin = parse_origin(v),
+                        b"i" => tid = v.to_vec(),
+                        b"v" => value = v.to_vec(),
+                        _ => {}
+                    }
+                }
+                if !tid.is_empty() {
+                    s.apply(kind, origin, tid, value);
+                }
+            });
+        }
+    }
+}
+
+fn parse_origin(hex: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    for (o, pair) in b.iter_mut().zip(hex.chunks(2)) {
+        let d = |c: u8| (c as char).to_digit(16).unwrap_or(0);
+        *o = (d(pair[0]) * 16 + pair.get(1).map_or(0, |&c| d(c))) as u8;
+    }
+    u64::from_le_bytes(b)
+}
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+/// Calls `f(id, fields)` for each entry of an XREAD reply (RESP2 arrays or RESP3 maps).
+fn for_each_entry(v: &Value, mut f: impl FnMut(&str, Vec<(&[u8], &[u8])>)) {
+    let streams: Vec<&Value> = match v {
+        Value::Array(a) => a
+            .iter()
+            .filter_map(|s| match s {
+                Value::Array(pair) if pair.len() == 2 => Some(&pair[1]),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(m) => m.iter().map(|(_, e)| e).collect(),
+        _ => return,
+    };
+    for entries in streams {
+        let Value::Array(entries) = entries else {
+            continue;
+        };
+        for e in entries {
+            let Value::Array(e) = e else { continue };
+            let (Some(id), Some(Value::Array(kv))) = (e.first().and_then(bytes), e.get(1)) else {
+                continue;
+            };
+            let Ok(id) = std::str::from_utf8(id) else {
+                continue;
+            };
+            let fields = kv
+                .chunks(2)
+                .filter_map(|p| Some((bytes(p.first()?)?, bytes(p.get(1)?)?)))
+                .collect();
+            f(id, fields);
+        }
+    }
+}
