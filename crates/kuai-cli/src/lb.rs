@@ -108,8 +108,8 @@ async fn serve(args: Args) -> Result<(), String> {
     let mut config = LbConfig::new(decoder, cid_len);
     config.flow_idle = Duration::from_secs(args.flow_idle.max(1));
     config.max_flows = args.max_flows.max(1);
-    config.health_interval = (args.health_interval > 0)
-        .then(|| Duration::from_millis(args.health_interval));
+    config.health_interval =
+        (args.health_interval > 0).then(|| Duration::from_millis(args.health_interval));
     let (lb, handle) = LoadBalancer::bind(args.listen, backends.clone(), config)
         .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     println!("kuai lb listening on udp {}", lb.local_addr());
@@ -126,7 +126,11 @@ async fn serve(args: Args) -> Result<(), String> {
                 let was = seen.iter().find(|(id, _)| *id == b.server_id).map(|s| s.1);
                 if was.is_some_and(|w| w != b.up) {
                     let hex: String = b.server_id.iter().map(|x| format!("{x:02x}")).collect();
-                    let state = if b.up { "up" } else { "down (no new connections)" };
+                    let state = if b.up {
+                        "up"
+                    } else {
+                        "down (no new connections)"
+                    };
                     println!("backend {hex} {state}");
                 }
             }

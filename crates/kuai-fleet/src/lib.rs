@@ -268,13 +268,23 @@ impl Link {
         &self,
         query: Query<'_>,
     ) -> Result<T, FleetError> {
-        let mut c = match self.conn().await {
-            Ok(c) => c,
-            Err(e) => {
-                self.failed(&e);
-                return Err(e);
-            }
-        };
+        let mut r = self.try_run(&query).await;
+        // A connection made before Redis restarted fails its first command: once more on a
+        // new one.
+        if let Err(FleetError::Redis(e)) = &r
+            && (e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error())
+        {
+            r = self.try_run(&query).await;
+        }
+        match &r {
+            Ok(_) => self.succeeded(),
+            Err(e) => self.failed(e),
+        }
+        r
+    }
+
+    async fn try_run<T: redis::FromRedisValue>(&self, query: &Query<'_>) -> Result<T, FleetError> {
+        let mut c = self.conn().await?;
         let call = async {
             match query {
                 Query::Cmd(q) => q.query_async(&mut c).await,
@@ -286,14 +296,15 @@ impl Link {
             Ok(Err(e)) => Err(FleetError::Redis(e)),
             Err(_) => Err(FleetError::Timeout),
         };
-        match &r {
-            Ok(_) => self.succeeded(),
-            Err(e) => {
-                *self.conn.lock().await = None;
-                self.failed(e);
-            }
+        if r.is_err() {
+            self.reset().await;
         }
         r
+    }
+
+    /// Drops the command connection (the next command makes a new one).
+    pub(crate) async fn reset(&self) {
+        *self.conn.lock().await = None;
     }
 
     pub(crate) fn succeeded(&self) {

@@ -127,7 +127,12 @@ impl rustls::server::StoresServerSessions for FleetSessions {
 
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
         // A replica only while Redis can record its first use (see the crate docs).
-        let (value, local) = self.cache.take_session(key, self.link.is_up())?;
+        let up = self.link.is_up();
+        let Some((value, local)) = self.cache.take_session(key, up) else {
+            tracing::debug!(target: "kuai::fleet", redis_up = up, held = self.cache.len(),
+                "no session for a ticket");
+            return None;
+        };
         if local {
             let now = Instant::now();
             let mut t = lock(&self.local_takes);
@@ -147,7 +152,9 @@ impl rustls::server::StoresServerSessions for FleetSessions {
     }
 }
 
-/// Appends this server's notes to the stream, in batches; drops them while Redis is away.
+/// Appends this server's notes to the stream, in batches. While Redis is away a batch is
+/// tried again every half second, and later notes wait in the queue (past [`QUEUE`], they
+/// are dropped): sessions issued meanwhile reach the others once Redis is back.
 async fn write(
     sessions: std::sync::Weak<FleetSessions>,
     mut rx: mpsc::Receiver<Note>,
@@ -179,11 +186,15 @@ async fn write(
                 .arg(value)
                 .ignore();
         }
-        if s.link.run::<()>(crate::Query::Pipe(&pipe)).await.is_err() {
-            // Redis is away: what was not written is lost to the others (they do full
-            // handshakes for those sessions); wait a little before trying again.
-            drop(s);
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        let link = s.link.clone();
+        drop(s);
+        let mut wait = Duration::from_millis(100);
+        while link.run::<()>(crate::Query::Pipe(&pipe)).await.is_err() {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(1));
+            if sessions.strong_count() == 0 {
+                return;
+            }
         }
     }
 }
@@ -222,6 +233,8 @@ async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
                 Ok(v) => v,
                 Err(e) => {
                     link.failed(&crate::FleetError::Redis(e));
+                    // Redis went away: the command connection is stale too.
+                    link.reset().await;
                     break;
                 }
             };
@@ -230,7 +243,11 @@ async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
             for_each_entry(&v, |id, fields| {
                 last = id.to_string();
                 // Entry IDs start with their time in ms: skip sessions past their lifetime.
-                let ms: u64 = id.split('-').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+                let ms: u64 = id
+                    .split('-')
+                    .next()
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(0);
                 let now_ms = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64);

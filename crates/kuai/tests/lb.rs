@@ -252,7 +252,11 @@ async fn a_backend_that_stops_answering_gets_no_new_connections() {
         }
     };
     tokio::time::sleep(Duration::from_millis(350)).await;
-    assert_eq!(up(&f), [true, true, true], "every server answers its probes");
+    assert_eq!(
+        up(&f),
+        [true, true, true],
+        "every server answers its probes"
+    );
     f.servers[1].set_server_config(None);
     wait_for(&f, vec![true, false, true]).await;
     let client = Endpoint::client(localhost()).unwrap();

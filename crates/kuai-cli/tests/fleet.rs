@@ -1,0 +1,506 @@
+//! A fleet end to end: a real `redis-server` (Debian's) on a loopback port, three
+//! `kuai server --redis --server-id --quic-lb-key` and one `kuai lb` in front of them.
+//! Through the balancer: later connections resume in 0-RTT whichever server they land on;
+//! a captured 0-RTT flight replayed to every server is served by none; a NAT rebinding and a
+//! client migration mid-transfer keep the connection on its server; a stopped server's
+//! share moves to the others; a Redis restart loses nothing.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use tokio::net::UdpSocket;
+
+const KUAI: &str = env!("CARGO_BIN_EXE_kuai");
+const KEY: &str = "00112233445566778899aabbccddeeff";
+const IDS: [&str; 3] = ["01", "02", "03"];
+
+struct Proc {
+    child: Child,
+    port: u16,
+    /// What it printed after starting.
+    lines: mpsc::Receiver<String>,
+    /// Its metrics port (servers).
+    metrics: u16,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    /// Waits for a line starting with `prefix`.
+    fn wait_line(&self, prefix: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.starts_with(prefix) => return l,
+                Ok(_) => {}
+                Err(_) => panic!("no line starting with {prefix:?}"),
+            }
+        }
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kuai-fleet-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Starts `cmd` with its stdout read line by line until `ready` printed; returns the port
+/// parsed from the line starting with `port_after`.
+fn spawn(mut cmd: Command, port_after: &str, ready: &str) -> Proc {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            let Ok(l) = l else { return };
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let (mut port, mut metrics) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let l = rx.recv_timeout(left).expect("did not start");
+        if let Some(rest) = l.strip_prefix(port_after) {
+            let addr = rest.split_whitespace().next().unwrap();
+            port = addr.rsplit(':').next().unwrap().parse().unwrap();
+        }
+        if let Some(rest) = l.strip_prefix("metrics at http://") {
+            let addr = rest.split('/').next().unwrap();
+            metrics = addr.rsplit(':').next().unwrap().parse().unwrap();
+        }
+        if l.starts_with(ready) {
+            break;
+        }
+    }
+    Proc {
+        child,
+        port,
+        lines: rx,
+        metrics,
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn redis(port: u16) -> Proc {
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Proc {
+        child,
+        port,
+        lines: mpsc::channel().1,
+        metrics: 0,
+    }
+}
+
+/// A value from Redis (inline command, bulk string answer).
+fn redis_get(port: u16, key: &str) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {key}\r\n").unwrap();
+    let mut r = BufReader::new(s);
+    let mut head = String::new();
+    r.read_line(&mut head).unwrap();
+    if head.starts_with("$-1") {
+        return String::new();
+    }
+    let mut v = String::new();
+    r.read_line(&mut v).unwrap();
+    v.trim_end().to_string()
+}
+
+/// The sum of a metric's samples (all label sets) on the `/metrics` at `port`.
+fn metric(port: u16, name: &str) -> f64 {
+    metric_where(port, name, "")
+}
+
+/// The sum of a metric's samples whose line contains `filter`.
+fn metric_where(port: u16, name: &str, filter: &str) -> f64 {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+                && l.contains(filter)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn metrics(servers: &[Proc], name: &str) -> Vec<f64> {
+    servers.iter().map(|s| metric(s.metrics, name)).collect()
+}
+
+fn server(root: &Path, cert: &Path, key: &Path, id: &str, redis_url: &str) -> Proc {
+    let mut cmd = Command::new(KUAI);
+    cmd.args(["server", "--listen", "127.0.0.1:0", "--no-tcp"])
+        .arg("--root")
+        .arg(root)
+        .arg("--cert")
+        .arg(cert)
+        .arg("--key")
+        .arg(key)
+        .args(["--server-id", id, "--quic-lb-key", KEY])
+        .args(["--redis", redis_url, "--metrics", "127.0.0.1:0"]);
+    spawn(
+        cmd,
+        "kuai server listening on udp ",
+        "kuai server listening on udp",
+    )
+}
+
+/// `kuai get --repeat runs` (a new connection each run, 20 ms apart) through `url`: the
+/// runs that succeeded, and of those after the first, how many had 0-RTT accepted.
+fn repeat(url: &str, runs: u32) -> (usize, usize, usize) {
+    let out = Command::new(KUAI)
+        .args(["get", "--insecure", "--http3", "--state-file", "none"])
+        .args(["--interval-ms", "20", "--repeat", &runs.to_string(), url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ok = text.matches("\"ok\":true").count();
+    let later: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("{\"run\":0,"))
+        .collect();
+    let accepted = later
+        .iter()
+        .filter(|l| l.contains("\"zero_rtt\":\"accepted\""))
+        .count();
+    for l in later
+        .iter()
+        .filter(|l| !l.contains("\"zero_rtt\":\"accepted\""))
+    {
+        println!("without 0-RTT: {l}");
+    }
+    (ok, later.len(), accepted)
+}
+
+/// Relays datagrams between one client and `to`; records what the client sends while
+/// `record` is on; `rebind` makes it send from a new port (a NAT rebinding).
+struct Relay {
+    addr: SocketAddr,
+    record: Arc<AtomicBool>,
+    recorded: Arc<Mutex<Vec<Vec<u8>>>>,
+    back: Arc<Mutex<Arc<UdpSocket>>>,
+    front: Arc<UdpSocket>,
+    client: Arc<Mutex<Option<SocketAddr>>>,
+}
+
+impl Relay {
+    async fn start(to: SocketAddr) -> Self {
+        let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        let relay = Self {
+            addr: front.local_addr().unwrap(),
+            record: Arc::default(),
+            recorded: Arc::default(),
+            back: Arc::new(Mutex::new(Arc::new(
+                UdpSocket::bind("127.0.0.1:0").await.unwrap(),
+            ))),
+            front,
+            client: Arc::default(),
+        };
+        let (f, back, rec, recorded, client) = (
+            relay.front.clone(),
+            relay.back.clone(),
+            relay.record.clone(),
+            relay.recorded.clone(),
+            relay.client.clone(),
+        );
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, from)) = f.recv_from(&mut buf).await {
+                *client.lock().unwrap() = Some(from);
+                if rec.load(Ordering::SeqCst) {
+                    recorded.lock().unwrap().push(buf[..n].to_vec());
+                }
+                let b = back.lock().unwrap().clone();
+                let _ = b.send_to(&buf[..n], to).await;
+            }
+        });
+        relay.spawn_back();
+        relay
+    }
+
+    fn spawn_back(&self) {
+        let (b, f, client) = (
+            self.back.lock().unwrap().clone(),
+            self.front.clone(),
+            self.client.clone(),
+        );
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok(n) = b.recv(&mut buf).await {
+                let to = *client.lock().unwrap();
+                if let Some(to) = to {
+                    let _ = f.send_to(&buf[..n], to).await;
+                }
+            }
+        });
+    }
+
+    async fn rebind(&self) {
+        let new = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        *self.back.lock().unwrap() = new;
+        self.spawn_back();
+    }
+}
+
+/// Downloads `url` over HTTP/3 on `quic`, calling `midway` once 2 MB arrived; the bytes.
+async fn download_with(quic: kuai::Connection, url: &str, midway: impl AsyncFnOnce()) -> usize {
+    let h3 = kuai_http::client::QuicConnection::http3(quic, None)
+        .await
+        .unwrap();
+    let req = http::Request::get(url)
+        .body(kuai_http::client::RequestBody::empty())
+        .unwrap();
+    let mut resp = h3.send(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let (mut got, mut midway) = (0, Some(midway));
+    while let Some(c) = resp.chunk().await.unwrap() {
+        got += c.len();
+        if got >= 2 << 20
+            && let Some(m) = midway.take()
+        {
+            m().await;
+        }
+    }
+    got
+}
+
+fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(f).join().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_behind_the_balancer() {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("KUAI_REQUIRE_REDIS").is_none(),
+            "redis-server is not installed and KUAI_REQUIRE_REDIS is set"
+        );
+        eprintln!("redis-server not installed: test skipped");
+        return;
+    }
+    let dir = temp_dir("main");
+    let root = dir.join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("x.txt"), "fleet\n").unwrap();
+    let big: Vec<u8> = (0..24u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(root.join("big.bin"), &big).unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+
+    let rport = free_port();
+    let mut redis_proc = Some(redis(rport));
+    let url = format!("redis://127.0.0.1:{rport}");
+    let servers: Vec<Proc> = IDS
+        .iter()
+        .map(|id| server(&root, &cert, &key, id, &url))
+        .collect();
+    let mut lb = Command::new(KUAI);
+    lb.args(["lb", "--listen", "127.0.0.1:0", "--quic-lb-key", KEY]);
+    lb.args(["--health-interval", "200"]);
+    for (id, s) in IDS.iter().zip(&servers) {
+        lb.args(["--backend", &format!("{id}=127.0.0.1:{}", s.port)]);
+    }
+    let lb = spawn(lb, "kuai lb listening on udp ", "backend 03 at");
+    let lb_addr: SocketAddr = format!("127.0.0.1:{}", lb.port).parse().unwrap();
+    let x_url = format!("https://localhost:{}/x.txt", lb.port);
+    let reset_key = redis_get(rport, "kuai:keys:stateless-reset");
+    assert_eq!(reset_key.len(), 64, "the fleet's keys are in redis");
+
+    // 1. 0-RTT on later connections, whichever server they land on.
+    let u = x_url.clone();
+    let (ok, later, accepted) = blocking(move || repeat(&u, 201));
+    let share = 100.0 * accepted as f64 / later as f64;
+    println!(
+        "0-RTT accepted on {accepted} of {later} resumed connections through the balancer ({share:.1} %)"
+    );
+    assert_eq!(ok, 201, "every run succeeded");
+    assert!(share >= 99.0, "{share:.1} %");
+    let per = metrics(&servers, "kuai_quic_zero_rtt_accepted_total");
+    println!("0-RTT accepted per server: {per:?}");
+    assert!(
+        per.iter().all(|&n| n > 0.0),
+        "a server accepted none: {per:?}"
+    );
+
+    // 2. A captured 0-RTT flight replayed to every server is served by none.
+    let relay = Relay::start(lb_addr).await;
+    let client = kuai_http::Client::builder()
+        .mode(kuai_http::client::Mode::Http3)
+        .danger_accept_invalid_certs(true)
+        .resolve("localhost", lb.port, relay.addr)
+        .build()
+        .unwrap();
+    let r = client.get(&x_url).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "fleet\n");
+    client.await_session_tickets().await;
+    client.close_connections();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    relay.record.store(true, Ordering::SeqCst);
+    let r = client.get(&x_url).send().await.unwrap();
+    assert_eq!(
+        r.connection().early_data,
+        Some(true),
+        "the second went in 0-RTT"
+    );
+    assert_eq!(r.text().await.unwrap(), "fleet\n");
+    relay.record.store(false, Ordering::SeqCst);
+    client.close_connections();
+    let flight = relay.recorded.lock().unwrap().clone();
+    let requests = metrics(&servers, "kuai_http_requests_total");
+    let unfinished = |servers: &[Proc]| -> Vec<f64> {
+        servers
+            .iter()
+            .map(|s| {
+                metric(s.metrics, "kuai_quic_handshakes_total")
+                    - metric_where(s.metrics, "kuai_quic_handshakes_total", "\"ok\"")
+            })
+            .collect()
+    };
+    let failed = unfinished(&servers);
+    let attacker = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for s in &servers {
+        for d in &flight {
+            attacker.send_to(d, ("127.0.0.1", s.port)).await.unwrap();
+        }
+    }
+    // Each replay's handshake ends unfinished: refused (the ticket's first use is on
+    // record) or, with 0-RTT rejected, timed out waiting for a Finished (10 s) that only the
+    // real client could send.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut failed_after = unfinished(&servers);
+    while !failed_after.iter().zip(&failed).all(|(a, b)| a > b) {
+        assert!(
+            Instant::now() < deadline,
+            "the replay did not reach every server"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        failed_after = unfinished(&servers);
+    }
+    let requests_after = metrics(&servers, "kuai_http_requests_total");
+    println!(
+        "replayed flight ({} datagrams) to 3 servers: unfinished handshakes {failed:?} -> {failed_after:?}, requests {requests:?} -> {requests_after:?}",
+        flight.len()
+    );
+    assert_eq!(requests_after, requests, "a replayed request was served");
+
+    // 3. A NAT rebinding (the relay's new port) and a client migration (the client's new
+    // socket) mid-transfer: the transfer completes on the server that holds it.
+    let big_url = format!("https://localhost:{}/big.bin", lb.port);
+    let conns = metrics(&servers, "kuai_quic_connections_total");
+    let migrations = metrics(&servers, "kuai_quic_migrations_total");
+    let ep = kuai::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let ccfg = kuai::ClientConfig::insecure(&[b"h3"]).unwrap();
+    let quic = ep
+        .connect_with(ccfg.clone(), relay.addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    let got = download_with(quic.clone(), &big_url, async || relay.rebind().await).await;
+    assert_eq!(got, big.len(), "through a NAT rebinding");
+    let quic = ep
+        .connect_with(ccfg, lb_addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    let got = download_with(quic.clone(), &big_url, async || {
+        ep.rebind("127.0.0.1:0".parse().unwrap()).unwrap()
+    })
+    .await;
+    assert_eq!(got, big.len(), "through a client migration");
+    assert_eq!(quic.stats().migrations, 1);
+    let new_conns: f64 = metrics(&servers, "kuai_quic_connections_total")
+        .iter()
+        .zip(&conns)
+        .map(|(a, b)| a - b)
+        .sum();
+    let moved: f64 = metrics(&servers, "kuai_quic_migrations_total")
+        .iter()
+        .zip(&migrations)
+        .map(|(a, b)| a - b)
+        .sum();
+    println!("two transfers: {new_conns} new connections, {moved} path migrations at the servers");
+    assert_eq!(new_conns, 2.0, "each transfer stayed on one connection");
+    assert!(moved >= 2.0, "{moved}");
+
+    // 4. Redis restarts (empty): nothing is lost.
+    drop(redis_proc.take());
+    let u = x_url.clone();
+    let (ok, _, _) = blocking(move || repeat(&u, 5));
+    assert_eq!(ok, 5, "the fleet serves while redis is away");
+    redis_proc = Some(redis(rport));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let u = x_url.clone();
+    let (ok, later, accepted) = blocking(move || repeat(&u, 41));
+    assert_eq!(ok, 41);
+    println!("after redis restarted: 0-RTT on {accepted} of {later}");
+    assert!(accepted * 100 >= later * 99, "{accepted} of {later}");
+    assert_eq!(
+        redis_get(rport, "kuai:keys:stateless-reset"),
+        reset_key,
+        "the servers put the fleet's keys back"
+    );
+
+    // 5. A stopped server: new connections go to the others.
+    let mut servers = servers;
+    drop(servers.pop());
+    lb.wait_line("backend 03 down", Duration::from_secs(5));
+    let u = x_url.clone();
+    let (ok, _, _) = blocking(move || repeat(&u, 20));
+    assert_eq!(ok, 20, "every new connection found a server");
+    drop(redis_proc);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,153 @@
+//! kuai-fleet against a real `redis-server` (Debian's) on loopback: a password, TLS with a
+//! private CA, the first use of a ticket recorded once, sessions replicated between two
+//! members, a wrong password refused.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kuai_fleet::{Fleet, FleetOptions};
+use rustls::server::StoresServerSessions;
+
+struct Redis(Child);
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn installed() -> bool {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("KUAI_REQUIRE_REDIS").is_none(),
+            "redis-server is not installed and KUAI_REQUIRE_REDIS is set"
+        );
+        eprintln!("redis-server not installed: test skipped");
+    }
+    found
+}
+
+fn start(args: &[&str], port: u16) -> Redis {
+    let child = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Redis(child)
+}
+
+/// Two members of one fleet: the same keys, a session one issues is the other's replica,
+/// its first use is recorded once.
+async fn two_members(url: &str, ca: Option<Vec<u8>>) {
+    let options = FleetOptions {
+        ca_pem: ca,
+        ..Default::default()
+    };
+    let a = Fleet::start(url, options.clone()).unwrap();
+    let b = Fleet::start(url, options).unwrap();
+    let (ka, kb) = (
+        a.shared_keys().await.unwrap(),
+        b.shared_keys().await.unwrap(),
+    );
+    assert_eq!((ka.reset, ka.token), (kb.reset, kb.token));
+    a.sessions().put(b"ticket-1".to_vec(), b"session".to_vec());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.sessions().get(b"ticket-1").is_none() {
+        assert!(Instant::now() < deadline, "the session did not reach b");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(a.is_redis_up() && b.is_redis_up());
+    // Used at b: a's copy goes too.
+    assert_eq!(b.sessions().take(b"ticket-1"), Some(b"session".to_vec()));
+    while a.sessions().get(b"ticket-1").is_some() {
+        assert!(Instant::now() < deadline, "a kept a used session");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(a.anti_replay().first_use(b"ticket-2").await.unwrap());
+    assert!(!b.anti_replay().first_use(b"ticket-2").await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_share_through_redis_with_a_password() {
+    if !installed() {
+        return;
+    }
+    let port = free_port();
+    let _r = start(&["--port", &port.to_string(), "--requirepass", "s3cret"], port);
+    two_members(&format!("redis://:s3cret@127.0.0.1:{port}"), None).await;
+    let wrong = Fleet::start(
+        &format!("redis://:wrong@127.0.0.1:{port}"),
+        Default::default(),
+    )
+    .unwrap();
+    let e = wrong.shared_keys().await.unwrap_err();
+    println!("wrong password: {e}");
+    assert!(!wrong.is_redis_up());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_share_through_redis_over_tls() {
+    if !installed() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kuai-fleet-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let port = free_port();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let _r = start(
+        &[
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            c,
+            "--tls-key-file",
+            k,
+            "--tls-ca-cert-file",
+            c,
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            "s3cret",
+        ],
+        port,
+    );
+    two_members(
+        &format!("rediss://:s3cret@127.0.0.1:{port}"),
+        Some(ck.cert.pem().into_bytes()),
+    )
+    .await;
+    // Without the CA, the server's certificate is not trusted.
+    let untrusted = Fleet::start(
+        &format!("rediss://:s3cret@127.0.0.1:{port}"),
+        Default::default(),
+    )
+    .unwrap();
+    assert!(untrusted.shared_keys().await.is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
