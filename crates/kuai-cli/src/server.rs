@@ -111,6 +111,16 @@ pub struct Args {
     /// PEM certificate(s) to trust for a `rediss://` Redis instead of the system's roots.
     #[arg(long, value_name = "FILE", requires = "redis")]
     redis_ca: Option<PathBuf>,
+    /// TLS session tickets: `replicated` (the server keeps sessions; with --redis, every
+    /// server keeps the fleet's; resumption and 0-RTT) or `stateless` (each session sealed
+    /// into its ticket under keys that rotate, shared through --redis; resumption, no 0-RTT:
+    /// rustls 0.23 allows none with stateless tickets).
+    #[arg(long, value_enum, default_value_t = TicketMode::Replicated)]
+    session_tickets: TicketMode,
+    /// Seconds between rotations of the fleet's Retry/NEW_TOKEN keys and stateless ticket
+    /// keys (each key is accepted for the periods before and after its own).
+    #[arg(long, default_value_t = 3600, value_name = "SECS")]
+    key_period: u64,
     /// Spread connections over this many workers: UDP sockets sharing the port, each with a
     /// driver of its own, the kernel steering each packet by its connection ID (Linux).
     #[arg(long, default_value_t = 1)]
@@ -292,6 +302,13 @@ pub fn server_config(
     )?))
 }
 
+/// How TLS session tickets are made (`--session-tickets`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum TicketMode {
+    Replicated,
+    Stateless,
+}
+
 async fn serve(args: Args) -> Result<(), String> {
     let file = args.config.as_deref().map(config::File::load).transpose()?;
     let site = match &args.root {
@@ -342,8 +359,35 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         None => None,
     };
-    if let Some(f) = &fleet {
-        tls.session_storage = f.sessions();
+    let key_period = Duration::from_secs(args.key_period.max(1));
+    // Rotations run as long as the server: kept here.
+    let mut rotations = Vec::new();
+    match (args.session_tickets, &fleet) {
+        (TicketMode::Replicated, Some(f)) => tls.session_storage = f.sessions(),
+        (TicketMode::Replicated, None) => {}
+        (TicketMode::Stateless, f) => {
+            let (ticketer, rotation) = match f {
+                Some(f) => f.ticketer(key_period).await,
+                None => {
+                    let t = Arc::new(kuai_fleet::Ticketer::new(key_period));
+                    let store = Arc::new(kuai_fleet::MemoryKeyStore::default());
+                    let r = kuai_fleet::KeyRotation::start(
+                        store,
+                        kuai_fleet::TICKET_KEYS,
+                        key_period,
+                        t.clone(),
+                    )
+                    .await;
+                    (t, r)
+                }
+            };
+            tls.ticketer = ticketer;
+            rotations.push(rotation);
+            println!(
+                "stateless session tickets, keys rotating every {} s (no 0-RTT)",
+                key_period.as_secs()
+            );
+        }
     }
     let with_alpn = |alpn: &[&[u8]]| {
         let mut t = tls.clone();
@@ -360,15 +404,21 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
-    let shared = match &fleet {
-        Some(f) => match f.shared_keys().await {
+    let reset_key = match &fleet {
+        Some(f) => match f.reset_key().await {
             Ok(k) => {
+                let token_keys = f
+                    .rotate_token_keys(cfg.proto_mut().token_key.clone(), key_period)
+                    .await;
                 println!(
-                    "fleet keys from redis: reset key {}, token key {}",
-                    kuai_fleet::key_id(&k.reset),
-                    kuai_fleet::key_id(&k.token)
+                    "fleet keys from redis: reset key {}, token keys of generation {} (every {} s)",
+                    kuai_fleet::key_id(&k),
+                    token_keys
+                        .sealing()
+                        .map_or("none".into(), |g| g.to_string()),
+                    key_period.as_secs()
                 );
-                cfg.token_secret(&k.token);
+                rotations.push(token_keys);
                 Some(k)
             }
             Err(e) => {
@@ -379,7 +429,9 @@ async fn serve(args: Args) -> Result<(), String> {
         },
         None => None,
     };
-    if let Some(f) = &fleet {
+    if let Some(f) = &fleet
+        && args.session_tickets == TicketMode::Replicated
+    {
         cfg.anti_replay(f.anti_replay());
         println!("fleet sessions and 0-RTT first uses through redis");
     }
@@ -411,8 +463,8 @@ async fn serve(args: Args) -> Result<(), String> {
         });
         println!("QUIC-LB server ID {hex}");
     }
-    if let Some(k) = &shared {
-        ec.proto.reset_key = k.reset;
+    if let Some(k) = &reset_key {
+        ec.proto.reset_key = *k;
     }
     builder = builder.endpoint_config(ec);
     if let Some(d) = &args.qlog_dir {

@@ -4,12 +4,17 @@
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! # use std::time::Duration;
 //! let fleet = kuai_fleet::Fleet::start("redis://127.0.0.1:6379", Default::default())?;
-//! let keys = fleet.shared_keys().await?; // stateless-reset and token keys
 //! let mut tls: kuai::rustls::ServerConfig = todo!("certificates, ALPN");
 //! tls.session_storage = fleet.sessions();
 //! let mut config = kuai::ServerConfig::from_rustls(tls);
-//! config.token_secret(&keys.token).anti_replay(fleet.anti_replay());
+//! config.anti_replay(fleet.anti_replay());
+//! // Retry / NEW_TOKEN keys rotating hourly with the fleet's (keep the rotation alive).
+//! let token_key = config.proto_mut().token_key.clone();
+//! let _rotation = fleet.rotate_token_keys(token_key, Duration::from_secs(3600)).await;
+//! let mut endpoint_config = kuai::EndpointConfig::default();
+//! endpoint_config.proto.reset_key = fleet.reset_key().await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -49,15 +54,24 @@
 mod keys;
 mod replay;
 mod sessions;
+mod tickets;
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-pub use keys::{SharedKeys, key_id};
+pub use keys::{
+    KeyFuture, KeyRotation, KeyStore, MemoryKeyStore, RedisKeyStore, RotatingKey, key_id, reset_key,
+};
 pub use replay::RedisAntiReplay;
 pub use sessions::FleetSessions;
+pub use tickets::Ticketer;
+
+/// The key names rotations use in the store.
+pub const TOKEN_KEYS: &str = "kuai:keys:address-token";
+/// See [`TOKEN_KEYS`].
+pub const TICKET_KEYS: &str = "kuai:keys:session-ticket";
 
 /// Settings of a [`Fleet`].
 #[derive(Clone, Debug)]
@@ -172,13 +186,36 @@ impl Fleet {
         self.anti_replay.clone()
     }
 
-    /// The fleet's stateless-reset and token keys: set by the first server (`SET NX`), read
-    /// by the others. Fails when Redis cannot be reached within 5 s; the server should then
-    /// go on with keys of its own.
-    pub async fn shared_keys(&self) -> Result<SharedKeys, FleetError> {
-        let keys = keys::shared_keys(&self.link).await?;
-        self.link.remember_keys(&keys);
-        Ok(keys)
+    /// The fleet's keys in Redis (see [`KeyStore`]).
+    pub fn key_store(&self) -> Arc<RedisKeyStore> {
+        Arc::new(RedisKeyStore {
+            link: self.link.clone(),
+        })
+    }
+
+    /// The fleet's stateless-reset key: set by the first server, read by the others. Fails
+    /// when Redis cannot be reached within 5 s; the server should then go on with a key of
+    /// its own.
+    pub async fn reset_key(&self) -> Result<[u8; 32], FleetError> {
+        keys::reset_key(&*self.key_store()).await
+    }
+
+    /// Rotates the transport's Retry / NEW_TOKEN keys (`kuai_proto::ServerConfig::token_key`)
+    /// every `period` with the fleet's (see [`KeyRotation`]).
+    pub async fn rotate_token_keys(
+        &self,
+        key: Arc<kuai::kuai_proto::TokenKey>,
+        period: Duration,
+    ) -> KeyRotation {
+        KeyRotation::start(self.key_store(), TOKEN_KEYS, period, key).await
+    }
+
+    /// A stateless ticketer (`rustls::ServerConfig::ticketer`) whose keys rotate every
+    /// `period` with the fleet's. rustls 0.23 allows no 0-RTT with it: resumption only.
+    pub async fn ticketer(&self, period: Duration) -> (Arc<Ticketer>, KeyRotation) {
+        let t = Arc::new(Ticketer::new(period));
+        let r = KeyRotation::start(self.key_store(), TICKET_KEYS, period, t.clone()).await;
+        (t, r)
     }
 
     /// Whether the last exchange with Redis went well.
@@ -193,14 +230,16 @@ pub(crate) enum Query<'a> {
     Pipe(&'a redis::Pipeline),
 }
 
+pub(crate) type Remembered = std::collections::HashMap<String, ([u8; 32], Option<std::time::Instant>)>;
+
 /// The connection to Redis shared by the fleet's tasks, re-made after a failure.
 pub(crate) struct Link {
     client: redis::Client,
     conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
     up: AtomicBool,
     timeout: Duration,
-    /// Keys to put back if Redis restarts empty.
-    keys: std::sync::Mutex<Option<SharedKeys>>,
+    /// Keys read from Redis, to put back if it restarts empty: name, key, expiry, lifetime.
+    remembered: std::sync::Mutex<Remembered>,
 }
 
 impl Link {
@@ -227,7 +266,7 @@ impl Link {
             conn: tokio::sync::Mutex::new(None),
             up: AtomicBool::new(false),
             timeout: options.timeout,
-            keys: std::sync::Mutex::new(None),
+            remembered: Default::default(),
         })
     }
 
@@ -320,17 +359,41 @@ impl Link {
         }
     }
 
-    fn remember_keys(&self, k: &SharedKeys) {
-        *self.keys.lock().unwrap_or_else(|e| e.into_inner()) = Some(k.clone());
+    pub(crate) fn remember(&self, name: &str, key: [u8; 32], ttl: Option<Duration>) {
+        let now = std::time::Instant::now();
+        let mut r = self.remembered.lock().unwrap_or_else(|e| e.into_inner());
+        r.retain(|_, (_, until)| until.is_none_or(|u| u > now));
+        r.insert(name.to_string(), (key, ttl.map(|t| now + t)));
     }
 
-    /// A new connection came up: put the keys back in case Redis restarted empty.
+    /// A new connection came up: put the keys back (`SET NX`, for what is left of their
+    /// lifetime) in case Redis restarted empty; warn if it holds others (a server that
+    /// started meanwhile made new ones).
     async fn came_back(&self) {
-        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(k) = keys {
-            let slot = self.conn.lock().await.clone();
-            if let Some(mut c) = slot {
-                let _ = tokio::time::timeout(self.timeout, keys::put_back(&mut c, &k)).await;
+        let now = std::time::Instant::now();
+        let keys: Vec<(String, [u8; 32], Option<Duration>)> = self
+            .remembered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, (_, until))| until.is_none_or(|u| u > now))
+            .map(|(n, (k, until))| (n.clone(), *k, until.map(|u| u - now)))
+            .collect();
+        let slot = self.conn.lock().await.clone();
+        let Some(mut c) = slot else { return };
+        for (name, key, left) in keys {
+            let mut pipe = redis::pipe();
+            let set = pipe.cmd("SET").arg(&name).arg(keys::hex(&key)).arg("NX");
+            if let Some(l) = left {
+                set.arg("PX").arg(l.as_millis().max(1) as u64);
+            }
+            pipe.ignore().cmd("GET").arg(&name);
+            let put = tokio::time::timeout(self.timeout, pipe.query_async::<(Vec<u8>,)>(&mut c));
+            if let Ok(Ok((stored,))) = put.await
+                && stored != keys::hex(&key).into_bytes()
+            {
+                tracing::warn!(target: "kuai::fleet", key = %name,
+                    "redis holds another key than this server: restart this server to share it");
             }
         }
     }

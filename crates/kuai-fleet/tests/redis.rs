@@ -5,8 +5,11 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use kuai::kuai_proto::TokenKey;
 use kuai_fleet::{Fleet, FleetOptions};
-use rustls::server::StoresServerSessions;
+use rustls::server::{ProducesTickets, StoresServerSessions};
 
 struct Redis(Child);
 
@@ -65,11 +68,18 @@ async fn two_members(url: &str, ca: Option<Vec<u8>>) {
     };
     let a = Fleet::start(url, options.clone()).unwrap();
     let b = Fleet::start(url, options).unwrap();
-    let (ka, kb) = (
-        a.shared_keys().await.unwrap(),
-        b.shared_keys().await.unwrap(),
-    );
-    assert_eq!((ka.reset, ka.token), (kb.reset, kb.token));
+    assert_eq!(a.reset_key().await.unwrap(), b.reset_key().await.unwrap());
+    // Token keys and ticket keys rotate together (every hour): what one seals the other
+    // opens.
+    let hour = Duration::from_secs(3600);
+    let (ta, tb) = (Arc::new(TokenKey::random()), Arc::new(TokenKey::random()));
+    let _ra = a.rotate_token_keys(ta.clone(), hour).await;
+    let _rb = b.rotate_token_keys(tb.clone(), hour).await;
+    assert!(tb.open(&ta.seal(b"token".to_vec())).is_some());
+    let ((xa, _rxa), (xb, _rxb)) = (a.ticketer(hour).await, b.ticketer(hour).await);
+    let ticket = xa.encrypt(b"session").unwrap();
+    assert_eq!(xb.decrypt(&ticket).as_deref(), Some(&b"session"[..]));
+    assert!(tb.open(&ticket).is_none(), "ticket keys are not token keys");
     a.sessions().put(b"ticket-1".to_vec(), b"session".to_vec());
     let deadline = Instant::now() + Duration::from_secs(5);
     while b.sessions().get(b"ticket-1").is_none() {
@@ -93,14 +103,17 @@ async fn members_share_through_redis_with_a_password() {
         return;
     }
     let port = free_port();
-    let _r = start(&["--port", &port.to_string(), "--requirepass", "s3cret"], port);
+    let _r = start(
+        &["--port", &port.to_string(), "--requirepass", "s3cret"],
+        port,
+    );
     two_members(&format!("redis://:s3cret@127.0.0.1:{port}"), None).await;
     let wrong = Fleet::start(
         &format!("redis://:wrong@127.0.0.1:{port}"),
         Default::default(),
     )
     .unwrap();
-    let e = wrong.shared_keys().await.unwrap_err();
+    let e = wrong.reset_key().await.unwrap_err();
     println!("wrong password: {e}");
     assert!(!wrong.is_redis_up());
 }
@@ -148,6 +161,6 @@ async fn members_share_through_redis_over_tls() {
         Default::default(),
     )
     .unwrap();
-    assert!(untrusted.shared_keys().await.is_err());
+    assert!(untrusted.reset_key().await.is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }

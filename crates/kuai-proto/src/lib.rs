@@ -58,5 +58,6 @@ pub use endpoint::{ConnectionHandle, Endpoint, EndpointStats};
 pub use error::{TransportError, TransportErrorCode};
 pub use recovery::PathId;
 pub use stream::{Priority, StreamError, StreamEvent};
+pub use token::TokenKey;
 pub use types::{Dir, IdMap, Side, SpaceId, StreamId, Version};
 pub use varint::VarInt;

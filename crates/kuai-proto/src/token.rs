@@ -14,51 +14,136 @@ use ring::hmac;
 use crate::cid::ConnectionId;
 use crate::coding::BufExt;
 
-/// A symmetric key for sealing tokens.
+/// The keys tokens are sealed with: one seals, a few more (earlier and next generations)
+/// open, so that keys can rotate without refusing the tokens sealed just before (see
+/// [`install`](Self::install)). Each token starts with the one-byte ID of its key.
+///
+/// A token is sealed with AES-256-GCM under the key, so only servers holding it can read or
+/// forge tokens; a fleet shares its keys to accept each other's tokens.
 pub struct TokenKey {
-    key: LessSafeKey,
+    keys: std::sync::RwLock<Keys>,
 }
 
+struct Keys {
+    /// The ID of the key that seals.
+    current: u8,
+    /// Keys that open, by ID (at most [`MAX_KEYS`]).
+    all: Vec<(u8, LessSafeKey)>,
+}
+
+/// Keys kept at once: the previous, current and next generations, and one spare.
+const MAX_KEYS: usize = 4;
+
 impl TokenKey {
+    /// One key (ID 0), sealing and opening.
     pub fn new(secret: &[u8; 32]) -> Self {
         Self {
-            key: LessSafeKey::new(UnboundKey::new(&AES_256_GCM, secret).expect("32-byte key")),
+            keys: std::sync::RwLock::new(Keys {
+                current: 0,
+                all: vec![(0, aead_key(secret))],
+            }),
         }
     }
 
+    /// One random key (ID 0).
     pub fn random() -> Self {
         let mut k = [0; 32];
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut k);
         Self::new(&k)
     }
 
-    fn seal(&self, mut plain: Vec<u8>) -> Vec<u8> {
+    /// Adds (or replaces) key `id`; with `seal`, new tokens are sealed with it. Past
+    /// [`MAX_KEYS`] the keys that are neither sealing nor just added go, those of IDs
+    /// furthest from the sealing one first, before or after it (IDs are generation numbers
+    /// mod 256).
+    pub fn install(&self, id: u8, secret: &[u8; 32], seal: bool) {
+        let mut k = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        k.all.retain(|(i, _)| *i != id);
+        k.all.push((id, aead_key(secret)));
+        if seal {
+            k.current = id;
+        }
+        while k.all.len() > MAX_KEYS {
+            let cur = k.current;
+            let (pos, _) = k
+                .all
+                .iter()
+                .enumerate()
+                .filter(|(_, (i, _))| *i != cur && *i != id)
+                .max_by_key(|(_, (i, _))| (cur.wrapping_sub(*i) as i8).unsigned_abs())
+                .expect("more than two keys");
+            k.all.remove(pos);
+        }
+    }
+
+    /// Seals with key `id` from now on; whether it is held.
+    pub fn seal_with(&self, id: u8) -> bool {
+        let mut k = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        let held = k.all.iter().any(|(i, _)| *i == id);
+        if held {
+            k.current = id;
+        }
+        held
+    }
+
+    /// Forgets key `id` (unless it seals); whether it was held.
+    pub fn remove(&self, id: u8) -> bool {
+        let mut k = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        let before = k.all.len();
+        let cur = k.current;
+        k.all.retain(|(i, _)| *i != id || *i == cur);
+        k.all.len() != before
+    }
+
+    /// The IDs held, the sealing one first.
+    pub fn ids(&self) -> Vec<u8> {
+        let k = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        let mut ids: Vec<u8> = k.all.iter().map(|(i, _)| *i).collect();
+        ids.sort_by_key(|i| *i != k.current);
+        ids
+    }
+
+    /// Seals `plain` under the sealing key: its ID, a random nonce, the ciphertext and tag.
+    /// (Tokens are made by [`retry_token`] and [`new_token`]; this is for other sealed
+    /// values a server hands out, such as session tickets.)
+    pub fn seal(&self, mut plain: Vec<u8>) -> Vec<u8> {
         let mut nonce = [0u8; NONCE_LEN];
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
-        self.key
-            .seal_in_place_append_tag(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::empty(),
-                &mut plain,
-            )
-            .expect("token fits AES-GCM limits");
-        let mut out = Vec::with_capacity(NONCE_LEN + plain.len());
+        let k = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        let id = k.current;
+        let key = &k.all.iter().find(|(i, _)| *i == id).expect("sealing key held").1;
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from([id]),
+            &mut plain,
+        )
+        .expect("token fits AES-GCM limits");
+        let mut out = Vec::with_capacity(1 + NONCE_LEN + plain.len());
+        out.push(id);
         out.extend_from_slice(&nonce);
         out.extend_from_slice(&plain);
         out
     }
 
-    fn open(&self, token: &[u8]) -> Option<Vec<u8>> {
-        if token.len() < NONCE_LEN + AES_256_GCM.tag_len() || token.len() > 512 {
+    /// Opens what [`seal`](Self::seal) made under a key still held (at most 4 KiB).
+    pub fn open(&self, token: &[u8]) -> Option<Vec<u8>> {
+        if token.len() < 1 + NONCE_LEN + AES_256_GCM.tag_len() || token.len() > 4096 {
             return None;
         }
-        let nonce = Nonce::try_assume_unique_for_key(&token[..NONCE_LEN]).ok()?;
-        let mut buf = token[NONCE_LEN..].to_vec();
-        let plain = self.key.open_in_place(nonce, Aad::empty(), &mut buf).ok()?;
+        let id = token[0];
+        let nonce = Nonce::try_assume_unique_for_key(&token[1..1 + NONCE_LEN]).ok()?;
+        let mut buf = token[1 + NONCE_LEN..].to_vec();
+        let k = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        let key = &k.all.iter().find(|(i, _)| *i == id)?.1;
+        let plain = key.open_in_place(nonce, Aad::from([id]), &mut buf).ok()?;
         let n = plain.len();
         buf.truncate(n);
         Some(buf)
     }
+}
+
+fn aead_key(secret: &[u8; 32]) -> LessSafeKey {
+    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, secret).expect("32-byte key"))
 }
 
 impl std::fmt::Debug for TokenKey {
@@ -207,6 +292,9 @@ pub fn validate(
     retry_lifetime: Duration,
     new_token_lifetime: Duration,
 ) -> Result<ValidToken, TokenError> {
+    if token.len() > 512 {
+        return Err(TokenError::Invalid);
+    }
     let plain = key.open(token).ok_or(TokenError::Invalid)?;
     let mut b = &plain[..];
     let kind = b.get_u8_checked().map_err(|_| TokenError::Invalid)?;
@@ -234,7 +322,7 @@ pub fn validate(
                 return Err(TokenError::Stale);
             }
             let mut id = [0; NONCE_LEN];
-            id.copy_from_slice(&token[..NONCE_LEN]);
+            id.copy_from_slice(&token[1..1 + NONCE_LEN]);
             Ok(ValidToken::NewToken {
                 issued_ms: issued,
                 id,
@@ -338,6 +426,51 @@ mod tests {
             validate(&key, &[1, 2, 3], addr, 2000, life, life),
             Err(TokenError::Invalid)
         );
+    }
+
+    /// Keys rotate: a token sealed under the previous key still opens while that key is
+    /// held; one whose key went, or whose key ID byte was changed, does not.
+    #[test]
+    fn tokens_outlive_a_key_rotation_while_their_key_is_held() {
+        let key = TokenKey::new(&[1; 32]);
+        let addr: SocketAddr = "192.0.2.1:4433".parse().unwrap();
+        let life = Duration::from_secs(10);
+        let t0 = new_token(&key, addr.ip(), 0);
+        assert_eq!(t0[0], 0, "the key ID leads");
+        key.install(1, &[2; 32], true);
+        let t1 = new_token(&key, addr.ip(), 0);
+        assert_eq!(t1[0], 1);
+        for t in [&t0, &t1] {
+            assert!(validate(&key, t, addr, 5, life, life).is_ok());
+        }
+        let mut moved = t1.clone();
+        moved[0] = 0;
+        assert_eq!(
+            validate(&key, &moved, addr, 5, life, life),
+            Err(TokenError::Invalid),
+            "the ID is authenticated"
+        );
+        // A server holding only key 1 (another member of the fleet) opens t1, not t0.
+        let other = TokenKey::new(&[9; 32]);
+        other.install(1, &[2; 32], true);
+        assert!(validate(&other, &t1, addr, 5, life, life).is_ok());
+        assert!(validate(&other, &t0, addr, 5, life, life).is_err());
+        // Generations 2..=4 push the oldest out; the sealing key always stays; a next
+        // generation's key (installed ahead) is nearer than an old one.
+        for g in 2..=4u8 {
+            key.install(g, &[g + 1; 32], true);
+        }
+        assert_eq!(key.ids(), [4, 1, 2, 3]);
+        key.install(5, &[6; 32], false);
+        assert_eq!(key.ids(), [4, 2, 3, 5]);
+        key.install(6, &[7; 32], false);
+        assert_eq!(key.ids(), [4, 3, 5, 6]);
+        assert!(validate(&key, &t0, addr, 5, life, life).is_err());
+        assert!(validate(&key, &t1, addr, 5, life, life).is_err(), "key 1 went");
+        assert!(key.remove(3) && !key.remove(4), "the sealing key stays");
+        assert_eq!(key.ids(), [4, 5, 6]);
+        assert!(key.seal_with(5) && !key.seal_with(3));
+        assert_eq!(key.seal(b"x".to_vec())[0], 5);
     }
 
     #[test]
