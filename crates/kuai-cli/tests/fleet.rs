@@ -174,6 +174,17 @@ fn metrics(servers: &[Proc], name: &str) -> Vec<f64> {
 }
 
 fn server(root: &Path, cert: &Path, key: &Path, id: &str, redis_url: &str) -> Proc {
+    server_with(root, cert, key, id, redis_url, &[])
+}
+
+fn server_with(
+    root: &Path,
+    cert: &Path,
+    key: &Path,
+    id: &str,
+    redis_url: &str,
+    extra: &[&str],
+) -> Proc {
     let mut cmd = Command::new(KUAI);
     cmd.args(["server", "--listen", "127.0.0.1:0", "--no-tcp"])
         .arg("--root")
@@ -183,7 +194,8 @@ fn server(root: &Path, cert: &Path, key: &Path, id: &str, redis_url: &str) -> Pr
         .arg("--key")
         .arg(key)
         .args(["--server-id", id, "--quic-lb-key", KEY])
-        .args(["--redis", redis_url, "--metrics", "127.0.0.1:0"]);
+        .args(["--redis", redis_url, "--metrics", "127.0.0.1:0"])
+        .args(extra);
     spawn(
         cmd,
         "kuai server listening on udp ",
@@ -194,6 +206,11 @@ fn server(root: &Path, cert: &Path, key: &Path, id: &str, redis_url: &str) -> Pr
 /// `kuai get --repeat runs` (a new connection each run, 20 ms apart) through `url`: the
 /// runs that succeeded, and of those after the first, how many had 0-RTT accepted.
 fn repeat(url: &str, runs: u32) -> (usize, usize, usize) {
+    repeat_counting(url, runs, "\"zero_rtt\":\"accepted\"")
+}
+
+/// The same, counting the later runs whose line contains `mark`.
+fn repeat_counting(url: &str, runs: u32, mark: &str) -> (usize, usize, usize) {
     let out = Command::new(KUAI)
         .args(["get", "--insecure", "--http3", "--state-file", "none"])
         .args(["--interval-ms", "20", "--repeat", &runs.to_string(), url])
@@ -207,15 +224,9 @@ fn repeat(url: &str, runs: u32) -> (usize, usize, usize) {
         .lines()
         .filter(|l| !l.starts_with("{\"run\":0,"))
         .collect();
-    let accepted = later
-        .iter()
-        .filter(|l| l.contains("\"zero_rtt\":\"accepted\""))
-        .count();
-    for l in later
-        .iter()
-        .filter(|l| !l.contains("\"zero_rtt\":\"accepted\""))
-    {
-        println!("without 0-RTT: {l}");
+    let accepted = later.iter().filter(|l| l.contains(mark)).count();
+    for l in later.iter().filter(|l| !l.contains(mark)) {
+        println!("without {mark}: {l}");
     }
     (ok, later.len(), accepted)
 }
@@ -502,5 +513,59 @@ async fn a_fleet_behind_the_balancer() {
     let (ok, _, _) = blocking(move || repeat(&u, 20));
     assert_eq!(ok, 20, "every new connection found a server");
     drop(redis_proc);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--session-tickets stateless`: two servers behind the balancer seal sessions into their
+/// tickets under keys they share through Redis; a client resumes on either (in 1-RTT:
+/// rustls allows no 0-RTT with stateless tickets).
+#[test]
+fn stateless_tickets_resume_across_the_fleet() {
+    if !Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        assert!(std::env::var_os("KUAI_REQUIRE_REDIS").is_none());
+        return;
+    }
+    let dir = temp_dir("stateless");
+    let root = dir.join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("x.txt"), "fleet\n").unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let rport = free_port();
+    let _redis = redis(rport);
+    let url = format!("redis://127.0.0.1:{rport}");
+    let extra = ["--session-tickets", "stateless"];
+    let servers: Vec<Proc> = IDS[..2]
+        .iter()
+        .map(|id| server_with(&root, &cert, &key, id, &url, &extra))
+        .collect();
+    let mut lb = Command::new(KUAI);
+    lb.args(["lb", "--listen", "127.0.0.1:0", "--quic-lb-key", KEY]);
+    for (id, s) in IDS.iter().zip(&servers) {
+        lb.args(["--backend", &format!("{id}=127.0.0.1:{}", s.port)]);
+    }
+    let lb = spawn(lb, "kuai lb listening on udp ", "backend 02 at");
+    let x_url = format!("https://localhost:{}/x.txt", lb.port);
+    let (ok, later, resumed) = repeat_counting(&x_url, 41, "\"resumed\":true");
+    println!("stateless tickets: {resumed} of {later} later connections resumed");
+    assert_eq!(ok, 41);
+    assert_eq!(resumed, later);
+    let per = metrics(&servers, "kuai_quic_resumptions_total");
+    assert!(
+        per.iter().all(|&n| n > 0.0),
+        "a server resumed none: {per:?}"
+    );
+    assert_eq!(
+        metric(servers[0].metrics, "kuai_quic_zero_rtt_accepted_total"),
+        0.0
+    );
+    drop(lb);
+    drop(servers);
     let _ = std::fs::remove_dir_all(&dir);
 }

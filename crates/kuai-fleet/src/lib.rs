@@ -230,7 +230,8 @@ pub(crate) enum Query<'a> {
     Pipe(&'a redis::Pipeline),
 }
 
-pub(crate) type Remembered = std::collections::HashMap<String, ([u8; 32], Option<std::time::Instant>)>;
+pub(crate) type Remembered =
+    std::collections::HashMap<String, ([u8; 32], Option<std::time::Instant>)>;
 
 /// The connection to Redis shared by the fleet's tasks, re-made after a failure.
 pub(crate) struct Link {
