@@ -20,7 +20,6 @@
 //! when the ID is issued and must still match when the reset is sent, for as long as the
 //! connection lives.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
