@@ -32,7 +32,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a directory, or a built-in demo site, over QUIC.
-    Server(server::Args),
+    Server(Box<server::Args>),
     /// Fetch URLs over QUIC, several in parallel on one connection.
     Get(get::Args),
     /// Run as an endpoint of the interop matrix (configured by ROLE, TESTCASE, ...).
@@ -77,7 +77,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Server(args) => {
             init_logging("info");
-            rt.block_on(server::run(args))
+            rt.block_on(server::run(*args))
         }
         Command::Get(args) => {
             init_logging(if args.verbose { "info" } else { "warn" });
