@@ -34,7 +34,7 @@ enum Command {
     /// Serve a directory, or a built-in demo site, over QUIC.
     Server(Box<server::Args>),
     /// Fetch URLs over QUIC, several in parallel on one connection.
-    Get(get::Args),
+    Get(Box<get::Args>),
     /// Run as an endpoint of the interop matrix (configured by ROLE, TESTCASE, ...).
     Interop,
     /// Measure throughput, request and handshake rates, memory and CPU (perf protocol).
@@ -81,7 +81,7 @@ fn main() -> ExitCode {
         }
         Command::Get(args) => {
             init_logging(if args.verbose { "info" } else { "warn" });
-            rt.block_on(get::run(args))
+            rt.block_on(get::run(*args))
         }
         Command::Bench(args) => {
             init_logging("warn");
