@@ -58,7 +58,8 @@ pub struct Args {
     #[arg(long, default_value = "[::]:4433")]
     listen: SocketAddr,
     /// A backend: its QUIC-LB server ID in hex and its address, `ID=ADDR` (repeatable; all
-    /// IDs one length).
+    /// IDs one length). `FIRST-LAST=ADDR` names the IDs from FIRST to LAST (differing in
+    /// their last byte) at one address: a server's workers (`kuai server --workers`).
     #[arg(long = "backend", value_name = "ID=ADDR", required = true)]
     backends: Vec<String>,
     #[command(flatten)]
@@ -91,11 +92,23 @@ async fn serve(args: Args) -> Result<(), String> {
         let (id, addr) = b
             .split_once('=')
             .ok_or_else(|| format!("--backend {b}: ID=ADDR"))?;
-        let id = parse_hex(id).ok_or_else(|| format!("--backend {b}: the ID is hex"))?;
         let addr: SocketAddr = addr
             .parse()
             .map_err(|_| format!("--backend {b}: the address is IP:PORT"))?;
-        backends.push((id, addr));
+        let (first, last) = id.split_once('-').unwrap_or((id, id));
+        let hex = |h: &str| parse_hex(h).ok_or_else(|| format!("--backend {b}: the ID is hex"));
+        let (first, last) = (hex(first)?, hex(last)?);
+        let n = first.len();
+        if last.len() != n || first[..n - 1] != last[..n - 1] || last[n - 1] < first[n - 1] {
+            return Err(format!(
+                "--backend {b}: a range of IDs differs only in its last byte, rising"
+            ));
+        }
+        for k in first[n - 1]..=last[n - 1] {
+            let mut id = first.clone();
+            id[n - 1] = k;
+            backends.push((id, addr));
+        }
     }
     let sid_len = backends[0].0.len();
     if backends.iter().any(|(id, _)| id.len() != sid_len) {

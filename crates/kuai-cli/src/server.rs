@@ -96,7 +96,8 @@ pub struct Args {
     preferred_address: Option<SocketAddr>,
     /// This server's QUIC-LB server ID (hex): every connection ID it issues carries it, so a
     /// QUIC-LB load balancer (`kuai lb`) routes the connection's packets here whatever the
-    /// client's address. One worker only for now.
+    /// client's address. With --workers N, worker i's server ID is this one plus i (in its
+    /// last byte): give the balancer each of them, at this server's address.
     #[arg(long, value_name = "HEX")]
     server_id: Option<String>,
     #[command(flatten)]
@@ -450,18 +451,27 @@ async fn serve(args: Args) -> Result<(), String> {
     let mut ec = kuai::EndpointConfig::default();
     if let Some(hex) = &args.server_id {
         let sid = crate::lb::parse_hex(hex).ok_or("--server-id: hex digits")?;
-        if workers > 1 {
-            // The workers' steering byte would overwrite part of an encrypted ID.
-            return Err("--server-id works with one worker for now".into());
-        }
         let config = args.quic_lb.config(sid.len())?;
         kuai_proto::quic_lb::QuicLbCids::new(config.clone(), &sid).map_err(|e| e.to_string())?;
-        ec.proto.cid_generator = Arc::new(move || {
-            Box::new(
-                kuai_proto::quic_lb::QuicLbCids::new(config.clone(), &sid).expect("checked above"),
-            )
-        });
-        println!("QUIC-LB server ID {hex}");
+        // With several workers, worker i's server ID is this one plus i (in its last byte).
+        builder = builder.quic_lb(config, &sid);
+        if workers > 1 {
+            let mut last = sid.clone();
+            if let Some(l) = last.last_mut() {
+                *l = u8::try_from(workers - 1)
+                    .ok()
+                    .and_then(|k| l.checked_add(k))
+                    .ok_or(
+                    "--server-id: its last byte plus --workers passes ff (worker i's ID is the ID plus i)",
+                )?;
+            }
+            let to: String = last.iter().map(|b| format!("{b:02x}")).collect();
+            println!(
+                "QUIC-LB server IDs {hex} to {to} (one per worker; list each at the balancer)"
+            );
+        } else {
+            println!("QUIC-LB server ID {hex}");
+        }
     }
     if let Some(k) = &reset_key {
         ec.proto.reset_key = *k;

@@ -375,7 +375,8 @@ fn file_server_serves_no_dotfile_symlink_out_or_fifo() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
-/// `kuai lb` in front of two `kuai server --server-id`s: fetches through it work, new
+/// `kuai lb` in front of two `kuai server --server-id`s, the first with two workers (server
+/// IDs 0a and 0b, given to the balancer as a range): fetches through it work, new
 /// connections and repeated ones (a new connection per run), each reaching the server its
 /// connection IDs name.
 #[test]
@@ -383,13 +384,18 @@ fn fetches_go_through_the_quic_lb_balancer() {
     let root = temp_dir("lb");
     std::fs::write(root.join("x.txt"), "through the balancer\n").unwrap();
     let key = "000102030405060708090a0b0c0d0e0f";
-    let servers: Vec<Server> = ["0a", "0b"]
+    let servers: Vec<Server> = [("0a", "2"), ("0c", "1")]
         .iter()
-        .map(|id| server_with(&root, &["--server-id", id, "--quic-lb-key", key]))
+        .map(|(id, w)| {
+            server_with(
+                &root,
+                &["--server-id", id, "--quic-lb-key", key, "--workers", w],
+            )
+        })
         .collect();
     let mut lb = Command::new(KUAI);
     lb.args(["lb", "--listen", "127.0.0.1:0", "--quic-lb-key", key]);
-    for (id, s) in ["0a", "0b"].iter().zip(&servers) {
+    for (id, s) in ["0a-0b", "0c"].iter().zip(&servers) {
         lb.args(["--backend", &format!("{id}=127.0.0.1:{}", s.port)]);
     }
     let mut child = lb

@@ -184,13 +184,23 @@ impl QuicLbConfig {
     /// The server ID and nonce in `cid`, if its first octet names this configuration and
     /// it has this configuration's length.
     pub fn decode(&self, cid: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        let mut body = [0u8; 19];
+        let body = self.decode_into(cid, &mut body)?;
+        Some((
+            body[..self.server_id_len].to_vec(),
+            body[self.server_id_len..].to_vec(),
+        ))
+    }
+
+    /// [`decode`](Self::decode) without allocating: the server ID followed by the nonce,
+    /// in `out`.
+    pub fn decode_into<'a>(&self, cid: &[u8], out: &'a mut [u8; 19]) -> Option<&'a [u8]> {
         let len = self.server_id_len + self.nonce_len;
         if cid.len() != 1 + len || cid[0] >> 5 != self.config_id {
             return None;
         }
-        let mut body = [0u8; 19];
-        body[..len].copy_from_slice(&cid[1..]);
-        let body = &mut body[..len];
+        let body = &mut out[..len];
+        body.copy_from_slice(&cid[1..]);
         if let Some(c) = &self.cipher {
             if len == 16 {
                 let block: &mut [u8; 16] = body.try_into().ok()?;
@@ -199,10 +209,7 @@ impl QuicLbConfig {
                 feistel(c, body, false);
             }
         }
-        Some((
-            body[..self.server_id_len].to_vec(),
-            body[self.server_id_len..].to_vec(),
-        ))
+        Some(body)
     }
 }
 

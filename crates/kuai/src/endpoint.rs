@@ -210,6 +210,87 @@ pub(crate) struct Workers {
     next_connect: AtomicUsize,
     /// Where `accept` looks first, so no worker's connections wait behind another's.
     next_accept: AtomicUsize,
+    /// How a datagram finds the worker its connection ID names.
+    steering: Steering,
+}
+
+/// How the workers of one endpoint tell whose a connection ID is.
+#[derive(Clone)]
+enum Steering {
+    /// kuai puts the worker in the ID's last byte (modulo the workers), and a kernel
+    /// program steers by it ([`worker_of`]).
+    LastByte,
+    /// QUIC-LB IDs: worker `i`'s server ID is `base` with `i` added to its last byte
+    /// (see [`EndpointBuilder::quic_lb`]).
+    QuicLb {
+        config: kuai_proto::quic_lb::QuicLbConfig,
+        base: Vec<u8>,
+    },
+}
+
+impl Steering {
+    fn quic_lb(
+        config: kuai_proto::quic_lb::QuicLbConfig,
+        base: Vec<u8>,
+        workers: usize,
+    ) -> io::Result<Self> {
+        let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        if base.len() != config.server_id_len() {
+            return Err(invalid(format!(
+                "the server ID has {} bytes, the QUIC-LB configuration {}",
+                base.len(),
+                config.server_id_len()
+            )));
+        }
+        let last = usize::from(*base.last().expect("server IDs have a byte at least"));
+        if last + workers - 1 > usize::from(u8::MAX) {
+            return Err(invalid(format!(
+                "{workers} workers need server IDs whose last byte goes up to {}",
+                last + workers - 1
+            )));
+        }
+        Ok(Self::QuicLb { config, base })
+    }
+
+    /// Whether the kernel can steer by the ID (not when it is encrypted).
+    fn kernel_steers(&self) -> bool {
+        matches!(self, Self::LastByte)
+    }
+
+    /// Worker `i`'s QUIC-LB server ID.
+    fn server_id(base: &[u8], i: usize) -> Vec<u8> {
+        let mut sid = base.to_vec();
+        if let Some(l) = sid.last_mut() {
+            *l += i as u8;
+        }
+        sid
+    }
+
+    /// The worker whose ID a datagram's destination CID is; `None` if it names none (a
+    /// client's own Initial ID, junk): it stays where it landed.
+    fn owner(&self, datagram: &[u8], workers: usize, cid_len: usize) -> Option<usize> {
+        match self {
+            Self::LastByte => Some(worker_of(datagram, workers, cid_len)),
+            Self::QuicLb { config, base } => {
+                let dcid = match *datagram.first()? {
+                    // Long header (RFC 8999 §5.1): the DCID length is byte 5.
+                    b if b & 0x80 != 0 => {
+                        let len = usize::from(*datagram.get(5)?);
+                        datagram.get(6..6 + len)?
+                    }
+                    _ => datagram.get(1..1 + cid_len)?,
+                };
+                let mut body = [0u8; 19];
+                let sid = &config.decode_into(dcid, &mut body)?[..base.len()];
+                let n = base.len();
+                if sid[..n - 1] != base[..n - 1] {
+                    return None;
+                }
+                let i = usize::from(sid[n - 1].checked_sub(base[n - 1])?);
+                (i < workers).then_some(i)
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -244,6 +325,7 @@ pub struct EndpointBuilder {
     subscribers: kuai_proto::trace::Subscribers,
     preferred_address: Option<SocketAddr>,
     workers: usize,
+    quic_lb: Option<(kuai_proto::quic_lb::QuicLbConfig, Vec<u8>)>,
 }
 
 impl EndpointBuilder {
@@ -332,6 +414,19 @@ impl EndpointBuilder {
         self
     }
 
+    /// Connection IDs in the QUIC-LB format (draft-ietf-quic-load-balancers-21) of `config`,
+    /// naming `server_id`, so that a QUIC-LB balancer (`kuai lb`) routes every packet of a
+    /// connection here whatever the client's address. Replaces the endpoint configuration's
+    /// ID generator. With several [`workers`](Self::workers), the worker bits are in the
+    /// server ID: worker `i`'s is `server_id` with `i` added to its last byte (list each at
+    /// the balancer, all at this address). The kernel cannot read an encrypted ID, so a
+    /// datagram lands on a worker by its addresses and ports, and a worker hands on to its
+    /// owner what another worker's ID names (after a migration or NAT rebinding).
+    pub fn quic_lb(mut self, config: kuai_proto::quic_lb::QuicLbConfig, server_id: &[u8]) -> Self {
+        self.quic_lb = Some((config, server_id.to_vec()));
+        self
+    }
+
     /// Binds the sockets and starts the endpoint's drivers on the current tokio runtime.
     pub fn bind(self, addr: SocketAddr) -> io::Result<Endpoint> {
         Endpoint::bind_with(addr, self)
@@ -374,8 +469,16 @@ impl Endpoint {
         let n = b.workers.max(1);
         let mut config = b.config.unwrap_or_default().proto;
         config.subscribers.extend(b.subscribers);
-        let cid_len = (config.cid_generator)().cid_len();
-        let sockets = UdpSocket::bind_workers(addr, b.socket, n, cid_len)?;
+        let steering = match b.quic_lb {
+            Some((c, sid)) => Steering::quic_lb(c, sid, n)?,
+            None => Steering::LastByte,
+        };
+        let cid_len = match &steering {
+            Steering::QuicLb { config, .. } => config.cid_len(),
+            Steering::LastByte => (config.cid_generator)().cid_len(),
+        };
+        let steer = steering.kernel_steers().then_some(cid_len);
+        let sockets = UdpSocket::bind_workers(addr, b.socket, n, steer)?;
         let main = sockets[0].local_addr();
         let mut preferred: Vec<Option<Arc<UdpSocket>>> = vec![None; n];
         if let Some(addr) = b.preferred_address {
@@ -388,7 +491,7 @@ impl Endpoint {
                     ),
                 ));
             }
-            let group = UdpSocket::bind_workers(addr, b.socket, n, cid_len)
+            let group = UdpSocket::bind_workers(addr, b.socket, n, steer)
                 .map_err(|e| io::Error::new(e.kind(), format!("preferred address {addr}: {e}")))?;
             for (slot, s) in preferred.iter_mut().zip(group) {
                 *slot = Some(Arc::new(s));
@@ -405,7 +508,7 @@ impl Endpoint {
         let mut all = Vec::with_capacity(n);
         for (i, (socket, preferred)) in sockets.into_iter().zip(preferred).enumerate() {
             let ep = kuai_proto::Endpoint::new(
-                Arc::new(worker_config(&config, i, n)),
+                Arc::new(worker_config(&config, i, n, &steering)),
                 server
                     .as_ref()
                     .map(|s| Arc::new(worker_server_config(&s.proto, n))),
@@ -450,6 +553,7 @@ impl Endpoint {
             all: all.into(),
             next_connect: AtomicUsize::new(0),
             next_accept: AtomicUsize::new(0),
+            steering,
         });
         for i in 0..n {
             let w = workers.clone();
@@ -658,7 +762,8 @@ impl Endpoint {
     pub fn rebind(&self, addr: SocketAddr) -> io::Result<()> {
         let all = &self.workers.all;
         let cid_len = self.first().lock().ep.cid_len();
-        let sockets = UdpSocket::bind_workers(addr, SocketOptions::default(), all.len(), cid_len)?;
+        let steer = self.workers.steering.kernel_steers().then_some(cid_len);
+        let sockets = UdpSocket::bind_workers(addr, SocketOptions::default(), all.len(), steer)?;
         for (w, socket) in all.iter().zip(sockets) {
             let mut s = w.lock();
             let local_ip = Some(socket.local_addr().ip()).filter(|ip| !ip.is_unspecified());
@@ -723,6 +828,15 @@ impl Endpoint {
         sum
     }
 
+    /// Live connections on each worker, closing ones included.
+    pub fn worker_connection_counts(&self) -> Vec<usize> {
+        self.workers
+            .all
+            .iter()
+            .map(|w| w.lock().ep.connection_count())
+            .collect()
+    }
+
     /// Live connections, closing ones included.
     pub fn connection_count(&self) -> usize {
         self.workers
@@ -738,23 +852,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Worker `i` of `n`'s endpoint settings: its connection IDs carry `i` in their last byte
-/// (see [`worker_of`]).
+/// Worker `i` of `n`'s endpoint settings: its connection IDs name it (see [`Steering`]).
 fn worker_config(
     config: &kuai_proto::EndpointConfig,
     i: usize,
     n: usize,
+    steering: &Steering,
 ) -> kuai_proto::EndpointConfig {
     let mut c = config.clone();
-    if n > 1 {
-        let inner = config.cid_generator.clone();
-        c.cid_generator = Arc::new(move || {
-            Box::new(WorkerCids {
-                inner: inner(),
-                worker: i as u8,
-                workers: n as u8,
-            })
-        });
+    match steering {
+        Steering::QuicLb { config: lb, base } => {
+            let (lb, sid) = (lb.clone(), Steering::server_id(base, i));
+            c.cid_generator = Arc::new(move || {
+                Box::new(
+                    kuai_proto::quic_lb::QuicLbCids::new(lb.clone(), &sid)
+                        .expect("server ID length checked at bind"),
+                )
+            });
+        }
+        Steering::LastByte if n > 1 => {
+            let inner = config.cid_generator.clone();
+            c.cid_generator = Arc::new(move || {
+                Box::new(WorkerCids {
+                    inner: inner(),
+                    worker: i as u8,
+                    workers: n as u8,
+                })
+            });
+        }
+        Steering::LastByte => {}
     }
     c
 }
@@ -773,8 +899,10 @@ fn worker_server_config(c: &kuai_proto::ServerConfig, n: usize) -> kuai_proto::S
     c
 }
 
-/// Connection IDs of one worker: the application's generator's, with the last byte set so
-/// that it names the worker modulo the number of workers.
+/// Connection IDs of one worker: the application's generator's, drawn until one's last byte
+/// names the worker modulo the number of workers (so the IDs stay the generator's own and
+/// pass its `validate`); a generator that keeps making IDs for other workers gets its last
+/// byte set.
 struct WorkerCids {
     inner: Box<dyn kuai_proto::ConnectionIdGenerator>,
     worker: u8,
@@ -783,6 +911,14 @@ struct WorkerCids {
 
 impl kuai_proto::ConnectionIdGenerator for WorkerCids {
     fn generate(&mut self) -> kuai_proto::ConnectionId {
+        // Each draw names this worker with probability 1/workers: 64 draws a worker miss
+        // with a random generator less than once in 2^9 (2 workers) ... 2^-0.4·64 (255).
+        for _ in 0..64 * usize::from(self.workers) {
+            let cid = self.inner.generate();
+            if cid.last().is_some_and(|&b| b % self.workers == self.worker) {
+                return cid;
+            }
+        }
         let cid = self.inner.generate();
         let mut bytes = [0u8; kuai_proto::cid::MAX_CID_SIZE];
         let bytes = &mut bytes[..cid.len()];
@@ -804,6 +940,10 @@ impl kuai_proto::ConnectionIdGenerator for WorkerCids {
 
     fn cid_lifetime(&self) -> Option<std::time::Duration> {
         self.inner.cid_lifetime()
+    }
+
+    fn validate(&self, cid: &kuai_proto::ConnectionId) -> bool {
+        self.inner.validate(cid)
     }
 }
 
@@ -856,6 +996,7 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
         me,
         workers: workers.all.len(),
         cid_len,
+        steering: workers.steering.clone(),
         asks: AskBudget::new(Instant::now()),
     };
     // Datagrams to hand to other workers, by worker; at `me`, those no connection here knows.
@@ -1138,6 +1279,7 @@ struct Route {
     me: usize,
     workers: usize,
     cid_len: usize,
+    steering: Steering,
     /// How many unknown datagrams this worker may still ask the others about.
     asks: AskBudget,
 }
@@ -1179,7 +1321,10 @@ impl Route {
     /// Handles `r` here, or sets it aside in `away` for the worker it belongs to.
     fn deliver(&self, s: &mut State, now: Instant, r: Received, away: &mut [Vec<Received>]) {
         if self.workers > 1 && !r.settled {
-            let owner = worker_of(&r.data, self.workers, self.cid_len);
+            let owner = self
+                .steering
+                .owner(&r.data, self.workers, self.cid_len)
+                .unwrap_or(self.me);
             // The kernel steers by the same rule, but GRO may merge datagrams of two
             // connections that share a client address.
             if owner != self.me || !s.ep.routes(&r.data) {
@@ -1473,6 +1618,72 @@ mod tests {
         }
         fn cid_len(&self) -> usize {
             4
+        }
+    }
+
+    /// QUIC-LB steering: a datagram goes to the worker whose server ID its destination CID
+    /// carries (encrypted), short or long header; other IDs stay where they landed.
+    #[test]
+    fn quic_lb_ids_name_their_worker() {
+        use kuai_proto::quic_lb::{QuicLbCids, QuicLbConfig};
+        let config = QuicLbConfig::new(1, 2, 6, Some([3; 16])).unwrap();
+        let steering = Steering::quic_lb(config.clone(), vec![7, 10], 3).unwrap();
+        let cid_len = config.cid_len();
+        for (sid, want) in [
+            ([7, 10], Some(0)),
+            ([7, 12], Some(2)),
+            ([7, 13], None),
+            ([8, 10], None),
+        ] {
+            let cid = QuicLbCids::new(config.clone(), &sid).unwrap().generate();
+            let mut short = vec![0x40];
+            short.extend_from_slice(&cid);
+            short.extend_from_slice(&[0; 20]);
+            assert_eq!(steering.owner(&short, 3, cid_len), want, "{sid:?}");
+            let mut long = vec![0xc0, 0, 0, 0, 1, cid.len() as u8];
+            long.extend_from_slice(&cid);
+            long.push(0);
+            assert_eq!(steering.owner(&long, 3, cid_len), want, "{sid:?} long");
+        }
+        assert_eq!(steering.owner(&[0x40, 1, 2], 3, cid_len), None);
+        assert_eq!(steering.owner(&[], 3, cid_len), None);
+        assert!(Steering::quic_lb(config.clone(), vec![7, 254], 3).is_err());
+        assert!(Steering::quic_lb(config, vec![7], 1).is_err());
+        // Worker 2's server ID.
+        assert_eq!(Steering::server_id(&[7, 10], 2), [7, 12]);
+    }
+
+    /// IDs with a structure of their own (here a tag byte, a random tail and a checksum as
+    /// last byte): the worker's IDs are the generator's, unchanged, so they pass its
+    /// `validate`.
+    #[test]
+    fn worker_cids_keep_the_generators_ids() {
+        struct Checked;
+        impl ConnectionIdGenerator for Checked {
+            fn generate(&mut self) -> kuai_proto::ConnectionId {
+                let mut b = [0xab, 0, 0, 0, 0, 0, 0, 0];
+                rand::RngCore::fill_bytes(&mut rand::rng(), &mut b[1..7]);
+                b[7] = b[..7].iter().fold(0u8, |a, x| a.wrapping_add(*x));
+                kuai_proto::ConnectionId::new(&b)
+            }
+            fn cid_len(&self) -> usize {
+                8
+            }
+            fn validate(&self, cid: &kuai_proto::ConnectionId) -> bool {
+                cid.len() == 8 && cid[..7].iter().fold(0u8, |a, x| a.wrapping_add(*x)) == cid[7]
+            }
+        }
+        for (worker, workers) in [(0u8, 2u8), (1, 2), (4, 7)] {
+            let mut g = WorkerCids {
+                inner: Box::new(Checked),
+                worker,
+                workers,
+            };
+            for _ in 0..200 {
+                let cid = g.generate();
+                assert!(g.validate(&cid), "{cid:?}");
+                assert_eq!(cid[7] % workers, worker);
+            }
         }
     }
 

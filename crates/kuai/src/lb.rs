@@ -377,19 +377,23 @@ async fn health_checks(s: Arc<Shared>, every: Duration) -> io::Result<()> {
         tokio::select! {
             _ = tick.tick() => {
                 round += 1;
-                let backends = lock(&s.state).backends.clone();
-                pending.retain(|a, _| backends.iter().any(|b| b.addr == *a));
-                for (i, b) in backends.iter().enumerate() {
-                    let entry = pending.entry(b.addr).or_insert(([0; 8], 0));
+                // One probe per address (a server's workers share one, each with its ID).
+                let mut addrs: Vec<SocketAddr> =
+                    lock(&s.state).backends.iter().map(|b| b.addr).collect();
+                addrs.sort();
+                addrs.dedup();
+                pending.retain(|a, _| addrs.contains(a));
+                for (i, &addr) in addrs.iter().enumerate() {
+                    let entry = pending.entry(addr).or_insert(([0; 8], 0));
                     if entry.0 != [0; 8] {
                         entry.1 += 1;
                         if entry.1 == s.config.health_failures {
-                            set_up(&s, b.addr, false);
+                            set_up(&s, addr, false);
                         }
                     }
                     // A probe ID unique per round and backend, never all zeros.
                     let mut h = std::collections::hash_map::DefaultHasher::new();
-                    (s.start, round, i, b.addr).hash(&mut h);
+                    (s.start, round, i, addr).hash(&mut h);
                     entry.0 = (h.finish() | 1).to_be_bytes();
                     // Long header (RFC 8999 §5.1): the reserved version, this DCID, no SCID.
                     probe[0] = 0xc0;
@@ -397,7 +401,7 @@ async fn health_checks(s: Arc<Shared>, every: Duration) -> io::Result<()> {
                     probe[5] = 8;
                     probe[6..14].copy_from_slice(&entry.0);
                     probe[14] = 0;
-                    let _ = sock.send_to(&probe, b.addr).await;
+                    let _ = sock.send_to(&probe, addr).await;
                 }
             }
             r = sock.recv_from(&mut buf) => {

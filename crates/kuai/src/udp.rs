@@ -135,21 +135,35 @@ impl UdpSocket {
         Self::from_std(std_sock, opts)
     }
 
-    /// Binds `workers` sockets on `addr`'s port, sharing it with SO_REUSEPORT, and attaches a
-    /// classic BPF program to the group that hands each datagram to socket
-    /// [`worker_of`]`(datagram, workers, cid_len)`: the i-th socket returned is worker i. A
-    /// connection's packets all carry a destination CID its worker made, so they reach that
-    /// worker whatever the client's address (migration, NAT rebinding). With one worker this
-    /// is [`bind`](Self::bind).
+    /// Binds `workers` sockets on `addr`'s port, sharing it with SO_REUSEPORT. With
+    /// `steer_cid_len`, attaches a classic BPF program to the group that hands each datagram
+    /// to socket [`worker_of`]`(datagram, workers, cid_len)`: the i-th socket returned is
+    /// worker i. A connection's packets all carry a destination CID its worker made, so they
+    /// reach that worker whatever the client's address (migration, NAT rebinding). Without,
+    /// the kernel spreads datagrams by their addresses and ports. With one worker this is
+    /// [`bind`](Self::bind).
     pub fn bind_workers(
         addr: SocketAddr,
         opts: SocketOptions,
         workers: usize,
-        cid_len: usize,
+        steer_cid_len: Option<usize>,
     ) -> io::Result<Vec<Self>> {
         if workers <= 1 {
             return Ok(vec![Self::bind(addr, opts)?]);
         }
+        let Some(cid_len) = steer_cid_len else {
+            let opts = SocketOptions {
+                reuse_port: true,
+                ..opts
+            };
+            let first = Self::bind(addr, opts)?;
+            let shared = first.local_addr();
+            let mut all = vec![first];
+            for _ in 1..workers {
+                all.push(Self::bind(shared, opts)?);
+            }
+            return Ok(all);
+        };
         if !(1..=u8::MAX as usize).contains(&cid_len) || workers > u8::MAX as usize {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -927,9 +941,13 @@ mod tests {
                 gro: false,
                 ..SocketOptions::default()
             };
-            let socks =
-                UdpSocket::bind_workers("127.0.0.1:0".parse().unwrap(), opts, workers, cid_len)
-                    .unwrap();
+            let socks = UdpSocket::bind_workers(
+                "127.0.0.1:0".parse().unwrap(),
+                opts,
+                workers,
+                Some(cid_len),
+            )
+            .unwrap();
             assert_eq!(socks.len(), workers);
             let to = socks[0].local_addr();
             assert!(socks.iter().all(|s| s.local_addr() == to));

@@ -275,3 +275,85 @@ async fn a_backend_that_stops_answering_gets_no_new_connections() {
     f.servers[1].set_server_config(Some(f.scfg.clone()));
     wait_for(&f, vec![true, true, true]).await;
 }
+
+/// One server with two workers behind the balancer, its worker bits in the QUIC-LB server
+/// ID (worker 0 is server 1, worker 1 server 2, both at one address): connections spread
+/// over both workers, and a client that moves six times mid-transfer (each time landing
+/// on whichever worker the kernel picks for its new address) keeps its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_carry_their_bits_in_the_quic_lb_server_id() {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
+    let server = Endpoint::builder()
+        .server(scfg)
+        .workers(2)
+        .quic_lb(lb_config(), &[1])
+        .bind(localhost())
+        .unwrap();
+    let e = server.clone();
+    tokio::spawn(async move {
+        while let Some(connecting) = e.accept().await {
+            tokio::spawn(async move {
+                let Ok(conn) = connecting.await else { return };
+                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                    tokio::spawn(async move {
+                        let req = recv.read_to_end(64).await.unwrap();
+                        let n: usize = std::str::from_utf8(&req[4..]).unwrap().parse().unwrap();
+                        let block = Bytes::from(vec![0x5a; 60_000]);
+                        let mut left = n;
+                        while left > 0 {
+                            let k = left.min(block.len());
+                            send.write_chunk(block.slice(..k)).await.unwrap();
+                            left -= k;
+                        }
+                        send.finish().unwrap();
+                        let _ = send.stopped().await;
+                    });
+                }
+            });
+        }
+    });
+    let addr = server.local_addr().unwrap();
+    let mut decoder = QuicLbDecoder::new();
+    decoder.add(lb_config());
+    let (lb, _handle) = LoadBalancer::bind(
+        localhost(),
+        vec![(vec![1], addr), (vec![2], addr)],
+        LbConfig::new(decoder, lb_config().cid_len()),
+    )
+    .unwrap();
+    let lb_addr = lb.local_addr();
+    tokio::spawn(lb.run());
+    let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    // Clients of their own (the kernel spreads datagrams over the workers by addresses
+    // and ports, so one client address would reach one worker).
+    let mut conns = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..20 {
+        let client = Endpoint::client(localhost()).unwrap();
+        let c = client
+            .connect_with(ccfg.clone(), lb_addr, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(fetch(&c, 10_000).await, 10_000);
+        conns.push(c);
+        clients.push(client);
+    }
+    let client = clients.pop().unwrap();
+    let per = server.worker_connection_counts();
+    println!("connections per worker: {per:?}");
+    assert_eq!(per.iter().sum::<usize>(), 20);
+    assert!(per.iter().all(|&n| n > 0), "{per:?}");
+    let conn = conns.pop().unwrap();
+    let c2 = conn.clone();
+    let transfer = tokio::spawn(async move { fetch(&c2, 40 << 20).await });
+    // Each move lands on either worker (the kernel's pick): six make it all but certain
+    // that some land on the worker that does not hold the connection.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        client.rebind(localhost()).unwrap();
+    }
+    assert_eq!(transfer.await.unwrap(), 40 << 20);
+    assert_eq!(conn.stats().migrations, 6);
+    assert_eq!(server.stats().accepted, 20, "no new connection");
+}
