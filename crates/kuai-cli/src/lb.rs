@@ -60,8 +60,18 @@ pub struct Args {
     /// A backend: its QUIC-LB server ID in hex and its address, `ID=ADDR` (repeatable; all
     /// IDs one length). `FIRST-LAST=ADDR` names the IDs from FIRST to LAST (differing in
     /// their last byte) at one address: a server's workers (`kuai server --workers`).
-    #[arg(long = "backend", value_name = "ID=ADDR", required = true)]
+    #[arg(
+        long = "backend",
+        value_name = "ID=ADDR",
+        required_unless_present = "backends_file"
+    )]
     backends: Vec<String>,
+    /// Backends in a file, one `ID=ADDR` (or `FIRST-LAST=ADDR`) per line, `drain` after it
+    /// to send it no new connections, `#` for comments. Read again on SIGHUP: backends new in
+    /// it are added, those marked `drain` drained (their connections keep their packets),
+    /// those gone from it (and not given with --backend) removed.
+    #[arg(long, value_name = "FILE")]
+    backends_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     quic_lb: QuicLbArgs,
     /// Seconds a flow (a client address toward a backend) lives without traffic.
@@ -86,29 +96,111 @@ pub async fn run(args: Args) -> ExitCode {
     }
 }
 
+/// The backends `spec` names: `ID=ADDR` or `FIRST-LAST=ADDR`.
+fn parse_backend(spec: &str) -> Result<Vec<(Vec<u8>, SocketAddr)>, String> {
+    let (id, addr) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("backend {spec}: ID=ADDR"))?;
+    let addr: SocketAddr = addr
+        .trim()
+        .parse()
+        .map_err(|_| format!("backend {spec}: the address is IP:PORT"))?;
+    let (first, last) = id.split_once('-').unwrap_or((id, id));
+    let hex = |h: &str| parse_hex(h).ok_or_else(|| format!("backend {spec}: the ID is hex"));
+    let (first, last) = (hex(first)?, hex(last)?);
+    let n = first.len();
+    if last.len() != n || first[..n - 1] != last[..n - 1] || last[n - 1] < first[n - 1] {
+        return Err(format!(
+            "backend {spec}: a range of IDs differs only in its last byte, rising"
+        ));
+    }
+    Ok((first[n - 1]..=last[n - 1])
+        .map(|k| {
+            let mut id = first.clone();
+            id[n - 1] = k;
+            (id, addr)
+        })
+        .collect())
+}
+
+/// A backends file: each backend with whether it is to drain.
+fn read_backends_file(path: &std::path::Path) -> Result<Vec<(Vec<u8>, SocketAddr, bool)>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let spec = words.next().unwrap_or("");
+        let drain = match words.next() {
+            None => false,
+            Some("drain") => true,
+            Some(w) => {
+                return Err(format!(
+                    "{}: {w:?}: only `drain` may follow a backend",
+                    path.display()
+                ));
+            }
+        };
+        for (id, addr) in parse_backend(spec)? {
+            out.push((id, addr, drain));
+        }
+    }
+    Ok(out)
+}
+
+fn hex_id(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Brings the balancer's backends in line with the file (and the fixed ones of --backend).
+fn apply_backends(
+    handle: &kuai::lb::LbHandle,
+    fixed: &[(Vec<u8>, SocketAddr)],
+    file: &[(Vec<u8>, SocketAddr, bool)],
+) {
+    let now = handle.backends();
+    for (id, addr, drain) in file {
+        let cur = now.iter().find(|b| b.server_id == *id);
+        if cur.is_none_or(|b| b.addr != *addr || (b.draining && !drain)) {
+            handle.add(id, *addr);
+            println!("backend {} at {addr}", hex_id(id));
+        }
+        if *drain && !cur.is_some_and(|b| b.draining) {
+            handle.drain(id);
+            println!("backend {} draining", hex_id(id));
+        }
+    }
+    for b in now {
+        let kept = fixed.iter().any(|(id, _)| *id == b.server_id)
+            || file.iter().any(|(id, _, _)| *id == b.server_id);
+        if !kept {
+            handle.remove(&b.server_id);
+            println!("backend {} removed", hex_id(&b.server_id));
+        }
+    }
+}
+
 async fn serve(args: Args) -> Result<(), String> {
     let mut backends = Vec::new();
     for b in &args.backends {
-        let (id, addr) = b
-            .split_once('=')
-            .ok_or_else(|| format!("--backend {b}: ID=ADDR"))?;
-        let addr: SocketAddr = addr
-            .parse()
-            .map_err(|_| format!("--backend {b}: the address is IP:PORT"))?;
-        let (first, last) = id.split_once('-').unwrap_or((id, id));
-        let hex = |h: &str| parse_hex(h).ok_or_else(|| format!("--backend {b}: the ID is hex"));
-        let (first, last) = (hex(first)?, hex(last)?);
-        let n = first.len();
-        if last.len() != n || first[..n - 1] != last[..n - 1] || last[n - 1] < first[n - 1] {
-            return Err(format!(
-                "--backend {b}: a range of IDs differs only in its last byte, rising"
-            ));
+        backends.extend(parse_backend(b)?);
+    }
+    let fixed = backends.clone();
+    let from_file = match &args.backends_file {
+        Some(p) => read_backends_file(p)?,
+        None => Vec::new(),
+    };
+    for (id, addr, _) in &from_file {
+        if !backends.iter().any(|(i, _)| i == id) {
+            backends.push((id.clone(), *addr));
         }
-        for k in first[n - 1]..=last[n - 1] {
-            let mut id = first.clone();
-            id[n - 1] = k;
-            backends.push((id, addr));
-        }
+    }
+    if backends.is_empty() {
+        return Err("no backend".into());
     }
     let sid_len = backends[0].0.len();
     if backends.iter().any(|(id, _)| id.len() != sid_len) {
@@ -127,10 +219,33 @@ async fn serve(args: Args) -> Result<(), String> {
         .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     println!("kuai lb listening on udp {}", lb.local_addr());
     for (id, addr) in &backends {
-        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        println!("backend {hex} at {addr}");
+        println!("backend {} at {addr}", hex_id(id));
+    }
+    apply_backends(&handle, &fixed, &from_file);
+    if let Some(path) = args.backends_file.clone() {
+        let (handle, sid_len) = (handle.clone(), sid_len);
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|e| format!("SIGHUP: {e}"))?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match read_backends_file(&path) {
+                    Ok(list) if list.iter().any(|(id, _, _)| id.len() != sid_len) => {
+                        eprintln!(
+                            "kuai lb: {}: server IDs of another length; kept the backends",
+                            path.display()
+                        );
+                    }
+                    Ok(list) => {
+                        apply_backends(&handle, &fixed, &list);
+                        println!("backends reloaded from {}", path.display());
+                    }
+                    Err(e) => eprintln!("kuai lb: {e}; kept the backends"),
+                }
+            }
+        });
     }
     // Say when a backend stops or starts answering.
+    let handle = handle.clone();
     tokio::spawn(async move {
         let mut seen: Vec<(Vec<u8>, bool)> = Vec::new();
         loop {

@@ -569,3 +569,71 @@ fn stateless_tickets_resume_across_the_fleet() {
     drop(servers);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `kuai lb --backends-file`, read again on SIGHUP: a backend added takes new connections, a
+/// drained one takes none, a removed one is gone.
+#[test]
+fn the_balancer_reloads_its_backends_on_sighup() {
+    let dir = temp_dir("reload");
+    let root = dir.join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("x.txt"), "fleet\n").unwrap();
+    let servers: Vec<Proc> = IDS[..2]
+        .iter()
+        .map(|id| {
+            let mut cmd = Command::new(KUAI);
+            cmd.args(["server", "--listen", "127.0.0.1:0", "--no-tcp"])
+                .arg("--root")
+                .arg(&root)
+                .args(["--server-id", id, "--quic-lb-key", KEY])
+                .args(["--metrics", "127.0.0.1:0"]);
+            spawn(
+                cmd,
+                "kuai server listening on udp ",
+                "kuai server listening on udp",
+            )
+        })
+        .collect();
+    let file = dir.join("backends");
+    let line = |i: usize| format!("{}=127.0.0.1:{}", IDS[i], servers[i].port);
+    std::fs::write(&file, format!("# the fleet\n{}\n", line(0))).unwrap();
+    let mut lb = Command::new(KUAI);
+    lb.args(["lb", "--listen", "127.0.0.1:0", "--quic-lb-key", KEY])
+        .arg("--backends-file")
+        .arg(&file);
+    let lb = spawn(lb, "kuai lb listening on udp ", "backend 01 at");
+    let url = format!("https://localhost:{}/x.txt", lb.port);
+    let handshakes = || metrics(&servers, "kuai_quic_handshakes_total");
+    let reload = |text: String| {
+        std::fs::write(&file, text).unwrap();
+        let pid = lb.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-HUP", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        lb.wait_line("backends reloaded", Duration::from_secs(5));
+    };
+    let runs = |n: u32| {
+        let before = handshakes();
+        let (ok, _, _) = repeat(&url, n);
+        assert_eq!(ok, n as usize);
+        let after = handshakes();
+        after
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| a - b)
+            .collect::<Vec<f64>>()
+    };
+    assert_eq!(runs(4), [4.0, 0.0], "one backend");
+    reload(format!("{} drain\n{}\n", line(0), line(1)));
+    assert_eq!(runs(4), [0.0, 4.0], "01 drained, 02 added");
+    reload(format!("{}\n", line(1)));
+    assert_eq!(runs(3), [0.0, 3.0], "01 removed");
+    reload(format!("{}\n{}\n", line(0), line(1)));
+    let both = runs(12);
+    assert!(both.iter().all(|&n| n > 0.0), "both back: {both:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
