@@ -637,3 +637,78 @@ fn the_balancer_reloads_its_backends_on_sighup() {
     assert!(both.iter().all(|&n| n > 0.0), "both back: {both:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Servers pointed at one Redis share the stateless-reset key and the generation of their
+/// token keys; with Redis away a server still starts, with keys of its own, and serves.
+#[test]
+fn servers_share_their_keys_through_redis() {
+    if !Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        assert!(std::env::var_os("KUAI_REQUIRE_REDIS").is_none());
+        return;
+    }
+    let dir = temp_dir("keys");
+    std::fs::write(dir.join("x.txt"), "shared\n").unwrap();
+    let rport = free_port();
+    let redis_proc = redis(rport);
+    let url = format!("redis://127.0.0.1:{rport}");
+    // A server started against `url`, and the line it printed about the fleet's keys.
+    let keys_line = |cmd_url: &str| -> (Proc, String) {
+        let mut cmd = Command::new(KUAI);
+        cmd.args([
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-tcp",
+            "--redis",
+            cmd_url,
+        ])
+        .arg("--root")
+        .arg(&dir);
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(out).lines();
+        let (mut port, mut keys) = (0, String::new());
+        for l in lines.by_ref() {
+            let l = l.unwrap();
+            if l.starts_with("fleet keys") {
+                keys = l.clone();
+            }
+            if let Some(rest) = l.strip_prefix("kuai server listening on udp ") {
+                let addr = rest.split_whitespace().next().unwrap();
+                port = addr.rsplit(':').next().unwrap().parse().unwrap();
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        let p = Proc {
+            child,
+            port,
+            lines: mpsc::channel().1,
+            metrics: 0,
+        };
+        (p, keys)
+    };
+    let (a, ka) = keys_line(&url);
+    let (b, kb) = keys_line(&url);
+    assert!(ka.starts_with("fleet keys from redis: reset key "), "{ka}");
+    assert_eq!(ka, kb, "the second server read the first one's keys");
+    drop(redis_proc);
+    let (c, kc) = keys_line(&url);
+    assert!(kc.contains("redis unreachable"), "{kc}");
+    let out = Command::new(KUAI)
+        .args(["get", "--insecure", "--http3", "--state-file", "none"])
+        .arg(format!("https://localhost:{}/x.txt", c.port))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "shared\n");
+    drop((a, b, c));
+    let _ = std::fs::remove_dir_all(&dir);
+}

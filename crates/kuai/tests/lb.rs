@@ -26,11 +26,17 @@ fn server(scfg: ServerConfig, sid: [u8; 1]) -> Endpoint {
     let mut ec = EndpointConfig::default();
     ec.proto.cid_generator =
         Arc::new(move || Box::new(QuicLbCids::new(lb_config(), &sid).unwrap()));
-    let ep = Endpoint::builder()
-        .endpoint_config(ec)
-        .server(scfg)
-        .bind(localhost())
-        .unwrap();
+    serve_gets(
+        Endpoint::builder()
+            .endpoint_config(ec)
+            .server(scfg)
+            .bind(localhost())
+            .unwrap(),
+    )
+}
+
+/// Answers "GET n" with n bytes on every bidi stream of every connection of `ep`.
+fn serve_gets(ep: Endpoint) -> Endpoint {
     let e = ep.clone();
     tokio::spawn(async move {
         while let Some(connecting) = e.accept().await {
@@ -283,35 +289,14 @@ async fn a_backend_that_stops_answering_gets_no_new_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_carry_their_bits_in_the_quic_lb_server_id() {
     let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
-    let server = Endpoint::builder()
-        .server(scfg)
-        .workers(2)
-        .quic_lb(lb_config(), &[1])
-        .bind(localhost())
-        .unwrap();
-    let e = server.clone();
-    tokio::spawn(async move {
-        while let Some(connecting) = e.accept().await {
-            tokio::spawn(async move {
-                let Ok(conn) = connecting.await else { return };
-                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                    tokio::spawn(async move {
-                        let req = recv.read_to_end(64).await.unwrap();
-                        let n: usize = std::str::from_utf8(&req[4..]).unwrap().parse().unwrap();
-                        let block = Bytes::from(vec![0x5a; 60_000]);
-                        let mut left = n;
-                        while left > 0 {
-                            let k = left.min(block.len());
-                            send.write_chunk(block.slice(..k)).await.unwrap();
-                            left -= k;
-                        }
-                        send.finish().unwrap();
-                        let _ = send.stopped().await;
-                    });
-                }
-            });
-        }
-    });
+    let server = serve_gets(
+        Endpoint::builder()
+            .server(scfg)
+            .workers(2)
+            .quic_lb(lb_config(), &[1])
+            .bind(localhost())
+            .unwrap(),
+    );
     let addr = server.local_addr().unwrap();
     let mut decoder = QuicLbDecoder::new();
     decoder.add(lb_config());
