@@ -26,6 +26,8 @@ struct Proc {
     lines: mpsc::Receiver<String>,
     /// Its metrics port (servers).
     metrics: u16,
+    /// What it printed until it was ready.
+    seen: Vec<String>,
 }
 
 impl Drop for Proc {
@@ -75,11 +77,12 @@ fn spawn(mut cmd: Command, port_after: &str, ready: &str) -> Proc {
             }
         }
     });
-    let (mut port, mut metrics) = (0, 0);
+    let (mut port, mut metrics, mut seen) = (0, 0, Vec::new());
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let l = rx.recv_timeout(left).expect("did not start");
+        seen.push(l.clone());
         if let Some(rest) = l.strip_prefix(port_after) {
             let addr = rest.split_whitespace().next().unwrap();
             port = addr.rsplit(':').next().unwrap().parse().unwrap();
@@ -97,7 +100,25 @@ fn spawn(mut cmd: Command, port_after: &str, ready: &str) -> Proc {
         port,
         lines: rx,
         metrics,
+        seen,
     }
+}
+
+/// Whether Debian's redis-server is here (the test is skipped if not, unless
+/// KUAI_REQUIRE_REDIS is set).
+fn redis_installed() -> bool {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("KUAI_REQUIRE_REDIS").is_none(),
+            "redis-server is not installed and KUAI_REQUIRE_REDIS is set"
+        );
+        eprintln!("redis-server not installed: test skipped");
+    }
+    found
 }
 
 fn free_port() -> u16 {
@@ -126,6 +147,7 @@ fn redis(port: u16) -> Proc {
         port,
         lines: mpsc::channel().1,
         metrics: 0,
+        seen: Vec::new(),
     }
 }
 
@@ -329,16 +351,7 @@ fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_behind_the_balancer() {
-    let found = Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("KUAI_REQUIRE_REDIS").is_none(),
-            "redis-server is not installed and KUAI_REQUIRE_REDIS is set"
-        );
-        eprintln!("redis-server not installed: test skipped");
+    if !redis_installed() {
         return;
     }
     let dir = temp_dir("main");
@@ -521,12 +534,7 @@ async fn a_fleet_behind_the_balancer() {
 /// rustls allows no 0-RTT with stateless tickets).
 #[test]
 fn stateless_tickets_resume_across_the_fleet() {
-    if !Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        assert!(std::env::var_os("KUAI_REQUIRE_REDIS").is_none());
+    if !redis_installed() {
         return;
     }
     let dir = temp_dir("stateless");
@@ -642,12 +650,7 @@ fn the_balancer_reloads_its_backends_on_sighup() {
 /// token keys; with Redis away a server still starts, with keys of its own, and serves.
 #[test]
 fn servers_share_their_keys_through_redis() {
-    if !Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        assert!(std::env::var_os("KUAI_REQUIRE_REDIS").is_none());
+    if !redis_installed() {
         return;
     }
     let dir = temp_dir("keys");
@@ -656,7 +659,7 @@ fn servers_share_their_keys_through_redis() {
     let redis_proc = redis(rport);
     let url = format!("redis://127.0.0.1:{rport}");
     // A server started against `url`, and the line it printed about the fleet's keys.
-    let keys_line = |cmd_url: &str| -> (Proc, String) {
+    let keys_line = |url: &str| -> (Proc, String) {
         let mut cmd = Command::new(KUAI);
         cmd.args([
             "server",
@@ -664,37 +667,17 @@ fn servers_share_their_keys_through_redis() {
             "127.0.0.1:0",
             "--no-tcp",
             "--redis",
-            cmd_url,
+            url,
         ])
         .arg("--root")
         .arg(&dir);
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(out).lines();
-        let (mut port, mut keys) = (0, String::new());
-        for l in lines.by_ref() {
-            let l = l.unwrap();
-            if l.starts_with("fleet keys") {
-                keys = l.clone();
-            }
-            if let Some(rest) = l.strip_prefix("kuai server listening on udp ") {
-                let addr = rest.split_whitespace().next().unwrap();
-                port = addr.rsplit(':').next().unwrap().parse().unwrap();
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        let p = Proc {
-            child,
-            port,
-            lines: mpsc::channel().1,
-            metrics: 0,
-        };
-        (p, keys)
+        let p = spawn(
+            cmd,
+            "kuai server listening on udp ",
+            "kuai server listening on udp",
+        );
+        let keys = p.seen.iter().find(|l| l.starts_with("fleet keys")).cloned();
+        (p, keys.unwrap_or_default())
     };
     let (a, ka) = keys_line(&url);
     let (b, kb) = keys_line(&url);
