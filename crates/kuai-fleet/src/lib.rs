@@ -51,6 +51,8 @@
 //! keys are put back (`SET NX`, the same values everywhere). kuai writes no key or session to
 //! disk; Redis does if its operator configured persistence.
 
+#![warn(missing_docs)]
+
 mod keys;
 mod replay;
 mod sessions;
@@ -102,6 +104,7 @@ impl Default for FleetOptions {
 
 /// Why the fleet's Redis could not be used.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum FleetError {
     /// The URL (or the CA) is not usable.
     Config(String),
