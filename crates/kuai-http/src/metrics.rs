@@ -176,6 +176,7 @@ struct Quic {
     version_negotiations: AtomicU64,
     resets: AtomicU64,
     refused: AtomicU64,
+    replays_refused: AtomicU64,
     invalid_tokens: AtomicU64,
     dropped: Labeled,
     packets_dropped: Labeled,
@@ -267,6 +268,7 @@ impl Metrics {
                 version_negotiations: AtomicU64::new(0),
                 resets: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
+                replays_refused: AtomicU64::new(0),
                 invalid_tokens: AtomicU64::new(0),
                 dropped: Labeled::default(),
                 packets_dropped: Labeled::default(),
@@ -408,6 +410,11 @@ impl Metrics {
                 "kuai_quic_connections_refused_total",
                 "Connection attempts refused at a limit.",
                 &q.refused,
+            ),
+            (
+                "kuai_quic_zero_rtt_replays_refused_total",
+                "Connections refused because their 0-RTT ticket had been used before (a fleet's replay guard).",
+                &q.replays_refused,
             ),
             (
                 "kuai_quic_invalid_tokens_total",
@@ -684,6 +691,9 @@ impl Subscriber for MetricsSubscriber {
             }
             EndpointTraceEvent::StatelessResetSent { .. } => q.resets.fetch_add(1, Relaxed),
             EndpointTraceEvent::ConnectionRefused { .. } => q.refused.fetch_add(1, Relaxed),
+            EndpointTraceEvent::ZeroRttReplayRefused { .. } => {
+                q.replays_refused.fetch_add(1, Relaxed)
+            }
             EndpointTraceEvent::InvalidToken { .. } => q.invalid_tokens.fetch_add(1, Relaxed),
             EndpointTraceEvent::DatagramDropped { reason, .. } => {
                 q.dropped.add(&[drop_name(*reason)]);

@@ -517,6 +517,19 @@ impl Endpoint {
 
     /// Hands `event` to the subscribers (built only when there are some: callers pass a
     /// cheap value).
+    /// Refuses connection `h` because its 0-RTT flight is a replay (see
+    /// [`Connection::accepted_0rtt_ticket`]): CONNECTION_REFUSED, and subscribers hear of
+    /// it.
+    pub fn refuse_replay(&mut self, h: ConnectionHandle, now: Instant) {
+        let Some(c) = self.connection_mut(h) else {
+            return;
+        };
+        let remote = c.remote_address();
+        c.refuse(now, "0-RTT replay: this session ticket was used before");
+        self.now = now;
+        self.notify(EndpointTraceEvent::ZeroRttReplayRefused { remote });
+    }
+
     fn notify(&self, event: EndpointTraceEvent) {
         if !self.config.subscribers.is_empty() {
             self.config.subscribers.endpoint_event(self.now, &event);

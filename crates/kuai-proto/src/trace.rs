@@ -319,6 +319,12 @@ pub enum EndpointTraceEvent {
         /// The client's address.
         remote: SocketAddr,
     },
+    /// A connection whose 0-RTT data was accepted was refused (CONNECTION_REFUSED): its
+    /// session ticket had been used before, at this server or another of its fleet.
+    ZeroRttReplayRefused {
+        /// The client's address.
+        remote: SocketAddr,
+    },
     /// An address-validation token (Retry or NEW_TOKEN) did not check out.
     InvalidToken {
         /// The client's address.

@@ -1536,9 +1536,7 @@ fn release_held(
             Some(_) if verdict == Some(true) => Some(true),
             Some(c) if c.is_closed() => Some(false),
             Some(_) if verdict == Some(false) => {
-                if let Some(c) = s.ep.connection_mut(hd.handle) {
-                    c.refuse(now, "0-RTT replay: this session ticket was used before");
-                }
+                s.ep.refuse_replay(hd.handle, now);
                 tracing::info!(target: "kuai::replay", "refused a replayed 0-RTT flight");
                 Some(false)
             }

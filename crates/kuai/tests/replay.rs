@@ -67,8 +67,35 @@ impl AntiReplay for SeenTickets {
     }
 }
 
+/// Counts the endpoint's refused replays.
+#[derive(Default)]
+struct Refusals(AtomicUsize);
+
+impl kuai::kuai_proto::trace::Subscriber for Refusals {
+    type ConnectionContext = ();
+    fn create_connection_context(
+        &self,
+        _: &kuai::kuai_proto::trace::ConnectionMeta,
+        _: std::time::Instant,
+    ) {
+    }
+    fn on_endpoint_event(
+        &self,
+        _: std::time::Instant,
+        event: &kuai::kuai_proto::trace::EndpointTraceEvent,
+    ) {
+        if let kuai::kuai_proto::trace::EndpointTraceEvent::ZeroRttReplayRefused { .. } = event {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn per_packet_events(&self) -> bool {
+        false
+    }
+}
+
 struct Server {
     addr: SocketAddr,
+    refusals: Arc<Refusals>,
     /// Requests its application read, and of those, arrived in 0-RTT.
     requests: Arc<AtomicUsize>,
     early: Arc<AtomicUsize>,
@@ -96,7 +123,12 @@ fn start(
     if let Some(g) = guard {
         cfg.anti_replay(g);
     }
-    let ep = Endpoint::server(cfg, localhost()).unwrap();
+    let refusals = Arc::new(Refusals::default());
+    let ep = Endpoint::builder()
+        .server(cfg)
+        .subscriber_shared(refusals.clone())
+        .bind(localhost())
+        .unwrap();
     let addr = ep.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
     let early = Arc::new(AtomicUsize::new(0));
@@ -128,6 +160,7 @@ fn start(
     });
     Server {
         addr,
+        refusals,
         requests,
         early,
         _ep: ep,
@@ -242,4 +275,10 @@ async fn a_replayed_0rtt_flight_is_refused_by_another_server() {
         "the unguarded replica served it (the attack is real)"
     );
     assert_eq!(c.early.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        b.refusals.0.load(Ordering::SeqCst),
+        1,
+        "subscribers hear of it"
+    );
+    assert_eq!(a.refusals.0.load(Ordering::SeqCst), 0);
 }
