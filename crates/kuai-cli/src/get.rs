@@ -457,6 +457,8 @@ fn write_out(format: &str, f: &Fetched) -> String {
 struct Progress {
     first_byte: std::sync::Mutex<Option<Duration>>,
     bytes: AtomicU64,
+    /// The protocol of the first response head, for a run cut short before its end.
+    protocol: std::sync::OnceLock<kuai_http::Protocol>,
 }
 
 impl Progress {
@@ -573,6 +575,7 @@ async fn fetch_urls(
                 None => Sink::Discard,
             };
             let resp = f.resp.as_mut().expect("a response");
+            let _ = progress.protocol.set(resp.connection().protocol);
             if print_head && let Sink::Memory(v) = &mut sink {
                 v.extend_from_slice(head_text(resp).as_bytes());
             }
@@ -815,8 +818,10 @@ async fn repeat(
                 }
             }
             Err(e) => {
-                // A run cut short (--max-time) reports what it received until then.
+                // A run cut short (--max-time) reports what it received until then, and over
+                // which protocol.
                 report.bytes = progress.bytes.load(Relaxed);
+                report.protocol = progress.protocol.get().copied();
                 report.error = Some(e);
                 failed += 1;
                 // A connection that failed a run is not trusted with the next one.

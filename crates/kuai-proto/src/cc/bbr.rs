@@ -31,6 +31,10 @@ const LOSS_THRESH_PERMILLE: u64 = 20;
 const BETA_PERMILLE: u64 = 700;
 /// BBRHeadroom: share of inflight_hi left free for other flows while cruising.
 const HEADROOM_PERMILLE: u64 = 150;
+/// Delivery samples whose RTTs, with the newest, must all show a queue for a loss to count
+/// as congestion under the adaptive loss response (see `Bbr::queue_standing`).
+const RECENT_RTTS: usize = 4;
+
 /// Startup ends on loss only after this many loss events in one round.
 const STARTUP_FULL_LOSS_COUNT: u32 = 6;
 /// Startup ends when the bandwidth grew less than 25 % in three rounds.
@@ -161,6 +165,10 @@ pub struct Bbr {
     inflight_hi: u64,
     inflight_lo: u64,
 
+    /// The RTTs of the last [`RECENT_RTTS`] delivery samples (see `queue_standing`).
+    recent_rtts: [Duration; RECENT_RTTS],
+    recent_rtt_next: usize,
+
     // Signals of the latest round.
     bw_latest: u64,
     inflight_latest: u64,
@@ -235,6 +243,8 @@ impl Bbr {
             near_min_rtt_at: None,
             inflight_hi: u64::MAX,
             inflight_lo: u64::MAX,
+            recent_rtts: [Duration::MAX; RECENT_RTTS],
+            recent_rtt_next: 0,
             bw_latest: 0,
             inflight_latest: 0,
             loss_in_round: false,
@@ -398,20 +408,29 @@ impl Bbr {
             .max(gain(self.inflight_lo, BETA_PERMILLE));
     }
 
-    /// Whether the RTT at a loss shows a queue at the bottleneck: the newest sample above
-    /// min_rtt by clamp(min_rtt / 8, 4 ms, 16 ms). A queue that overflows is full, so the
-    /// packets acknowledged around the lost one waited in it; random loss on an empty
-    /// queue leaves them at the minimum. Jitter errs towards the congestion response.
-    /// Without samples, assume a queue. (A round's smallest sample, as HyStart++ takes,
-    /// filters jitter but misses a shallow queue that Startup's bursts overflow: the first
-    /// packets of each round find it drained.)
+    /// Whether the RTT at a loss shows a queue at the bottleneck: the newest sample, and
+    /// the last [`RECENT_RTTS`] delivery samples before it, all above min_rtt by
+    /// clamp(min_rtt / 8, 4 ms, 16 ms) (HyStart++'s threshold, RFC 9406 §4.2). A queue
+    /// that overflows is full, so the packets acknowledged around the lost one all waited
+    /// in it; random loss on an empty queue leaves them at the minimum, and jitter lifts
+    /// some of them, seldom all (with ±5 ms of jitter on a 40 ms path, one sample in two
+    /// is over the threshold, four in a row one time in sixteen). Without samples, assume
+    /// a queue. (A round's smallest sample, as HyStart++ takes, filters jitter too but
+    /// misses a shallow queue that Startup's bursts overflow: the first packets of each
+    /// round find it drained.)
     fn queue_standing(&self, latest_rtt: Option<Duration>) -> bool {
         const MIN_THRESH: Duration = Duration::from_millis(4);
         const MAX_THRESH: Duration = Duration::from_millis(16);
         let (Some(min), Some(latest)) = (self.min_rtt, latest_rtt) else {
             return true;
         };
-        latest >= min + (min / 8).clamp(MIN_THRESH, MAX_THRESH)
+        let floor = self
+            .recent_rtts
+            .iter()
+            .copied()
+            .filter(|&r| r != Duration::MAX)
+            .fold(latest, Duration::min);
+        floor >= min + (min / 8).clamp(MIN_THRESH, MAX_THRESH)
     }
 
     /// With the adaptive response, whether `lost` of `lost + delivered` is more than the
@@ -890,6 +909,8 @@ impl CongestionController for Bbr {
         let Some(rs) = ack.rate else {
             return;
         };
+        self.recent_rtts[self.recent_rtt_next] = rs.rtt;
+        self.recent_rtt_next = (self.recent_rtt_next + 1) % RECENT_RTTS;
         self.delivered = rs.prior_delivered + rs.delivered;
         self.delivered_in_round += ack.acked_bytes;
         if self.resume.is_some() {
@@ -1182,6 +1203,8 @@ mod tests {
             b.resume_from(1_000_000, rtt, usual);
             let now = drive(&mut b, t0, 1, rate, rtt);
             assert_eq!(b.window(), 500_000);
+            // The samples before the losses waited in the queue too.
+            b.recent_rtts = [rtt * 2; RECENT_RTTS];
             for _ in 0..STARTUP_FULL_LOSS_COUNT {
                 let mut ev = loss(now, 500_000 / 60, 400_000);
                 ev.latest_rtt = Some(rtt * 2);
@@ -1266,14 +1289,16 @@ mod tests {
             loss_response: LossResponse::Adaptive,
         };
         // Startup on a fast path: rounds of growing deliveries, each with heavy loss (six
-        // loss events, 10 % of what was sent) seen at `extra` above the minimum RTT, on a
-        // path an earlier connection saw lose `usual` per mille.
-        let startup = |extra: u64, usual: u32| {
+        // loss events, 10 % of what was sent) seen at `extra` above the minimum RTT, the
+        // delivery samples just before them at `before` above it, on a path an earlier
+        // connection saw lose `usual` per mille.
+        let startup_with = |extra: u64, before: u64, usual: u32| {
             let mut b = Bbr::new(MDS, adaptive);
             b.resume_from(0, Duration::ZERO, usual);
             let mut now = drive(&mut b, t0, 2, 100_000_000, rtt);
             for _ in 0..3 {
                 let w = b.window();
+                b.recent_rtts = [rtt + Duration::from_millis(before); RECENT_RTTS];
                 for _ in 0..STARTUP_FULL_LOSS_COUNT {
                     let mut ev = loss(now, w / 60, w / 2);
                     ev.latest_rtt = Some(rtt + Duration::from_millis(extra));
@@ -1283,6 +1308,7 @@ mod tests {
             }
             b
         };
+        let startup = |extra: u64, usual: u32| startup_with(extra, extra, usual);
         // 4 ms above a 40 ms minimum is below the threshold (5 ms): random loss, Startup
         // goes on. 6 ms is a queue: Startup ends and inflight_hi is set, as in BBRv3.
         let random = startup(4, 0);
@@ -1291,6 +1317,9 @@ mod tests {
         let queue = startup(6, 0);
         assert_ne!(queue.state, State::Startup);
         assert!(queue.inflight_hi < u64::MAX);
+        // The newest sample 6 ms up but the ones before it at the minimum: jitter, not a
+        // full queue.
+        assert_eq!(startup_with(6, 0, 0).state, State::Startup);
         // On a path known to lose 6 %, rounds losing 10 % are its usual loss (jitter can
         // look like a queue); on one known to lose 3 %, they are more than that.
         assert_eq!(startup(6, 60).state, State::Startup);
