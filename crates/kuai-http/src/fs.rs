@@ -40,6 +40,9 @@ pub struct StaticDir {
     /// (tmpfs, ramfs), found once; `None` when the root could not be resolved at start or
     /// goes through a symlink (it is then resolved per request).
     resolved: Option<Arc<(PathBuf, bool)>>,
+    /// The resolved root's directory, for [`open_beneath`] (Linux).
+    #[cfg(target_os = "linux")]
+    root_fd: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 /// A request path as a path below a root ([`RelativePath::parse`]).
@@ -89,7 +92,34 @@ impl StaticDir {
                 let memory = std::fs::File::open(&real).is_ok_and(|d| memory_filesystem(&d));
                 Arc::new((real, memory))
             });
-        Self { root, resolved }
+        #[cfg(target_os = "linux")]
+        let root_fd = resolved.as_ref().and_then(|r| {
+            use rustix::fs::{Mode, OFlags};
+            rustix::fs::open(
+                &r.0,
+                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()
+            .map(Arc::new)
+        });
+        Self {
+            root,
+            resolved,
+            #[cfg(target_os = "linux")]
+            root_fd,
+        }
+    }
+
+    /// [`open_beneath`] where it can decide, else [`open_below`].
+    fn open_resolved(&self, root: &Path, rel: &RelativePath) -> Option<(std::fs::File, u64)> {
+        #[cfg(target_os = "linux")]
+        if let Some(fd) = &self.root_fd
+            && let Ok(found) = open_beneath(fd, rel)
+        {
+            return found;
+        }
+        open_below(root, rel)
     }
 
     /// The directory served.
@@ -105,10 +135,10 @@ impl StaticDir {
         let path = path.split(['?', '#']).next().unwrap_or("");
         let rel = RelativePath::parse(path)?;
         let (file, len) = match &self.resolved {
-            Some(r) if r.1 => open_below(&r.0, &rel)?,
+            Some(r) if r.1 => self.open_resolved(&r.0, &rel)?,
             Some(r) => {
-                let r = r.clone();
-                tokio::task::spawn_blocking(move || open_below(&r.0, &rel))
+                let (r, this) = (r.clone(), self.clone());
+                tokio::task::spawn_blocking(move || this.open_resolved(&r.0, &rel))
                     .await
                     .ok()??
             }
@@ -214,6 +244,78 @@ fn open_below(root: &Path, rel: &RelativePath) -> Option<(std::fs::File, u64)> {
     let file = options.open(&real).ok()?;
     let meta = file.metadata().ok()?;
     meta.is_file().then_some((file, meta.len()))
+}
+
+/// [`open_below`]'s answer in a few system calls where no symlink is on the way (Linux 5.6+):
+/// `openat2` below the root's descriptor refusing any symlink (`RESOLVE_NO_SYMLINKS`) and
+/// any escape (`RESOLVE_BENEATH`). The path's segments were checked for dots when parsed,
+/// and without symlinks the path is the real one. The file is first found with `O_PATH`
+/// (which opens nothing: a FIFO or a device is refused before being opened), then opened
+/// and checked to be the same inode. `Err` when it cannot decide: a symlink on the way, or
+/// no `openat2`; [`open_below`] then resolves the path as before.
+#[cfg(target_os = "linux")]
+fn open_beneath(
+    root: &std::os::fd::OwnedFd,
+    rel: &RelativePath,
+) -> Result<Option<(std::fs::File, u64)>, ()> {
+    use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+    use rustix::io::Errno;
+    use std::os::fd::{AsFd, BorrowedFd};
+    let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let open = |dir: BorrowedFd<'_>, path: &Path, flags: OFlags| match rustix::fs::openat2(
+        dir,
+        path,
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+        how,
+    ) {
+        Ok(fd) => rustix::fs::fstat(&fd)
+            .map(|st| Some((fd, st)))
+            .map_err(|_| ()),
+        Err(Errno::LOOP | Errno::NOSYS | Errno::XDEV | Errno::AGAIN | Errno::PERM) => Err(()),
+        Err(_) => Ok(None),
+    };
+    let kind = |st: &rustix::fs::Stat| FileType::from_raw_mode(st.st_mode);
+    let here = if rel.path.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel.path.as_path()
+    };
+    let Some((found, st)) = open(root.as_fd(), here, OFlags::PATH)? else {
+        return Ok(None);
+    };
+    // A directory stands for its index.html, opened below the directory found.
+    let index = Path::new("index.html");
+    let (dir_fd, name, st) = if kind(&st) == FileType::Directory {
+        let Some((_, st)) = open(found.as_fd(), index, OFlags::PATH)? else {
+            return Ok(None);
+        };
+        (Some(found), index, st)
+    } else if rel.directory {
+        return Ok(None);
+    } else {
+        (None, here, st)
+    };
+    // Regular files only (see `open_below`).
+    if kind(&st) != FileType::RegularFile {
+        return Ok(None);
+    }
+    let dir = match &dir_fd {
+        Some(d) => d.as_fd(),
+        None => root.as_fd(),
+    };
+    let Some((file, now)) = open(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW,
+    )?
+    else {
+        return Ok(None);
+    };
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) || kind(&now) != FileType::RegularFile {
+        return Ok(None);
+    }
+    Ok(Some((std::fs::File::from(file), now.st_size as u64)))
 }
 
 /// `path` with every symlink resolved, if that is below `root` (itself resolved) and no
@@ -554,6 +656,56 @@ mod tests {
         for bad in ["/a%+1", "/a%-1", "/a%4", "/a% 1", "/a%zz", "/%ff"] {
             assert_eq!(rel(bad), None, "{bad}");
         }
+    }
+
+    /// The openat2 way: regular files and a directory's index.html found in a few calls;
+    /// FIFOs and paths out of the root refused; a symlink on the way left to the resolving
+    /// way (`Err`), which follows it when its target stays below the root.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn openat2_finds_refuses_or_defers() {
+        let base = std::env::temp_dir().join(format!("kuai-beneath-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let root = base.join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("a.txt"), b"aaa").unwrap();
+        std::fs::write(root.join("sub/index.html"), b"<p>").unwrap();
+        std::fs::write(base.join("outside.txt"), b"no").unwrap();
+        std::os::unix::fs::symlink("a.txt", root.join("link")).unwrap();
+        std::os::unix::fs::symlink(base.join("outside.txt"), root.join("out")).unwrap();
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(root.join("fifo"))
+            .status()
+            .is_ok_and(|s| s.success());
+        let dir = StaticDir::new(&root);
+        let fd = dir.root_fd.clone().expect("root opened");
+        let beneath = |p: &str| open_beneath(&fd, &RelativePath::parse(p).unwrap());
+        let len = |r: Result<Option<(std::fs::File, u64)>, ()>| r.map(|o| o.map(|(_, n)| n));
+        assert_eq!(len(beneath("/a.txt")), Ok(Some(3)));
+        assert_eq!(len(beneath("/sub/")), Ok(Some(3)), "index.html");
+        assert_eq!(len(beneath("/sub")), Ok(Some(3)));
+        assert_eq!(
+            len(beneath("/a.txt/")),
+            Ok(None),
+            "a file named as a directory"
+        );
+        assert_eq!(len(beneath("/missing")), Ok(None));
+        assert_eq!(len(beneath("/")), Ok(None), "no index.html at the root");
+        if fifo {
+            assert_eq!(len(beneath("/fifo")), Ok(None), "refused without blocking");
+        }
+        assert_eq!(
+            len(beneath("/link")),
+            Err(()),
+            "a symlink: the resolving way decides"
+        );
+        assert_eq!(len(beneath("/out")), Err(()));
+        // And that way: in the root, followed; out of it, refused.
+        let r = dir.resolved.as_ref().unwrap().0.clone();
+        let resolved = |p: &str| dir.open_resolved(&r, &RelativePath::parse(p).unwrap());
+        assert_eq!(resolved("/link").map(|(_, n)| n), Some(3));
+        assert!(resolved("/out").is_none());
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     async fn collect(mut chunks: FileChunks) -> (Vec<u8>, Vec<usize>) {
