@@ -124,11 +124,13 @@ pub struct ServerConfig {
 
 impl ServerConfig {
     /// From a rustls server config (TLS 1.3, ALPN set; `max_early_data_size` is set to allow
-    /// 0-RTT). Its session store stays as given: rustls's default keeps 256 sessions, so set
-    /// `tls.session_storage` to a [`SessionCache`](crate::session::SessionCache) (as
+    /// 0-RTT, unless the config has a stateless ticketer, with which rustls 0.23 allows none
+    /// and would warn at every ticket). Its session store stays as given: rustls's default
+    /// keeps 256 sessions, so set `tls.session_storage` to a
+    /// [`SessionCache`](crate::session::SessionCache) (as
     /// [`with_single_cert`](Self::with_single_cert) does) for more clients to resume.
     pub fn from_rustls(mut tls: rustls::ServerConfig) -> Self {
-        tls.max_early_data_size = u32::MAX;
+        tls.max_early_data_size = if tls.ticketer.enabled() { 0 } else { u32::MAX };
         Self {
             proto: kuai_proto::ServerConfig::new(Arc::new(tls)),
             anti_replay: None,
