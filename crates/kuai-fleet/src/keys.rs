@@ -82,18 +82,28 @@ impl KeyStore for RedisKeyStore {
         ttl: Option<Duration>,
     ) -> KeyFuture<'a> {
         Box::pin(async move {
-            let mut pipe = redis::pipe();
-            let set = pipe.cmd("SET").arg(name).arg(hex(&fresh)).arg("NX");
-            if let Some(t) = ttl {
-                set.arg("PX").arg(t.as_millis() as u64);
-            }
-            pipe.ignore().cmd("GET").arg(name);
+            let pipe = set_nx_then_get(name, &fresh, ttl);
             let (stored,): (Vec<u8>,) = self.link.run(crate::Query::Pipe(&pipe)).await?;
             let k = parse_hex32(&stored).ok_or(FleetError::Corrupt("key (not 64 hex digits)"))?;
             self.link.remember(name, k, ttl);
             Ok(k)
         })
     }
+}
+
+/// `SET name hex(key) NX [PX ttl]`, then `GET name`: the key that holds, whoever set it.
+pub(crate) fn set_nx_then_get(
+    name: &str,
+    key: &[u8; 32],
+    ttl: Option<Duration>,
+) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    let set = pipe.cmd("SET").arg(name).arg(hex(key)).arg("NX");
+    if let Some(t) = ttl {
+        set.arg("PX").arg(t.as_millis().max(1) as u64);
+    }
+    pipe.ignore().cmd("GET").arg(name);
+    pipe
 }
 
 /// A short name for a key (the first 4 bytes of its SHA-256), safe to print.

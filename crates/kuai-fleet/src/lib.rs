@@ -386,12 +386,7 @@ impl Link {
         let slot = self.conn.lock().await.clone();
         let Some(mut c) = slot else { return };
         for (name, key, left) in keys {
-            let mut pipe = redis::pipe();
-            let set = pipe.cmd("SET").arg(&name).arg(keys::hex(&key)).arg("NX");
-            if let Some(l) = left {
-                set.arg("PX").arg(l.as_millis().max(1) as u64);
-            }
-            pipe.ignore().cmd("GET").arg(&name);
+            let pipe = keys::set_nx_then_get(&name, &key, left);
             let put = tokio::time::timeout(self.timeout, pipe.query_async::<(Vec<u8>,)>(&mut c));
             if let Ok(Ok((stored,))) = put.await
                 && stored != keys::hex(&key).into_bytes()

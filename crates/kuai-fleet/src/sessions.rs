@@ -163,7 +163,7 @@ async fn write(
     let mut batch = Vec::with_capacity(256);
     while rx.recv_many(&mut batch, 256).await > 0 {
         let Some(s) = sessions.upgrade() else { return };
-        let origin = crate::keys::hex(&s.origin.to_le_bytes());
+        let origin = s.origin.to_le_bytes();
         let mut pipe = redis::pipe();
         for n in batch.drain(..) {
             let (kind, id, value) = match n {
@@ -179,7 +179,7 @@ async fn write(
                 .arg("k")
                 .arg(kind)
                 .arg("o")
-                .arg(&origin)
+                .arg(&origin[..])
                 .arg("i")
                 .arg(id)
                 .arg("v")
@@ -274,13 +274,9 @@ async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
     }
 }
 
-fn parse_origin(hex: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    for (o, pair) in b.iter_mut().zip(hex.chunks(2)) {
-        let d = |c: u8| (c as char).to_digit(16).unwrap_or(0);
-        *o = (d(pair[0]) * 16 + pair.get(1).map_or(0, |&c| d(c))) as u8;
-    }
-    u64::from_le_bytes(b)
+/// The origin tag of a stream entry (8 bytes; anything else names no server).
+fn parse_origin(raw: &[u8]) -> u64 {
+    <[u8; 8]>::try_from(raw).map_or(0, u64::from_le_bytes)
 }
 
 fn bytes(v: &Value) -> Option<&[u8]> {

@@ -116,6 +116,18 @@ async fn fleet_checked(every: Duration) -> Fleet {
     }
 }
 
+/// `n` new connections through the balancer, each fetching 1,000 bytes.
+async fn connect_and_fetch(client: &Endpoint, f: &Fleet, n: usize) {
+    for _ in 0..n {
+        let c = client
+            .connect_with(f.ccfg.clone(), f.lb, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(fetch(&c, 1000).await, 1000);
+    }
+}
+
 fn accepted(f: &Fleet) -> Vec<u64> {
     f.servers.iter().map(|s| s.stats().accepted).collect()
 }
@@ -178,14 +190,7 @@ async fn backends_drain_and_go_without_dropping_the_others() {
     let on: Vec<kuai::Connection> = on.into_iter().map(Option::unwrap).collect();
     assert!(f.handle.drain(&[1]));
     let before = accepted(&f);
-    for _ in 0..12 {
-        let c = client
-            .connect_with(f.ccfg.clone(), f.lb, "localhost")
-            .unwrap()
-            .await
-            .unwrap();
-        assert_eq!(fetch(&c, 1000).await, 1000);
-    }
+    connect_and_fetch(&client, &f, 12).await;
     let after = accepted(&f);
     assert_eq!(
         after[0], before[0],
@@ -267,14 +272,7 @@ async fn a_backend_that_stops_answering_gets_no_new_connections() {
     wait_for(&f, vec![true, false, true]).await;
     let client = Endpoint::client(localhost()).unwrap();
     let before = accepted(&f);
-    for _ in 0..15 {
-        let c = client
-            .connect_with(f.ccfg.clone(), f.lb, "localhost")
-            .unwrap()
-            .await
-            .unwrap();
-        assert_eq!(fetch(&c, 1000).await, 1000);
-    }
+    connect_and_fetch(&client, &f, 15).await;
     let after = accepted(&f);
     assert_eq!(after[1], before[1], "the silent server got none");
     assert_eq!(after.iter().sum::<u64>() - before.iter().sum::<u64>(), 15);
