@@ -2,7 +2,9 @@
 //! them to send.
 //!
 //! Files are read in 256 KiB chunks straight into the `Bytes` that the sender queues (no copy,
-//! no zeroed buffer where it can be helped).
+//! no zeroed buffer where it can be helped); a chunk's memory is read into again once the
+//! sender has let go of it, so a long download touches a handful of buffers, not a fresh
+//! mapping per chunk.
 //!
 //! On Linux a chunk the page cache holds is read on the sending task itself, with
 //! `preadv2(RWF_NOWAIT)`, which never waits for the disk: only a miss goes to a blocking
@@ -360,6 +362,49 @@ struct Direct {
     memory: bool,
     /// A chunk the page cache did not hold, being read by a blocking task.
     pending: Option<JoinHandle<io::Result<Vec<u8>>>>,
+    /// Chunks handed to the sender, oldest first: once the sender has let go of one (its
+    /// data was acknowledged), its memory takes the next read.
+    spent: Spent,
+}
+
+/// Buffers of chunks handed out, kept to be read into again.
+///
+/// A fresh 256 KiB buffer per chunk costs page faults and zeroed pages (the allocator hands
+/// memory this large back to the kernel), and on the page-cache path a zeroing of its own;
+/// a buffer the sender has dropped is still mapped, initialised and warm in the cache.
+#[derive(Default)]
+struct Spent(std::collections::VecDeque<Bytes>);
+
+/// Chunks whose buffers are kept: enough for what a sender holds unacknowledged on a fast
+/// path (the send-ahead limit and a loopback flight).
+const SPENT: usize = 6;
+
+impl Spent {
+    /// A buffer of `want` initialised bytes: the oldest chunk the sender has let go of, or a
+    /// new one.
+    fn buffer(&mut self, want: usize) -> Vec<u8> {
+        if self.0.front().is_some_and(Bytes::is_unique)
+            && let Some(Ok(m)) = self.0.pop_front().map(Bytes::try_into_mut)
+        {
+            let mut v = Vec::from(m);
+            if v.capacity() >= want {
+                // Initialised already: shortening or growing within what was read before
+                // writes nothing.
+                v.resize(want, 0);
+                return v;
+            }
+        }
+        vec![0; want]
+    }
+
+    /// Keeps a handle on `chunk`'s buffer (dropping the oldest when full: the sender still
+    /// holds it, and frees it itself).
+    fn keep(&mut self, chunk: &Bytes) {
+        if self.0.len() == SPENT {
+            self.0.pop_front();
+        }
+        self.0.push_back(chunk.clone());
+    }
 }
 
 impl FileChunks {
@@ -448,6 +493,7 @@ impl FileChunks {
                     file,
                     left: len,
                     pending: None,
+                    spent: Spent::default(),
                 })
             } else {
                 read_ahead(file, len)
@@ -491,16 +537,17 @@ impl Direct {
             return Poll::Ready(Ok(None));
         }
         let want = self.left.min(CHUNK as u64);
+        let buf = self.spent.buffer(want as usize);
         if self.memory {
-            let chunk = read_chunk(&self.file, want);
+            let chunk = read_chunk(&self.file, buf);
             return Poll::Ready(Ok(Some(self.take(chunk))));
         }
-        match read_cached(&self.file, want) {
+        match read_cached(&self.file, buf) {
             Cached::Hit(chunk) => Poll::Ready(Ok(Some(self.take(chunk)))),
             Cached::Unsupported => Poll::Ready(Err(NoWaitUnsupported)),
-            Cached::Miss => {
+            Cached::Miss(buf) => {
                 let file = self.file.clone();
-                self.pending = Some(tokio::task::spawn_blocking(move || read_chunk(&file, want)));
+                self.pending = Some(tokio::task::spawn_blocking(move || read_chunk(&file, buf)));
                 self.poll_next(cx)
             }
         }
@@ -513,31 +560,39 @@ impl Direct {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         self.left = self.left.saturating_sub(chunk.len() as u64);
-        Ok(Bytes::from(chunk))
+        let chunk = Bytes::from(chunk);
+        self.spent.keep(&chunk);
+        Ok(chunk)
     }
 }
 
-/// Up to `want` bytes from the file's position (fewer only at its end). `read_to_end` fills
-/// the spare capacity without zeroing it first; `take` stops it at `want` without a read past
-/// the end.
-fn read_chunk(file: &std::fs::File, want: u64) -> io::Result<Vec<u8>> {
-    let mut buf = Vec::with_capacity(want as usize);
-    file.take(want).read_to_end(&mut buf)?;
+/// Fills `buf` from the file's position; shorter only at the file's end.
+fn read_chunk(mut file: &std::fs::File, mut buf: Vec<u8>) -> io::Result<Vec<u8>> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(n);
     Ok(buf)
 }
 
 enum Cached {
     Hit(io::Result<Vec<u8>>),
-    Miss,
+    /// The page cache lacks the next bytes; the buffer is handed back.
+    Miss(Vec<u8>),
     Unsupported,
 }
 
-/// A read from the file's position that never waits for the disk (`preadv2` with
-/// `RWF_NOWAIT`, Linux 4.14): what the page cache holds of the next `want` bytes.
+/// A read into `buf` from the file's position that never waits for the disk (`preadv2` with
+/// `RWF_NOWAIT`, Linux 4.14): what the page cache holds of the next `buf.len()` bytes.
 #[cfg(target_os = "linux")]
-fn read_cached(file: &std::fs::File, want: u64) -> Cached {
+fn read_cached(file: &std::fs::File, mut buf: Vec<u8>) -> Cached {
     use rustix::io::{Errno, ReadWriteFlags};
-    let mut buf = vec![0u8; want as usize];
     // Offset u64::MAX: read at the file's position and advance it, as read(2) does.
     let slices = &mut [io::IoSliceMut::new(&mut buf)];
     match rustix::io::preadv2(file, slices, u64::MAX, ReadWriteFlags::NOWAIT) {
@@ -545,15 +600,15 @@ fn read_cached(file: &std::fs::File, want: u64) -> Cached {
             buf.truncate(n);
             Cached::Hit(Ok(buf))
         }
-        Err(Errno::AGAIN) => Cached::Miss,
+        Err(Errno::AGAIN) => Cached::Miss(buf),
         Err(Errno::OPNOTSUPP | Errno::INVAL | Errno::NOSYS) => Cached::Unsupported,
-        Err(Errno::INTR) => read_cached(file, want),
+        Err(Errno::INTR) => read_cached(file, buf),
         Err(e) => Cached::Hit(Err(e.into())),
     }
 }
 
 #[cfg(not(target_os = "linux"))]
-fn read_cached(_: &std::fs::File, _: u64) -> Cached {
+fn read_cached(_: &std::fs::File, _: Vec<u8>) -> Cached {
     Cached::Unsupported
 }
 
@@ -587,7 +642,7 @@ fn read_into(file: &std::fs::File, len: u64, tx: &mpsc::Sender<io::Result<Bytes>
     let mut left = len;
     while left > 0 {
         let want = left.min(CHUNK as u64);
-        let chunk = match read_chunk(file, want) {
+        let chunk = match read_chunk(file, vec![0; want as usize]) {
             Ok(buf) if buf.len() as u64 == want => Ok(Bytes::from(buf)),
             Ok(_) => Err(io::ErrorKind::UnexpectedEof.into()),
             Err(e) => Err(e),
@@ -748,6 +803,7 @@ mod tests {
                     left: len,
                     memory,
                     pending: None,
+                    spent: Spent::default(),
                 }),
             }
         };
@@ -769,6 +825,40 @@ mod tests {
             state: read_ahead(file, len),
         };
         assert_eq!(collect(ahead).await.0, data, "read ahead");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// A chunk the sender has dropped lends its memory to a later read; one it still holds
+    /// does not, and keeps its bytes.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn dropped_chunks_are_read_into_again() {
+        let data: Vec<u8> = (0..CHUNK * 4).map(|i| (i * 11 % 249) as u8).collect();
+        let (path, f) = temp_file("reuse", &data);
+        let mut chunks = FileChunks::new(f, data.len() as u64);
+        let first = chunks.next().await.unwrap().unwrap();
+        let first_at = first.as_ptr();
+        let held = chunks.next().await.unwrap().unwrap();
+        drop(first);
+        // Whatever the allocator hands out next cannot be the memory the pool kept.
+        let other = std::hint::black_box(vec![1u8; CHUNK]);
+        let third = chunks.next().await.unwrap().unwrap();
+        assert_eq!(
+            third.as_ptr(),
+            first_at,
+            "the dropped chunk's buffer is reused"
+        );
+        assert_ne!(other.as_ptr(), first_at);
+        assert_eq!(
+            &held[..],
+            &data[CHUNK..2 * CHUNK],
+            "a held chunk is left alone"
+        );
+        assert_eq!(&third[..], &data[2 * CHUNK..3 * CHUNK]);
+        let fourth = chunks.next().await.unwrap().unwrap();
+        assert_ne!(fourth.as_ptr(), held.as_ptr());
+        assert_eq!(&fourth[..], &data[3 * CHUNK..]);
+        assert!(chunks.next().await.is_none());
         std::fs::remove_file(path).unwrap();
     }
 
