@@ -408,6 +408,7 @@ async fn open_uni(
     mut rx: OutboxRx,
 ) -> Result<(), crate::Error> {
     let mut stream = shared.quic.open_uni().await?;
+    critical(&stream);
     stream
         .write_all(&first)
         .await
@@ -455,8 +456,24 @@ async fn open_uni(
 
 async fn reopen_uni(quic: &Connection, first: &[u8]) -> Option<kuai::SendStream> {
     let mut s = quic.open_uni().await.ok()?;
+    critical(&s);
     s.write_all(first).await.ok()?;
     Some(s)
+}
+
+/// Our control and QPACK streams go out before any request or response data.
+///
+/// A header section may refer to dynamic-table entries that the encoder stream carries
+/// (RFC 9204 §2.1.2: the peer's decoder waits for them), and encoder instructions are written
+/// after the section they serve; at the default urgency they queued behind the bodies of
+/// every response already scheduled, and a client saw the first byte of a 1 MB response
+/// only after it had nearly all of it. RFC 9218 leaves these streams unprioritised; the
+/// bytes are few.
+fn critical(stream: &kuai::SendStream) {
+    stream.set_priority(kuai::Priority {
+        urgency: 0,
+        incremental: true,
+    });
 }
 
 /// Accepts the peer's unidirectional streams. Each one is read on its own task: a stream can
