@@ -16,6 +16,8 @@ async fn handler(req: Request<RecvHalf>) -> Response<Body> {
         let data = Bytes::from((0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
         return Response::builder()
             .header("content-length", n)
+            // A field the QPACK encoder puts in the dynamic table.
+            .header("x-served-by", "kuai end-to-end test")
             .body(Body::Full(data))
             .unwrap();
     }
@@ -319,4 +321,34 @@ async fn requests_in_0rtt_are_marked_early() {
     assert_eq!(&r.body()[..], b"early");
     let r = client.get("https://localhost/early", 1024).await.unwrap();
     assert_eq!(&r.body()[..], b"late");
+}
+
+/// A response head that refers to a new dynamic-table entry is readable as soon as it comes,
+/// not after the body: the QPACK encoder stream's instructions, written after the head they
+/// serve, go out before the response bodies already queued. They had queued behind the
+/// body, and with the stream's 1 MiB flow-control window (which the client opens only as it
+/// reads, after the head) the head could be decoded only once that window's worth had come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_is_not_held_behind_its_body() {
+    let (_ep, client) = setup().await;
+    let n = 4 << 20;
+    let mut req = client
+        .send_request(
+            Request::get(format!("https://localhost/bytes/{n}"))
+                .body(())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    req.finish().unwrap();
+    let resp = req.recv_response().await.unwrap();
+    let received = client.quic().stats().udp_rx_bytes;
+    assert_eq!(resp.headers()["content-length"], n.to_string().as_str());
+    assert_eq!(resp.headers()["x-served-by"], "kuai end-to-end test");
+    assert!(
+        received < 256 << 10,
+        "{received} bytes had come when the response head could be read"
+    );
+    let body = req.recv_body(n + 1).await.unwrap();
+    assert_eq!(body.len(), n);
 }
