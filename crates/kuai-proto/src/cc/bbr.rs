@@ -176,6 +176,12 @@ pub struct Bbr {
     loss_events_in_round: u32,
     lost_in_round: u64,
     delivered_in_round: u64,
+    /// Bytes lost this round with no queue in the RTT samples (the loss-tolerant
+    /// responses only): random loss, which the model does not answer.
+    random_lost_in_round: u64,
+    /// Smoothed share of random loss per round, per mille: the delivery-rate samples are
+    /// scaled up by it (see [`Bbr::update_max_bw`]).
+    random_loss_permille: u64,
 
     // Startup exit.
     full_bw: u64,
@@ -250,6 +256,8 @@ impl Bbr {
             loss_in_round: false,
             loss_events_in_round: 0,
             lost_in_round: 0,
+            random_lost_in_round: 0,
+            random_loss_permille: 0,
             delivered_in_round: 0,
             full_bw: 0,
             full_bw_count: 0,
@@ -367,7 +375,18 @@ impl Bbr {
     }
 
     fn update_max_bw(&mut self, rs: &RateSample) {
-        let Some(rate) = rs.rate() else { return };
+        let Some(mut rate) = rs.rate() else { return };
+        // A delivery-rate sample counts what arrived. Under random loss p (a lossy radio
+        // hop, no queue), a flow sending at rate r measures (1 - p) r: ProbeBW_UP's 1.25 x
+        // then measures less than the estimate once p passes 20 %, and the estimate decays
+        // every cycle (at 30 % loss a 6.3 Mbit/s link fell to 1.5 Mbit/s in 30 s, the
+        // window to a sixth of the path's). Counted back, the sample is the rate the path
+        // carried: the sender's, never more. Congestion loss (a queue in the RTT) is not
+        // counted back, and half the packets at most.
+        if self.random_loss_permille > 0 {
+            let kept = 1000 - self.random_loss_permille.min(500);
+            rate = rate.saturating_mul(1000) / kept;
+        }
         self.bw_latest = self.bw_latest.max(rate);
         self.inflight_latest = self.inflight_latest.max(rs.delivered);
         // An application-limited sample only counts when it beats the estimate.
@@ -455,6 +474,17 @@ impl Bbr {
     fn reset_lower_bounds(&mut self) {
         self.bw_lo = u64::MAX;
         self.inflight_lo = u64::MAX;
+    }
+
+    /// Folds the round that just ended into the smoothed random-loss share (a quarter
+    /// weight per round with at least ten packets' worth delivered or lost).
+    fn update_random_loss(&mut self) {
+        let total = self.random_lost_in_round + self.delivered_in_round;
+        if total >= 10 * self.mds {
+            let p = self.random_lost_in_round * 1000 / total;
+            self.random_loss_permille = (3 * self.random_loss_permille + p) / 4;
+        }
+        self.random_lost_in_round = 0;
     }
 
     fn start_new_round_signals(&mut self) {
@@ -927,6 +957,7 @@ impl CongestionController for Bbr {
                 self.check_startup_high_loss();
             }
             self.adapt_lower_bounds();
+            self.update_random_loss();
             self.start_new_round_signals();
             self.delivered_in_round = ack.acked_bytes;
         }
@@ -965,9 +996,18 @@ impl CongestionController for Bbr {
         if !loss.ecn_ce {
             match self.opts.loss_response {
                 LossResponse::Always => {}
-                LossResponse::Never => return,
+                LossResponse::Never => {
+                    if !self.queue_standing(loss.latest_rtt) {
+                        self.random_lost_in_round += loss.lost_bytes;
+                    }
+                    return;
+                }
                 LossResponse::Adaptive => {
-                    if self.state != State::Startup || !self.queue_standing(loss.latest_rtt) {
+                    let queue = self.queue_standing(loss.latest_rtt);
+                    if !queue {
+                        self.random_lost_in_round += loss.lost_bytes;
+                    }
+                    if self.state != State::Startup || !queue {
                         return;
                     }
                 }
