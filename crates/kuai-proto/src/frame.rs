@@ -310,6 +310,19 @@ impl StreamHeader {
         }
     }
 
+    /// The largest amount of data that fits in `space` bytes without a length field (the
+    /// frame then ends the packet).
+    pub fn max_data_to_end(id: StreamId, offset: u64, space: usize) -> usize {
+        let base = 1
+            + VarInt::size_of(id.0)
+            + if offset > 0 {
+                VarInt::size_of(offset)
+            } else {
+                0
+            };
+        space.saturating_sub(base)
+    }
+
     /// The largest amount of data that fits in `space` bytes with an explicit length field.
     pub fn max_data_with_len(id: StreamId, offset: u64, space: usize) -> usize {
         let base = 1

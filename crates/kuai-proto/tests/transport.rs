@@ -1380,9 +1380,10 @@ fn loss_tolerant_bbr_keeps_its_window_under_random_loss() {
         loss_response: kuai_proto::cc::LossResponse::Never,
     }));
     // NewReno halves its window on each loss and, application-limited, never grows it back:
-    // a 10 KB response then takes several round trips. Measured: 120 ms against 40 ms.
+    // a 10 KB response then takes several round trips. Measured: 80 ms against 40 ms (120
+    // against 40 while every STREAM frame carried a Length field: one packet more).
     assert!(
-        bbr < Duration::from_millis(60) && reno > bbr * 2,
+        bbr < Duration::from_millis(60) && reno >= bbr * 2,
         "median at 5 % loss: NewReno {reno:?}, BBR (loss tolerant) {bbr:?}"
     );
 }

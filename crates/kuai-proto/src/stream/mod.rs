@@ -1363,7 +1363,10 @@ impl Streams {
                 let conn_room = self.send_max_data.saturating_sub(self.data_sent);
                 let max_new_end = s.max_data.min(s.buf.unsent() + conn_room);
                 let space = max - buf.len();
-                let max_len = StreamHeader::max_data_with_len(id, s.buf.next_offset(), space);
+                // As much as fits with no Length field: a frame that runs to the end of the
+                // packet needs none (RFC 9000 §19.8), two bytes more of data in every full
+                // packet of a transfer.
+                let max_len = StreamHeader::max_data_to_end(id, s.buf.next_offset(), space);
                 let range = s.buf.next_range(max_len, max_new_end);
                 let (range, is_retransmit) = match range {
                     Some(r) => r,
@@ -1395,18 +1398,28 @@ impl Streams {
                 };
                 let len = (range.end - range.start) as usize;
                 let fin = fin_wanted && range.end == s.buf.end();
-                let hdr = StreamHeader {
+                let mut hdr = StreamHeader {
                     id,
                     offset: range.start,
-                    len: Some(len),
+                    len: None,
                     fin,
                 };
+                // Room left after the frame without a Length field: none, and the frame
+                // ends the packet; enough for the field, and it gets one; less (1 to 7
+                // bytes), and PADDING goes before the frame, which still ends the packet.
+                let spare = space.saturating_sub(hdr.encoded_len() + len);
+                if len == 0 || spare >= crate::VarInt::size_of(len as u64) {
+                    hdr.len = Some(len);
+                }
                 if buf.len() + hdr.encoded_len() + len > max {
                     // Only possible for a lone FIN when out of room.
                     if len > 0 {
                         s.buf.unsend(range, is_retransmit);
                     }
                     break 'outer;
+                }
+                if hdr.len.is_none() {
+                    buf.resize(buf.len() + spare, 0);
                 }
                 hdr.encode(buf);
                 s.buf.copy_range(range.clone(), buf);
@@ -1596,6 +1609,48 @@ mod tests {
         let woken = writable(&mut s);
         assert!(woken.contains(&a), "A woken: {woken:?}");
         assert!(woken.contains(&b), "B woken: {woken:?}");
+    }
+
+    /// A STREAM frame that fills the packet carries no Length field (RFC 9000 §19.8), one
+    /// that leaves room carries one, and one that leaves less room than its Length field
+    /// would take has PADDING before it and still ends the packet.
+    #[test]
+    fn a_frame_that_fills_the_packet_has_no_length_field() {
+        use crate::frame::{Frame, FrameIter};
+        let parse = |buf: Vec<u8>| -> Vec<Frame> { FrameIter::new(Bytes::from(buf)).map(|f| f.unwrap()).collect() };
+        let mut s = streams(1 << 20, 1 << 20);
+        let a = s.open(Dir::Uni).unwrap();
+        // The first frame (offset 0): type, stream ID; 1,198 bytes of data fill 1,200.
+        // The second (offset 1,198, two bytes): 1,196. Then 100 bytes are left.
+        let total = 1198 + 1196 + 100;
+        s.write(a, Bytes::from(vec![7; total])).unwrap();
+        let mut sent = Vec::new();
+        let mut buf = Vec::new();
+        s.write_stream_frames(&mut buf, 1200, &mut sent);
+        assert_eq!(buf.len(), 1200);
+        assert_eq!(buf[0], 0x08, "STREAM with neither Offset nor Length");
+        let mut buf = Vec::new();
+        s.write_stream_frames(&mut buf, 1200, &mut sent);
+        assert_eq!(buf.len(), 1200);
+        assert_eq!(buf[0], 0x0c, "STREAM with an Offset, no Length");
+        // The last 100 bytes in 105: type, ID and offset (2,394: two bytes) take 4, which
+        // leaves one byte where a Length of 100 needs two: PADDING, then the frame to the
+        // end. In 106 or more it would carry its Length.
+        let mut buf = Vec::new();
+        s.write_stream_frames(&mut buf, 105, &mut sent);
+        assert_eq!(buf.len(), 105);
+        let frames = parse(buf);
+        assert!(matches!(frames[0], Frame::Padding(1)), "{frames:?}");
+        assert!(matches!(&frames[1], Frame::Stream(f) if f.data.len() == 100), "{frames:?}");
+        assert_eq!(frames.len(), 2);
+        assert!(send_all(&mut s).is_empty());
+        // A short frame leaves room for more: it has its Length.
+        let b = s.open(Dir::Uni).unwrap();
+        s.write(b, Bytes::from(vec![8; 10])).unwrap();
+        let mut buf = Vec::new();
+        s.write_stream_frames(&mut buf, 1200, &mut sent);
+        assert_eq!(buf.len(), 1 + 1 + 1 + 10);
+        assert_eq!(buf[0], 0x0a, "STREAM with a Length, no Offset");
     }
 
     /// `set_max_unsent`: a stream takes at most that much ahead of what it has sent, and its
