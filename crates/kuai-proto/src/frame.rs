@@ -280,13 +280,7 @@ pub struct StreamHeader {
 
 impl StreamHeader {
     pub fn encoded_len(&self) -> usize {
-        1 + VarInt::size_of(self.id.0)
-            + if self.offset > 0 {
-                VarInt::size_of(self.offset)
-            } else {
-                0
-            }
-            + self.len.map_or(0, |l| VarInt::size_of(l as u64))
+        Self::base_len(self.id, self.offset) + self.len.map_or(0, |l| VarInt::size_of(l as u64))
     }
 
     pub fn encode<B: BufMut>(&self, buf: &mut B) {
@@ -313,25 +307,22 @@ impl StreamHeader {
     /// The largest amount of data that fits in `space` bytes without a length field (the
     /// frame then ends the packet).
     pub fn max_data_to_end(id: StreamId, offset: u64, space: usize) -> usize {
-        let base = 1
-            + VarInt::size_of(id.0)
+        space.saturating_sub(Self::base_len(id, offset))
+    }
+
+    /// Type, stream ID and offset: the header without its length field.
+    fn base_len(id: StreamId, offset: u64) -> usize {
+        1 + VarInt::size_of(id.0)
             + if offset > 0 {
                 VarInt::size_of(offset)
             } else {
                 0
-            };
-        space.saturating_sub(base)
+            }
     }
 
     /// The largest amount of data that fits in `space` bytes with an explicit length field.
     pub fn max_data_with_len(id: StreamId, offset: u64, space: usize) -> usize {
-        let base = 1
-            + VarInt::size_of(id.0)
-            + if offset > 0 {
-                VarInt::size_of(offset)
-            } else {
-                0
-            };
+        let base = Self::base_len(id, offset);
         if space <= base + 1 {
             return 0;
         }
