@@ -116,14 +116,19 @@ async fn fleet_checked(every: Duration) -> Fleet {
     }
 }
 
+/// A new connection through the balancer.
+async fn connect(client: &Endpoint, f: &Fleet) -> kuai::Connection {
+    client
+        .connect_with(f.ccfg.clone(), f.lb, "localhost")
+        .unwrap()
+        .await
+        .unwrap()
+}
+
 /// `n` new connections through the balancer, each fetching 1,000 bytes.
 async fn connect_and_fetch(client: &Endpoint, f: &Fleet, n: usize) {
     for _ in 0..n {
-        let c = client
-            .connect_with(f.ccfg.clone(), f.lb, "localhost")
-            .unwrap()
-            .await
-            .unwrap();
+        let c = connect(client, f).await;
         assert_eq!(fetch(&c, 1000).await, 1000);
     }
 }
@@ -141,11 +146,7 @@ async fn connections_spread_and_survive_rebinding() {
     let client = Endpoint::client(localhost()).unwrap();
     let mut conns = Vec::new();
     for _ in 0..30 {
-        let c = client
-            .connect_with(f.ccfg.clone(), f.lb, "localhost")
-            .unwrap()
-            .await
-            .unwrap();
+        let c = connect(&client, &f).await;
         assert_eq!(fetch(&c, 100_000).await, 100_000);
         conns.push(c);
     }
@@ -175,11 +176,7 @@ async fn backends_drain_and_go_without_dropping_the_others() {
     let mut on: Vec<Option<kuai::Connection>> = vec![None, None, None];
     for _ in 0..40 {
         let before = accepted(&f);
-        let c = client
-            .connect_with(f.ccfg.clone(), f.lb, "localhost")
-            .unwrap()
-            .await
-            .unwrap();
+        let c = connect(&client, &f).await;
         let after = accepted(&f);
         let i = (0..3).find(|&i| after[i] > before[i]).unwrap();
         on[i].get_or_insert(c);
@@ -202,11 +199,7 @@ async fn backends_drain_and_go_without_dropping_the_others() {
     // Server 3 removed: the others still answer.
     assert!(f.handle.remove(&[3]));
     assert_eq!(fetch(&on[1], 200_000).await, 200_000);
-    let c = client
-        .connect_with(f.ccfg.clone(), f.lb, "localhost")
-        .unwrap()
-        .await
-        .unwrap();
+    let c = connect(&client, &f).await;
     assert_eq!(fetch(&c, 1000).await, 1000);
     assert_eq!(
         accepted(&f)[2],
