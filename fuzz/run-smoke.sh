@@ -4,8 +4,8 @@
 #   fuzz/run-smoke.sh [SECONDS] [TARGET...]
 #
 # SECONDS is the run time per target (default 20); TARGETs default to all of them (as
-# `cargo fuzz list` gives them: alt_svc, connection, frames, h3_control, h3_frames, handshake,
-# hq_request, http_file_answer, netsim_trace, packet_header, qpack_decode, quic_lb,
+# `cargo fuzz list` gives them: alt_svc, connection, frames, h1_response, h3_control, h3_frames,
+# handshake, hq_request, http_file_answer, netsim_trace, packet_header, qpack_decode, quic_lb,
 # transport_params, url). New inputs go to fuzz/corpus/<target>/ (gitignored), never into the checked-in
 # fuzz/seeds/. Exits non-zero if any target crashes, times out or runs out of memory, after
 # printing the reproducer as hex.

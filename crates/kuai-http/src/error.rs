@@ -62,6 +62,8 @@ pub enum Error {
     Config(String),
     /// A QUIC stream failed.
     Read(kuai::ReadError),
+    /// A backend's response broke off (see [`proxy`](crate::proxy)).
+    Upstream(crate::proxy::UpstreamError),
 }
 
 /// Why the client could not connect to a server.
@@ -123,6 +125,7 @@ impl fmt::Display for Error {
             Error::Quic(e) => write!(f, "QUIC: {e}"),
             Error::Config(why) => write!(f, "configuration: {why}"),
             Error::Read(e) => write!(f, "QUIC stream: {e}"),
+            Error::Upstream(e) => write!(f, "{e}"),
         }
     }
 }
@@ -138,6 +141,7 @@ impl std::error::Error for Error {
             Error::Resolve { source, .. } => Some(source),
             Error::Quic(e) => Some(e),
             Error::Read(e) => Some(e),
+            Error::Upstream(e) => Some(e),
             Error::BodyTooLarge { .. }
             | Error::InvalidUrl { .. }
             | Error::Connect(_)

@@ -68,6 +68,7 @@ pub mod server;
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::client::state::{AltSvcHeader, parse_alt_svc};
+    pub use crate::proxy::h1::parse::fuzz_responses;
     pub use crate::server::hq_request_path;
 }
 

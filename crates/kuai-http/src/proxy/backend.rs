@@ -7,10 +7,21 @@ use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
+use super::h1;
 use super::{Options, Upstream, UpstreamProtocol, body::UpBody};
+
+/// A backend's response body: from an HTTP/1.1 connection of the proxy's own, or from
+/// hyper (the HTTP/2 client, and the HTTP/1.1 one of WebSocket upgrades).
+// The HTTP/1.1 body is the common case and lives as long as its response: boxing it would
+// cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Received {
+    H1(h1::Body),
+    Hyper(Incoming),
+}
 
 /// Why an exchange with a backend failed.
 #[derive(Debug)]
@@ -28,6 +39,7 @@ pub(crate) enum Reason {
     ConnectTimeout(Duration),
     Handshake(hyper::Error),
     Exchange(hyper::Error),
+    H1(h1::Error),
     ResponseTimeout(Duration),
 }
 
@@ -37,7 +49,7 @@ impl Reason {
         match self {
             Reason::ConnectTimeout(_) | Reason::ResponseTimeout(_) => "timeout",
             Reason::Connect(_) | Reason::Handshake(_) => "connect",
-            Reason::Exchange(_) => "exchange",
+            Reason::Exchange(_) | Reason::H1(_) => "exchange",
         }
     }
 
@@ -54,6 +66,7 @@ impl std::fmt::Display for Reason {
             Reason::ConnectTimeout(d) => write!(f, "connect: timed out after {d:?}"),
             Reason::Handshake(e) => write!(f, "connection setup: {e}"),
             Reason::Exchange(e) => write!(f, "{e}"),
+            Reason::H1(e) => write!(f, "{e}"),
             Reason::ResponseTimeout(d) => write!(f, "no response head within {d:?}"),
         }
     }
@@ -61,7 +74,7 @@ impl std::fmt::Display for Reason {
 
 /// An idle HTTP/1.1 connection and since when it has been idle.
 struct Idle {
-    sender: http1::SendRequest<UpBody>,
+    conn: h1::Conn,
     since: Instant,
 }
 
@@ -146,17 +159,17 @@ impl Backend {
         }
     }
 
-    /// Sends `req` and waits for the response head (within `o.response_timeout`); with it,
-    /// the HTTP/1.1 connection to give back ([`put_idle`](Self::put_idle)) once the response
-    /// body has been read to its end.
+    /// Sends `req` and waits for the response head (within `o.response_timeout`). An
+    /// HTTP/1.1 connection goes back to the pool by itself once the response body has been
+    /// read to its end.
     pub(crate) async fn send(
         self: &Arc<Self>,
         req: Request<UpBody>,
         o: &Options,
-    ) -> Result<(Response<Incoming>, Option<http1::SendRequest<UpBody>>), Failure> {
+    ) -> Result<Response<Received>, Failure> {
         match self.upstream.protocol() {
-            UpstreamProtocol::Http1 => self.send_h1(req, o).await.map(|(r, s)| (r, Some(s))),
-            UpstreamProtocol::H2c => self.send_h2(req, o).await.map(|r| (r, None)),
+            UpstreamProtocol::Http1 => self.send_h1(req, o).await.map(|r| r.map(Received::H1)),
+            UpstreamProtocol::H2c => self.send_h2(req, o).await.map(|r| r.map(Received::Hyper)),
         }
     }
 
@@ -164,36 +177,47 @@ impl Backend {
         self: &Arc<Self>,
         mut req: Request<UpBody>,
         o: &Options,
-    ) -> Result<(Response<Incoming>, http1::SendRequest<UpBody>), Failure> {
+    ) -> Result<Response<h1::Body>, Failure> {
         loop {
-            // A pooled connection the backend closed meanwhile gives the request back
-            // unsent: the next one is tried, then a new one.
-            let (mut sender, pooled) = match self.take_idle(o) {
-                Some(s) => (s, true),
-                None => match self.connect_h1(o).await {
-                    Ok(s) => (s, false),
+            let (conn, pooled) = match self.take_idle(o) {
+                Some(c) => (c, true),
+                None => match self.connect_raw(o).await {
+                    Ok(s) => (h1::Conn::new(s), false),
                     Err(r) => return Err(Failure::NotSent(Box::new(req), r)),
                 },
             };
-            // A connection given back as its response ended may still be finishing it.
-            if pooled && sender.ready().await.is_err() {
+            let home = h1::Home {
+                backend: self.clone(),
+                max_idle: o.max_idle,
+            };
+            let sent =
+                tokio::time::timeout(o.response_timeout, h1::exchange(conn, req, home)).await;
+            let failed = match sent {
+                Ok(Ok(resp)) => return Ok(resp),
+                Ok(Err(f)) => f,
+                Err(_) => return Err(Failure::Sent(Reason::ResponseTimeout(o.response_timeout))),
+            };
+            let h1::Failed {
+                error,
+                request,
+                sent,
+                answered,
+            } = *failed;
+            // A pooled connection the backend closed as this request went out (RFC 9112
+            // §9.3.1): a request that did not leave goes on the next connection, and so does
+            // an idempotent one that no answer began for and whose body was not read.
+            let again = pooled
+                && !answered
+                && (!sent || (request.method().is_idempotent() && !request.body().data_taken()));
+            if again && !matches!(error, h1::Error::ClientBody(_)) {
+                req = request;
                 continue;
             }
-            let sent = tokio::time::timeout(o.response_timeout, sender.try_send_request(req)).await;
-            match sent {
-                Ok(Ok(resp)) => return Ok((resp, sender)),
-                Ok(Err(mut e)) => match e.take_message() {
-                    Some(back) if pooled => req = back,
-                    Some(back) => {
-                        return Err(Failure::NotSent(
-                            Box::new(back),
-                            Reason::Exchange(e.into_error()),
-                        ));
-                    }
-                    None => return Err(Failure::Sent(Reason::Exchange(e.into_error()))),
-                },
-                Err(_) => return Err(Failure::Sent(Reason::ResponseTimeout(o.response_timeout))),
-            }
+            return Err(if sent {
+                Failure::Sent(Reason::H1(error))
+            } else {
+                Failure::NotSent(Box::new(request), Reason::H1(error))
+            });
         }
     }
 
@@ -262,40 +286,29 @@ impl Backend {
         Ok(sender)
     }
 
-    async fn connect_h1(&self, o: &Options) -> Result<http1::SendRequest<UpBody>, Reason> {
-        let io = self.connect_tcp(o).await?;
-        let (sender, conn) = http1::Builder::new()
-            .handshake(io)
-            .await
-            .map_err(Reason::Handshake)?;
-        let name = self.name.clone();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(target: "kuai_http::proxy", backend = %name, error = %e, "upstream connection ended");
-            }
-        });
-        Ok(sender)
-    }
-
     pub(super) async fn connect_tcp(
         &self,
         o: &Options,
     ) -> Result<TokioIo<tokio::net::TcpStream>, Reason> {
+        self.connect_raw(o).await.map(TokioIo::new)
+    }
+
+    async fn connect_raw(&self, o: &Options) -> Result<tokio::net::TcpStream, Reason> {
         let connect = tokio::net::TcpStream::connect(self.upstream.authority());
         let tcp = tokio::time::timeout(o.connect_timeout, connect)
             .await
             .map_err(|_| Reason::ConnectTimeout(o.connect_timeout))?
             .map_err(Reason::Connect)?;
         let _ = tcp.set_nodelay(true);
-        Ok(TokioIo::new(tcp))
+        Ok(tcp)
     }
 
     /// The most recently used idle connection still open and not idle too long.
-    fn take_idle(&self, o: &Options) -> Option<http1::SendRequest<UpBody>> {
+    fn take_idle(&self, o: &Options) -> Option<h1::Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(i) = idle.pop() {
-            if i.since.elapsed() < o.idle_timeout && !i.sender.is_closed() {
-                return Some(i.sender);
+            if i.since.elapsed() < o.idle_timeout && i.conn.is_open() {
+                return Some(i.conn);
             }
         }
         None
@@ -303,8 +316,8 @@ impl Backend {
 
     /// Puts a connection whose response was read to its end back in the pool (`max` idle
     /// ones at most: the oldest goes).
-    pub(crate) fn put_idle(&self, sender: http1::SendRequest<UpBody>, max: usize) {
-        if sender.is_closed() || max == 0 {
+    pub(crate) fn put_idle(&self, conn: h1::Conn, max: usize) {
+        if max == 0 {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -312,7 +325,7 @@ impl Backend {
             idle.remove(0);
         }
         idle.push(Idle {
-            sender,
+            conn,
             since: Instant::now(),
         });
     }

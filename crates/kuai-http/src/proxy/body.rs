@@ -6,13 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::task::{Context, Poll, ready};
 
+use super::backend::{Backend, Received};
+use crate::{Body, Error};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-
-use super::backend::Backend;
-use crate::{Body, Error};
 
 /// The request body read by the backend connection: not one byte of it yet.
 const UNTOUCHED: u8 = 0;
@@ -26,6 +23,10 @@ const CONSUMED: u8 = 2;
 pub(crate) struct UpBody {
     inner: Body,
     seen: Arc<AtomicU8>,
+    /// Frames read and given back unsent, to be read again first (last first).
+    back: Vec<Frame<Bytes>>,
+    /// `inner` has ended (it is not polled again).
+    ended: bool,
 }
 
 impl UpBody {
@@ -35,9 +36,25 @@ impl UpBody {
             Self {
                 inner,
                 seen: seen.clone(),
+                back: Vec::new(),
+                ended: false,
             },
             BodyWatch(seen),
         )
+    }
+
+    /// Gives back `frames` (in the order they were read) that never left, to be read again
+    /// before the rest; `ended`: the body's end had been read after them.
+    pub(crate) fn put_back(&mut self, frames: Vec<Frame<Bytes>>, ended: bool) {
+        self.back.extend(frames.into_iter().rev());
+        self.ended |= ended;
+    }
+}
+
+impl UpBody {
+    /// Some of the body's data was read (it cannot be sent again).
+    pub(crate) fn data_taken(&self) -> bool {
+        self.seen.load(Relaxed) == CONSUMED
     }
 }
 
@@ -60,9 +77,16 @@ impl http_body::Body for UpBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = self.get_mut();
+        if let Some(f) = this.back.pop() {
+            return Poll::Ready(Some(Ok(f)));
+        }
+        if this.ended {
+            return Poll::Ready(None);
+        }
         let f = ready!(Pin::new(&mut this.inner).poll_frame(cx));
         match &f {
             None => {
+                this.ended = true;
                 let _ = this
                     .seen
                     .compare_exchange(UNTOUCHED, ENDED_EMPTY, Relaxed, Relaxed);
@@ -74,11 +98,27 @@ impl http_body::Body for UpBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.back.is_empty() && (self.ended || self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        if self.back.is_empty() && !self.ended {
+            return self.inner.size_hint();
+        }
+        let back: u64 = self
+            .back
+            .iter()
+            .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+            .sum();
+        if self.ended {
+            return SizeHint::with_exact(back);
+        }
+        let mut h = self.inner.size_hint();
+        h.set_lower(h.lower().saturating_add(back));
+        if let Some(u) = h.upper() {
+            h.set_upper(u.saturating_add(back));
+        }
+        h
     }
 }
 
@@ -105,36 +145,21 @@ pub struct ProxyBody {
     kind: Kind,
 }
 
+// The HTTP/1.1 body is the common case and lives as long as its response: boxing it would
+// cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
 enum Kind {
     /// The body and the request's count on its backend, let go at the body's end.
-    Upstream(Incoming, Option<Outstanding>, Option<Recycle>),
+    Upstream(Received, Option<Outstanding>),
     Local(Option<Bytes>),
     /// The backend's side of a WebSocket tunnel (HTTP/3 extended CONNECT).
     Tunnel(super::websocket::TunnelRead),
 }
 
-/// An HTTP/1.1 connection to give back to its backend's pool once its response has been
-/// read to the end (a response abandoned half-way closes it instead).
-pub(crate) struct Recycle {
-    pub(crate) backend: Arc<Backend>,
-    pub(crate) sender: http1::SendRequest<UpBody>,
-    pub(crate) max_idle: usize,
-}
-
-impl Recycle {
-    fn give_back(self) {
-        self.backend.put_idle(self.sender, self.max_idle);
-    }
-}
-
 impl ProxyBody {
-    pub(crate) fn upstream(
-        body: Incoming,
-        outstanding: Outstanding,
-        recycle: Option<Recycle>,
-    ) -> Self {
+    pub(crate) fn upstream(body: Received, outstanding: Outstanding) -> Self {
         Self {
-            kind: Kind::Upstream(body, Some(outstanding), recycle),
+            kind: Kind::Upstream(body, Some(outstanding)),
         }
     }
 
@@ -150,19 +175,6 @@ impl ProxyBody {
     pub(crate) fn local(text: Bytes) -> Self {
         Self {
             kind: Kind::Local(Some(text)),
-        }
-    }
-}
-
-impl Drop for ProxyBody {
-    fn drop(&mut self) {
-        // A response with nothing (more) to read (after HEAD, a 204, or read to its last
-        // frame without the end seen) leaves its connection reusable.
-        if let Kind::Upstream(b, _, recycle) = &mut self.kind
-            && http_body::Body::is_end_stream(b)
-            && let Some(r) = recycle.take()
-        {
-            r.give_back();
         }
     }
 }
@@ -186,22 +198,12 @@ impl http_body::Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         match &mut self.get_mut().kind {
-            Kind::Upstream(b, outstanding, recycle) => {
+            Kind::Upstream(b, outstanding) => {
                 let f = ready!(Pin::new(b).poll_frame(cx));
-                match &f {
-                    Some(Ok(_)) => {}
-                    None => {
-                        *outstanding = None;
-                        if let Some(r) = recycle.take() {
-                            r.give_back();
-                        }
-                    }
-                    Some(Err(_)) => {
-                        *outstanding = None;
-                        *recycle = None;
-                    }
+                if !matches!(f, Some(Ok(_))) {
+                    *outstanding = None;
                 }
-                Poll::Ready(f.map(|r| r.map_err(Error::Hyper)))
+                Poll::Ready(f)
             }
             Kind::Local(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             Kind::Tunnel(t) => t.poll_frame(cx),
@@ -221,6 +223,35 @@ impl http_body::Body for ProxyBody {
             Kind::Upstream(b, ..) => b.size_hint(),
             Kind::Local(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Kind::Tunnel(_) => SizeHint::default(),
+        }
+    }
+}
+
+impl http_body::Body for Received {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        match self.get_mut() {
+            Received::H1(b) => Pin::new(b).poll_frame(cx),
+            Received::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Error::Hyper),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Received::H1(b) => b.is_end_stream(),
+            Received::Hyper(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Received::H1(b) => b.size_hint(),
+            Received::Hyper(b) => b.size_hint(),
         }
     }
 }

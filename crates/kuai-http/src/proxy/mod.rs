@@ -36,6 +36,7 @@
 
 mod backend;
 mod body;
+pub(crate) mod h1;
 mod headers;
 #[cfg(test)]
 mod tests;
@@ -56,7 +57,7 @@ use http::{Method, Request, Response, StatusCode, Uri};
 
 use self::backend::{Backend, Failure, Reason};
 pub use self::body::ProxyBody;
-use self::body::{Outstanding, Recycle, UpBody};
+use self::body::{Outstanding, UpBody};
 use crate::{Body, ConnInfo, EarlyData, Error};
 
 /// HTTP/2 windows toward a backend: as the server's own toward clients.
@@ -188,6 +189,22 @@ impl HealthCheck {
             interval: Duration::from_secs(5),
             timeout: Duration::from_secs(2),
         }
+    }
+}
+
+/// Why a backend's response failed part-way (an HTTP/1.1 framing or connection error).
+#[derive(Debug)]
+pub struct UpstreamError(h1::Error);
+
+impl std::fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "upstream: {}", self.0)
+    }
+}
+
+impl std::error::Error for UpstreamError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
     }
 }
 
@@ -511,17 +528,12 @@ impl Inner {
             let outstanding = Outstanding::new(b);
             let start = Instant::now();
             match b.send(r, &self.options).await {
-                Ok((resp, sender)) => {
+                Ok(resp) => {
                     b.on_success();
                     if let Some(m) = &b.metrics {
                         m.answered(start.elapsed());
                     }
-                    let recycle = sender.map(|sender| Recycle {
-                        backend: b.clone(),
-                        sender,
-                        max_idle: self.options.max_idle,
-                    });
-                    return self.downstream(resp, b, start.elapsed(), outstanding, recycle);
+                    return self.downstream(resp, b, start.elapsed(), outstanding);
                 }
                 Err(Failure::NotSent(back, why)) => {
                     b.on_failure(&self.options);
@@ -689,11 +701,10 @@ impl Inner {
     /// A backend's response as it goes to the client.
     fn downstream(
         &self,
-        resp: Response<hyper::body::Incoming>,
+        resp: Response<backend::Received>,
         b: &Arc<Backend>,
         elapsed: Duration,
         outstanding: Outstanding,
-        recycle: Option<Recycle>,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = resp.into_parts();
         headers::strip_hop_by_hop(&mut parts.headers);
@@ -703,7 +714,7 @@ impl Inner {
             backend: b.name.clone(),
             elapsed,
         });
-        Response::from_parts(parts, ProxyBody::upstream(body, outstanding, recycle))
+        Response::from_parts(parts, ProxyBody::upstream(body, outstanding))
     }
 }
 
@@ -753,16 +764,10 @@ async fn health_checks(proxy: std::sync::Weak<Inner>, b: Arc<Backend>, h: Health
         let req = head.request(UpBody::new(Body::empty()).0, b.upstream.protocol());
         drop(inner);
         let ok = match b.send(req, &options).await {
-            Ok((resp, sender)) => {
+            Ok(resp) => {
                 let ok = resp.status().is_success() || resp.status().is_redirection();
                 // Read the answer out so the connection goes back to the pool.
-                if http_body_util::BodyExt::collect(resp.into_body())
-                    .await
-                    .is_ok()
-                    && let Some(s) = sender
-                {
-                    b.put_idle(s, options.max_idle);
-                }
+                let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
                 ok
             }
             Err(_) => false,

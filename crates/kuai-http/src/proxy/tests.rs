@@ -819,3 +819,207 @@ fn upstream_urls() {
     }
     assert!(Proxy::builder().build().is_err());
 }
+
+/// A backend speaking HTTP/1.1 from a script: each request on a connection (read up to the
+/// end of its head, and its body by `Content-Length` unless the script says not to) gets the
+/// bytes `script` returns for its path; `Close` after them ends the connection.
+enum Say {
+    Keep(&'static [u8]),
+    Close(&'static [u8]),
+    /// Answer before reading the body, then read the body out, then close.
+    Early(&'static [u8]),
+}
+
+async fn scripted(script: fn(&str) -> Say) -> (SocketAddr, Arc<Seen>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Seen::default());
+    let s = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = l.accept().await {
+            s.connections.fetch_add(1, SeqCst);
+            let s = s.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut b = [0u8; 4096];
+                        match tcp.read(&mut b).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&b[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    buf.drain(..end);
+                    s.requests.fetch_add(1, SeqCst);
+                    let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    let say = script(&path);
+                    if let Say::Early(bytes) = say {
+                        let _ = tcp.write_all(bytes).await;
+                        let mut sink = vec![0u8; 65536];
+                        while let Ok(n) = tcp.read(&mut sink).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                        return;
+                    }
+                    while buf.len() < len {
+                        let mut b = [0u8; 65536];
+                        match tcp.read(&mut b).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&b[..n]),
+                        }
+                    }
+                    buf.drain(..len);
+                    match say {
+                        Say::Keep(bytes) => {
+                            if tcp.write_all(bytes).await.is_err() {
+                                return;
+                            }
+                        }
+                        Say::Close(bytes) | Say::Early(bytes) => {
+                            let _ = tcp.write_all(bytes).await;
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// The proxy's own HTTP/1.1 client reads every framing RFC 9112 §6.3 allows (chunked with
+/// extensions and trailers, to the close, after a 100 Continue), refuses the malformed with
+/// 502, reports a response cut short, and keeps a connection only when its response ended
+/// cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http1_client_reads_every_framing() {
+    let (b, seen) = scripted(|path| match path {
+        "/chunked" => Say::Keep(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n6\r\n world\r\n0\r\nX-T: 1\r\n\r\n",
+        ),
+        "/continue" => Say::Keep(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        ),
+        "/close" => Say::Close(b"HTTP/1.1 200 OK\r\n\r\nuntil the close"),
+        "/garbage" => Say::Close(b"SSH-2.0-OpenSSH_9.2\r\n\r\n"),
+        "/two-lengths" => Say::Close(b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\nab"),
+        "/cut" => Say::Close(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort"),
+        "/conn-close" => Say::Keep(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbye"),
+        _ => Say::Keep(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Up: 1\r\n\r\nhi"),
+    })
+    .await;
+    let gw = Gateway::start(proxy_to(&[(b, false)]).max_fails(100).build().unwrap()).await;
+    let client = gw.client(Mode::Http3);
+    let get = |path: &'static str| {
+        let client = client.clone();
+        let url = gw.url(path);
+        async move {
+            let r = client.get(&url).send().await.expect(path);
+            let status = r.status().as_u16();
+            (status, r.bytes().await.map(|b| b.to_vec()))
+        }
+    };
+    let (s, body) = get("/chunked").await;
+    assert_eq!((s, body.unwrap()), (200, b"hello world".to_vec()));
+    let (s, body) = get("/continue").await;
+    assert_eq!((s, body.unwrap()), (200, b"ok".to_vec()));
+    assert_eq!(get("/plain").await.1.unwrap(), b"hi");
+    assert_eq!(seen.connections.load(SeqCst), 1, "one connection so far");
+    assert_eq!(get("/close").await.1.unwrap(), b"until the close");
+    assert_eq!(get("/conn-close").await.1.unwrap(), b"bye");
+    assert_eq!(get("/plain").await.1.unwrap(), b"hi");
+    assert_eq!(
+        seen.connections.load(SeqCst),
+        3,
+        "closing responses end their connections"
+    );
+    assert_eq!(get("/garbage").await.0, 502);
+    assert_eq!(get("/two-lengths").await.0, 502);
+    // The head may not even reach the client before the stream is reset.
+    let cut = match client.get(&gw.url("/cut")).send().await {
+        Ok(r) => r.bytes().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(
+        cut.is_err(),
+        "a response cut short is an error, not a short body"
+    );
+}
+
+/// A pooled connection the backend has closed is not used (a POST, which may not be sent
+/// twice, still goes through), and a backend that closes connections right after each
+/// response costs no request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_backend_closed_are_not_used() {
+    let (b, seen) =
+        scripted(|_| Say::Close(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")).await;
+    let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+    let client = gw.client(Mode::Http11);
+    for i in 0..20 {
+        if i % 4 == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let method = if i % 2 == 0 {
+            Method::POST
+        } else {
+            Method::GET
+        };
+        let r = client
+            .request(method, &gw.url("/x"))
+            .body(vec![b'x'; 10])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "request {i}");
+        assert_eq!(r.bytes().await.unwrap(), "ok");
+    }
+    assert_eq!(
+        seen.requests.load(SeqCst),
+        20,
+        "each request reached the backend once"
+    );
+}
+
+/// A backend that answers before it has read the request body (a 413, say) gets its answer
+/// to the client while the upload still runs; that connection is not used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_before_the_upload_ends_comes_through() {
+    let (b, seen) = scripted(|path| match path {
+        "/upload" => Say::Early(b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 4\r\n\r\nbig!"),
+        _ => Say::Keep(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+    })
+    .await;
+    let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+    // (Over HTTP/1.1 the client would see its upload cut: the server closes a connection
+    // whose request body was not read.)
+    for mode in [Mode::Http3, Mode::Http2] {
+        let client = gw.client(mode);
+        let r = client
+            .request(Method::POST, &gw.url("/upload"))
+            .body(vec![7u8; 8 << 20])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 413, "{mode:?}");
+        assert_eq!(r.bytes().await.unwrap(), "big!");
+        let r = client.get(&gw.url("/after")).send().await.unwrap();
+        assert_eq!(r.bytes().await.unwrap(), "ok");
+    }
+    assert_eq!(
+        seen.connections.load(SeqCst),
+        3,
+        "the early answer's connections were closed"
+    );
+}

@@ -166,7 +166,12 @@ impl Inner {
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
             // A refusal (403, 404, 426...) goes back as it is.
             let outstanding = super::body::Outstanding::new(&b);
-            return self.downstream(resp, &b, start.elapsed(), outstanding, None);
+            return self.downstream(
+                resp.map(super::backend::Received::Hyper),
+                &b,
+                start.elapsed(),
+                outstanding,
+            );
         }
         let want = accept_for(key.as_bytes());
         if resp
