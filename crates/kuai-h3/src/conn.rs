@@ -268,16 +268,16 @@ impl Shared {
     }
 
     /// Encodes a header section for `stream_id`, sending encoder instructions first.
-    pub fn encode_fields(
+    pub fn encode_fields<'a>(
         &self,
         stream_id: u64,
-        fields: &[(Bytes, Bytes)],
-    ) -> Result<Vec<u8>, crate::Error> {
-        let mut block = Vec::new();
+        fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+        block: &mut Vec<u8>,
+    ) -> Result<(), crate::Error> {
         let mut enc = Vec::new();
         let mut s = self.lock();
         s.encoder
-            .encode(stream_id, fields, &mut block, &mut enc)
+            .encode_with(stream_id, fields, block, &mut enc)
             .map_err(|e| crate::Error::Protocol(H3Error::new(Code(e.code), e.reason)))?;
         // Queued under the lock: two requests encoded at once must put their insertions on
         // the encoder stream in the order the table numbered them.
@@ -291,7 +291,7 @@ impl Shared {
             self.fail(e.clone());
             return Err(crate::Error::Protocol(e));
         }
-        Ok(block)
+        Ok(())
     }
 
     /// A request stream went away before its headers were decoded (RFC 9204 §4.4.2).

@@ -90,6 +90,19 @@ pub fn response_fields(parts: &http::response::Parts) -> Fields {
     f
 }
 
+/// A response head's fields as the QPACK encoder takes them, borrowed: `:status`, then the
+/// header fields but the connection-specific ones.
+pub(crate) fn response_field_refs(
+    parts: &http::response::Parts,
+) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let regular = parts
+        .headers
+        .iter()
+        .filter(|(n, _)| !CONNECTION_SPECIFIC.contains(&n.as_str()))
+        .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+    std::iter::once((&b":status"[..], parts.status.as_str().as_bytes())).chain(regular)
+}
+
 /// Fields of a trailer section.
 pub fn trailer_fields(headers: &HeaderMap) -> Fields {
     let mut f = Fields::new();
@@ -129,23 +142,20 @@ fn regular_headers(fields: &[(Bytes, Bytes)], out: &mut HeaderMap) -> Result<(),
     Ok(())
 }
 
-/// Pseudo-headers (name, value) and the regular fields after them.
-type Split<'a> = (Vec<(&'a [u8], &'a Bytes)>, &'a [(Bytes, Bytes)]);
-
-/// Splits pseudo-headers from regular ones; pseudo-headers must come first, once each.
-fn split_pseudo(fields: &[(Bytes, Bytes)]) -> Result<Split<'_>, &'static str> {
-    let n = fields
+/// The number of pseudo-header fields at the front (RFC 9114 §4.3: they come first).
+fn pseudo_count(fields: &[(Bytes, Bytes)]) -> usize {
+    fields
         .iter()
         .take_while(|(n, _)| n.first() == Some(&b':'))
-        .count();
-    let mut pseudo: Vec<(&[u8], &Bytes)> = Vec::with_capacity(n);
-    for (name, value) in &fields[..n] {
-        if pseudo.iter().any(|(p, _)| *p == &name[..]) {
-            return Err("repeated pseudo-header");
-        }
-        pseudo.push((&name[..], value));
+        .count()
+}
+
+/// Sets a pseudo-header's slot; each may appear once.
+fn once<'a>(slot: &mut Option<&'a Bytes>, v: &'a Bytes) -> Result<(), &'static str> {
+    if slot.replace(v).is_some() {
+        return Err("repeated pseudo-header");
     }
-    Ok((pseudo, &fields[n..]))
+    Ok(())
 }
 
 /// A request head from its fields. `extended_connect` tells whether we allowed `:protocol`.
@@ -153,16 +163,17 @@ pub fn parse_request(
     fields: &[(Bytes, Bytes)],
     extended_connect: bool,
 ) -> Result<http::request::Parts, &'static str> {
-    let (pseudo, regular) = split_pseudo(fields)?;
+    let n = pseudo_count(fields);
+    let (pseudo, regular) = fields.split_at(n);
     let (mut method, mut scheme, mut authority, mut path, mut protocol) =
         (None, None, None, None, None);
     for (n, v) in pseudo {
-        match n {
-            b":method" => method = Some(v),
-            b":scheme" => scheme = Some(v),
-            b":authority" => authority = Some(v),
-            b":path" => path = Some(v),
-            b":protocol" if extended_connect => protocol = Some(v),
+        match &n[..] {
+            b":method" => once(&mut method, v)?,
+            b":scheme" => once(&mut scheme, v)?,
+            b":authority" => once(&mut authority, v)?,
+            b":path" => once(&mut path, v)?,
+            b":protocol" if extended_connect => once(&mut protocol, v)?,
             _ => return Err("unknown pseudo-header in a request"),
         }
     }
@@ -194,9 +205,9 @@ pub fn parse_request(
         // "*" for a server-wide OPTIONS.
         let web = scheme.eq_ignore_ascii_case(b"http") || scheme.eq_ignore_ascii_case(b"https");
         let host = host_header(regular)?;
-        let authority = authority.map(|a| &a[..]).or(host);
+        let authority = authority.or(host);
         if web {
-            match authority {
+            match authority.map(|a| &a[..]) {
                 None => return Err("request without :authority or host"),
                 Some([]) => return Err("empty :authority or host"),
                 Some(_) => {}
@@ -205,20 +216,30 @@ pub fn parse_request(
                 return Err(":path neither absolute nor * for OPTIONS");
             }
         }
-        let mut uri = Uri::builder().scheme(&scheme[..]);
+        // The target's parts share the decoded fields' bytes (no copy).
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(match &scheme[..] {
+            b"https" => http::uri::Scheme::HTTPS,
+            b"http" => http::uri::Scheme::HTTP,
+            other => other.try_into().map_err(|_| "invalid :scheme")?,
+        });
         if let Some(a) = authority {
-            uri = uri.authority(a);
+            uri.authority = Some(
+                http::uri::Authority::from_maybe_shared(a.clone())
+                    .map_err(|_| "invalid :authority")?,
+            );
         }
-        let uri = uri
-            .path_and_query(&path[..])
-            .build()
-            .map_err(|_| "invalid request target")?;
-        builder = builder.uri(uri);
+        uri.path_and_query = Some(
+            http::uri::PathAndQuery::from_maybe_shared(path.clone())
+                .map_err(|_| "invalid :path")?,
+        );
+        builder = builder.uri(Uri::from_parts(uri).map_err(|_| "invalid request target")?);
     }
     let (mut parts, ()) = builder
         .body(())
         .map_err(|_| "invalid request")?
         .into_parts();
+    parts.headers.reserve(regular.len());
     regular_headers(regular, &mut parts.headers)?;
     if let (Some(a), Some(host)) = (authority, parts.headers.get(http::header::HOST))
         && host.as_bytes() != &a[..]
@@ -234,9 +255,9 @@ pub fn parse_request(
 }
 
 /// The value of the Host field among `regular`, if there is one; two are malformed.
-fn host_header(regular: &[(Bytes, Bytes)]) -> Result<Option<&[u8]>, &'static str> {
+fn host_header(regular: &[(Bytes, Bytes)]) -> Result<Option<&Bytes>, &'static str> {
     let mut hosts = regular.iter().filter(|(n, _)| &n[..] == b"host");
-    let first = hosts.next().map(|(_, v)| &v[..]);
+    let first = hosts.next().map(|(_, v)| v);
     if hosts.next().is_some() {
         return Err("more than one host");
     }
@@ -245,11 +266,11 @@ fn host_header(regular: &[(Bytes, Bytes)]) -> Result<Option<&[u8]>, &'static str
 
 /// A response head from its fields.
 pub fn parse_response(fields: &[(Bytes, Bytes)]) -> Result<http::response::Parts, &'static str> {
-    let (pseudo, regular) = split_pseudo(fields)?;
+    let (pseudo, regular) = fields.split_at(pseudo_count(fields));
     let mut status = None;
     for (n, v) in pseudo {
-        match n {
-            b":status" => status = Some(v),
+        match &n[..] {
+            b":status" => once(&mut status, v)?,
             _ => return Err("unknown pseudo-header in a response"),
         }
     }
@@ -263,6 +284,7 @@ pub fn parse_response(fields: &[(Bytes, Bytes)]) -> Result<http::response::Parts
         .body(())
         .map_err(|_| "invalid response")?
         .into_parts();
+    parts.headers.reserve(regular.len());
     regular_headers(regular, &mut parts.headers)?;
     Ok(parts)
 }

@@ -155,7 +155,8 @@ impl SendHalf {
         if parts.status.is_informational() {
             return Err(Error::Malformed("use send_informational for 1xx"));
         }
-        self.send_fields(&message::response_fields(&parts)).await
+        let frame = self.headers_frame(message::response_field_refs(&parts))?;
+        self.send_headers_frame(frame).await
     }
 
     /// Server: sends an informational (1xx) response before the final one.

@@ -495,19 +495,40 @@ impl SendHalf {
     }
 
     pub(crate) async fn send_fields(&mut self, fields: &Fields) -> Result<(), Error> {
+        let frame = self.headers_frame(fields.iter().map(|(n, v)| (&n[..], &v[..])))?;
+        self.send_headers_frame(frame).await
+    }
+
+    /// A HEADERS frame for `fields`, encoded straight into the buffer that goes out.
+    pub(crate) fn headers_frame<'a>(
+        &self,
+        fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    ) -> Result<Bytes, Error> {
         // Encoding for a voided stream would leave the QPACK encoder a section no one acks.
         if self.send.as_ref().is_some_and(SendStream::is_0rtt_rejected) {
             return Err(Error::ZeroRttRejected);
         }
-        let block = self.shared.encode_fields(self.id, fields)?;
-        let mut buf = Vec::with_capacity(block.len() + 8);
-        frame::write_header(frame::HEADERS, block.len() as u64, &mut buf);
-        buf.extend_from_slice(&block);
+        // Room for the longest frame header in front; the header goes right before the
+        // block once its length is known.
+        const ROOM: usize = 9;
+        let mut buf = Vec::with_capacity(256);
+        buf.resize(ROOM, 0);
+        self.shared.encode_fields(self.id, fields, &mut buf)?;
+        let len = (buf.len() - ROOM) as u64;
+        let start = ROOM - frame::header_len(frame::HEADERS, len);
+        let mut room = &mut buf[start..ROOM];
+        frame::write_header(frame::HEADERS, len, &mut room);
+        let mut b = Bytes::from(buf);
+        bytes::Buf::advance(&mut b, start);
+        Ok(b)
+    }
+
+    pub(crate) async fn send_headers_frame(&mut self, frame: Bytes) -> Result<(), Error> {
         if self.peer_done {
             return Ok(());
         }
         let s = self.send_stream()?;
-        let r = s.write_chunk(Bytes::from(buf)).await;
+        let r = s.write_chunk(frame).await;
         self.outcome(r)
     }
 
@@ -516,10 +537,12 @@ impl SendHalf {
         if data.is_empty() || self.peer_done {
             return Ok(());
         }
-        let mut hdr = Vec::with_capacity(16);
-        frame::write_header(frame::DATA, data.len() as u64, &mut hdr);
+        let mut hdr = [0u8; 16];
+        let mut room = &mut hdr[..];
+        frame::write_header(frame::DATA, data.len() as u64, &mut room);
+        let n = 16 - room.len();
         let s = self.send_stream()?;
-        let r = s.write_chunk(Bytes::from(hdr)).await;
+        let r = s.write_chunk(Bytes::copy_from_slice(&hdr[..n])).await;
         self.outcome(r)?;
         let Some(s) = self.send.as_mut() else {
             return Ok(());

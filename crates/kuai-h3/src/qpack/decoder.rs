@@ -347,7 +347,8 @@ impl Decoder {
         }
         self.forget_stream(stream_id);
 
-        let mut fields = Vec::new();
+        // Most sections hold fewer than 16 fields: one allocation, no regrowth.
+        let mut fields = Vec::with_capacity(16);
         let mut budget = self.max_field_section_size;
         let mut largest: Option<u64> = None;
         while pos < block.len() {

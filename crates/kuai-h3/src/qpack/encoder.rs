@@ -344,6 +344,19 @@ impl Encoder {
         block: &mut Vec<u8>,
         encoder_stream: &mut Vec<u8>,
     ) -> Result<(), QpackError> {
+        let fields = fields.iter().map(|(n, v)| (&n[..], &v[..]));
+        self.encode_with(stream_id, fields, block, encoder_stream)
+    }
+
+    /// As [`encode`](Self::encode), from borrowed names and values (a header map's, say):
+    /// nothing is copied but what the dynamic table keeps.
+    pub fn encode_with<'a>(
+        &mut self,
+        stream_id: u64,
+        fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+        block: &mut Vec<u8>,
+        encoder_stream: &mut Vec<u8>,
+    ) -> Result<(), QpackError> {
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -360,9 +373,11 @@ impl Encoder {
             blocking_ok,
             refs: Vec::new(),
         };
+        let mut count = 0u64;
         for (name, value) in fields {
             self.encode_field(&mut st, name, value, &mut lines, encoder_stream);
             self.stats.bytes_in += (name.len() + value.len()) as u64;
+            count += 1;
         }
         let ric = st.refs.iter().max().map_or(0, |&m| m + 1);
         write_section_prefix(block, ric, st.base, self.max_entries);
@@ -382,7 +397,7 @@ impl Encoder {
             self.unacked += 1;
         }
         self.stats.sections += 1;
-        self.stats.fields += fields.len() as u64;
+        self.stats.fields += count;
         self.stats.block_bytes += (block.len() - block_start) as u64;
         self.stats.encoder_stream_bytes += (encoder_stream.len() - enc_start) as u64;
         Ok(())
@@ -391,8 +406,8 @@ impl Encoder {
     fn encode_field(
         &mut self,
         st: &mut SectionState,
-        name: &Bytes,
-        value: &Bytes,
+        name: &[u8],
+        value: &[u8],
         lines: &mut Vec<u8>,
         enc: &mut Vec<u8>,
     ) {
@@ -417,7 +432,7 @@ impl Encoder {
                     // room: the decoder reads it before evicting, RFC 9204 §3.2.2).
                     write_duplicate(enc, self.insert_count() - 1 - abs);
                     self.stats.duplicates += 1;
-                    let new = self.push_entry(name.clone(), value.clone(), name_hash, field_hash);
+                    let new = self.push_entry(name, value, name_hash, field_hash);
                     self.name_stat(name_hash, |s| s.hits += 1);
                     if st.blocking_ok {
                         self.reference(st, new, lines);
@@ -441,7 +456,7 @@ impl Encoder {
                     write_insert_with_literal_name(enc, name, value, self.huffman);
                 }
                 self.stats.inserts += 1;
-                let new = self.push_entry(name.clone(), value.clone(), name_hash, field_hash);
+                let new = self.push_entry(name, value, name_hash, field_hash);
                 self.name_stat(name_hash, |s| s.inserts += 1);
                 if st.blocking_ok {
                     self.reference(st, new, lines);
@@ -610,11 +625,11 @@ impl Encoder {
         }
     }
 
-    fn push_entry(&mut self, name: Bytes, value: Bytes, name_hash: u64, field_hash: u64) -> u64 {
+    fn push_entry(&mut self, name: &[u8], value: &[u8], name_hash: u64, field_hash: u64) -> u64 {
         let abs = self.insert_count();
         let e = Entry {
-            name,
-            value,
+            name: Bytes::copy_from_slice(name),
+            value: Bytes::copy_from_slice(value),
             name_hash,
             field_hash,
             refs: 0,

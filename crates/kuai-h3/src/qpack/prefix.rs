@@ -156,6 +156,8 @@ pub fn decode_string(
         if out.len() > max_len {
             return Err(Error::Invalid("string too long"));
         }
+        // Exactly sized, the vector becomes `Bytes` without a second allocation.
+        out.shrink_to_fit();
         out
     } else {
         data.to_vec()
