@@ -22,12 +22,15 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Removes the hop-by-hop fields: the fixed ones and every field `Connection` names.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if headers.contains_key(header::CONNECTION) {
+        // `close` and `keep-alive`, the usual tokens, name no other field.
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .map(str::trim)
+            .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
             .collect();
         for n in named {
             headers.remove(n);
@@ -38,9 +41,16 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// A field value made of `text`, without copying it again.
+fn value_of(mut text: String) -> Option<HeaderValue> {
+    // Exactly sized, the string becomes `Bytes` without another allocation.
+    text.shrink_to_fit();
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
+}
+
 /// Appends `value` to the list in field `name`, the field's lines joined into one (as
 /// nginx's `$proxy_add_x_forwarded_for` does); lines that are not text are dropped.
-pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: &str) {
+pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: String) {
     let mut joined = String::new();
     for v in headers.get_all(&name) {
         if let Ok(s) = v.to_str() {
@@ -48,8 +58,13 @@ pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: &str
             joined.push_str(", ");
         }
     }
-    joined.push_str(value);
-    if let Ok(v) = HeaderValue::from_str(&joined) {
+    let joined = if joined.is_empty() {
+        value
+    } else {
+        joined.push_str(&value);
+        joined
+    };
+    if let Some(v) = value_of(joined) {
         headers.insert(name, v);
     }
 }
@@ -58,7 +73,7 @@ pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: &str
 pub(crate) fn append_value(headers: &mut HeaderMap, name: HeaderName, value: &HeaderValue) {
     if headers.contains_key(&name) {
         if let Ok(v) = value.to_str() {
-            append_list(headers, name, v);
+            append_list(headers, name, v.to_owned());
         }
     } else {
         headers.insert(name, value.clone());
@@ -127,12 +142,12 @@ mod tests {
     #[test]
     fn a_list_field_grows_on_its_last_line() {
         let mut h = HeaderMap::new();
-        append_list(&mut h, header::VIA, "3 kuai");
+        append_list(&mut h, header::VIA, "3 kuai".into());
         assert_eq!(h[header::VIA], "3 kuai");
         let name = HeaderName::from_static("x-forwarded-for");
         h.append(&name, HeaderValue::from_static("10.0.0.1"));
         h.append(&name, HeaderValue::from_static("10.0.0.2"));
-        append_list(&mut h, name.clone(), "192.0.2.7");
+        append_list(&mut h, name.clone(), "192.0.2.7".into());
         let all: Vec<_> = h.get_all(&name).iter().collect();
         assert_eq!(all, ["10.0.0.1, 10.0.0.2, 192.0.2.7"]);
     }

@@ -452,13 +452,20 @@ impl Head {
     /// `protocol`: HTTP/1.1 sends the path (origin form) and `Host`; HTTP/2 the absolute
     /// URI's parts as pseudo-header fields, the authority as `:authority` and no `Host`
     /// (RFC 9113 §8.3.1).
-    fn target(&self, r: &mut Request<UpBody>, protocol: UpstreamProtocol) {
+    fn target(&mut self, r: &mut Request<UpBody>, protocol: UpstreamProtocol) {
         match protocol {
             UpstreamProtocol::Http1 => {
                 *r.uri_mut() = self.origin.clone();
                 *r.version_mut() = http::Version::HTTP_11;
-                if let Some(h) = &self.host {
-                    r.headers_mut().insert(header::HOST, h.clone());
+                // The value moves when no other attempt needs it (a request back from an
+                // HTTP/2 backend brought it back).
+                let host = if self.keep {
+                    self.host.clone()
+                } else {
+                    self.host.take()
+                };
+                if let Some(h) = host {
+                    r.headers_mut().insert(header::HOST, h);
                 }
             }
             UpstreamProtocol::H2c => {
@@ -474,7 +481,11 @@ impl Head {
                     *r.uri_mut() = u;
                 }
                 *r.version_mut() = http::Version::HTTP_2;
-                r.headers_mut().remove(header::HOST);
+                if let Some(h) = r.headers_mut().remove(header::HOST)
+                    && self.host.is_none()
+                {
+                    self.host = Some(h);
+                }
             }
         }
     }
@@ -640,12 +651,12 @@ impl Inner {
             headers::append_list(
                 &mut headers,
                 HeaderName::from_static("x-forwarded-for"),
-                &ip.to_string(),
+                ip.to_string(),
             );
             headers::append_list(
                 &mut headers,
                 header::FORWARDED,
-                &headers::forwarded_element(ip, authority.as_ref().map(|a| a.as_str())),
+                headers::forwarded_element(ip, authority.as_ref().map(|a| a.as_str())),
             );
         }
         headers.insert(
