@@ -1,14 +1,14 @@
 //! What both sides of an HTTP/3 connection share: the control and QPACK streams, settings,
 //! GOAWAY, and connection errors (RFC 9114 §6.2, §7.2.4, §5.2; RFC 9204 §4.2).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use kuai::{Connection, RecvStream};
 use kuai_proto::Side;
 use kuai_proto::coding::BufMutExt;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
 use crate::error::{Code, H3Error};
 use crate::frame::{self, Frame, FrameReader, Settings};
@@ -110,59 +110,77 @@ pub(crate) struct Shared {
 /// Bytes waiting for one of our unidirectional streams' writer task, at most
 /// `Config::critical_backlog` of them.
 pub(crate) struct Outbox {
-    tx: mpsc::UnboundedSender<Bytes>,
-    queued: Arc<AtomicUsize>,
+    inner: Arc<OutboxInner>,
     limit: usize,
     what: &'static str,
 }
 
+struct OutboxInner {
+    /// What the writer task has not taken yet: instructions queued between two of its
+    /// turns go out in one write.
+    buf: Mutex<BytesMut>,
+    /// Set when `buf` goes from empty to not, and when the sender goes away.
+    ready: Notify,
+    closed: AtomicBool,
+}
+
 impl Outbox {
     fn new(limit: usize, what: &'static str) -> (Self, OutboxRx) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let queued = Arc::new(AtomicUsize::new(0));
+        let inner = Arc::new(OutboxInner {
+            buf: Mutex::new(BytesMut::new()),
+            ready: Notify::new(),
+            closed: AtomicBool::new(false),
+        });
         let rx = OutboxRx {
-            rx,
-            queued: queued.clone(),
+            inner: inner.clone(),
         };
-        (
-            Self {
-                tx,
-                queued,
-                limit,
-                what,
-            },
-            rx,
-        )
+        (Self { inner, limit, what }, rx)
     }
 
     /// Queues `b` for the stream; an H3_EXCESSIVE_LOAD error (nothing queued) once more than
     /// the backlog limit would wait.
-    pub fn send(&self, b: Bytes) -> Result<(), H3Error> {
-        let n = b.len();
-        let before = self.queued.fetch_add(n, Ordering::Relaxed);
-        if before + n > self.limit {
-            self.queued.fetch_sub(n, Ordering::Relaxed);
+    pub fn send(&self, b: &[u8]) -> Result<(), H3Error> {
+        let mut buf = self.inner.buf.lock().unwrap_or_else(|e| e.into_inner());
+        if buf.len() + b.len() > self.limit {
             return Err(H3Error::new(Code::EXCESSIVE_LOAD, self.what));
         }
-        let _ = self.tx.send(b);
+        let wake = buf.is_empty();
+        buf.extend_from_slice(b);
+        drop(buf);
+        if wake {
+            self.inner.ready.notify_one();
+        }
         Ok(())
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.ready.notify_one();
     }
 }
 
 /// The writer task's end of an [`Outbox`].
 pub(crate) struct OutboxRx {
-    rx: mpsc::UnboundedReceiver<Bytes>,
-    queued: Arc<AtomicUsize>,
+    inner: Arc<OutboxInner>,
 }
 
 impl OutboxRx {
+    /// Everything queued since the last call; `None` once the sender is gone.
     async fn recv(&mut self) -> Option<Bytes> {
-        self.rx.recv().await
-    }
-
-    /// `n` bytes were handed to QUIC (or dropped with the stream).
-    fn done(&self, n: usize) {
-        self.queued.fetch_sub(n, Ordering::Relaxed);
+        loop {
+            {
+                let mut buf = self.inner.buf.lock().unwrap_or_else(|e| e.into_inner());
+                if !buf.is_empty() {
+                    return Some(buf.split().freeze());
+                }
+            }
+            if self.inner.closed.load(Ordering::Acquire) {
+                return None;
+            }
+            self.inner.ready.notified().await;
+        }
     }
 }
 
@@ -237,7 +255,7 @@ impl Shared {
                 let queued = if out.is_empty() {
                     Ok(())
                 } else {
-                    self.decoder_tx.send(Bytes::from(out))
+                    self.decoder_tx.send(&out)
                 };
                 (r, queued)
             };
@@ -284,7 +302,7 @@ impl Shared {
         let queued = if enc.is_empty() {
             Ok(())
         } else {
-            self.encoder_tx.send(Bytes::from(enc))
+            self.encoder_tx.send(&enc)
         };
         drop(s);
         if let Err(e) = queued {
@@ -302,7 +320,7 @@ impl Shared {
         let queued = if out.is_empty() {
             Ok(())
         } else {
-            self.decoder_tx.send(Bytes::from(out))
+            self.decoder_tx.send(&out)
         };
         drop(s);
         if let Err(e) = queued {
@@ -433,7 +451,6 @@ async fn open_uni(
                 }
             };
             let Some(b) = next else { break };
-            let n = b.len();
             let written = match stream.write_chunk(b.clone()).await {
                 Ok(()) => true,
                 Err(kuai::WriteError::ZeroRttRejected) => match reopen_uni(&quic, &first).await {
@@ -445,7 +462,6 @@ async fn open_uni(
                 },
                 Err(_) => false,
             };
-            rx.done(n);
             if !written {
                 break;
             }
@@ -653,7 +669,7 @@ async fn read_encoder(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
             let queued = if out.is_empty() {
                 Ok(())
             } else {
-                shared.decoder_tx.send(Bytes::from(out))
+                shared.decoder_tx.send(&out)
             };
             (r, queued)
         };
@@ -697,7 +713,7 @@ pub(crate) fn send_goaway(shared: &Shared, id: u64) {
         &mut b,
     );
     b.put_var(id);
-    if let Err(e) = shared.control_tx.send(Bytes::from(b)) {
+    if let Err(e) = shared.control_tx.send(&b) {
         shared.fail(e);
     }
 }
