@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{Request, Response};
+use http::{Method, Request, Response, header};
 use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
@@ -341,9 +341,17 @@ pub(crate) async fn exchange(
     // known only by reading it, and a body that came whole goes with its length, not
     // chunked.
     let mut stash = [None, None];
+    // A method whose requests rarely carry content, without a declared length: its end
+    // (an HTTP/3 FIN after the HEADERS frame, say) is awaited, so it goes without a body
+    // rather than chunked. (Not when the client waits for 100 Continue first.)
+    let wait_first = matches!(
+        parts.method,
+        Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS | Method::TRACE
+    ) && !parts.headers.contains_key(header::CONTENT_LENGTH)
+        && !parts.headers.contains_key(header::EXPECT);
     if !body.is_end_stream() && body.size_hint().exact().is_none() {
         std::future::poll_fn(|cx| {
-            for slot in &mut stash {
+            for (i, slot) in stash.iter_mut().enumerate() {
                 match Pin::new(&mut body).poll_frame(cx) {
                     Poll::Ready(f) => {
                         let more = matches!(f, Some(Ok(_))) && !body.is_end_stream();
@@ -352,6 +360,7 @@ pub(crate) async fn exchange(
                             break;
                         }
                     }
+                    Poll::Pending if i == 0 && wait_first => return Poll::Pending,
                     Poll::Pending => break,
                 }
             }
