@@ -23,11 +23,52 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts HTTP/3 on an accepted connection (ALPN `h3`).
+    /// Starts HTTP/3 on an accepted connection (ALPN `h3`); requests come from
+    /// [`accept`](Self::accept).
     pub async fn new(quic: kuai::Connection, config: Config) -> Result<Self, Error> {
-        let shared = conn::start(quic, kuai_proto::Side::Server, config).await?;
         let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
-        tokio::spawn(accept_requests(shared.clone(), tx));
+        let queue = tx.clone();
+        let handler = move |req, stream| {
+            let queue = queue.clone();
+            async move {
+                let _ = queue.send((req, stream)).await;
+            }
+        };
+        Self::start(quic, config, tx, rx, handler).await
+    }
+
+    /// Starts HTTP/3 on an accepted connection and hands each request to `handler` in the
+    /// task that read its head: no second task and no queue between them. [`accept`]
+    /// yields no request then; it returns `None` once the connection is closed (or, after
+    /// [`shutdown`](Self::shutdown), drained) and every handler has returned.
+    ///
+    /// [`accept`]: Self::accept
+    pub async fn with_handler<H, F>(
+        quic: kuai::Connection,
+        config: Config,
+        handler: H,
+    ) -> Result<Self, Error>
+    where
+        H: Fn(Request<()>, RequestStream) -> F + Send + Sync + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(1);
+        Self::start(quic, config, tx, rx, handler).await
+    }
+
+    async fn start<H, F>(
+        quic: kuai::Connection,
+        config: Config,
+        tx: mpsc::Sender<(Request<()>, RequestStream)>,
+        rx: mpsc::Receiver<(Request<()>, RequestStream)>,
+        handler: H,
+    ) -> Result<Self, Error>
+    where
+        H: Fn(Request<()>, RequestStream) -> F + Send + Sync + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let shared = conn::start(quic, kuai_proto::Side::Server, config).await?;
+        tokio::spawn(accept_requests(shared.clone(), tx, Arc::new(handler)));
         Ok(Self {
             _guard: Arc::new(CloseGuard(shared.clone())),
             shared,
@@ -60,8 +101,17 @@ impl Server {
     }
 }
 
-/// Reads request heads as streams arrive; one slow request does not hold up the others.
-async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, RequestStream)>) {
+/// Reads request heads as streams arrive, each in a task of its own that then runs
+/// `handler`; one slow request does not hold up the others. Every such task holds a clone
+/// of `tx`, so the server's `accept` ends only after the last of them.
+async fn accept_requests<H, F>(
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<(Request<()>, RequestStream)>,
+    handler: Arc<H>,
+) where
+    H: Fn(Request<()>, RequestStream) -> F + Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
     loop {
         let (send, recv) = tokio::select! {
             r = shared.quic.accept_bi() => match r {
@@ -83,7 +133,8 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
             }
             s.next_request_id = s.next_request_id.max(id + 4);
         }
-        let tx = tx.clone();
+        let alive = tx.clone();
+        let handler = handler.clone();
         let extended_connect = shared.config.enable_connect_protocol;
         let head_timeout = shared.config.request_head_timeout;
         tokio::spawn(async move {
@@ -131,7 +182,8 @@ async fn accept_requests(shared: Arc<Shared>, tx: mpsc::Sender<(Request<()>, Req
             if stream.recv.received_in_0rtt() {
                 parts.extensions.insert(crate::EarlyData);
             }
-            let _ = tx.send((Request::from_parts(parts, ()), stream)).await;
+            handler(Request::from_parts(parts, ()), stream).await;
+            drop(alive);
         });
     }
 }

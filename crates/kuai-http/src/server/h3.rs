@@ -21,14 +21,27 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
         request_head_timeout: Some(limits.header_timeout),
         ..kuai_h3::Config::default()
     };
-    let mut server = match kuai_h3::Server::new(conn, config).await {
+    let in_flight = InFlight::new();
+    // Each request is answered in the task that read its head.
+    let handler = {
+        let shared = shared.clone();
+        let in_flight = in_flight.clone();
+        move |req: Request<()>, stream: kuai_h3::RequestStream| {
+            let request = RequestGuard::new(&in_flight);
+            let shared = shared.clone();
+            async move {
+                let _request = request;
+                answer(req, stream, &shared, remote).await;
+            }
+        }
+    };
+    let mut server = match kuai_h3::Server::with_handler(conn, config, handler).await {
         Ok(s) => s,
         Err(e) => {
             tracing::info!(%remote, error = %e, "HTTP/3 setup failed");
             return;
         }
     };
-    let in_flight = InFlight::new();
     let mut draining: Option<tokio::time::Instant> = None;
     let close = |server: &kuai_h3::Server, why: &'static [u8]| {
         server.shutdown();
@@ -76,48 +89,55 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
                 continue;
             }
         };
-        let Some((req, stream)) = next else { break };
-        let request = RequestGuard::new(&in_flight);
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let _request = request;
-            let (parts, ()) = req.into_parts();
-            let method = parts.method.clone();
-            let path = parts.uri.path().to_owned();
-            // Its head arrived (at least in part) in 0-RTT: an attacker may replay it (RFC 9001
-            // §9.2, RFC 8446 §8).
-            let early = parts.extensions.get::<EarlyData>().is_some();
-            let info = ConnInfo {
-                remote,
-                protocol: Protocol::Http3,
-            };
-            let mut log = AccessLog::new(&shared, info, method.clone(), path, early);
-            let (mut send, recv) = stream.split();
-            let limit = shared.limits.max_request_body;
-            let req = Request::from_parts(parts, Body::h3(recv, limit));
-            // A client that cancels the request (STOP_SENDING) or goes away drops the work
-            // making its response: a proxied request's upstream exchange, for one.
-            let resp = tokio::select! {
-                r = shared.respond(req, info) => r,
-                e = send.cancelled() => {
-                    tracing::debug!(%remote, %method, path = log.path, error = %e, "h3 request cancelled");
-                    return;
-                }
-            };
-            log.response(&resp);
-            match send_response(send, resp, &method).await {
-                Ok((bytes, mut send)) => {
-                    log.bytes = bytes;
-                    log.write();
-                    drop(log);
-                    // The request is done; its stream stays until the client has it all.
-                    let _ = send.finished().await;
-                }
-                Err(e) => {
-                    tracing::info!(%remote, %method, path = log.path, error = %e, "h3 request failed")
-                }
-            }
-        });
+        // Requests go to the handler; `accept` only tells that the connection is done.
+        if next.is_none() {
+            break;
+        }
+    }
+}
+
+/// Answers one request on its stream, and writes its access log line.
+async fn answer(
+    req: Request<()>,
+    stream: kuai_h3::RequestStream,
+    shared: &Arc<Shared>,
+    remote: std::net::SocketAddr,
+) {
+    let (parts, ()) = req.into_parts();
+    let method = parts.method.clone();
+    let path = parts.uri.path().to_owned();
+    // Its head arrived (at least in part) in 0-RTT: an attacker may replay it (RFC 9001
+    // §9.2, RFC 8446 §8).
+    let early = parts.extensions.get::<EarlyData>().is_some();
+    let info = ConnInfo {
+        remote,
+        protocol: Protocol::Http3,
+    };
+    let mut log = AccessLog::new(shared, info, method.clone(), path, early);
+    let (mut send, recv) = stream.split();
+    let limit = shared.limits.max_request_body;
+    let req = Request::from_parts(parts, Body::h3(recv, limit));
+    // A client that cancels the request (STOP_SENDING) or goes away drops the work
+    // making its response: a proxied request's upstream exchange, for one.
+    let resp = tokio::select! {
+        r = shared.respond(req, info) => r,
+        e = send.cancelled() => {
+            tracing::debug!(%remote, %method, path = log.path, error = %e, "h3 request cancelled");
+            return;
+        }
+    };
+    log.response(&resp);
+    match send_response(send, resp, &method).await {
+        Ok((bytes, mut send)) => {
+            log.bytes = bytes;
+            log.write();
+            drop(log);
+            // The request is done; its stream stays until the client has it all.
+            let _ = send.finished().await;
+        }
+        Err(e) => {
+            tracing::info!(%remote, %method, path = log.path, error = %e, "h3 request failed")
+        }
     }
 }
 
