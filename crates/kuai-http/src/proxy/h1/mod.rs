@@ -25,8 +25,10 @@ use self::parse::{Chunked, Framing, ParseError, RequestFraming};
 use super::backend::Backend;
 use super::body::UpBody;
 
-/// Read buffer allocation: responses are read in pieces of up to this much.
-const READ_SIZE: usize = 64 * 1024;
+/// Read buffer allocations: a connection starts with the first and doubles up to the second
+/// while its reads fill the buffer (a large response: fewer, larger reads).
+const READ_SIZE: usize = 16 * 1024;
+const MAX_READ_SIZE: usize = 256 * 1024;
 /// Below this much room a new read buffer is taken.
 const MIN_ROOM: usize = 4 * 1024;
 /// Request body data up to this size is copied beside its framing (one write); larger
@@ -83,6 +85,8 @@ pub(crate) struct Conn {
     data: Bytes,
     /// Some bytes were written on this connection for the current request.
     wrote: bool,
+    /// The next read buffer's size.
+    read_size: usize,
 }
 
 impl Conn {
@@ -94,6 +98,7 @@ impl Conn {
             wpos: 0,
             data: Bytes::new(),
             wrote: false,
+            read_size: READ_SIZE,
         }
     }
 
@@ -132,9 +137,18 @@ impl Conn {
     /// Reads more into `rbuf`; 0 at the end of the stream.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.rbuf.capacity() - self.rbuf.len() < MIN_ROOM {
-            self.rbuf.reserve(READ_SIZE);
+            self.rbuf.reserve(self.read_size);
         }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)
+        let room = self.rbuf.capacity() - self.rbuf.len();
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.io),
+            cx,
+            &mut self.rbuf
+        ))?;
+        if n == room {
+            self.read_size = (self.read_size * 2).min(MAX_READ_SIZE);
+        }
+        Poll::Ready(Ok(n))
     }
 }
 
