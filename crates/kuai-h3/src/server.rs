@@ -182,7 +182,9 @@ async fn accept_requests<H, F>(
             if stream.recv.received_in_0rtt() {
                 parts.extensions.insert(crate::EarlyData);
             }
-            handler(Request::from_parts(parts, ()), stream).await;
+            // Boxed: the task then moves (at spawn and when it ends) only its own small state,
+            // not the handler's.
+            Box::pin(handler(Request::from_parts(parts, ()), stream)).await;
             drop(alive);
         });
     }

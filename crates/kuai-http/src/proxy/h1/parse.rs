@@ -72,7 +72,18 @@ pub(crate) struct ResponseHead {
 /// Parses the response head at the start of `buf` and takes it off; `Ok(None)` while it is
 /// incomplete. Field values share the head's bytes (no copy per field).
 pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<ResponseHead>, ParseError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    // Most heads have a few fields: small arrays on the stack first, the full allowance only
+    // for a head with more.
+    match parse_head_with::<24>(buf) {
+        Err(ParseError::HeadTooLarge) if buf.len() < MAX_HEAD => {
+            parse_head_with::<MAX_HEADERS>(buf)
+        }
+        r => r,
+    }
+}
+
+fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<ResponseHead>, ParseError> {
+    let mut fields = [httparse::EMPTY_HEADER; N];
     let mut resp = httparse::Response::new(&mut fields);
     let end = match resp.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
@@ -96,7 +107,7 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<ResponseHead>, Par
     };
     // Where each field's name and value lie in the head, to slice the frozen head later.
     let base = buf.as_ptr() as usize;
-    let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+    let mut spans = [(0u32, 0u32, 0u32, 0u32); N];
     let count = resp.headers.len();
     for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
         let at = |s: &[u8]| (s.as_ptr() as usize).wrapping_sub(base) as u32;
@@ -492,6 +503,17 @@ mod tests {
             big.extend_from_slice(b"X-Fill: 0123456789012345678901234567890123456789\r\n");
         }
         assert!(parse_head(&mut big).is_err());
+        // More fields than the first try's arrays hold, fewer than the limit: parsed.
+        let mut fifty = String::from("HTTP/1.1 200 OK\r\n");
+        for i in 0..50 {
+            fifty.push_str(&format!("X-{i}: v{i}\r\n"));
+        }
+        fifty.push_str("\r\n");
+        let h = parse_head(&mut BytesMut::from(&fifty[..]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.headers.len(), 50);
+        assert_eq!(h.headers["x-49"], "v49");
         let mut many = String::from("HTTP/1.1 200 OK\r\n");
         for i in 0..=MAX_HEADERS {
             many.push_str(&format!("X-{i}: v\r\n"));
