@@ -30,6 +30,9 @@ pub(crate) enum Failure {
     NotSent(Box<Request<UpBody>>, Reason),
     /// The request (some of it) went out; no response head came.
     Sent(Reason),
+    /// The client's request body failed (or broke its declared length): not the backend's
+    /// fault, and not worth another backend.
+    Client(Reason),
 }
 
 /// What went wrong, for the log and the status.
@@ -178,6 +181,10 @@ impl Backend {
         mut req: Request<UpBody>,
         o: &Options,
     ) -> Result<Response<h1::Body>, Failure> {
+        // What of the body is here already decides its framing; a GET's end is awaited
+        // (within the response timeout) before a connection is taken for it.
+        let wait = h1::wait_for_body_end(&req);
+        let _ = tokio::time::timeout(o.response_timeout, req.body_mut().read_ahead(wait)).await;
         loop {
             let (conn, pooled) = match self.take_idle(o) {
                 Some(c) => (c, true),
@@ -209,7 +216,10 @@ impl Backend {
             let again = pooled
                 && !answered
                 && (!sent || (request.method().is_idempotent() && !request.body().data_taken()));
-            if again && !matches!(error, h1::Error::ClientBody(_)) {
+            if matches!(error, h1::Error::ClientBody(_) | h1::Error::BodyLength) {
+                return Err(Failure::Client(Reason::H1(error)));
+            }
+            if again {
                 req = request;
                 continue;
             }

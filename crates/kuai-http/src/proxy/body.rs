@@ -9,7 +9,7 @@ use std::task::{Context, Poll, ready};
 use super::backend::{Backend, Received};
 use crate::{Body, Error};
 use bytes::Bytes;
-use http_body::{Frame, SizeHint};
+use http_body::{Body as _, Frame, SizeHint};
 
 /// The request body read by the backend connection: not one byte of it yet.
 const UNTOUCHED: u8 = 0;
@@ -19,12 +19,16 @@ const ENDED_EMPTY: u8 = 1;
 const CONSUMED: u8 = 2;
 
 /// A request body on its way to a backend, telling the proxy whether any of it was taken.
+/// Frames can be read ahead ([`read_ahead`](Self::read_ahead)) and given back
+/// ([`put_back`](Self::put_back)): they are read again, in order, before the rest.
 #[derive(Debug)]
 pub(crate) struct UpBody {
     inner: Body,
     seen: Arc<AtomicU8>,
-    /// Frames read and given back unsent, to be read again first (last first).
+    /// Frames to be read first (last first).
     back: Vec<Frame<Bytes>>,
+    /// The error read after `back`, to be read again after them.
+    failed: Option<Error>,
     /// `inner` has ended (it is not polled again).
     ended: bool,
 }
@@ -37,6 +41,7 @@ impl UpBody {
                 inner,
                 seen: seen.clone(),
                 back: Vec::new(),
+                failed: None,
                 ended: false,
             },
             BodyWatch(seen),
@@ -49,9 +54,35 @@ impl UpBody {
         self.back.extend(frames.into_iter().rev());
         self.ended |= ended;
     }
-}
 
-impl UpBody {
+    /// Reads what the body has ready, up to two frames, so its framing can be chosen from
+    /// what is known: an end already here, or a body that came whole. With `wait_first`,
+    /// waits for the first frame (or the end) when nothing is there yet.
+    pub(crate) async fn read_ahead(&mut self, wait_first: bool) {
+        if !self.back.is_empty() || self.failed.is_some() || self.ended {
+            return;
+        }
+        let mut read = Vec::new();
+        std::future::poll_fn(|cx| {
+            while read.len() < 2 && !self.ended && self.failed.is_none() {
+                if self.inner.is_end_stream() {
+                    self.ended = true;
+                    break;
+                }
+                match Pin::new(&mut self.inner).poll_frame(cx) {
+                    Poll::Pending if read.is_empty() && wait_first => return Poll::Pending,
+                    Poll::Pending => break,
+                    Poll::Ready(None) => self.ended = true,
+                    Poll::Ready(Some(Ok(f))) => read.push(f),
+                    Poll::Ready(Some(Err(e))) => self.failed = Some(e),
+                }
+            }
+            Poll::Ready(())
+        })
+        .await;
+        self.back.extend(read.into_iter().rev());
+    }
+
     /// Some of the body's data was read (it cannot be sent again).
     pub(crate) fn data_taken(&self) -> bool {
         self.seen.load(Relaxed) == CONSUMED
@@ -77,16 +108,23 @@ impl http_body::Body for UpBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = self.get_mut();
-        if let Some(f) = this.back.pop() {
-            return Poll::Ready(Some(Ok(f)));
-        }
-        if this.ended {
-            return Poll::Ready(None);
-        }
-        let f = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        let f = if let Some(f) = this.back.pop() {
+            Some(Ok(f))
+        } else if let Some(e) = this.failed.take() {
+            // Read again by whoever polls next, then the body is over.
+            this.ended = true;
+            Some(Err(e))
+        } else if this.ended {
+            None
+        } else {
+            let f = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+            if f.is_none() {
+                this.ended = true;
+            }
+            f
+        };
         match &f {
             None => {
-                this.ended = true;
                 let _ = this
                     .seen
                     .compare_exchange(UNTOUCHED, ENDED_EMPTY, Relaxed, Relaxed);
@@ -98,10 +136,13 @@ impl http_body::Body for UpBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.back.is_empty() && (self.ended || self.inner.is_end_stream())
+        self.back.is_empty() && self.failed.is_none() && (self.ended || self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.failed.is_some() {
+            return SizeHint::default();
+        }
         if self.back.is_empty() && !self.ended {
             return self.inner.size_hint();
         }
@@ -113,11 +154,12 @@ impl http_body::Body for UpBody {
         if self.ended {
             return SizeHint::with_exact(back);
         }
-        let mut h = self.inner.size_hint();
-        h.set_lower(h.lower().saturating_add(back));
-        if let Some(u) = h.upper() {
+        let inner = self.inner.size_hint();
+        let mut h = SizeHint::new();
+        if let Some(u) = inner.upper() {
             h.set_upper(u.saturating_add(back));
         }
+        h.set_lower(inner.lower().saturating_add(back));
         h
     }
 }

@@ -557,6 +557,13 @@ impl Inner {
                     self.log_failure(b, &why, &head, false);
                     last = Some(why);
                 }
+                Err(Failure::Client(why)) => {
+                    tracing::debug!(
+                        target: "kuai_http::proxy", backend = %b.name, method = %head.method,
+                        path = head.origin.path(), reason = %why, "request body failed"
+                    );
+                    return local(StatusCode::BAD_REQUEST, "the request body failed");
+                }
             }
         }
         match last {

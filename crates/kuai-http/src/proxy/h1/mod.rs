@@ -155,11 +155,27 @@ impl Conn {
 /// What a body's `poll_frame` gave.
 type Polled = Option<Result<Frame<Bytes>, crate::Error>>;
 
+/// Methods whose requests rarely carry content.
+fn bodiless(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS | Method::TRACE
+    )
+}
+
+/// Whether a request's body is worth waiting for before its head goes out: a method whose
+/// requests rarely carry content, without a declared length, goes without a body when its
+/// end comes (an HTTP/3 FIN after the HEADERS frame) rather than chunked. Not when the
+/// client waits for 100 Continue.
+pub(crate) fn wait_for_body_end(req: &Request<UpBody>) -> bool {
+    bodiless(req.method())
+        && !req.headers().contains_key(header::CONTENT_LENGTH)
+        && !req.headers().contains_key(header::EXPECT)
+}
+
 /// A request body going out on a connection.
 struct Upload {
     body: UpBody,
-    /// Frames read from the body before the head was written, last first.
-    stash: [Option<Polled>; 2],
     framing: RequestFraming,
     /// Bytes a `Content-Length` still promises.
     left: u64,
@@ -173,11 +189,9 @@ struct Upload {
 }
 
 impl Upload {
-    fn new(body: UpBody, framing: RequestFraming, stash: [Option<Polled>; 2], ended: bool) -> Self {
-        let [a, b] = stash;
+    fn new(body: UpBody, framing: RequestFraming) -> Self {
         Self {
             body,
-            stash: [b, a],
             framing,
             left: match framing {
                 RequestFraming::Length(n) => n,
@@ -186,7 +200,7 @@ impl Upload {
             replay: Vec::new(),
             replay_end: false,
             chunked_any: false,
-            done: framing == RequestFraming::None || ended && framing == RequestFraming::Length(0),
+            done: framing == RequestFraming::None,
         }
     }
 
@@ -216,24 +230,12 @@ impl Upload {
         }
     }
 
-    /// The body with everything that never left given back to it: the frames taken before
-    /// the first byte was written (when none was), and those read ahead and not yet taken.
+    /// The body with what never left given back to it: the frames taken before the first
+    /// byte was written, when none was.
     fn into_unsent(mut self, wrote: bool) -> UpBody {
-        let mut frames = Vec::new();
-        let mut ended = false;
-        if !wrote {
-            frames = std::mem::take(&mut self.replay);
-            ended = self.replay_end;
-        }
-        for f in self.stash.iter_mut().rev().filter_map(Option::take) {
-            match f {
-                Some(Ok(f)) => frames.push(f),
-                None => ended = true,
-                Some(Err(_)) => {}
-            }
-        }
-        if !frames.is_empty() || ended {
-            self.body.put_back(frames, ended);
+        if !wrote && (!self.replay.is_empty() || self.replay_end) {
+            let frames = std::mem::take(&mut self.replay);
+            self.body.put_back(frames, self.replay_end);
         }
         self.body
     }
@@ -244,10 +246,6 @@ impl Upload {
             // Takes what the body has ready while little is queued, so a small body goes
             // out with the head in one write.
             while !self.done && conn.data.is_empty() && conn.queued() < 16 * 1024 {
-                if let Some(f) = self.stash.iter_mut().rev().find_map(Option::take) {
-                    self.take(f, conn)?;
-                    continue;
-                }
                 match Pin::new(&mut self.body).poll_frame(cx) {
                     Poll::Pending => break,
                     Poll::Ready(f) => self.take(f, conn)?,
@@ -350,59 +348,15 @@ pub(crate) async fn exchange(
     req: Request<UpBody>,
     home: Home,
 ) -> Result<Response<Body>, Box<Failed>> {
-    let (parts, mut body) = req.into_parts();
-    // What of the body is here already decides its framing: an HTTP/3 request's end is
-    // known only by reading it, and a body that came whole goes with its length, not
-    // chunked.
-    let mut stash = [None, None];
-    // A method whose requests rarely carry content, without a declared length: its end
-    // (an HTTP/3 FIN after the HEADERS frame, say) is awaited, so it goes without a body
-    // rather than chunked. (Not when the client waits for 100 Continue first.)
-    let wait_first = matches!(
-        parts.method,
-        Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS | Method::TRACE
-    ) && !parts.headers.contains_key(header::CONTENT_LENGTH)
-        && !parts.headers.contains_key(header::EXPECT);
-    if !body.is_end_stream() && body.size_hint().exact().is_none() {
-        std::future::poll_fn(|cx| {
-            for (i, slot) in stash.iter_mut().enumerate() {
-                match Pin::new(&mut body).poll_frame(cx) {
-                    Poll::Ready(f) => {
-                        let more = matches!(f, Some(Ok(_))) && !body.is_end_stream();
-                        *slot = Some(f);
-                        if !more {
-                            break;
-                        }
-                    }
-                    Poll::Pending if i == 0 && wait_first => return Poll::Pending,
-                    Poll::Pending => break,
-                }
-            }
-            Poll::Ready(())
-        })
-        .await;
-    }
-    let data_len = |f: &Option<Polled>| match f {
-        Some(Some(Ok(f))) => f.data_ref().map(|d| d.len() as u64),
-        _ => None,
-    };
-    // Nothing at all: the end came first, or was known without a read.
-    let ended = match &stash {
-        [Some(None), _] => true,
-        [None, _] => body.is_end_stream(),
-        _ => false,
-    };
-    let exact = match &stash {
-        // One piece, then the end: its length.
-        [first @ Some(Some(Ok(_))), second]
-            if body.is_end_stream() || matches!(second, Some(None)) =>
-        {
-            data_len(first)
-        }
-        [None, _] => body.size_hint().exact(),
-        _ => None,
-    };
-    let framing = RequestFraming::choose(&parts.method, &parts.headers, ended, exact);
+    let (parts, body) = req.into_parts();
+    // What of the body is known decides its framing (see `UpBody::read_ahead`): nothing
+    // more to come, a body that came whole, or chunked.
+    let framing = RequestFraming::choose(
+        &parts.method,
+        &parts.headers,
+        body.is_end_stream(),
+        body.size_hint().exact(),
+    );
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     conn.wbuf.clear();
     conn.wpos = 0;
@@ -417,7 +371,7 @@ pub(crate) async fn exchange(
     let to_head = parts.method == http::Method::HEAD;
     let mut x = Exchange {
         conn: Some(conn),
-        upload: Some(Upload::new(body, framing, stash, ended)),
+        upload: Some(Upload::new(body, framing)),
         write_error: None,
         answered: false,
     };
@@ -465,7 +419,11 @@ impl Exchange {
         {
             match up.poll_send(conn, cx) {
                 Poll::Ready(Ok(())) | Poll::Pending => {}
-                Poll::Ready(Err(e @ Error::ClientBody(_))) => return Poll::Ready(Err(e)),
+                // The client's body failed or broke its declared length: the backend would
+                // wait for the rest until the response timeout.
+                Poll::Ready(Err(e @ (Error::ClientBody(_) | Error::BodyLength))) => {
+                    return Poll::Ready(Err(e));
+                }
                 Poll::Ready(Err(e)) => self.write_error = Some(e),
             }
         }
@@ -623,6 +581,10 @@ impl http_body::Body for Body {
                 match up.poll_send(conn, cx) {
                     Poll::Pending => {}
                     Poll::Ready(Ok(())) => this.upload = None,
+                    // The client's body failed: the backend may be waiting for the rest.
+                    Poll::Ready(Err(e @ (Error::ClientBody(_) | Error::BodyLength))) => {
+                        return this.fail(e);
+                    }
                     // The backend has answered; what it did not take of the request is
                     // its business, but the connection is not used again.
                     Poll::Ready(Err(_)) => {

@@ -75,27 +75,47 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<ResponseHead>, Par
     // Most heads have a few fields: small arrays on the stack first, the full allowance only
     // for a head with more.
     match parse_head_with::<24>(buf) {
-        Err(ParseError::HeadTooLarge) if buf.len() < MAX_HEAD => {
-            parse_head_with::<MAX_HEADERS>(buf)
-        }
-        r => r,
+        Err(TooMany) => parse_head_with::<MAX_HEADERS>(buf).map_err(ParseError::from),
+        r => r.map_err(ParseError::from),
     }
 }
 
-fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<ResponseHead>, ParseError> {
+/// Why [`parse_head_with`] failed: more fields than its arrays hold, or the head itself.
+enum HeadError {
+    TooMany,
+    Bad(ParseError),
+}
+use HeadError::TooMany;
+
+impl From<HeadError> for ParseError {
+    fn from(e: HeadError) -> Self {
+        match e {
+            TooMany => ParseError::HeadTooLarge,
+            HeadError::Bad(e) => e,
+        }
+    }
+}
+
+impl From<ParseError> for HeadError {
+    fn from(e: ParseError) -> Self {
+        HeadError::Bad(e)
+    }
+}
+
+fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<ResponseHead>, HeadError> {
     let mut fields = [httparse::EMPTY_HEADER; N];
     let mut resp = httparse::Response::new(&mut fields);
     let end = match resp.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
-            return Err(ParseError::HeadTooLarge);
+            return Err(ParseError::HeadTooLarge.into());
         }
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(ParseError::HeadTooLarge),
-        Err(e) => return Err(ParseError::Head(e)),
+        Err(httparse::Error::TooManyHeaders) => return Err(TooMany),
+        Err(e) => return Err(ParseError::Head(e).into()),
     };
     if end > MAX_HEAD {
-        return Err(ParseError::HeadTooLarge);
+        return Err(ParseError::HeadTooLarge.into());
     }
     let status = resp
         .code
@@ -127,7 +147,7 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Response
             .and_then(|n| HeaderName::from_bytes(n).ok())
             .ok_or(ParseError::Field)?;
         if vs + vl > head.len() {
-            return Err(ParseError::Field);
+            return Err(ParseError::Field.into());
         }
         let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
             .map_err(|_| ParseError::Field)?;
@@ -509,6 +529,11 @@ mod tests {
             fifty.push_str(&format!("X-{i}: v{i}\r\n"));
         }
         fifty.push_str("\r\n");
+        // Also when a large read brought much of the body along.
+        let mut with_body = BytesMut::from(&fifty[..]);
+        with_body.extend_from_slice(&vec![b'x'; MAX_HEAD * 2]);
+        assert!(parse_head(&mut with_body).unwrap().is_some());
+        assert_eq!(with_body.len(), MAX_HEAD * 2);
         let h = parse_head(&mut BytesMut::from(&fifty[..]))
             .unwrap()
             .unwrap();
