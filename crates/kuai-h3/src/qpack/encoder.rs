@@ -219,6 +219,9 @@ pub struct Encoder {
     outstanding: HashMap<u64, VecDeque<Section>>,
     /// The number of sections in `outstanding`.
     unacked: usize,
+    /// The largest Required Insert Count of any section put in `outstanding`: once the
+    /// decoder is known to have received that much, no stream can be blocking.
+    ric_high: u64,
     /// By name hash.
     name_stats: HashIndex<NameStats>,
     /// Cached draining index (`None`: recompute).
@@ -268,6 +271,7 @@ impl Encoder {
             hash_seed: RandomState::new().hash_one(0x51_u8),
             outstanding: HashMap::new(),
             unacked: 0,
+            ric_high: 0,
             name_stats: HashIndex::default(),
             draining: None,
             dec_buf: Vec::new(),
@@ -321,6 +325,11 @@ impl Encoder {
     /// Streams whose unacknowledged sections could block the decoder.
     pub fn blocking_streams(&self) -> u64 {
         let krc = self.known_received;
+        // No scan of every stream when nothing outstanding can block (the usual case once
+        // the decoder's acknowledgments have caught up).
+        if self.ric_high <= krc {
+            return 0;
+        }
         self.outstanding
             .values()
             .filter(|q| q.iter().any(|s| s.required_insert_count > krc))
@@ -328,6 +337,9 @@ impl Encoder {
     }
 
     fn stream_is_blocking(&self, stream_id: u64) -> bool {
+        if self.ric_high <= self.known_received {
+            return false;
+        }
         self.outstanding.get(&stream_id).is_some_and(|q| {
             q.iter()
                 .any(|s| s.required_insert_count > self.known_received)
@@ -387,6 +399,7 @@ impl Encoder {
             if ric > self.known_received {
                 self.stats.blocking_sections += 1;
             }
+            self.ric_high = self.ric_high.max(ric);
             self.outstanding
                 .entry(stream_id)
                 .or_default()
