@@ -41,6 +41,15 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether list field `name` holds `token` (case-insensitively).
+pub(crate) fn has_token(h: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
 /// A field value made of `text`, without copying it again.
 fn value_of(mut text: String) -> Option<HeaderValue> {
     // Exactly sized, the string becomes `Bytes` without another allocation.

@@ -10,7 +10,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Frame;
 use http_body_util::BodyExt;
@@ -57,18 +57,9 @@ pub(super) fn ask(req: &mut Request<Body>) -> Option<Ask> {
     }
     let upgrade = req.method() == Method::GET
         && req.version() == Version::HTTP_11
-        && has_token(req.headers(), header::CONNECTION, "upgrade")
-        && has_token(req.headers(), header::UPGRADE, "websocket");
+        && super::headers::has_token(req.headers(), header::CONNECTION, "upgrade")
+        && super::headers::has_token(req.headers(), header::UPGRADE, "websocket");
     upgrade.then(|| Ask::Http11(hyper::upgrade::on(req)))
-}
-
-/// Whether list field `name` holds `token` (case-insensitive).
-fn has_token(h: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    h.get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// `Sec-WebSocket-Accept` for `key` (RFC 6455 §4.2.2).

@@ -6,6 +6,8 @@ use std::fmt::{self, Write as _};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use super::super::headers::has_token;
 use http::{Method, StatusCode, Version};
 
 /// Most bytes of a response head (status line and fields).
@@ -242,15 +244,6 @@ fn parse_decimal(s: &[u8]) -> Option<u64> {
         return None;
     }
     Some(s.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
-}
-
-/// Whether a list field holds `token` (case-insensitively).
-fn has_token(h: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    h.get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// Decodes the chunked transfer coding (RFC 9112 §7.1); chunk extensions and trailers are
