@@ -16,16 +16,19 @@ const CONNECTION_SPECIFIC: &[&str] = &[
     "upgrade",
 ];
 
-fn push_headers(out: &mut Fields, headers: &HeaderMap) {
-    for (name, value) in headers {
-        if CONNECTION_SPECIFIC.contains(&name.as_str()) {
-            continue;
-        }
-        out.push((
-            Bytes::copy_from_slice(name.as_str().as_bytes()),
-            Bytes::copy_from_slice(value.as_bytes()),
-        ));
-    }
+/// Header fields as the QPACK encoder takes them, borrowed, but the connection-specific ones.
+pub(crate) fn regular_field_refs(headers: &HeaderMap) -> impl Iterator<Item = (&[u8], &[u8])> {
+    headers
+        .iter()
+        .filter(|(n, _)| !CONNECTION_SPECIFIC.contains(&n.as_str()))
+        .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+}
+
+/// Owned copies of borrowed fields.
+fn owned<'a>(fields: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Fields {
+    fields
+        .map(|(n, v)| (Bytes::copy_from_slice(n), Bytes::copy_from_slice(v)))
+        .collect()
 }
 
 /// Fields of a request (pseudo-headers first).
@@ -73,21 +76,15 @@ pub fn request_fields(parts: &http::request::Parts) -> Result<Fields, &'static s
             ));
         }
     }
-    let mut headers = parts.headers.clone();
-    headers.remove(http::header::HOST);
-    push_headers(&mut f, &headers);
+    // Host is carried as :authority.
+    let regular = regular_field_refs(&parts.headers).filter(|(n, _)| *n != b"host");
+    f.extend(owned(regular));
     Ok(f)
 }
 
 /// Fields of a response.
 pub fn response_fields(parts: &http::response::Parts) -> Fields {
-    let mut f = Fields::new();
-    f.push((
-        Bytes::from_static(b":status"),
-        Bytes::copy_from_slice(parts.status.as_str().as_bytes()),
-    ));
-    push_headers(&mut f, &parts.headers);
-    f
+    owned(response_field_refs(parts))
 }
 
 /// A response head's fields as the QPACK encoder takes them, borrowed: `:status`, then the
@@ -95,19 +92,13 @@ pub fn response_fields(parts: &http::response::Parts) -> Fields {
 pub(crate) fn response_field_refs(
     parts: &http::response::Parts,
 ) -> impl Iterator<Item = (&[u8], &[u8])> {
-    let regular = parts
-        .headers
-        .iter()
-        .filter(|(n, _)| !CONNECTION_SPECIFIC.contains(&n.as_str()))
-        .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
-    std::iter::once((&b":status"[..], parts.status.as_str().as_bytes())).chain(regular)
+    std::iter::once((&b":status"[..], parts.status.as_str().as_bytes()))
+        .chain(regular_field_refs(&parts.headers))
 }
 
 /// Fields of a trailer section.
 pub fn trailer_fields(headers: &HeaderMap) -> Fields {
-    let mut f = Fields::new();
-    push_headers(&mut f, headers);
-    f
+    owned(regular_field_refs(headers))
 }
 
 /// The extended CONNECT protocol (RFC 9220 `:protocol`), carried in request extensions.

@@ -220,7 +220,8 @@ impl SendHalf {
         {
             return Err(Error::Malformed("not an informational status"));
         }
-        self.send_fields(&message::response_fields(&parts)).await
+        let frame = self.headers_frame(message::response_field_refs(&parts))?;
+        self.send_headers_frame(frame).await
     }
 }
 
@@ -275,9 +276,9 @@ where
             let (parts, ()) = req.into_parts();
             let resp = handler(Request::from_parts(parts, recv)).await;
             let (parts, body) = resp.into_parts();
-            let fields = message::response_fields(&parts);
             let r: Result<(), Error> = async {
-                send.send_fields(&fields).await?;
+                let head = send.headers_frame(message::response_field_refs(&parts))?;
+                send.send_headers_frame(head).await?;
                 match body {
                     Body::Empty => {}
                     Body::Full(b) => send.send_data(b).await?,

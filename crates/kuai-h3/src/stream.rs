@@ -553,8 +553,8 @@ impl SendHalf {
 
     /// Sends trailers (a final header section).
     pub async fn send_trailers(&mut self, trailers: &HeaderMap) -> Result<(), Error> {
-        let fields = message::trailer_fields(trailers);
-        self.send_fields(&fields).await
+        let frame = self.headers_frame(message::regular_field_refs(trailers))?;
+        self.send_headers_frame(frame).await
     }
 
     /// Ends our side of the stream.
