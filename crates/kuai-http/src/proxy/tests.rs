@@ -1023,3 +1023,99 @@ async fn an_answer_before_the_upload_ends_comes_through() {
         "the early answer's connections were closed"
     );
 }
+
+/// A request body from a channel, so a test knows when the client has handed over all of
+/// its upload.
+struct ChannelBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// A client that sends all of its upload before it reads the response, through a backend
+/// that answers at once with a large body and reads the upload on its own: the upload must
+/// keep going while nobody reads the response (the two would otherwise wait for each other
+/// until the timeouts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_goes_on_while_the_response_waits() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const UP: usize = 24 << 20;
+    const DOWN: usize = 48 << 20;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let b = l.local_addr().unwrap();
+    let uploaded = Arc::new(Mutex::new(Vec::new()));
+    let up = uploaded.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            let up = up.clone();
+            tokio::spawn(async move {
+                let (mut rd, mut wr) = tcp.into_split();
+                let mut buf = Vec::new();
+                let end = loop {
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                    let mut b = [0u8; 4096];
+                    match rd.read(&mut b).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&b[..n]),
+                    }
+                };
+                let writer = tokio::spawn(async move {
+                    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {DOWN}\r\n\r\n");
+                    wr.write_all(head.as_bytes()).await?;
+                    let block = vec![b'd'; 1 << 20];
+                    for _ in 0..DOWN >> 20 {
+                        wr.write_all(&block).await?;
+                    }
+                    std::io::Result::Ok(wr)
+                });
+                let mut got = buf.len() - end;
+                let mut b = vec![0u8; 65536];
+                while let Ok(n) = rd.read(&mut b).await {
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                    if got >= UP {
+                        break;
+                    }
+                }
+                up.lock().unwrap().push(got);
+                let _ = writer.await;
+            });
+        }
+    });
+    let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+    for mode in [Mode::Http3, Mode::Http2, Mode::Http11] {
+        let client = gw.client(mode);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let req = client
+            .request(Method::POST, &gw.url("/up"))
+            .header("content-length", UP.to_string())
+            .body(crate::RequestBody::wrap(ChannelBody(rx)));
+        let response = tokio::spawn(req.send());
+        let feed = async {
+            let block = Bytes::from(vec![b'u'; 64 << 10]);
+            for _ in 0..UP / block.len() {
+                tx.send(block.clone()).await.unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), feed)
+            .await
+            .unwrap_or_else(|_| panic!("{mode:?}: the upload stopped while the response waited"));
+        drop(tx);
+        let r = response.await.unwrap().unwrap();
+        assert_eq!(r.status(), 200, "{mode:?}");
+        assert_eq!(r.bytes().await.unwrap().len(), DOWN, "{mode:?}");
+        assert_eq!(uploaded.lock().unwrap().pop(), Some(UP), "{mode:?}");
+    }
+}

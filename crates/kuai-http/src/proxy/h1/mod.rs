@@ -4,8 +4,10 @@
 //! moment its response's last byte has been read (for a small response: with its head).
 //!
 //! Full duplex as HTTP/1.1 allows: a response that starts before the request body has all
-//! gone out is returned at once, and the rest of the request body is sent while the response
-//! body is read; the connection is then not reused unless the upload finished.
+//! gone out is returned at once, and the rest of the request body goes out from a task of its
+//! own, whether or not the response body is being read (a client that sends its whole upload
+//! before it reads, and a backend that answers early and reads on, would otherwise wait for
+//! each other); the connection is then not reused unless the upload finished.
 
 pub mod parse;
 
@@ -18,8 +20,8 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Request, Response, header};
 use http_body::{Body as _, Frame, SizeHint};
-use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+use tokio::sync::oneshot;
 
 use self::parse::{Chunked, Framing, ParseError, RequestFraming};
 use super::backend::Backend;
@@ -76,7 +78,9 @@ impl std::error::Error for Error {
 
 /// One keep-alive connection to a backend with its buffers.
 pub(crate) struct Conn {
-    io: TcpStream,
+    /// Shared only while the rest of an upload goes out from its own task (see
+    /// [`Duplex`]).
+    io: Arc<TcpStream>,
     /// What was read and not yet taken.
     rbuf: BytesMut,
     /// Bytes to write, from `wpos`, then `data`.
@@ -92,7 +96,7 @@ pub(crate) struct Conn {
 impl Conn {
     pub(crate) fn new(io: TcpStream) -> Self {
         Self {
-            io,
+            io: Arc::new(io),
             rbuf: BytesMut::new(),
             wbuf: Vec::with_capacity(1024),
             wpos: 0,
@@ -120,7 +124,13 @@ impl Conn {
                 IoSlice::new(&self.wbuf[self.wpos..]),
                 IoSlice::new(&self.data),
             ];
-            let n = ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &slices))?;
+            let n = loop {
+                ready!(self.io.poll_write_ready(cx))?;
+                match self.io.try_write_vectored(&slices) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    r => break r?,
+                }
+            };
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -140,11 +150,13 @@ impl Conn {
             self.rbuf.reserve(self.read_size);
         }
         let room = self.rbuf.capacity() - self.rbuf.len();
-        let n = ready!(tokio_util::io::poll_read_buf(
-            Pin::new(&mut self.io),
-            cx,
-            &mut self.rbuf
-        ))?;
+        let n = loop {
+            ready!(self.io.poll_read_ready(cx))?;
+            match self.io.try_read_buf(&mut self.rbuf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => break r?,
+            }
+        };
         if n == room {
             self.read_size = (self.read_size * 2).min(MAX_READ_SIZE);
         }
@@ -325,6 +337,52 @@ impl Upload {
     }
 }
 
+/// The rest of an upload the backend answered early, going out from a task of its own on
+/// the connection's socket while the response body is read (or not) by the request's task.
+struct Duplex {
+    /// How the upload ended: `Ok` once all of it went out with its end.
+    done: oneshot::Receiver<Result<(), Error>>,
+    /// Dropped when the response is over: the task then stops, except that a body whose
+    /// bytes have all gone out is still read to its end aside (for a few seconds), since
+    /// dropping it would look to the client's connection like a body abandoned half-way (an
+    /// HTTP/3 FIN still to come, say).
+    _over: oneshot::Sender<()>,
+}
+
+impl Duplex {
+    /// Moves `up` and what `conn` has queued to write into a task of its own.
+    fn spawn(mut up: Upload, conn: &mut Conn) -> Box<Self> {
+        let mut w = Conn {
+            io: Arc::clone(&conn.io),
+            rbuf: BytesMut::new(),
+            wbuf: std::mem::take(&mut conn.wbuf),
+            wpos: std::mem::take(&mut conn.wpos),
+            data: std::mem::take(&mut conn.data),
+            wrote: conn.wrote,
+            read_size: 0,
+        };
+        let (done_tx, done) = oneshot::channel();
+        let (over, mut over_rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let sent = tokio::select! {
+                r = std::future::poll_fn(|cx| up.poll_send(&mut w, cx)) => Some(r),
+                _ = &mut over_rx => None,
+            };
+            let sent_all = up.sent_all(&w);
+            // The socket is the response's alone again before the result is told.
+            drop(w);
+            match sent {
+                Some(r) => {
+                    let _ = done_tx.send(r);
+                }
+                None if sent_all => up.drain(),
+                None => {}
+            }
+        });
+        Box::new(Self { done, _over: over })
+    }
+}
+
 /// Where a connection goes back once its response is read.
 pub(crate) struct Home {
     pub(crate) backend: Arc<Backend>,
@@ -456,9 +514,9 @@ pub(crate) struct Body {
     /// Until the body has been read to its end.
     conn: Option<Conn>,
     decode: Decode,
-    /// The rest of a request body the backend answered before it had all of it (rare:
-    /// boxed to keep the body small).
-    upload: Option<Box<Upload>>,
+    /// The rest of a request body the backend answered before it had all of it, going out
+    /// from its own task (rare: boxed to keep the body small).
+    upload: Option<Box<Duplex>>,
     /// The connection may carry another request after this response.
     reusable: bool,
     home: Option<Home>,
@@ -484,9 +542,10 @@ impl Body {
     ) -> Result<Response<Self>, Error> {
         let (framing, keep_alive) = parse::framing(&head, to_head).map_err(Error::Parse)?;
         // A request whose writing failed leaves the connection unusable.
+        let mut conn = conn;
         let upload = upload
             .filter(|u| !(u.done && conn.queued() == 0) && wrote_all)
-            .map(Box::new);
+            .map(|u| Duplex::spawn(u, &mut conn));
         let mut body = Body {
             conn: Some(conn),
             decode: match framing {
@@ -536,14 +595,13 @@ impl Body {
         let Some(conn) = self.conn.take() else {
             return;
         };
-        // An upload whose bytes have all gone out but whose end the client's body has not
-        // yet told (an HTTP/3 FIN still to come, say) is read to that end aside: dropping
-        // it would look to the client's connection like a body abandoned half-way.
-        let upload = self.upload.take();
-        let sent_all = upload.as_ref().is_none_or(|u| u.sent_all(&conn));
-        if let Some(up) = upload.filter(|_| sent_all) {
-            (*up).drain();
-        }
+        // An upload still going ends with the response (its task reads a body whose bytes
+        // have all gone out to its end, aside; see `Duplex`); the connection is kept only
+        // when the upload had finished.
+        let sent_all = match self.upload.take() {
+            None => true,
+            Some(mut d) => matches!(d.done.try_recv(), Ok(Ok(()))),
+        };
         if self.reusable
             && sent_all
             && conn.rbuf.is_empty()
@@ -578,22 +636,21 @@ impl http_body::Body for Body {
                 return Poll::Ready(None);
             };
             if let Some(up) = this.upload.as_mut() {
-                match up.poll_send(conn, cx) {
+                match Pin::new(&mut up.done).poll(cx) {
                     Poll::Pending => {}
-                    Poll::Ready(Ok(())) => this.upload = None,
+                    Poll::Ready(Ok(Ok(()))) => this.upload = None,
                     // The client's body failed: the backend may be waiting for the rest.
-                    Poll::Ready(Err(e @ (Error::ClientBody(_) | Error::BodyLength))) => {
+                    Poll::Ready(Ok(Err(e @ (Error::ClientBody(_) | Error::BodyLength)))) => {
                         return this.fail(e);
                     }
                     // The backend has answered; what it did not take of the request is
                     // its business, but the connection is not used again.
-                    Poll::Ready(Err(_)) => {
+                    Poll::Ready(Ok(Err(_)) | Err(_)) => {
                         this.upload = None;
                         this.reusable = false;
                     }
                 }
             }
-            let conn = this.conn.as_mut().expect("checked above");
             let step: Result<(Option<Bytes>, bool), Error> = match &mut this.decode {
                 Decode::Done => Ok((None, true)),
                 Decode::Length(left) if conn.rbuf.is_empty() => Ok((None, *left == 0)),
