@@ -179,6 +179,10 @@ pub(crate) struct State {
     /// Held connections the application never got, closing: their entries in `conns` go
     /// when the transport forgets them.
     orphans: Vec<ConnectionHandle>,
+    /// Client connections moved to new sockets before their handshake was confirmed, with
+    /// the new local IP: they migrate (a fresh connection ID, path validation) once it is,
+    /// since none may before (RFC 9000 §9).
+    migrate_when_confirmed: Vec<(ConnectionHandle, Option<IpAddr>)>,
 }
 
 /// One worker: its socket, transport endpoint and connections, and what wakes its driver.
@@ -552,6 +556,7 @@ impl Endpoint {
                     held_seq: 0,
                     verdicts: Vec::new(),
                     orphans: Vec::new(),
+                    migrate_when_confirmed: Vec::new(),
                 }),
                 notify: Notify::new(),
                 udp: UdpStats::default(),
@@ -771,7 +776,9 @@ impl Endpoint {
 
     /// Moves the endpoint to new sockets bound to `addr` (client migration, RFC 9000 §9):
     /// every established client connection switches to a fresh connection ID and validates
-    /// the new path.
+    /// the new path (one still waiting for its handshake to be confirmed does when it is;
+    /// its packets leave from the new sockets meanwhile, which the server sees as a NAT
+    /// rebinding).
     pub fn rebind(&self, addr: SocketAddr) -> io::Result<()> {
         let all = &self.workers.all;
         let cid_len = self.first().lock().ep.cid_len();
@@ -783,12 +790,14 @@ impl Endpoint {
             s.socket = Arc::new(socket);
             let now = Instant::now();
             let handles: Vec<_> = s.ep.handles().collect();
+            s.migrate_when_confirmed.clear();
             for h in handles {
-                if let Some(c) = s.ep.connection_mut(h)
-                    && c.side().is_client()
-                    && c.is_handshake_confirmed()
-                    && let Err(e) = c.migrate(now, local_ip)
-                {
+                let Some(c) = s.ep.connection_mut(h).filter(|c| c.side().is_client()) else {
+                    continue;
+                };
+                if !c.is_handshake_confirmed() {
+                    s.migrate_when_confirmed.push((h, local_ip));
+                } else if let Err(e) = c.migrate(now, local_ip) {
                     tracing::warn!(error = %e, "connection could not migrate");
                 }
             }
@@ -1139,6 +1148,9 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
             for r in inbox.drain(..).chain(received.drain(..)) {
                 route.deliver(&mut s, now, r, &mut away);
             }
+            if !s.migrate_when_confirmed.is_empty() {
+                migrate_when_confirmed(&mut s, now);
+            }
             s.ep.handle_timeout(now);
             full = backlog_sent && outbox.fill(&mut s, now);
             dispatch(&mut s, &mut woken);
@@ -1397,6 +1409,28 @@ fn preferred_config(addr: SocketAddr) -> kuai_proto::PreferredAddressConfig {
             v6: Some(a),
         },
     }
+}
+
+/// Migrates the client connections rebound during their handshake whose handshake is now
+/// confirmed (see `State::migrate_when_confirmed`); forgets those that went.
+fn migrate_when_confirmed(s: &mut State, now: Instant) {
+    let State {
+        ep,
+        migrate_when_confirmed: pending,
+        ..
+    } = s;
+    pending.retain(|&(h, local_ip)| {
+        let Some(c) = ep.connection_mut(h).filter(|c| c.side().is_client()) else {
+            return false;
+        };
+        if !c.is_handshake_confirmed() {
+            return true;
+        }
+        if let Err(e) = c.migrate(now, local_ip) {
+            tracing::warn!(error = %e, "connection could not migrate");
+        }
+        false
+    });
 }
 
 /// Hands endpoint events to the application: the wakers to wake go to `woken`.

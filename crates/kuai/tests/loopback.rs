@@ -599,8 +599,11 @@ async fn workers_share_a_port_and_keep_their_connections() {
     for c in &conns {
         assert_eq!(fetch(c, 1000).await, 1000);
     }
-    let moved = conns.iter().filter(|c| c.stats().migrations == 1).count();
-    assert_eq!(moved, 32, "every connection moved to the new port");
+    let migrations: Vec<_> = conns.iter().map(|c| c.stats().migrations).collect();
+    assert!(
+        migrations.iter().all(|&m| m == 1),
+        "every connection moved to the new port once: {migrations:?}"
+    );
 }
 
 /// A server that loses its state answers with stateless resets. A reset's bytes are random
