@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use kuai::{Connection, RecvStream};
@@ -107,7 +108,13 @@ pub(crate) struct Shared {
     pub datagrams: crate::datagram::Queues,
 }
 
-/// Bytes waiting for one of our unidirectional streams' writer task, at most
+/// Bytes for one of our unidirectional streams.
+///
+/// While nothing waits and the stream is idle they go onto the QUIC stream at once, in the
+/// sender's task: instructions reach the stream before anything the sender writes after
+/// them (a header section that refers to a new dynamic-table entry is then never sent ahead
+/// of the entry, however late the writer task runs), and a Section Acknowledgment costs no
+/// task wake-up. Otherwise they wait for the stream's writer task, at most
 /// `Config::critical_backlog` of them.
 pub(crate) struct Outbox {
     inner: Arc<OutboxInner>,
@@ -116,18 +123,27 @@ pub(crate) struct Outbox {
 }
 
 struct OutboxInner {
-    /// What the writer task has not taken yet: instructions queued between two of its
-    /// turns go out in one write.
-    buf: Mutex<BytesMut>,
+    state: Mutex<OutboxState>,
     /// Set when `buf` goes from empty to not, and when the sender goes away.
     ready: Notify,
     closed: AtomicBool,
 }
 
+struct OutboxState {
+    /// What the writer task has not taken yet: instructions queued between two of its
+    /// turns go out in one write.
+    buf: BytesMut,
+    /// The stream, while the writer task is not writing on it.
+    idle: Option<kuai::SendStream>,
+}
+
 impl Outbox {
     fn new(limit: usize, what: &'static str) -> (Self, OutboxRx) {
         let inner = Arc::new(OutboxInner {
-            buf: Mutex::new(BytesMut::new()),
+            state: Mutex::new(OutboxState {
+                buf: BytesMut::new(),
+                idle: None,
+            }),
             ready: Notify::new(),
             closed: AtomicBool::new(false),
         });
@@ -140,13 +156,28 @@ impl Outbox {
     /// Queues `b` for the stream; an H3_EXCESSIVE_LOAD error (nothing queued) once more than
     /// the backlog limit would wait.
     pub fn send(&self, b: &[u8]) -> Result<(), H3Error> {
-        let mut buf = self.inner.buf.lock().unwrap_or_else(|e| e.into_inner());
-        if buf.len() + b.len() > self.limit {
+        let mut st = self.inner.lock();
+        if st.buf.len() + b.len() > self.limit {
             return Err(H3Error::new(Code::EXCESSIVE_LOAD, self.what));
         }
-        let wake = buf.is_empty();
-        buf.extend_from_slice(b);
-        drop(buf);
+        let mut rest = b;
+        if st.buf.is_empty()
+            && let Some(stream) = st.idle.as_mut()
+        {
+            // What the stream's send buffer does not take now (or an error, such as 0-RTT
+            // refused) is left to the writer task.
+            let data = Bytes::copy_from_slice(b);
+            let mut cx = Context::from_waker(Waker::noop());
+            if let Poll::Ready(Ok(n)) = stream.poll_write_chunk(&mut cx, &data) {
+                rest = &b[n..];
+            }
+        }
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let wake = st.buf.is_empty();
+        st.buf.extend_from_slice(rest);
+        drop(st);
         if wake {
             self.inner.ready.notify_one();
         }
@@ -161,19 +192,37 @@ impl Drop for Outbox {
     }
 }
 
+impl OutboxInner {
+    fn lock(&self) -> MutexGuard<'_, OutboxState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// The writer task's end of an [`Outbox`].
 pub(crate) struct OutboxRx {
     inner: Arc<OutboxInner>,
 }
 
 impl OutboxRx {
-    /// Everything queued since the last call; `None` once the sender is gone.
-    async fn recv(&mut self) -> Option<Bytes> {
+    /// Leaves the stream for senders to write on directly while the task waits.
+    fn park(&self, stream: kuai::SendStream) {
+        self.inner.lock().idle = Some(stream);
+    }
+
+    /// The parked stream, taken back.
+    fn unpark(&self) -> Option<kuai::SendStream> {
+        self.inner.lock().idle.take()
+    }
+
+    /// Everything queued since the last call, with the parked stream to write it on;
+    /// `None` once the sender is gone.
+    async fn recv(&mut self) -> Option<(Bytes, Option<kuai::SendStream>)> {
         loop {
             {
-                let mut buf = self.inner.buf.lock().unwrap_or_else(|e| e.into_inner());
-                if !buf.is_empty() {
-                    return Some(buf.split().freeze());
+                let mut st = self.inner.lock();
+                if !st.buf.is_empty() {
+                    let b = st.buf.split().freeze();
+                    return Some((b, st.idle.take()));
                 }
             }
             if self.inner.closed.load(Ordering::Acquire) {
@@ -434,6 +483,7 @@ async fn open_uni(
     let quic = shared.quic.clone();
     // The task ends when the connection state (holding the sender) goes away, after the
     // connection closed; the stream stays open until then, as critical streams must.
+    rx.park(stream);
     tokio::spawn(async move {
         let mut outcome = Some(quic.early_data_outcome());
         loop {
@@ -441,16 +491,21 @@ async fn open_uni(
                 b = rx.recv() => b,
                 accepted = async { outcome.as_mut().expect("guarded").await }, if outcome.is_some() => {
                     outcome = None;
+                    let Some(stream) = rx.unpark() else { break };
                     if !accepted && stream.is_0rtt_rejected() {
                         match reopen_uni(&quic, &first).await {
-                            Some(s) => stream = s,
+                            Some(s) => rx.park(s),
                             None => break,
                         }
+                    } else {
+                        rx.park(stream);
                     }
                     continue;
                 }
             };
-            let Some(b) = next else { break };
+            let Some((b, Some(mut stream))) = next else {
+                break;
+            };
             let written = match stream.write_chunk(b.clone()).await {
                 Ok(()) => true,
                 Err(kuai::WriteError::ZeroRttRejected) => match reopen_uni(&quic, &first).await {
@@ -465,6 +520,7 @@ async fn open_uni(
             if !written {
                 break;
             }
+            rx.park(stream);
         }
     });
     Ok(())
