@@ -135,7 +135,13 @@ struct OutboxState {
     buf: BytesMut,
     /// The stream, while the writer task is not writing on it.
     idle: Option<kuai::SendStream>,
+    /// Where bytes written at once are copied: one allocation for many small
+    /// instructions (Section Acknowledgments are a few bytes each).
+    arena: BytesMut,
 }
+
+/// The size of an [`OutboxState::arena`] block.
+const ARENA: usize = 4096;
 
 impl Outbox {
     fn new(limit: usize, what: &'static str) -> (Self, OutboxRx) {
@@ -143,6 +149,7 @@ impl Outbox {
             state: Mutex::new(OutboxState {
                 buf: BytesMut::new(),
                 idle: None,
+                arena: BytesMut::new(),
             }),
             ready: Notify::new(),
             closed: AtomicBool::new(false),
@@ -156,7 +163,8 @@ impl Outbox {
     /// Queues `b` for the stream; an H3_EXCESSIVE_LOAD error (nothing queued) once more than
     /// the backlog limit would wait.
     pub fn send(&self, b: &[u8]) -> Result<(), H3Error> {
-        let mut st = self.inner.lock();
+        let mut guard = self.inner.lock();
+        let st = &mut *guard;
         if st.buf.len() + b.len() > self.limit {
             return Err(H3Error::new(Code::EXCESSIVE_LOAD, self.what));
         }
@@ -164,9 +172,13 @@ impl Outbox {
         if st.buf.is_empty()
             && let Some(stream) = st.idle.as_mut()
         {
+            if st.arena.capacity() - st.arena.len() < b.len() {
+                st.arena = BytesMut::with_capacity(ARENA.max(b.len()));
+            }
+            st.arena.extend_from_slice(b);
+            let data = st.arena.split().freeze();
             // What the stream's send buffer does not take now (or an error, such as 0-RTT
             // refused) is left to the writer task.
-            let data = Bytes::copy_from_slice(b);
             let mut cx = Context::from_waker(Waker::noop());
             if let Poll::Ready(Ok(n)) = stream.poll_write_chunk(&mut cx, &data) {
                 rest = &b[n..];
@@ -177,7 +189,7 @@ impl Outbox {
         }
         let wake = st.buf.is_empty();
         st.buf.extend_from_slice(rest);
-        drop(st);
+        drop(guard);
         if wake {
             self.inner.ready.notify_one();
         }

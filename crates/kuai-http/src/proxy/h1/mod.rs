@@ -20,6 +20,7 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Request, Response, header};
 use http_body::{Body as _, Frame, SizeHint};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
@@ -152,8 +153,24 @@ impl Conn {
         let room = self.rbuf.capacity() - self.rbuf.len();
         let n = loop {
             ready!(self.io.poll_read_ready(cx))?;
-            match self.io.try_read_buf(&mut self.rbuf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            // A read that leaves room shows the socket drained (epoll is edge-triggered), so
+            // its readiness is cleared with it, as tokio's own `poll_read` does: the next
+            // read, or the pool's `is_open`, then costs no system call that would only say
+            // EAGAIN. (A readiness event after the read began keeps it set.)
+            let mut got = None;
+            let (io, rbuf) = (&self.io, &mut self.rbuf);
+            match io.try_io(Interest::READABLE, || {
+                let n = io.try_read_buf(rbuf)?;
+                if n > 0 && n < room {
+                    got = Some(n);
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(n)
+            }) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match got {
+                    Some(n) => break n,
+                    None => continue,
+                },
                 r => break r?,
             }
         };
