@@ -50,6 +50,8 @@ struct Entry {
     conn: Connection,
     /// Server connection still in its handshake (counts toward `max_handshakes`).
     handshaking: bool,
+    /// Its path hint was kept when it closed.
+    hinted: bool,
     /// Client's initial DCID registered for routing (server side), with its address.
     initial_key: Option<(SocketAddr, ConnectionId)>,
     /// Our CIDs routed to this connection, the first `retired` of them ones the peer
@@ -69,6 +71,15 @@ struct Entry {
     /// A handshake begun with a validated address, counted for that IP (see
     /// `ServerConfig::max_validated_handshakes_per_ip`) until it completes or goes.
     validated_ip: Option<IpAddr>,
+}
+
+/// What `conn` learnt about its path, with its peer's address and its side: `None` before an
+/// RTT sample, and for a server connection whose handshake did not complete (its address
+/// may not have been real).
+fn hint_of(conn: &Connection) -> Option<(SocketAddr, Side, PathHint)> {
+    let hint = conn.path_hint()?;
+    let side = conn.side();
+    (side.is_client() || conn.is_established()).then(|| (conn.remote_address(), side, hint))
 }
 
 /// Retired CIDs each connection keeps routed (see `Entry::retired`).
@@ -414,6 +425,7 @@ impl Endpoint {
         let h = self.insert(Entry {
             conn,
             handshaking: false,
+            hinted: false,
             initial_key: None,
             cids: Vec::new(),
             retired: 0,
@@ -795,6 +807,7 @@ impl Endpoint {
         let h = self.insert(Entry {
             conn,
             handshaking: true,
+            hinted: false,
             initial_key: Some((remote, dcid)),
             cids: Vec::new(),
             retired: 0,
@@ -1044,9 +1057,30 @@ impl Endpoint {
             self.remove(h);
             return;
         }
+        // What a connection learnt is kept as soon as it closes, not when it drains three
+        // probe timeouts later (RFC 9000 §10.2): the next connection from the same peer
+        // often starts in between (a client fetching one URL after another).
+        if let Some(e) = self.slot_mut(h)
+            && !e.hinted
+            && e.conn.is_closed()
+        {
+            e.hinted = true;
+            let hint = hint_of(&e.conn);
+            self.keep_hint(hint);
+        }
         self.schedule_timer(h.idx());
         if requeue {
             self.mark_ready(h);
+        }
+    }
+
+    /// Keeps what a connection learnt about its path (see [`hint_of`]) for the next
+    /// connection to the same peer.
+    fn keep_hint(&mut self, hint: Option<(SocketAddr, Side, PathHint)>) {
+        match hint {
+            Some((server, Side::Client, hint)) => self.path_hints.insert(server, hint),
+            Some((client, Side::Server, hint)) => self.client_hints.insert(client.ip(), hint),
+            None => {}
         }
     }
 
@@ -1066,14 +1100,8 @@ impl Endpoint {
             }
         }
         self.config.memory_budget.update(entry.memory, 0);
-        if let Some(hint) = entry.conn.path_hint() {
-            let remote = entry.conn.remote_address();
-            if entry.conn.side().is_client() {
-                self.path_hints.insert(remote, hint);
-            } else if entry.conn.is_established() {
-                // Only a handshake that completed: its address was real.
-                self.client_hints.insert(remote.ip(), hint);
-            }
+        if !entry.hinted {
+            self.keep_hint(hint_of(&entry.conn));
         }
         if let Some(k) = entry.initial_key {
             self.by_initial.remove(&k);

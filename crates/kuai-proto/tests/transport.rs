@@ -1768,6 +1768,34 @@ fn a_servers_next_connection_to_a_client_resumes_its_window() {
     assert_eq!(s.packets_lost, 0, "the jump overflowed the queue");
 }
 
+/// The server keeps a client's hint the moment the client closes, not when the connection
+/// has drained three probe timeouts later: a client fetching one URL after another starts
+/// its next connection in between, and it should start from what the last one learnt.
+#[test]
+fn a_hint_is_kept_when_the_connection_closes() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = quic::pair_with(
+        81,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([200_000]),
+        |n| n.set_default_link(link(20, 0.0)),
+    );
+    assert!(p.run_until_done(Duration::from_secs(30)));
+    let ip = quic::client_addr().ip();
+    assert_eq!(p.server().ep.client_path_hint(ip), None);
+    close_client(&mut p);
+    // One way (20 ms) and a little: the close has arrived, the draining period has not ended.
+    p.net.run_for(Duration::from_millis(30));
+    assert_eq!(p.server().ep.connection_count(), 1, "still draining");
+    let hint = p
+        .server()
+        .ep
+        .client_path_hint(ip)
+        .expect("a hint at the close");
+    assert!(hint.window > 0, "{hint:?}");
+}
+
 /// A handshake that never completes (a spoofed or lost client) leaves the server no hint for
 /// that IP: only a client that proved its address shapes the next connection's start.
 #[test]
