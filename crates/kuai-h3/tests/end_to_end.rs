@@ -328,27 +328,36 @@ async fn requests_in_0rtt_are_marked_early() {
 /// serve, go out before the response bodies already queued. They had queued behind the
 /// body, and with the stream's 1 MiB flow-control window (which the client opens only as it
 /// reads, after the head) the head could be decoded only once that window's worth had come.
+///
+/// What the client has received when its task gets to the head also depends on when that
+/// task runs: on a loaded machine the driver may take in most of the window first. That
+/// noise is rare and the fault it guards against is not, so the check passes when one of
+/// three fresh connections shows the head early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_head_is_not_held_behind_its_body() {
-    let (_ep, client) = setup().await;
     let n = 4 << 20;
-    let mut req = client
-        .send_request(
-            Request::get(format!("https://localhost/bytes/{n}"))
-                .body(())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    req.finish().unwrap();
-    let resp = req.recv_response().await.unwrap();
-    let received = client.quic().stats().udp_rx_bytes;
-    assert_eq!(resp.headers()["content-length"], n.to_string().as_str());
-    assert_eq!(resp.headers()["x-served-by"], "kuai end-to-end test");
-    assert!(
-        received < 256 << 10,
-        "{received} bytes had come when the response head could be read"
-    );
-    let body = req.recv_body(n + 1).await.unwrap();
-    assert_eq!(body.len(), n);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (_ep, client) = setup().await;
+        let mut req = client
+            .send_request(
+                Request::get(format!("https://localhost/bytes/{n}"))
+                    .body(())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        req.finish().unwrap();
+        let resp = req.recv_response().await.unwrap();
+        let received = client.quic().stats().udp_rx_bytes;
+        assert_eq!(resp.headers()["content-length"], n.to_string().as_str());
+        assert_eq!(resp.headers()["x-served-by"], "kuai end-to-end test");
+        let body = req.recv_body(n + 1).await.unwrap();
+        assert_eq!(body.len(), n);
+        if received < 256 << 10 {
+            return;
+        }
+        seen.push(received);
+    }
+    panic!("{seen:?} bytes had come when the response head could be read");
 }
