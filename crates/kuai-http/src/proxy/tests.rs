@@ -1024,22 +1024,6 @@ async fn an_answer_before_the_upload_ends_comes_through() {
     );
 }
 
-/// A request body from a channel, so a test knows when the client has handed over all of
-/// its upload.
-struct ChannelBody(tokio::sync::mpsc::Receiver<Bytes>);
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
-    }
-}
-
 /// A client that sends all of its upload before it reads the response, through a backend
 /// that answers at once with a large body and reads the upload on its own: the upload must
 /// keep going while nobody reads the response (the two would otherwise wait for each other
@@ -1101,7 +1085,7 @@ async fn an_upload_goes_on_while_the_response_waits() {
         let req = client
             .request(Method::POST, &gw.url("/up"))
             .header("content-length", UP.to_string())
-            .body(crate::RequestBody::wrap(ChannelBody(rx)));
+            .body(crate::RequestBody::wrap(Channel(rx)));
         let response = tokio::spawn(req.send());
         let feed = async {
             let block = Bytes::from(vec![b'u'; 64 << 10]);
