@@ -105,7 +105,6 @@ async fn answer(
 ) {
     let (parts, ()) = req.into_parts();
     let method = parts.method.clone();
-    let path = parts.uri.path().to_owned();
     // Its head arrived (at least in part) in 0-RTT: an attacker may replay it (RFC 9001
     // §9.2, RFC 8446 §8).
     let early = parts.extensions.get::<EarlyData>().is_some();
@@ -113,7 +112,7 @@ async fn answer(
         remote,
         protocol: Protocol::Http3,
     };
-    let mut log = AccessLog::new(shared, info, method.clone(), path, early);
+    let mut log = AccessLog::new(shared, info, method.clone(), &parts.uri, early);
     let (mut send, recv) = stream.split();
     let limit = shared.limits.max_request_body;
     let req = Request::from_parts(parts, Body::h3(recv, limit));
@@ -122,7 +121,7 @@ async fn answer(
     let resp = tokio::select! {
         r = shared.respond(req, info) => r,
         e = send.cancelled() => {
-            tracing::debug!(%remote, %method, path = log.path, error = %e, "h3 request cancelled");
+            tracing::debug!(%remote, %method, path = log.path(), error = %e, "h3 request cancelled");
             return;
         }
     };
@@ -136,7 +135,7 @@ async fn answer(
             let _ = send.finished().await;
         }
         Err(e) => {
-            tracing::info!(%remote, %method, path = log.path, error = %e, "h3 request failed")
+            tracing::info!(%remote, %method, path = log.path(), error = %e, "h3 request failed")
         }
     }
 }

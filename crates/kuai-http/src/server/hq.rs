@@ -67,7 +67,7 @@ async fn serve_request(
     if early {
         req.extensions_mut().insert(EarlyData);
     }
-    let mut log = AccessLog::new(shared, info, Method::GET, path.to_owned(), early);
+    let mut log = AccessLog::new(shared, info, Method::GET, req.uri(), early);
     let resp = shared.respond(req, info).await;
     log.response(&resp);
     if resp.status() != StatusCode::OK {

@@ -578,7 +578,8 @@ fn local(status: StatusCode) -> Response<ReplyBody> {
 pub(crate) struct AccessLog {
     pub(crate) info: ConnInfo,
     pub(crate) method: Method,
-    pub(crate) path: String,
+    /// The request's target (its bytes shared with the request's, not copied).
+    target: Option<http::uri::PathAndQuery>,
     pub(crate) status: u16,
     pub(crate) bytes: u64,
     pub(crate) start: Instant,
@@ -594,7 +595,7 @@ impl AccessLog {
         shared: &Shared,
         info: ConnInfo,
         method: Method,
-        path: String,
+        uri: &http::Uri,
         early: bool,
     ) -> Self {
         let metrics = shared.metrics.clone();
@@ -604,7 +605,7 @@ impl AccessLog {
         Self {
             info,
             method,
-            path,
+            target: uri.path_and_query().cloned(),
             status: 0,
             bytes: 0,
             start: Instant::now(),
@@ -623,6 +624,11 @@ impl AccessLog {
             .cloned();
     }
 
+    /// The request's path.
+    pub(crate) fn path(&self) -> &str {
+        self.target.as_ref().map_or("/", |t| t.path())
+    }
+
     pub(crate) fn write(&self) {
         let (upstream, upstream_ms) = match &self.upstream {
             Some(u) => (Some(&*u.backend), Some(u.elapsed.as_millis() as u64)),
@@ -631,7 +637,7 @@ impl AccessLog {
         tracing::info!(
             target: "kuai_http::access",
             remote = %self.info.remote, proto = self.info.protocol.alpn(), method = %self.method,
-            path = self.path, status = self.status, bytes = self.bytes,
+            path = self.path(), status = self.status, bytes = self.bytes,
             ms = self.start.elapsed().as_millis() as u64, early_data = self.early,
             upstream, upstream_ms, "request"
         );

@@ -492,13 +492,7 @@ async fn serve_connection(
         let shared = sh.clone();
         let request = InFlight::new(&st);
         async move {
-            let mut log = AccessLog::new(
-                &shared,
-                info,
-                req.method().clone(),
-                req.uri().path().to_owned(),
-                false,
-            );
+            let mut log = AccessLog::new(&shared, info, req.method().clone(), req.uri(), false);
             let limit = shared.limits.max_request_body;
             let resp = shared
                 .respond(req.map(|b| Body::hyper(b, limit)), info)
