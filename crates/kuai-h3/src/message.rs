@@ -4,6 +4,9 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 
+/// Spare field slots in a request's header map (see `parse_request`).
+const REQUEST_SLACK: usize = 6;
+
 /// A field list as QPACK takes it.
 pub type Fields = Vec<(Bytes, Bytes)>;
 
@@ -230,7 +233,9 @@ pub fn parse_request(
         .body(())
         .map_err(|_| "invalid request")?
         .into_parts();
-    parts.headers.reserve(regular.len());
+    // Room for the fields a server commonly adds before passing a request on (a proxy's
+    // forwarding fields, a trace ID), so that doing so does not grow the map again.
+    parts.headers.reserve(regular.len() + REQUEST_SLACK);
     regular_headers(regular, &mut parts.headers)?;
     if let (Some(a), Some(host)) = (authority, parts.headers.get(http::header::HOST))
         && host.as_bytes() != &a[..]
