@@ -88,6 +88,9 @@ pub(crate) struct State {
     pub next_request_id: u64,
     /// Which critical unidirectional stream types the peer has opened (indexed by type).
     pub seen_critical: [bool; 4],
+    /// Where a decoded section's instructions (a Section Acknowledgment) are written before
+    /// they are queued, kept between sections.
+    decoder_out: Vec<u8>,
 }
 
 /// Shared per-connection HTTP/3 state.
@@ -303,20 +306,22 @@ impl Shared {
             let notified = self.qpack_progress.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let mut out = Vec::new();
             let (r, queued) = {
-                let mut s = self.lock();
+                let mut guard = self.lock();
+                let s = &mut *guard;
                 if let Some(e) = &s.error {
                     return Err(crate::Error::Protocol(e.clone()));
                 }
-                let r = s.decoder.decode(stream_id, block, &mut out);
+                let out = &mut s.decoder_out;
+                out.clear();
+                let r = s.decoder.decode(stream_id, block, out);
                 // Queued under the lock, so decoder instructions leave in the order the
                 // decoder made them: a Section Acknowledgment overtaking the Insert Count
                 // Increment for the same entries would count them twice (RFC 9204 §4.4).
                 let queued = if out.is_empty() {
                     Ok(())
                 } else {
-                    self.decoder_tx.send(&out)
+                    self.decoder_tx.send(out)
                 };
                 (r, queued)
             };
@@ -419,6 +424,7 @@ pub(crate) async fn start(
             error: None,
             next_request_id: 0,
             seen_critical: [false; 4],
+            decoder_out: Vec::new(),
         }),
         quic,
         side,
