@@ -401,7 +401,7 @@ impl Proxy {
 
     /// Forwards `req` and returns the backend's response, or the proxy's 502 or 504.
     pub async fn forward(&self, req: Request<Body>) -> Response<ProxyBody> {
-        self.inner.forward(req).await
+        self.inner.clone().forward(req).await
     }
 }
 
@@ -415,8 +415,27 @@ impl tower_service::Service<Request<Body>> for Proxy {
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let inner = self.inner.clone();
-        Box::pin(async move { Ok(inner.forward(req).await) })
+        // The request's future itself is boxed, not a block awaiting it: that would be as
+        // large again, and the forwarding future (kilobytes) moved into it once more.
+        Box::pin(Answer {
+            forward: self.inner.clone().forward(req),
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A forwarding future as the service's.
+    struct Answer<F> {
+        #[pin]
+        forward: F,
+    }
+}
+
+impl<F: Future<Output = Response<ProxyBody>>> Future for Answer<F> {
+    type Output = Result<Response<ProxyBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().forward.poll(cx).map(Ok)
     }
 }
 
@@ -495,7 +514,7 @@ impl Head {
 const MAX_ATTEMPTS: usize = 8;
 
 impl Inner {
-    async fn forward(&self, mut req: Request<Body>) -> Response<ProxyBody> {
+    async fn forward(self: Arc<Self>, mut req: Request<Body>) -> Response<ProxyBody> {
         let info = req.extensions().get::<ConnInfo>().copied();
         let early = req.extensions().get::<EarlyData>().is_some();
         let ws = websocket::ask(&mut req);
