@@ -830,6 +830,25 @@ enum Say {
     Early(&'static [u8]),
 }
 
+/// Reads into `buf` until it holds a whole HTTP/1.1 head; its length, or `None` when the
+/// connection ends first.
+async fn read_head(
+    io: &mut (impl tokio::io::AsyncRead + Unpin),
+    buf: &mut Vec<u8>,
+) -> Option<usize> {
+    use tokio::io::AsyncReadExt;
+    loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Some(i + 4);
+        }
+        let mut b = [0u8; 4096];
+        match io.read(&mut b).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&b[..n]),
+        }
+    }
+}
+
 async fn scripted(script: fn(&str) -> Say) -> (SocketAddr, Arc<Seen>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -843,15 +862,8 @@ async fn scripted(script: fn(&str) -> Say) -> (SocketAddr, Arc<Seen>) {
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
-                    let end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut b = [0u8; 4096];
-                        match tcp.read(&mut b).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&b[..n]),
-                        }
+                    let Some(end) = read_head(&mut tcp, &mut buf).await else {
+                        return;
                     };
                     let head = String::from_utf8_lossy(&buf[..end]).to_string();
                     buf.drain(..end);
@@ -1043,15 +1055,8 @@ async fn an_upload_goes_on_while_the_response_waits() {
             tokio::spawn(async move {
                 let (mut rd, mut wr) = tcp.into_split();
                 let mut buf = Vec::new();
-                let end = loop {
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break i + 4;
-                    }
-                    let mut b = [0u8; 4096];
-                    match rd.read(&mut b).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&b[..n]),
-                    }
+                let Some(end) = read_head(&mut rd, &mut buf).await else {
+                    return;
                 };
                 let writer = tokio::spawn(async move {
                     let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {DOWN}\r\n\r\n");
