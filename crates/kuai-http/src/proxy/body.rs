@@ -62,25 +62,25 @@ impl UpBody {
         if !self.back.is_empty() || self.failed.is_some() || self.ended {
             return;
         }
-        let mut read = Vec::new();
+        // `back` is empty here: the frames go into it in order, then it is turned round.
         std::future::poll_fn(|cx| {
-            while read.len() < 2 && !self.ended && self.failed.is_none() {
+            while self.back.len() < 2 && !self.ended && self.failed.is_none() {
                 if self.inner.is_end_stream() {
                     self.ended = true;
                     break;
                 }
                 match Pin::new(&mut self.inner).poll_frame(cx) {
-                    Poll::Pending if read.is_empty() && wait_first => return Poll::Pending,
+                    Poll::Pending if self.back.is_empty() && wait_first => return Poll::Pending,
                     Poll::Pending => break,
                     Poll::Ready(None) => self.ended = true,
-                    Poll::Ready(Some(Ok(f))) => read.push(f),
+                    Poll::Ready(Some(Ok(f))) => self.back.push(f),
                     Poll::Ready(Some(Err(e))) => self.failed = Some(e),
                 }
             }
             Poll::Ready(())
         })
         .await;
-        self.back.extend(read.into_iter().rev());
+        self.back.reverse();
     }
 
     /// Some of the body's data was read (it cannot be sent again).
