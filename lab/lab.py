@@ -265,7 +265,7 @@ def curl_rows(rows: list[dict]) -> list[dict]:
 
 def exp1(a, kuai, site_dir, site, out):
     runs = a.runs or (100 if a.quick else 1000)
-    losses = [0, 5, 15, 30]
+    losses = a.losses or [0, 5, 15, 30]
     limit_ms = 5000.0
     allow_tcp_cc(["cubic", "bbr"])
     url = f"https://{SERVER_IP}:{PORT}{site['10k'][0]}"
@@ -326,7 +326,8 @@ def exp1(a, kuai, site_dir, site, out):
     save(out, "exp1", data, md)
 
     def draw(plt):
-        fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharey=True)
+        fig, axes = plt.subplots(2, len(losses), figsize=(4 * len(losses), 7), sharey=True,
+                                 squeeze=False)
         for j, loss in enumerate(losses):
             for i, group in enumerate((("warm",), ("new", "new, 0-RTT"))):
                 ax = axes[i][j]
@@ -686,6 +687,9 @@ def main() -> int:
                     help="exp1: only the cells whose 'label/mode' matches this regular expression "
                          "(like 'kuai HTTP/3' or '^curl.*/new$'); exp4: only the protocols it "
                          "matches (http3, http2-cubic, http2-bbr)")
+    ap.add_argument("--losses", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                    help="exp1: only these loss percentages (like '15,30'), so that loss levels "
+                         "can run side by side under different LAB_NAMEs")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("lab: network namespaces need root", file=sys.stderr)

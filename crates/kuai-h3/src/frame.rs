@@ -289,14 +289,26 @@ impl FrameReader {
                 // A DATA frame's header whole in the chunk: step over it, and its payload
                 // is sliced from the chunk above.
                 let mut peek = &self.chunk[..];
-                if let (Ok(DATA), Ok(len)) = (peek.get_var(), peek.get_var()) {
-                    let hdr = self.chunk.len() - peek.len();
-                    self.chunk.advance(hdr);
-                    self.data_left = len;
-                    if len == 0 {
-                        return Ok(Some(Frame::Data(Bytes::new())));
+                match (peek.get_var(), peek.get_var()) {
+                    (Ok(DATA), Ok(len)) => {
+                        let hdr = self.chunk.len() - peek.len();
+                        self.chunk.advance(hdr);
+                        self.data_left = len;
+                        if len == 0 {
+                            return Ok(Some(Frame::Data(Bytes::new())));
+                        }
+                        continue;
                     }
-                    continue;
+                    // A HEADERS frame whole in the chunk (a request's head, mostly): its
+                    // payload is sliced from the chunk, not copied into the buffer.
+                    (Ok(HEADERS), Ok(len))
+                        if len <= self.max_frame && (peek.len() as u64) >= len =>
+                    {
+                        let hdr = self.chunk.len() - peek.len();
+                        self.chunk.advance(hdr);
+                        return Ok(Some(Frame::Headers(self.chunk.split_to(len as usize))));
+                    }
+                    _ => {}
                 }
             }
             self.spill();

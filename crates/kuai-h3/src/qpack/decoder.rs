@@ -349,12 +349,15 @@ impl Decoder {
 
         // Most sections hold fewer than 16 fields: one allocation, no regrowth.
         let mut fields = Vec::with_capacity(16);
+        // The section's literal strings share one buffer, made at the first of them.
+        let mut arena = bytes::BytesMut::new();
+        bytes::BytesMut::with_capacity(super::huffman::decoded_bound(block.len() - pos));
         let mut budget = self.max_field_section_size;
         let mut largest: Option<u64> = None;
         while pos < block.len() {
             let max_string =
                 usize::try_from(budget.saturating_sub(ENTRY_OVERHEAD)).unwrap_or(usize::MAX);
-            let line = match FieldLine::parse(block, &mut pos, max_string) {
+            let line = match FieldLine::parse(block, &mut pos, max_string, &mut arena) {
                 Ok(line) => line,
                 Err(prefix::Error::Invalid("string too long")) => {
                     return Err(self.too_large(stream_id, ric, decoder_stream));

@@ -495,13 +495,30 @@ const fn build_primary() -> [u32; 1 << TABLE_BITS] {
     table
 }
 
+/// As [`decode`], into the end of a `BytesMut` (a field section's strings share one buffer).
+pub fn decode_bytes(src: &[u8], out: &mut bytes::BytesMut) -> Result<(), HuffmanError> {
+    let start = out.len();
+    out.resize(start + decoded_bound(src.len()), 0);
+    let result = decode_into(src, &mut out[start..]);
+    let written = match result {
+        Ok(n) | Err((_, n)) => n,
+    };
+    out.truncate(start + written);
+    result.map(|_| ()).map_err(|(e, _)| e)
+}
+
+/// Room [`decode_into`] needs for `n` encoded octets: each code has at least 5 bits, so the
+/// output is at most 8/5 of the input, and one more octet of slack lets the table loop store
+/// a second symbol unconditionally.
+pub fn decoded_bound(n: usize) -> usize {
+    n + n / 2 + n / 8 + 2
+}
+
 /// Decodes a Huffman-coded string, appending the octets to `out`. On error `out` may hold part
 /// of the string.
 pub fn decode(src: &[u8], out: &mut Vec<u8>) -> Result<(), HuffmanError> {
-    // Each code has at least 5 bits, so the output is at most 8/5 of the input; one more octet
-    // of slack lets the table loop store a second symbol unconditionally.
     let start = out.len();
-    out.resize(start + src.len() + src.len() / 2 + src.len() / 8 + 2, 0);
+    out.resize(start + decoded_bound(src.len()), 0);
     let buf = &mut out[start..];
     let result = decode_into(src, buf);
     let written = match result {

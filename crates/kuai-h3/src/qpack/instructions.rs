@@ -3,9 +3,11 @@
 //! encode to and parse from bytes. [`Encoder`](super::Encoder) and [`Decoder`](super::Decoder)
 //! are built on these; they are public for tests, tools and other encoders.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
-use super::prefix::{Error, decode_int, decode_string, encode_int, encode_string};
+use super::prefix::{
+    Error, decode_int, decode_string, decode_string_in, encode_int, encode_string,
+};
 
 /// An instruction on the encoder stream (RFC 9204 §4.3).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -286,7 +288,14 @@ impl FieldLine {
     /// Parses one representation from `buf[*pos..]`, advancing `pos`. Each string may decode
     /// to at most `max_string` octets. A field section is complete, so running out of input is
     /// reported as `Incomplete` for the caller to turn into an error.
-    pub fn parse(buf: &[u8], pos: &mut usize, max_string: usize) -> Result<Self, Error> {
+    ///
+    /// The strings are split off `arena` (see [`decode_string_in`]).
+    pub fn parse(
+        buf: &[u8],
+        pos: &mut usize,
+        max_string: usize,
+        arena: &mut BytesMut,
+    ) -> Result<Self, Error> {
         let Some(&first) = buf.get(*pos) else {
             return Err(Error::Incomplete(None));
         };
@@ -301,7 +310,7 @@ impl FieldLine {
             let never_index = first & 0x20 != 0;
             let is_static = first & 0x10 != 0;
             let index = decode_int(buf, pos, 4)?;
-            let value = decode_string(buf, pos, 8, max_string)?.into();
+            let value = decode_string_in(buf, pos, 8, max_string, arena)?;
             if is_static {
                 FieldLine::LiteralStaticName {
                     index,
@@ -317,8 +326,8 @@ impl FieldLine {
             }
         } else if first & 0x20 != 0 {
             let never_index = first & 0x10 != 0;
-            let name = decode_string(buf, pos, 4, max_string)?.into();
-            let value = decode_string(buf, pos, 8, max_string)?.into();
+            let name = decode_string_in(buf, pos, 4, max_string, arena)?;
+            let value = decode_string_in(buf, pos, 8, max_string, arena)?;
             FieldLine::LiteralName {
                 name,
                 value,
@@ -329,7 +338,7 @@ impl FieldLine {
         } else {
             let never_index = first & 0x08 != 0;
             let index = decode_int(buf, pos, 3)?;
-            let value = decode_string(buf, pos, 8, max_string)?.into();
+            let value = decode_string_in(buf, pos, 8, max_string, arena)?;
             FieldLine::LiteralPostBaseName {
                 index,
                 value,
@@ -455,7 +464,10 @@ mod tests {
             }
             let mut pos = 0;
             for l in &lines {
-                assert_eq!(&FieldLine::parse(&out, &mut pos, 100).unwrap(), l);
+                assert_eq!(
+                    &FieldLine::parse(&out, &mut pos, 100, &mut BytesMut::new()).unwrap(),
+                    l
+                );
             }
             assert_eq!(pos, out.len());
         }

@@ -122,7 +122,73 @@ pub fn decode_string(
     prefix_bits: u8,
     max_len: usize,
 ) -> Result<Vec<u8>, Error> {
-    let start = *pos;
+    let (data, is_huffman, end) = string_span(buf, *pos, prefix_bits, max_len)?;
+    let out = if is_huffman {
+        let mut out = Vec::new();
+        huffman::decode(data, &mut out).map_err(huffman_error)?;
+        if out.len() > max_len {
+            return Err(Error::Invalid("string too long"));
+        }
+        // Exactly sized, the vector becomes `Bytes` without a second allocation.
+        out.shrink_to_fit();
+        out
+    } else {
+        data.to_vec()
+    };
+    *pos = end;
+    Ok(out)
+}
+
+/// As [`decode_string`], the string written at the end of `arena` and split off it: the
+/// strings of one field section share the arena's allocation, so none costs one of its own,
+/// and each is a slice of shared bytes that clones without copying. An arena without room
+/// for the string gets room for the rest of the section.
+pub fn decode_string_in(
+    buf: &[u8],
+    pos: &mut usize,
+    prefix_bits: u8,
+    max_len: usize,
+    arena: &mut bytes::BytesMut,
+) -> Result<bytes::Bytes, Error> {
+    let (data, is_huffman, end) = string_span(buf, *pos, prefix_bits, max_len)?;
+    arena.clear();
+    let need = if is_huffman {
+        huffman::decoded_bound(data.len())
+    } else {
+        data.len()
+    };
+    if arena.capacity() < need {
+        // Room for the rest of the section at once (what is left of `buf` from here).
+        arena.reserve(huffman::decoded_bound(buf.len() - *pos).max(need));
+    }
+    if is_huffman {
+        huffman::decode_bytes(data, arena).map_err(huffman_error)?;
+        if arena.len() > max_len {
+            return Err(Error::Invalid("string too long"));
+        }
+    } else {
+        arena.extend_from_slice(data);
+    }
+    *pos = end;
+    Ok(arena.split().freeze())
+}
+
+fn huffman_error(e: huffman::HuffmanError) -> Error {
+    match e {
+        huffman::HuffmanError::Eos => Error::Invalid("EOS in Huffman string"),
+        huffman::HuffmanError::Padding => Error::Invalid("invalid Huffman padding"),
+    }
+}
+
+/// A string literal's encoded bytes in `buf` from `start`, whether they are Huffman-coded,
+/// and where the literal ends; checked against `max_len` and the input before anything is
+/// read or allocated.
+fn string_span(
+    buf: &[u8],
+    start: usize,
+    prefix_bits: u8,
+    max_len: usize,
+) -> Result<(&[u8], bool, usize), Error> {
     let Some(&first) = buf.get(start) else {
         return Err(Error::Incomplete(None));
     };
@@ -146,24 +212,7 @@ pub fn decode_string(
     if len > available {
         return Err(Error::Incomplete(Some((i - start).saturating_add(len))));
     }
-    let data = &buf[i..i + len];
-    let out = if is_huffman {
-        let mut out = Vec::new();
-        huffman::decode(data, &mut out).map_err(|e| match e {
-            huffman::HuffmanError::Eos => Error::Invalid("EOS in Huffman string"),
-            huffman::HuffmanError::Padding => Error::Invalid("invalid Huffman padding"),
-        })?;
-        if out.len() > max_len {
-            return Err(Error::Invalid("string too long"));
-        }
-        // Exactly sized, the vector becomes `Bytes` without a second allocation.
-        out.shrink_to_fit();
-        out
-    } else {
-        data.to_vec()
-    };
-    *pos = i + len;
-    Ok(out)
+    Ok((&buf[i..i + len], is_huffman, i + len))
 }
 
 #[cfg(test)]

@@ -59,7 +59,11 @@ fn value_of(mut text: String) -> Option<HeaderValue> {
 
 /// Appends `value` to the list in field `name`, the field's lines joined into one (as
 /// nginx's `$proxy_add_x_forwarded_for` does); lines that are not text are dropped.
-pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: String) {
+pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
+    if !headers.contains_key(&name) {
+        headers.insert(name, value);
+        return;
+    }
     let mut joined = String::new();
     for v in headers.get_all(&name) {
         if let Ok(s) = v.to_str() {
@@ -67,32 +71,24 @@ pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: Stri
             joined.push_str(", ");
         }
     }
-    let joined = if joined.is_empty() {
-        value
-    } else {
-        joined.push_str(&value);
-        joined
-    };
+    match value.to_str() {
+        Ok(v) => joined.push_str(v),
+        Err(_) => return,
+    }
     if let Some(v) = value_of(joined) {
         headers.insert(name, v);
     }
 }
 
-/// Appends `value` to the list in field `name` (a copy of it when the field is new).
+/// Appends `value` to the list in field `name`.
 pub(crate) fn append_value(headers: &mut HeaderMap, name: HeaderName, value: &HeaderValue) {
-    if headers.contains_key(&name) {
-        if let Ok(v) = value.to_str() {
-            append_list(headers, name, v.to_owned());
-        }
-    } else {
-        headers.insert(name, value.clone());
-    }
+    append_list(headers, name, value.clone());
 }
 
 /// The `Forwarded` element for one hop (RFC 7239 §4): `for`, `proto` and, when known,
 /// `host`; an IPv6 address and a host with a port are quoted strings (§6).
-pub(crate) fn forwarded_element(client: IpAddr, host: Option<&str>) -> String {
-    let mut s = String::with_capacity(64);
+pub(crate) fn forwarded_element(client: IpAddr, host: Option<&str>) -> HeaderValue {
+    let mut s = Line::default();
     match client {
         IpAddr::V4(a) => {
             let _ = write!(s, "for={a}");
@@ -109,7 +105,63 @@ pub(crate) fn forwarded_element(client: IpAddr, host: Option<&str>) -> String {
             let _ = write!(s, ";host=\"{h}\"");
         }
     }
-    s
+    s.value()
+}
+
+/// A client address as `X-Forwarded-For` lists it.
+pub(crate) fn forwarded_for(client: IpAddr) -> HeaderValue {
+    let mut s = Line::default();
+    let _ = write!(s, "{client}");
+    s.value()
+}
+
+/// A short field value written on the stack, then copied once into the value's own bytes
+/// (one allocation of its exact size, where a `String` grows and is shrunk again). What does
+/// not fit in 256 bytes (a very long host) makes the line fall back to the heap.
+struct Line {
+    buf: Vec<u8>,
+    stack: [u8; 256],
+    len: usize,
+}
+
+impl Default for Line {
+    fn default() -> Self {
+        Self {
+            buf: Vec::new(),
+            stack: [0; 256],
+            len: 0,
+        }
+    }
+}
+
+impl Line {
+    fn push_str(&mut self, s: &str) {
+        let _ = self.write_str(s);
+    }
+
+    fn value(&self) -> HeaderValue {
+        let bytes = if self.buf.is_empty() {
+            &self.stack[..self.len]
+        } else {
+            &self.buf[..]
+        };
+        HeaderValue::from_bytes(bytes).unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+}
+
+impl Write for Line {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.buf.is_empty() && self.len + s.len() <= self.stack.len() {
+            self.stack[self.len..self.len + s.len()].copy_from_slice(s.as_bytes());
+            self.len += s.len();
+        } else {
+            if self.buf.is_empty() {
+                self.buf.extend_from_slice(&self.stack[..self.len]);
+            }
+            self.buf.extend_from_slice(s.as_bytes());
+        }
+        Ok(())
+    }
 }
 
 /// A host as it may appear in `Forwarded` without escaping: letters, digits and the
@@ -151,12 +203,12 @@ mod tests {
     #[test]
     fn a_list_field_grows_on_its_last_line() {
         let mut h = HeaderMap::new();
-        append_list(&mut h, header::VIA, "3 kuai".into());
+        append_list(&mut h, header::VIA, HeaderValue::from_static("3 kuai"));
         assert_eq!(h[header::VIA], "3 kuai");
         let name = HeaderName::from_static("x-forwarded-for");
         h.append(&name, HeaderValue::from_static("10.0.0.1"));
         h.append(&name, HeaderValue::from_static("10.0.0.2"));
-        append_list(&mut h, name.clone(), "192.0.2.7".into());
+        append_list(&mut h, name.clone(), forwarded_for([192, 0, 2, 7].into()));
         let all: Vec<_> = h.get_all(&name).iter().collect();
         assert_eq!(all, ["10.0.0.1, 10.0.0.2, 192.0.2.7"]);
     }
@@ -172,5 +224,12 @@ mod tests {
         );
         let odd = forwarded_element([192, 0, 2, 7].into(), Some("a\"b"));
         assert_eq!(odd, "for=192.0.2.7;proto=https");
+        let long = "h".repeat(300);
+        let far = forwarded_element("2001:db8::1".parse().unwrap(), Some(&long));
+        assert_eq!(
+            far,
+            format!("for=\"[2001:db8::1]\";proto=https;host={long}").as_str()
+        );
+        assert_eq!(forwarded_for("2001:db8::1".parse().unwrap()), "2001:db8::1");
     }
 }

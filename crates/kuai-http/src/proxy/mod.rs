@@ -677,7 +677,7 @@ impl Inner {
             headers::append_list(
                 &mut headers,
                 HeaderName::from_static("x-forwarded-for"),
-                ip.to_string(),
+                headers::forwarded_for(ip),
             );
             headers::append_list(
                 &mut headers,
