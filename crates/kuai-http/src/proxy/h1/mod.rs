@@ -449,6 +449,7 @@ pub(crate) async fn exchange(
         upload: Some(Upload::new(body, framing)),
         write_error: None,
         answered: false,
+        seen: 0,
     };
     let r = std::future::poll_fn(|cx| x.poll(cx)).await;
     let conn = x.conn.take().expect("kept until the end");
@@ -484,6 +485,8 @@ struct Exchange {
     /// Writing failed; the backend may still have answered (a 413, say).
     write_error: Option<Error>,
     answered: bool,
+    /// How much of the read buffer the head parser has looked at.
+    seen: usize,
 }
 
 impl Exchange {
@@ -503,7 +506,7 @@ impl Exchange {
             }
         }
         loop {
-            match parse::parse_head(&mut conn.rbuf) {
+            match parse::parse_head_lines(&mut conn.rbuf, &mut self.seen) {
                 Err(e) => return Poll::Ready(Err(Error::Parse(e))),
                 // 1xx: interim (100 Continue, 103 Early Hints), the final head follows
                 // (RFC 9110 §15.2); an upgrade was not asked for.

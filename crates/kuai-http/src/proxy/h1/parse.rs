@@ -82,6 +82,31 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<ResponseHead>, Par
     }
 }
 
+/// As [`parse_head`], when a line has ended since the last call: `seen` is how much of
+/// `buf` earlier calls looked at (0 to start, and again after a head). A head that trickles
+/// in a few bytes at a time is parsed once per line, not once per read (which is quadratic
+/// in the head's size). A line's fault shows when the line ends, or when the head reaches
+/// its limit.
+pub(crate) fn parse_head_lines(
+    buf: &mut BytesMut,
+    seen: &mut usize,
+) -> Result<Option<ResponseHead>, ParseError> {
+    if !buf.get(*seen..).unwrap_or_default().contains(&b'\n') {
+        *seen = buf.len();
+        return if buf.len() >= MAX_HEAD {
+            Err(ParseError::HeadTooLarge)
+        } else {
+            Ok(None)
+        };
+    }
+    let r = parse_head(buf);
+    *seen = match r {
+        Ok(None) => buf.len(),
+        _ => 0,
+    };
+    r
+}
+
 /// Why [`parse_head_with`] failed: more fields than its arrays hold, or the head itself.
 enum HeadError {
     TooMany,
@@ -494,6 +519,38 @@ mod tests {
     }
 
     #[test]
+    fn a_head_trickling_in_parses_once_its_lines_end() {
+        let text = b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi";
+        let (mut b, mut seen, mut heads) = (BytesMut::new(), 0, vec![]);
+        for &byte in text.iter() {
+            b.extend_from_slice(&[byte]);
+            while let Some(h) = parse_head_lines(&mut b, &mut seen).unwrap() {
+                heads.push(h.status.as_u16());
+            }
+        }
+        assert_eq!(heads, [103, 200]);
+        assert_eq!(&b[..], b"hi");
+        // A line that never ends is refused at the head's limit, as a whole one is.
+        let (mut b, mut seen) = (BytesMut::from("HTTP/1.1 200 OK\r\nX: "), 0);
+        assert!(parse_head_lines(&mut b, &mut seen).unwrap().is_none());
+        while b.len() < MAX_HEAD {
+            b.extend_from_slice(&[b'a'; 4096]);
+            if b.len() < MAX_HEAD {
+                assert!(parse_head_lines(&mut b, &mut seen).unwrap().is_none());
+            }
+        }
+        assert!(matches!(
+            parse_head_lines(&mut b, &mut seen),
+            Err(ParseError::HeadTooLarge)
+        ));
+        // A fault shows when its line ends.
+        let (mut b, mut seen) = (BytesMut::from("HTTP/1.1 2x0 OK"), 0);
+        assert!(parse_head_lines(&mut b, &mut seen).unwrap().is_none());
+        b.extend_from_slice(b"\r\n");
+        assert!(parse_head_lines(&mut b, &mut seen).is_err());
+    }
+
+    #[test]
     fn a_head_parses_whole_or_waits() {
         let text = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b c\r\n\r\nhello";
         for cut in 0..text.len() {
@@ -720,9 +777,10 @@ pub fn fuzz_responses(wire: &[u8], step: usize, to_head: bool) {
         }
         None => false,
     };
+    let mut seen = 0;
     loop {
         let head = loop {
-            match parse_head(&mut buf) {
+            match parse_head_lines(&mut buf, &mut seen) {
                 Ok(Some(h)) => break h,
                 Ok(None) if fill(&mut buf) => {}
                 _ => return,
