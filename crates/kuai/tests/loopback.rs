@@ -443,7 +443,17 @@ fn check_qlog(text: &str) {
                 );
             }
             "quic:parameters_set" => {
-                assert_eq!(d["initiator"], "remote");
+                // Ours and the peer's, each once.
+                let who = d["initiator"].as_str().unwrap_or_default();
+                assert!(who == "local" || who == "remote", "{e}");
+                assert!(
+                    seen.insert(if who == "local" {
+                        "parameters_set local"
+                    } else {
+                        "parameters_set remote"
+                    }),
+                    "parameters set twice: {e}"
+                );
                 assert!(
                     d["initial_max_data"].is_u64() && d["disable_active_migration"].is_boolean(),
                     "{e}"
@@ -461,7 +471,8 @@ fn check_qlog(text: &str) {
         seen.insert(name);
     }
     for want in [
-        "quic:parameters_set",
+        "parameters_set local",
+        "parameters_set remote",
         "quic:packet_sent",
         "quic:packet_received",
         "quic:recovery_metrics_updated",

@@ -1059,7 +1059,29 @@ impl Connection {
             self.trace(TraceEvent::ConnectionStateUpdated {
                 new: "handshake_started",
             });
+            // A client's parameters went into its first flight as it was made; a server's go
+            // once it has read the ClientHello.
+            if self.side.is_client() {
+                self.trace_local_params();
+            }
         }
+    }
+
+    /// `quic:parameters_set` for our transport parameters, as they went (or go) to TLS.
+    fn trace_local_params(&mut self) {
+        if self.tracer.is_none() {
+            return;
+        }
+        let Some(lp) = self.local_params.as_deref() else {
+            return;
+        };
+        let summary = format!("{lp:?}");
+        let params = lp.qlog_params();
+        self.trace(TraceEvent::ParametersSet {
+            owner_local: true,
+            summary,
+            params: &params,
+        });
     }
 
     fn trace(&mut self, ev: TraceEvent<'_>) {

@@ -827,6 +827,7 @@ impl Connection {
         });
         let mut tp = Vec::new();
         lp.encode_with_rng(&mut tp, &mut self.rng.draw());
+        self.trace_local_params();
         let mut tls = super::Tls::server(cfg.tls.clone(), self.version, tp)
             .map_err(|e| TransportError::INTERNAL_ERROR(format!("TLS setup: {e}")))?;
         self.tls_version = self.version;
@@ -1058,6 +1059,7 @@ impl Connection {
         });
         let mut tp = Vec::new();
         lp.encode_with_rng(&mut tp, &mut self.rng.draw());
+        self.trace_local_params();
         let tls = super::Tls::client(cfg.tls.clone(), v, name, tp)
             .map_err(|e| TransportError::INTERNAL_ERROR(format!("TLS: {e}")))?;
         // Everything of the first attempt goes: packets, handshake data, path state.
