@@ -1069,16 +1069,22 @@ impl Connection {
 
     /// `quic:parameters_set` for our transport parameters, as they went (or go) to TLS.
     fn trace_local_params(&mut self) {
+        if self.tracer.is_some()
+            && let Some(lp) = self.local_params.clone()
+        {
+            self.trace_params(true, &lp);
+        }
+    }
+
+    /// `quic:parameters_set` for `tp`, ours or the peer's.
+    fn trace_params(&mut self, owner_local: bool, tp: &TransportParameters) {
         if self.tracer.is_none() {
             return;
         }
-        let Some(lp) = self.local_params.as_deref() else {
-            return;
-        };
-        let summary = format!("{lp:?}");
-        let params = lp.qlog_params();
+        let summary = format!("{tp:?}");
+        let params = tp.qlog_params();
         self.trace(TraceEvent::ParametersSet {
-            owner_local: true,
+            owner_local,
             summary,
             params: &params,
         });
@@ -1631,15 +1637,7 @@ impl Connection {
         };
         self.streams.apply_peer_params(&tp);
         self.grease_quic_bit = tp.grease_quic_bit && self.config.grease_quic_bit;
-        if self.tracer.is_some() {
-            let summary = format!("{tp:?}");
-            let params = tp.qlog_params();
-            self.trace(TraceEvent::ParametersSet {
-                owner_local: false,
-                summary,
-                params: &params,
-            });
-        }
+        self.trace_params(false, &tp);
         self.peer_params = Some(tp);
         // Issue more CIDs up to the peer's limit.
         let want = self
