@@ -118,6 +118,12 @@ impl std::ops::AddAssign<&EndpointStats> for EndpointStats {
     }
 }
 
+/// Stateless resets answer only datagrams longer than this, and are 41 bytes up to this long
+/// themselves, so a reset never answers one of kuai's (RFC 9000 §10.3.3; see
+/// `maybe_stateless_reset`). A peer whose packets are all this short learns of a lost
+/// connection from its timers instead, as §10.3.3 allows.
+pub(crate) const RESET_ANSWERS_ABOVE: usize = 43;
+
 /// Stateless responses queued at most (see `Endpoint::queue_response`).
 const MAX_RESPONSES: usize = 1024;
 
@@ -954,17 +960,21 @@ impl Endpoint {
         dcid: &ConnectionId,
         received: usize,
     ) {
-        // RFC 9000 §10.3: smaller than the packet that triggered it (so two endpoints cannot
-        // loop), and at least 21 bytes so it looks like a short-header packet.
-        if !self.config.stateless_reset
-            || received <= packet::MIN_STATELESS_RESET_SIZE
-            || dcid.is_empty()
-        {
+        // RFC 9000 §10.3.3: a reset smaller than the packet that triggered it, so that two
+        // endpoints that answer each other's resets shrink them until they stop. Shrinking
+        // by a byte a time (as §10.3 asks of an answer to a packet of 43 bytes or fewer) left
+        // two kuai endpoints that had both lost a connection trading up to 37 resets for
+        // each stray packet (a fuzzed handshake found it): 44 bytes spoofed from one to the
+        // other drew 23 resets, 736 bytes. So a reset answers only a datagram longer
+        // than `RESET_ANSWERS_ABOVE` and is no longer than that itself: one of ours never
+        // draws another, and whatever a peer answers it with (shorter still) draws none.
+        if !self.config.stateless_reset || received <= RESET_ANSWERS_ABOVE || dcid.is_empty() {
             self.drop_datagram(remote, received, EndpointDropReason::UnknownConnection);
             return;
         }
         let token = token::reset_token(&self.config.reset_key, dcid);
-        let len = (received - 1).min(43 + self.rng.random_range(0..16));
+        // 41 bytes or more: a shorter reset may be told apart from a packet (§10.3.3).
+        let len = RESET_ANSWERS_ABOVE - self.rng.random_range(0..=2);
         let pkt = packet::build_stateless_reset(&token, len);
         self.stats.stateless_resets_sent += 1;
         self.notify(EndpointTraceEvent::StatelessResetSent { remote });
@@ -1296,6 +1306,45 @@ fn uncount_ip(counts: &mut HashMap<IpAddr, u32>, ip: IpAddr) {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Two endpoints that both lost a connection, a stray packet between them: one reset
+    /// answers it and nothing answers the reset (RFC 9000 §10.3.3).
+    #[test]
+    fn a_stateless_reset_draws_no_other() {
+        let now = Instant::now();
+        let ep = |seed| Endpoint::new(Arc::new(EndpointConfig::default()), None, now, 0, Some(seed));
+        let (mut a, mut b) = (ep(1), ep(2));
+        let (a_addr, b_addr): (SocketAddr, SocketAddr) =
+            ("10.0.0.1:443".parse().unwrap(), "10.0.0.2:5000".parse().unwrap());
+        let stray = |len: usize| {
+            let mut d = BytesMut::from(&vec![0x5au8; len][..]);
+            d[0] = 0x41;
+            d
+        };
+        let mut buf = Vec::new();
+        let mut sent = |e: &mut Endpoint| {
+            let mut out = vec![];
+            while let Some(t) = e.poll_transmit(now, 1, &mut buf) {
+                out.push((t.destination, BytesMut::from(&buf[..])));
+            }
+            out
+        };
+        for len in [44, 60, 1200] {
+            a.handle_datagram(now, b_addr, None, None, stray(len));
+            let resets = sent(&mut a);
+            assert_eq!(resets.len(), 1, "a {len}-byte packet draws one reset");
+            let (to, reset) = resets.into_iter().next().unwrap();
+            assert_eq!(to, b_addr);
+            assert!((41..=RESET_ANSWERS_ABOVE).contains(&reset.len()), "{}", reset.len());
+            b.handle_datagram(now, a_addr, None, None, reset);
+            assert!(sent(&mut b).is_empty(), "a reset drew another");
+        }
+        // Short packets draw none: a reset answering them could be answered in turn.
+        a.handle_datagram(now, b_addr, None, None, stray(RESET_ANSWERS_ABOVE));
+        assert!(sent(&mut a).is_empty());
+        assert_eq!(a.stats().stateless_resets_sent, 3);
+        assert_eq!(b.stats().stateless_resets_sent, 0);
+    }
 
     #[test]
     fn path_hints_keep_the_newest_thousand() {

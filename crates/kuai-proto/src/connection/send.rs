@@ -460,6 +460,14 @@ impl Connection {
         if let Some(p) = pad_to {
             min_end = min_end.max(p.saturating_sub(TAG_LEN));
         }
+        // An ack-eliciting short-header packet is long enough to draw a stateless reset from
+        // a peer that lost the connection (kuai answers only longer ones, RFC 9000 §10.3.3):
+        // a few bytes on the rare small one, so a lost connection shows at once, not after
+        // the idle timeout.
+        if space == SpaceId::Data && !zero_rtt && ack_eliciting {
+            let reset_min = packet_start + crate::endpoint::RESET_ANSWERS_ABOVE + 1 - TAG_LEN;
+            min_end = min_end.max(reset_min.min(max_end - TAG_LEN));
+        }
         if buf.len() < min_end {
             let n = min_end - buf.len();
             buf.put_bytes(0, n);
