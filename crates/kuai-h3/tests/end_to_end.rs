@@ -330,9 +330,10 @@ async fn requests_in_0rtt_are_marked_early() {
 /// reads, after the head) the head could be decoded only once that window's worth had come.
 ///
 /// What the client has received when its task gets to the head also depends on when that
-/// task runs: on a loaded machine the driver may take in most of the window first. That
-/// noise is rare and the fault it guards against is not, so the check passes when one of
-/// three fresh connections shows the head early.
+/// task runs: on a loaded machine the driver may take in much of the window first (356 to
+/// 502 KB in a CI run beside two fuzzing processes and a lab experiment). So the check passes
+/// when one of three fresh connections shows the head before 768 KiB had come: the fault
+/// shows the whole window (1,076,717 bytes when it was found).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_head_is_not_held_behind_its_body() {
     let n = 4 << 20;
@@ -354,7 +355,7 @@ async fn a_response_head_is_not_held_behind_its_body() {
         assert_eq!(resp.headers()["x-served-by"], "kuai end-to-end test");
         let body = req.recv_body(n + 1).await.unwrap();
         assert_eq!(body.len(), n);
-        if received < 256 << 10 {
+        if received < 768 << 10 {
             return;
         }
         seen.push(received);
