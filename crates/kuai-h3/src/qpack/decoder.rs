@@ -351,7 +351,6 @@ impl Decoder {
         let mut fields = Vec::with_capacity(16);
         // The section's literal strings share one buffer, made at the first of them.
         let mut arena = bytes::BytesMut::new();
-        bytes::BytesMut::with_capacity(super::huffman::decoded_bound(block.len() - pos));
         let mut budget = self.max_field_section_size;
         let mut largest: Option<u64> = None;
         while pos < block.len() {
