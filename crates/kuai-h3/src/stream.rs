@@ -616,9 +616,15 @@ impl Drop for RecvHalf {
             self.shared.cancel_stream(self.id);
         }
         crate::datagram::forget(&self.shared, self.id);
-        // An unread body: tell the peer we are not interested (RFC 9114 §4.1.1).
+        // An unread body: tell the peer we are not interested (RFC 9114 §4.1.1). A server
+        // that has answered waits for more than a FIN before it says so (§4.1 allows the
+        // stop, but a client still finishing its request may fail on it).
         if self.state != RecvState::Done {
-            let _ = self.recv.stop(Code::NO_ERROR.0);
+            let _ = if self.shared.side.is_server() {
+                self.recv.stop_unless_ending(Code::NO_ERROR.0)
+            } else {
+                self.recv.stop(Code::NO_ERROR.0)
+            };
         }
     }
 }

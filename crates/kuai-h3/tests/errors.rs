@@ -601,3 +601,48 @@ async fn cancel_push_to_a_client_is_an_id_error() {
     control_stream(&raw, &[0x04, 0x00, 0x03, 0x01, 0x00]).await;
     assert_eq!(closed_with(&raw).await, Code::ID_ERROR.0);
 }
+
+/// RFC 9114 §4.1: a server may stop a request stream once it has answered, but a client
+/// still finishing its request (the h3 crate's client writes a GREASE frame as it finishes)
+/// may take that stop for a failed request. kuai's server says nothing while only the FIN is
+/// left to come, and still stops a body its handler does not read.
+#[tokio::test]
+async fn an_answered_request_is_stopped_only_if_a_body_comes() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let get = headers_frame(&[&GET_HTTPS_ROOT[..], &literal(0, b"localhost")].concat());
+    let answered = |mut recv: kuai::RecvStream| async move {
+        let resp = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(64 * 1024))
+            .await
+            .expect("response within 5 s")
+            .unwrap();
+        assert!(resp.ends_with(b"ok"));
+    };
+    // The head alone; the FIN comes long after the answer (200 ms: many round trips here).
+    let (mut send, recv) = conn.open_bi().await.unwrap();
+    send.write_all(&get).await.unwrap();
+    answered(recv).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A reserved frame (RFC 9114 §7.2.8), then the FIN: the stream was not stopped.
+    send.write_all(&[0x21, 0x00]).await.unwrap();
+    send.finish().unwrap();
+    // A body after the answer: the server asks for it to stop (H3_NO_ERROR).
+    let (mut send, recv) = conn.open_bi().await.unwrap();
+    send.write_all(&get).await.unwrap();
+    answered(recv).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            // DATA frames of 1 KiB until the STOP_SENDING arrives.
+            let mut frame = vec![0x00, 0x44, 0x00];
+            frame.resize(3 + 1024, b'b');
+            if let Err(e) = send.write_all(&frame).await {
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("stopped within 5 s");
+    assert_eq!(stopped, kuai::WriteError::Stopped(Code::NO_ERROR.0));
+    assert!(conn.close_reason().is_none());
+}

@@ -924,11 +924,25 @@ impl RecvStream {
 
     /// Asks the peer to stop sending (STOP_SENDING) with an application error code.
     pub fn stop(&mut self, code: u64) -> Result<(), ReadError> {
+        self.stop_with(code, false)
+    }
+
+    /// Stops reading; the STOP_SENDING goes out only if more than the stream's FIN is still
+    /// to come (see [`kuai_proto::Connection::stop_stream_unless_ending`]). For a server that
+    /// has answered a request its client may still be finishing.
+    pub fn stop_unless_ending(&mut self, code: u64) -> Result<(), ReadError> {
+        self.stop_with(code, true)
+    }
+
+    fn stop_with(&mut self, code: u64, unless_ending: bool) -> Result<(), ReadError> {
         let id = self.id;
         let early = self.early;
         self.done = true;
         let r = self.inner.with(|s, h| match s.ep.connection_mut(h) {
             _ if voided(early, &s.conns, h) => Err(ReadError::ZeroRttRejected),
+            Some(c) if unless_ending => c
+                .stop_stream_unless_ending(id, code)
+                .map_err(|_| ReadError::ClosedStream),
             Some(c) => c.stop_stream(id, code).map_err(|_| ReadError::ClosedStream),
             None => Err(ReadError::ConnectionLost(conn_error(
                 s.conns.get(&h).map(Box::as_ref),

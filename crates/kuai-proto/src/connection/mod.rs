@@ -1273,6 +1273,18 @@ impl Connection {
         self.streams.stop(id, code)
     }
 
+    /// Stops reading a stream, sending STOP_SENDING only if more than its FIN is still to
+    /// come: when everything received has been read, the frame waits for more data, and a
+    /// FIN alone ends the stream quietly. For a server done with a request whose client may
+    /// still be finishing it (RFC 9114 §4.1).
+    pub fn stop_stream_unless_ending(
+        &mut self,
+        id: StreamId,
+        code: u64,
+    ) -> Result<(), StreamError> {
+        self.streams.stop_unless_ending(id, code)
+    }
+
     /// Largest datagram payload the peer accepts and the path can carry now; `None` if the
     /// peer does not support datagrams.
     pub fn max_datagram_size(&self) -> Option<usize> {

@@ -141,6 +141,8 @@ struct RecvStream {
     state: RecvState,
     /// We asked the peer to stop (STOP_SENDING with this code); data is discarded.
     stop_code: Option<u64>,
+    /// The STOP_SENDING waits until more data arrives ([`Streams::stop_unless_ending`]).
+    stop_deferred: bool,
     /// Some of its data arrived in 0-RTT packets (replayable: RFC 9001 §9.2, RFC 8470).
     early: bool,
 }
@@ -444,6 +446,7 @@ impl Streams {
                 window: RecvWindow::new(self.cfg.stream_window, self.cfg.stream_window_cap),
                 state: RecvState::Open,
                 stop_code: None,
+                stop_deferred: false,
                 early: false,
             },
         );
@@ -702,6 +705,19 @@ impl Streams {
 
     /// Asks the peer to stop sending (STOP_SENDING) and discards what arrives.
     pub fn stop(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+        self.stop_with(id, code, false)
+    }
+
+    /// Stops reading like [`stop`](Self::stop), but when everything received so far has been
+    /// read, the STOP_SENDING waits until more data arrives: a stream whose FIN is on its way
+    /// ends quietly. RFC 9114 §4.1 lets a server stop a request stream once it has answered,
+    /// but a client still finishing it (the h3 crate's writes a GREASE frame as it finishes)
+    /// may take the stop for a failed request.
+    pub fn stop_unless_ending(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+        self.stop_with(id, code, true)
+    }
+
+    fn stop_with(&mut self, id: StreamId, code: u64, defer: bool) -> Result<(), StreamError> {
         let s = self.recv.get_mut(&id).ok_or(StreamError::UnknownStream)?;
         if s.stop_code.is_some() || s.state != RecvState::Open {
             return Ok(());
@@ -713,8 +729,12 @@ impl Streams {
         s.asm.discard(s.highest());
         self.data_consumed += unread;
         if s.final_size.is_none() {
-            self.pending.stop.push(id);
-            self.send_hint = true;
+            if defer && unread == 0 {
+                s.stop_deferred = true;
+            } else {
+                self.pending.stop.push(id);
+                self.send_hint = true;
+            }
         } else {
             s.state = RecvState::Done;
             self.maybe_cleanup(id);
@@ -824,6 +844,11 @@ impl Streams {
             if s.final_size.is_some() {
                 s.state = RecvState::Done;
                 self.maybe_cleanup(id);
+            } else if s.stop_deferred && growth > 0 {
+                // More than a FIN is coming: ask for the stop after all.
+                s.stop_deferred = false;
+                self.pending.stop.push(id);
+                self.send_hint = true;
             }
             return Ok(());
         }
@@ -1609,6 +1634,65 @@ mod tests {
         let woken = writable(&mut s);
         assert!(woken.contains(&a), "A woken: {woken:?}");
         assert!(woken.contains(&b), "B woken: {woken:?}");
+    }
+
+    /// `stop_unless_ending`: with everything received read, the STOP_SENDING waits; a FIN
+    /// alone ends the stream without one, more data draws it, and unread data draws it at
+    /// once (a server done with a request its client is still finishing: RFC 9114 §4.1).
+    #[test]
+    fn a_stop_unless_ending_is_sent_only_when_more_than_a_fin_comes() {
+        let mut s = Streams::new(
+            Side::Server,
+            StreamConfig {
+                max_concurrent_bidi: 100,
+                max_concurrent_uni: 100,
+                stream_window: 1 << 20,
+                stream_window_cap: 1 << 20,
+                conn_window: 1 << 20,
+                conn_window_cap: 1 << 20,
+                send_buffer: 1 << 20,
+                connection_send_buffer: 1 << 20,
+            },
+        );
+        let now = Instant::now();
+        let rtt = Duration::from_millis(10);
+        let stops = |s: &mut Streams| {
+            let (mut buf, mut sent) = (Vec::new(), Vec::new());
+            s.write_control(&mut buf, 1200, &mut sent, now, rtt);
+            sent.iter()
+                .filter_map(|f| match f {
+                    SentFrame::StopSending(id) => Some(*id),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let head = || Bytes::from_static(b"request head");
+        let (a, b, c) = (StreamId(0), StreamId(4), StreamId(8));
+        for id in [a, b, c] {
+            s.on_stream_frame(id, 0, head(), false, 1200, false).unwrap();
+        }
+        for id in [a, b] {
+            assert_eq!(s.read(id, usize::MAX).unwrap(), Some(head()));
+            s.stop_unless_ending(id, 0x100).unwrap();
+        }
+        // C's head is still unread: its stop goes out at once.
+        s.stop_unless_ending(c, 0x100).unwrap();
+        assert_eq!(stops(&mut s), vec![c]);
+        // A's FIN arrives alone: the stream ends, no stop was ever sent.
+        s.on_stream_frame(a, 12, Bytes::new(), true, 1200, false)
+            .unwrap();
+        assert_eq!(s.recv[&a].state, RecvState::Done, "A's receive side is done");
+        assert_eq!(stops(&mut s), Vec::<StreamId>::new());
+        // B goes on with a body: now it is told to stop.
+        s.on_stream_frame(b, 12, Bytes::from_static(b"body"), false, 1200, false)
+            .unwrap();
+        assert_eq!(stops(&mut s), vec![b]);
+        // A plain stop does not wait.
+        let d = StreamId(12);
+        s.on_stream_frame(d, 0, head(), false, 1200, false).unwrap();
+        s.read(d, usize::MAX).unwrap();
+        s.stop(d, 0x100).unwrap();
+        assert_eq!(stops(&mut s), vec![d]);
     }
 
     /// A STREAM frame that fills the packet carries no Length field (RFC 9000 §19.8), one
