@@ -32,7 +32,7 @@
 //! | 2 | take the peer's next datagram as in 1, decrypt it and re-seal it with the same packet number around fuzz frames | f0-f1: 0 body replaces the frames, 1 frames then body, 2 body then frames, 3 the frames with the body's `(pos u16 LE, xor)` triples applied; f2: other port (a migration); f3: flip the key phase, sealing with the next keys (a peer-initiated key update); f4: ECN CE |
 //! | 3 | advance the clock by `u16 LE` ms (body, 1 ms if empty) and run timeouts on both sides | f0: drop what is sent meanwhile instead of delivering it; f1: jump straight to the end instead of stepping through every deadline |
 //! | 4 | pump: `body[0] % 16 + 1` rounds of timers and traffic both ways | f0: do not advance the clock (1 ms per round otherwise) |
-//! | 5 | application action on a connection, `body[0] % 11`: open bidi + write, open uni + write, write, finish, reset, stop, send datagram, key update, close, migrate (client), read everything; `body[1]` picks a stream, the rest is data or the code | f0: on the peer instead of the target |
+//! | 5 | application action on a connection, `body[0] % 11`: open bidi + write, open uni + write, write, finish, reset, stop (an odd code: the stop that waits for more than a FIN), send datagram, key update, close, migrate (client), read everything; `body[1]` picks a stream, the rest is data or the code | f0: on the peer instead of the target |
 //! | 6 | a stateless reset for the target: `[0x40 \| body[0] & 0x3f] ++ body[1..]`, padded to 5 bytes, `++` the peer's reset token for the CID the target last sent to | f0: corrupt the token |
 //! | 7 | deliver again one of the last 32 datagrams the target received (`body[0]` back from the newest) | f0: other port; f1: from a victim address instead (f0 picks which) |
 //!

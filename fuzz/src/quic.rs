@@ -1666,7 +1666,12 @@ impl Harness {
             }
             5 => {
                 if let Some(id) = stream {
-                    let _ = c.stop_stream(id, code);
+                    // Odd codes: the stop that waits for more than a FIN.
+                    let _ = if code & 1 == 1 {
+                        c.stop_stream_unless_ending(id, code)
+                    } else {
+                        c.stop_stream(id, code)
+                    };
                 }
             }
             6 => {
