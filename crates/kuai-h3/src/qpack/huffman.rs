@@ -329,18 +329,29 @@ const EOS: u16 = 256;
 
 /// Appends the Huffman encoding of `src` to `out`, padded with ones to an octet boundary.
 pub fn encode(src: &[u8], out: &mut Vec<u8>) {
-    out.reserve(encoded_len(src));
-    // Up to 7 pending bits plus a 30-bit code fit in 37 bits; flush whole octets as they fill.
+    encode_with_len(src, encoded_len(src), out);
+}
+
+/// [`encode`] for a caller that already knows `len`, the [`encoded_len`] of `src`.
+pub(crate) fn encode_with_len(src: &[u8], len: usize, out: &mut Vec<u8>) {
+    out.reserve(len);
+    // Codes are at most 30 bits: after a flush at most 31 bits are pending, so the newest 61
+    // fit in 64, and four octets go out at a time (bits above the pending ones are stale and
+    // never read).
     let mut acc: u64 = 0;
     let mut bits: u32 = 0;
     for &b in src {
-        let (code, len) = CODES[b as usize];
-        acc = (acc << len) | code as u64;
-        bits += len as u32;
-        while bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
+        let (code, n) = CODES[b as usize];
+        acc = (acc << n) | u64::from(code);
+        bits += u32::from(n);
+        if bits >= 32 {
+            bits -= 32;
+            out.extend_from_slice(&((acc >> bits) as u32).to_be_bytes());
         }
+    }
+    while bits >= 8 {
+        bits -= 8;
+        out.push((acc >> bits) as u8);
     }
     if bits > 0 {
         out.push(((acc << (8 - bits)) as u8) | (0xff >> bits));

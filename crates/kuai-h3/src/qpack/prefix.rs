@@ -21,6 +21,7 @@ pub enum Error {
 
 /// Appends `value` as an integer with an `prefix_bits`-bit prefix (1..=8). `first` holds the
 /// bits above the prefix in the first octet (they must be zero within the prefix).
+#[inline]
 pub fn encode_int(out: &mut Vec<u8>, first: u8, prefix_bits: u8, value: u64) {
     debug_assert!((1..=8).contains(&prefix_bits));
     let max = ((1u16 << prefix_bits) - 1) as u64;
@@ -28,6 +29,12 @@ pub fn encode_int(out: &mut Vec<u8>, first: u8, prefix_bits: u8, value: u64) {
         out.push(first | value as u8);
         return;
     }
+    encode_long_int(out, first, max, value);
+}
+
+/// [`encode_int`] for a value that does not fit in the prefix (`max`, all ones).
+#[inline(never)]
+fn encode_long_int(out: &mut Vec<u8>, first: u8, max: u64, value: u64) {
     out.push(first | max as u8);
     let mut rest = value - max;
     while rest >= 0x80 {
@@ -96,7 +103,7 @@ pub fn encode_string(out: &mut Vec<u8>, first: u8, prefix_bits: u8, s: &[u8], hu
         let hlen = huffman::encoded_len(s);
         if hlen < s.len() {
             encode_int(out, first | h_bit, prefix_bits - 1, hlen as u64);
-            huffman::encode(s, out);
+            huffman::encode_with_len(s, hlen, out);
             return;
         }
     }
