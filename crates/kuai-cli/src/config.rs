@@ -37,6 +37,7 @@ pub struct File {
 #[serde(deny_unknown_fields)]
 pub struct LimitsFile {
     max_connections: Option<usize>,
+    max_connections_per_address: Option<usize>,
     handshake_timeout: Option<Timeout>,
     header_timeout: Option<Timeout>,
     idle_timeout: Option<Timeout>,
@@ -163,6 +164,9 @@ impl File {
         let l = &self.limits;
         if let Some(v) = l.max_connections {
             base.max_connections = v;
+        }
+        if let Some(v) = l.max_connections_per_address {
+            base.max_connections_per_address = v;
         }
         if let Some(v) = l.handshake_timeout {
             base.handshake_timeout = v.0;

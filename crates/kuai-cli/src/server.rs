@@ -130,6 +130,10 @@ pub struct Args {
     /// with no request in flight; if every one has a request in flight it is refused.
     #[arg(long, default_value_t = Limits::default().max_connections)]
     max_connections: usize,
+    /// TCP: most connections held at once from one client address (an IPv6 /64). At it, a
+    /// new one from there closes that address's oldest one with no request in flight.
+    #[arg(long, default_value_t = Limits::default().max_connections_per_address)]
+    max_connections_per_address: usize,
     /// TCP: time allowed for the TLS handshake (units ms, s, m; a bare number is seconds).
     #[arg(long, default_value_t = Timeout(Limits::default().handshake_timeout))]
     handshake_timeout: Timeout,
@@ -226,6 +230,7 @@ fn limits(args: &Args) -> Limits {
     }
     let mut l = Limits::default();
     l.max_connections = max_connections;
+    l.max_connections_per_address = args.max_connections_per_address;
     l.handshake_timeout = args.handshake_timeout.0;
     l.header_timeout = args.header_timeout.0;
     l.idle_timeout = args.idle_timeout.0;

@@ -75,6 +75,11 @@ pub struct Limits {
     /// idle connections; if every connection has a request in flight it is closed at once.
     /// (QUIC connections are bounded by the endpoint.)
     pub max_connections: usize,
+    /// TCP connections held at once from one client address (an IPv6 address's /64). At
+    /// this cap a new connection from that address closes its oldest one with no request in
+    /// flight, or is closed at once, so one address cannot push everyone else's connections
+    /// out. Generous by default: many clients can share an address behind a NAT.
+    pub max_connections_per_address: usize,
     /// TCP: the TLS handshake must end within this.
     pub handshake_timeout: Duration,
     /// TCP: the first request head must be complete this long after the handshake, a later
@@ -113,6 +118,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 4096,
+            max_connections_per_address: 512,
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(75),

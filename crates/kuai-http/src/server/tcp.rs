@@ -2,10 +2,10 @@
 //! the limits that keep idle, slow and stalled clients from holding the server's sockets and
 //! memory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -55,6 +55,8 @@ const NEVER: u64 = u64::MAX;
 /// What the watchdog of one connection needs to know, updated by its requests and reads.
 struct ConnState {
     clock: Clock,
+    /// The client's address as the per-address cap counts it ([`address_key`]).
+    ip: IpAddr,
     /// Requests whose response is not finished.
     active: AtomicUsize,
     /// Requests begun so far.
@@ -92,10 +94,11 @@ enum Expiry {
 }
 
 impl ConnState {
-    fn new(clock: Clock) -> Self {
+    fn new(clock: Clock, ip: IpAddr) -> Self {
         let now = clock.now();
         Self {
             clock,
+            ip,
             active: AtomicUsize::new(0),
             requests: AtomicU64::new(0),
             idle_since: AtomicU64::new(now),
@@ -316,46 +319,98 @@ impl tokio::io::AsyncWrite for Watched {
     }
 }
 
-/// The connections the server holds, oldest first, for the cap.
+/// The connections the server holds, oldest first, for the caps.
 struct Conns {
-    by_age: Mutex<BTreeMap<u64, Arc<ConnState>>>,
+    held: Mutex<Held>,
     next: AtomicU64,
     clock: Clock,
+}
+
+#[derive(Default)]
+struct Held {
+    by_age: BTreeMap<u64, Arc<ConnState>>,
+    /// Connections held per client address ([`address_key`]).
+    per_address: HashMap<IpAddr, usize>,
+}
+
+impl Held {
+    fn take(&mut self, id: u64) -> Option<Arc<ConnState>> {
+        let c = self.by_age.remove(&id)?;
+        if let Some(n) = self.per_address.get_mut(&c.ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_address.remove(&c.ip);
+            }
+        }
+        Some(c)
+    }
+
+    /// Closes the oldest connection with no request in flight (from `ip` only, if given);
+    /// false when there is none.
+    fn evict_oldest_idle(&mut self, ip: Option<IpAddr>) -> bool {
+        let Some(id) = self
+            .by_age
+            .iter()
+            .find(|(_, c)| ip.is_none_or(|ip| c.ip == ip) && c.active.load(Relaxed) == 0)
+            .map(|(&id, _)| id)
+        else {
+            return false;
+        };
+        if let Some(c) = self.take(id) {
+            c.evict.notify_one();
+        }
+        true
+    }
+}
+
+/// The key of the per-address cap: the IPv4 address, or the /64 an IPv6 address is in (one
+/// host commonly holds a whole /64, RFC 7421); an IPv4-mapped address counts as IPv4.
+fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
+        },
+    }
 }
 
 impl Conns {
     fn new() -> Self {
         Self {
-            by_age: Mutex::new(BTreeMap::new()),
+            held: Mutex::new(Held::default()),
             next: AtomicU64::new(0),
             clock: Clock(tokio::time::Instant::now()),
         }
     }
 
-    /// Takes a new connection in: its id and state, or `None` when it must be refused.
-    fn admit(&self, max: usize) -> Option<(u64, Arc<ConnState>)> {
-        let mut m = self.by_age.lock().unwrap_or_else(|e| e.into_inner());
-        if m.len() >= max.max(1) {
-            // Make room: the oldest connection with no request in flight goes.
-            let idle = m
-                .iter()
-                .find(|(_, c)| c.active.load(Relaxed) == 0)
-                .map(|(&id, _)| id)?;
-            if let Some(c) = m.remove(&idle) {
-                c.evict.notify_one();
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a new connection from `remote` in: its id and state, or `None` when it must be
+    /// refused. A client address at its cap makes room among its own connections, so one
+    /// address cannot push everyone else's out.
+    fn admit(&self, l: &Limits, remote: IpAddr) -> Option<(u64, Arc<ConnState>)> {
+        let ip = address_key(remote);
+        let mut h = self.held();
+        let mine = h.per_address.get(&ip).copied().unwrap_or(0);
+        if mine >= l.max_connections_per_address.max(1) {
+            if !h.evict_oldest_idle(Some(ip)) {
+                return None;
             }
+        } else if h.by_age.len() >= l.max_connections.max(1) && !h.evict_oldest_idle(None) {
+            return None;
         }
         let id = self.next.fetch_add(1, Relaxed);
-        let state = Arc::new(ConnState::new(self.clock));
-        m.insert(id, state.clone());
+        let state = Arc::new(ConnState::new(self.clock, ip));
+        h.by_age.insert(id, state.clone());
+        *h.per_address.entry(ip).or_insert(0) += 1;
         Some((id, state))
     }
 
     fn remove(&self, id: u64) {
-        self.by_age
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+        self.held().take(id);
     }
 }
 
@@ -399,10 +454,10 @@ async fn serve_with(
             },
             _ = shared.shutting_down() => return,
         };
-        let Some((id, state)) = conns.admit(shared.limits.max_connections) else {
-            // Every connection has a request in flight: this one is closed at once, so
-            // the client can go elsewhere or retry, rather than wait unanswered.
-            tracing::debug!(%remote, "at the connection cap with no idle connection: refused");
+        let Some((id, state)) = conns.admit(&shared.limits, remote.ip()) else {
+            // Every connection it could replace has a request in flight: this one is closed
+            // at once, so the client can go elsewhere or retry, rather than wait unanswered.
+            tracing::debug!(%remote, "at a connection cap with no idle connection: refused");
             continue;
         };
         let _ = sock.set_nodelay(true);
@@ -998,6 +1053,82 @@ mod tests {
         assert!(body.is_ok_and(|b| b.is_ok()), "served during the slowloris");
     }
 
+    /// The per-address cap: an address at it makes room among its own connections (oldest
+    /// idle first), never among another address's, and the other address is still served.
+    #[tokio::test]
+    async fn one_address_at_its_cap_pushes_out_only_its_own_connections() {
+        let srv = start(Limits {
+            max_connections: 16,
+            max_connections_per_address: 3,
+            handshake_timeout: Duration::from_secs(30),
+            ..short_limits()
+        })
+        .await;
+        let from = |ip: &'static str| async move {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+            let c = s.connect(srv.addr).await.unwrap();
+            // Let the server accept it before the next one: the order is the age.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            c
+        };
+        let mut other = vec![from("127.0.0.2").await, from("127.0.0.2").await];
+        let mut first = Vec::new();
+        for _ in 0..3 {
+            first.push(from("127.0.0.1").await);
+        }
+        let mut second = Vec::new();
+        for _ in 0..2 {
+            second.push(from("127.0.0.1").await);
+        }
+        // 127.0.0.1's two oldest went, its newest of the first three and the two new stay,
+        // and 127.0.0.2 kept both of its own.
+        let mut open = Vec::new();
+        for s in first.iter_mut().chain(&mut second).chain(&mut other) {
+            open.push(closed_within(s, Duration::from_millis(100)).await.is_none());
+        }
+        assert_eq!(open, [false, false, true, true, true, true, true]);
+        {
+            let h = srv.conns.held();
+            assert_eq!(
+                h.per_address.get(&"127.0.0.1".parse::<IpAddr>().unwrap()),
+                Some(&3)
+            );
+            assert_eq!(
+                h.per_address.get(&"127.0.0.2".parse::<IpAddr>().unwrap()),
+                Some(&2)
+            );
+        }
+        // 127.0.0.1 at its cap still gets served (its oldest idle connection makes room).
+        let body = tokio::time::timeout(Duration::from_secs(2), srv.fetch(Proto::H1)).await;
+        assert!(body.is_ok_and(|b| b.is_ok()), "served at the cap");
+        assert!(
+            closed_within(&mut first[2], Duration::from_millis(100))
+                .await
+                .is_some()
+        );
+        // Closed connections are counted out.
+        drop((first, second, other));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let h = srv.conns.held();
+        assert!(
+            h.per_address.is_empty() && h.by_age.is_empty(),
+            "{:?}",
+            h.per_address
+        );
+    }
+
+    #[test]
+    fn addresses_are_counted_by_ipv4_address_or_ipv6_slash_64() {
+        let key = |s: &str| address_key(s.parse().unwrap());
+        assert_eq!(key("192.0.2.7"), key("192.0.2.7"));
+        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2:bbbb::2"));
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2::"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+    }
+
     /// An HTTP/2 client that grants huge flow-control windows, asks for 64 large responses
     /// and reads nothing: what the server holds for it in user space (response bytes made
     /// and not yet written to the socket) stays bounded, whatever the streams and windows.
@@ -1032,8 +1163,8 @@ mod tests {
         // Read nothing for a while.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let (buffered, produced) = {
-            let m = srv.conns.by_age.lock().unwrap();
-            let c = m.values().next().expect("the connection is held");
+            let m = srv.conns.held();
+            let c = m.by_age.values().next().expect("the connection is held");
             (c.buffered(), c.produced.load(Relaxed))
         };
         eprintln!("{produced} bytes produced, {buffered} of them not yet written");
