@@ -158,7 +158,9 @@ impl Default for TransportConfig {
     }
 }
 
-/// Client settings.
+/// Client settings. (The connection IDs a client issues, and their length, come from its
+/// endpoint's [`EndpointConfig::cid_generator`]: the endpoint routes short-header packets by
+/// that length.)
 #[derive(Clone)]
 pub struct ClientConfig {
     /// TLS: trust, ALPN, session resumption.
@@ -170,8 +172,6 @@ pub struct ClientConfig {
     /// Versions we accept through compatible version negotiation, in preference order
     /// (RFC 9368); the first packet's version must be among them.
     pub versions: Vec<Version>,
-    /// Length of the CIDs this client issues.
-    pub cid_len: usize,
     /// Captures traffic secrets so a compatible version negotiation can re-derive keys;
     /// installed by [`ClientConfig::new`].
     pub(crate) secret_capture: Option<Arc<crate::crypto::SecretCapture>>,
@@ -188,7 +188,6 @@ impl ClientConfig {
             transport: Arc::new(TransportConfig::default()),
             version: Version::V1,
             versions: vec![Version::V1, Version::V2],
-            cid_len: 8,
         }
     }
 }
