@@ -84,6 +84,11 @@ pub struct Args {
     /// RFC 9002 says, when not given).
     #[arg(long, value_name = "PACKETS", value_parser = clap::value_parser!(u32).range(2..=1000))]
     initial_window: Option<u32>,
+    /// QUIC initial congestion window, in the same packets, of a connection from a client
+    /// the server has no path hint for (its first connection while hints are kept); the
+    /// initial window when not given.
+    #[arg(long, value_name = "PACKETS", value_parser = clap::value_parser!(u32).range(2..=1000))]
+    cold_initial_window: Option<u32>,
     /// Never send redundant copies. By default, on a lossy path (2 % or more of packets
     /// lost), the last packets of each flight (up to 16) go out twice when there is nothing
     /// new to send.
@@ -447,6 +452,9 @@ async fn serve(args: Args) -> Result<(), String> {
         args.initial_window,
         args.no_redundancy,
     );
+    if let Some(n) = args.cold_initial_window {
+        Arc::make_mut(&mut cfg.proto_mut().transport).cold_initial_window_packets = Some(n);
+    }
     let workers = file
         .as_ref()
         .and_then(|f| f.workers)

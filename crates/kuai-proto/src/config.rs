@@ -41,6 +41,12 @@ pub struct TransportConfig {
     /// §7.2 says 10 (12,000 bytes at 1,200), and caps it at 14,720 bytes; quic-go and
     /// Chromium use 32. A custom controller picks its own.
     pub initial_window_packets: u32,
+    /// The initial window, in the same datagrams, of a connection that starts without a path
+    /// hint ([`crate::PathHint`]: the first between two hosts while hints are kept); `None`:
+    /// `initial_window_packets`. A larger one saves cold connections a round trip or more
+    /// where the path has room, and risks a shallow queue only for them: hinted ones start
+    /// from `initial_window_packets` and resume from what the path carried before.
+    pub cold_initial_window_packets: Option<u32>,
     /// RTT assumed before the first sample. RFC 9002 §6.2.2 suggests 333 ms; kuai uses
     /// 100 ms, as Chromium and quic-go do, so a lost Initial is resent after about 300 ms
     /// instead of a second (the handshake on lossy links finishes several times sooner).
@@ -119,6 +125,15 @@ impl TransportConfig {
     pub fn initial_window(&self) -> u64 {
         u64::from(self.initial_window_packets.max(2)) * u64::from(self.initial_mtu)
     }
+
+    /// The initial congestion window in bytes of a connection with or without a path hint
+    /// (see `cold_initial_window_packets`).
+    pub fn initial_window_for(&self, hinted: bool) -> u64 {
+        match self.cold_initial_window_packets {
+            Some(n) if !hinted => u64::from(n.max(2)) * u64::from(self.initial_mtu),
+            _ => self.initial_window(),
+        }
+    }
 }
 
 impl Default for TransportConfig {
@@ -136,6 +151,7 @@ impl Default for TransportConfig {
             connection_send_buffer: 16 << 20,
             congestion: CongestionAlgorithm::default(),
             initial_window_packets: 10,
+            cold_initial_window_packets: None,
             initial_rtt: Duration::from_millis(100),
             max_ack_delay: Duration::from_millis(25),
             ack_delay_exponent: 3,
