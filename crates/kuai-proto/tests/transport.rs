@@ -1650,6 +1650,86 @@ fn a_new_connection_starts_from_the_last_rtt_to_its_server() {
     assert!(second < Duration::from_millis(80), "second {second:?}");
 }
 
+/// RFC 9002 §6.2.3: a server that gets the ClientHello again knows its whole first flight
+/// was lost. It resends its Handshake data with its Initial, coalesced into the datagram
+/// the Initial is padded to anyway, rather than a PTO later in a datagram of its own (a
+/// round trip, and a third of what the repeated ClientHello allows it to send). The server's
+/// first flight is dropped; the client (whose RTT hint makes its PTO shorter than the
+/// server's) repeats its Initial after about 120 ms.
+#[test]
+fn a_repeated_client_hello_brings_the_handshake_flight_with_the_initial() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    // Server datagrams: (sent at, has a Handshake packet); when the client's second
+    // datagram left.
+    let server_sent = Rc::new(RefCell::new(Vec::new()));
+    let client_second = Rc::new(RefCell::new(None));
+    let (ss, cs) = (server_sent.clone(), client_second.clone());
+    let mut client_count = 0;
+    let hint = kuai_proto::PathHint {
+        rtt: Duration::from_millis(40),
+        ..Default::default()
+    };
+    let mut p = quic::pair_prepared(
+        86,
+        EndpointConfig::default(),
+        quic::server_config(TransportConfig::default()),
+        &quic::client_config(TransportConfig::default()),
+        Client::with_requests([1000]),
+        move |n| {
+            n.set_default_link(link(20, 0.0));
+            n.set_filter(move |ctx| {
+                if ctx.from == quic::client_addr() {
+                    client_count += 1;
+                    if client_count == 2 {
+                        *cs.borrow_mut() = Some(ctx.now);
+                    }
+                    return common::sim::Verdict::Pass;
+                }
+                ss.borrow_mut()
+                    .push((ctx.now, has_handshake_packet(ctx.data)));
+                // The whole first flight is lost (and any PTO of it before the client's
+                // second Initial arrives).
+                match *cs.borrow() {
+                    Some(t) if ctx.now >= t + Duration::from_millis(20) => {
+                        common::sim::Verdict::Pass
+                    }
+                    _ => common::sim::Verdict::Drop,
+                }
+            });
+        },
+        |ep| ep.remember_path(quic::server_addr(), hint),
+    );
+    let start = p.net.now();
+    assert!(p.run_until(Duration::from_secs(5), |p| p.client_conn().is_established()));
+    let established = p.net.now() - start;
+    let second = client_second
+        .borrow()
+        .expect("the client repeated its Initial")
+        - start;
+    let answer = server_sent
+        .borrow()
+        .iter()
+        .find(|(t, _)| *t - start >= second + Duration::from_millis(20))
+        .copied()
+        .expect("the server answered");
+    eprintln!(
+        "second ClientHello sent at {second:?}, answered at {:?} (Handshake packet: {}), \
+         established at {established:?}",
+        answer.0 - start,
+        answer.1
+    );
+    assert!(second < Duration::from_millis(200), "{second:?}");
+    assert!(answer.1, "the answer carries the Handshake flight");
+    // One round trip after the repeated ClientHello (the server's own PTO is ~300 ms).
+    assert!(
+        established <= second + Duration::from_millis(45),
+        "established at {established:?}, second ClientHello at {second:?}"
+    );
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    p.client_app().assert_all_intact();
+}
+
 /// Handshake time of a new connection over a 40 ms RTT path losing `loss` each way, from a
 /// client endpoint that remembers `hint` for the server.
 fn handshake_time_with_hint(seed: u64, loss: f64, hint: kuai_proto::PathHint) -> Duration {

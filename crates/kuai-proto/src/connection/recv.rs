@@ -711,7 +711,12 @@ impl Connection {
         let si = space.index();
         let end = offset + data.len() as u64;
         // Server: the client sent its ClientHello again, so it has not received our Initial
-        // flight; resend it now rather than at our PTO (RFC 9002 §6.2.3 allows this).
+        // flight; resend it now rather than at our PTO (RFC 9002 §6.2.3 allows this). With
+        // it goes what of our Handshake flight is unacknowledged: the client has none of it
+        // either (it could not read it without our Initial), and it fits in the datagram the
+        // Initial is padded to (RFC 9000 §14.1) instead of a datagram of its own a PTO later,
+        // which costs a round trip and, before the address is validated, a third of the
+        // bytes this ClientHello allows (RFC 9000 §8.1).
         if self.side.is_server()
             && space == SpaceId::Initial
             && self.tls.is_some()
@@ -721,6 +726,11 @@ impl Connection {
         {
             self.spaces[si].probes = 1;
             self.queue_probe_data(space);
+            let hi = SpaceId::Handshake.index();
+            if self.spaces[hi].sent.has_ack_eliciting_in_flight() && self.spaces[hi].probes == 0 {
+                self.spaces[hi].probes = 1;
+                self.queue_probe_data(SpaceId::Handshake);
+            }
         }
         let recv = &mut self.spaces[si].crypto_recv;
         // Server, before TLS starts: what was read is gathered in `client_hello`, so the
