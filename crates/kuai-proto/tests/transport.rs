@@ -1730,6 +1730,70 @@ fn a_repeated_client_hello_brings_the_handshake_flight_with_the_initial() {
     p.client_app().assert_all_intact();
 }
 
+/// A server's PTO probe in the Initial space carries its unacknowledged Handshake data too,
+/// in the same padded datagram (RFC 9002 §6.2.4), instead of waiting for the Handshake
+/// space's own (backed-off) PTO. The server's first flight is lost and so are the client's
+/// repeated Initials, so only the server's own timer can help.
+#[test]
+fn a_servers_initial_probe_brings_its_handshake_data() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let server_sent = Rc::new(RefCell::new(Vec::new()));
+    let ss = server_sent.clone();
+    let mut client_count = 0;
+    let mut start = None;
+    let mut p = quic::pair_with(
+        87,
+        quic::server_config(TransportConfig::default()),
+        &quic::client_config(TransportConfig::default()),
+        Client::with_requests([1000]),
+        move |n| {
+            n.set_default_link(link(20, 0.0));
+            n.set_filter(move |ctx| {
+                let t0 = *start.get_or_insert(ctx.now);
+                let since = ctx.now - t0;
+                if ctx.from == quic::client_addr() {
+                    client_count += 1;
+                    // The first Initial arrives; the repeats before 350 ms do not.
+                    return if client_count == 1 || since >= Duration::from_millis(350) {
+                        common::sim::Verdict::Pass
+                    } else {
+                        common::sim::Verdict::Drop
+                    };
+                }
+                ss.borrow_mut()
+                    .push((since, has_handshake_packet(ctx.data)));
+                if since < Duration::from_millis(100) {
+                    common::sim::Verdict::Drop // the first flight
+                } else {
+                    common::sim::Verdict::Pass
+                }
+            });
+        },
+    );
+    let start = p.net.now();
+    assert!(p.run_until(Duration::from_secs(5), |p| p.client_conn().is_established()));
+    let established = p.net.now() - start;
+    let probe = server_sent
+        .borrow()
+        .iter()
+        .find(|(t, _)| *t >= Duration::from_millis(100))
+        .copied()
+        .expect("the server probed");
+    eprintln!(
+        "server probe at {:?} (Handshake packet: {}), established at {established:?}",
+        probe.0, probe.1
+    );
+    assert!(probe.1, "the probe carries the Handshake data");
+    assert!(
+        established <= probe.0 + Duration::from_millis(25),
+        "established at {established:?}, probe at {:?}",
+        probe.0
+    );
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    p.client_app().assert_all_intact();
+}
+
 /// Handshake time of a new connection over a 40 ms RTT path losing `loss` each way, from a
 /// client endpoint that remembers `hint` for the server.
 fn handshake_time_with_hint(seed: u64, loss: f64, hint: kuai_proto::PathHint) -> Duration {

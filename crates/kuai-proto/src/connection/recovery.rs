@@ -673,6 +673,20 @@ impl Connection {
         } else {
             self.spaces[space.index()].probes = 2;
             self.queue_probe_data(space);
+            // A server's Initial probe is padded to 1,200 bytes (RFC 9000 §14.1): its
+            // unacknowledged Handshake data rides in the same datagrams rather than in its own
+            // at the Handshake space's PTO, which before the client's address is validated
+            // would spend the amplification budget twice (RFC 9002 §6.2.4 lets a probe carry
+            // data of another space; the client cannot read our Handshake packets without
+            // the Initial anyway).
+            let hs = SpaceId::Handshake.index();
+            if space == SpaceId::Initial
+                && self.side.is_server()
+                && self.spaces[hs].sent.has_ack_eliciting_in_flight()
+            {
+                self.spaces[hs].probes = self.spaces[hs].probes.max(1);
+                self.queue_probe_data(SpaceId::Handshake);
+            }
         }
         self.pto_count += 1;
         self.set_loss_timer(now);
