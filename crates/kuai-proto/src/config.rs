@@ -288,7 +288,7 @@ pub struct ServerConfig {
     /// address was validated (a Retry or NEW_TOKEN token) are refused only above twice this.
     pub max_handshakes: usize,
     /// Handshakes in flight begun with a validated address (a Retry or NEW_TOKEN token) from
-    /// one IP: past this the IP's new ones are refused, so one host with tokens for many
+    /// one IP (an IPv4 address or an IPv6 /64): past this the IP's new ones are refused, so one host with tokens for many
     /// ports cannot use up `2 x max_handshakes` for everyone. Spoofed Initials cannot count
     /// here: they carry no valid token. The default, `max_handshakes`, leaves half of the
     /// validated slots to other hosts while a load generator or a large NAT on one address

@@ -69,8 +69,24 @@ struct Entry {
     /// Bytes the connection held when last counted against the memory budget.
     memory: u64,
     /// A handshake begun with a validated address, counted for that IP (see
-    /// `ServerConfig::max_validated_handshakes_per_ip`) until it completes or goes.
+    /// `ServerConfig::max_validated_handshakes_per_ip`; its [`address_key`]) until it
+    /// completes or goes.
     validated_ip: Option<IpAddr>,
+}
+
+/// The key per-address limits count a client by: its IPv4 address, or the /64 its IPv6
+/// address is in (one host commonly holds a whole /64, RFC 7421, and could otherwise take a
+/// fresh address per connection); an IPv4-mapped address counts as IPv4.
+fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(
+                v6.to_bits() & !u128::from(u64::MAX),
+            )),
+        },
+    }
 }
 
 /// What `conn` learnt about its path, with its peer's address and its side: `None` before an
@@ -762,7 +778,10 @@ impl Endpoint {
             return;
         }
         let ip_handshakes = if validated {
-            self.validated_by_ip.get(&remote.ip()).copied().unwrap_or(0)
+            self.validated_by_ip
+                .get(&address_key(remote.ip()))
+                .copied()
+                .unwrap_or(0)
         } else {
             0
         };
@@ -821,11 +840,14 @@ impl Endpoint {
             timeout_epoch: 0,
             scheduled: None,
             memory: 0,
-            validated_ip: validated.then_some(remote.ip()),
+            validated_ip: validated.then_some(address_key(remote.ip())),
         });
         self.handshakes += 1;
         if validated {
-            *self.validated_by_ip.entry(remote.ip()).or_insert(0) += 1;
+            *self
+                .validated_by_ip
+                .entry(address_key(remote.ip()))
+                .or_insert(0) += 1;
         }
         self.stats.accepted += 1;
         self.route_cid(local_cid, h);

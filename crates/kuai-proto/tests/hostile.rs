@@ -474,6 +474,16 @@ fn one_host_with_retry_tokens_cannot_take_every_handshake_slot() {
         .collect();
     assert_eq!(accepted, [true, true, true, false, false, false]);
     assert_eq!(server.stats().refused, 3);
+    // Over IPv6 a host counts by its /64: a fresh address per handshake does not help.
+    let accepted: Vec<bool> = (0..5u16)
+        .map(|i| {
+            let caddr = SocketAddr::from(([0x2001, 0xdb8, 0, 7, i, 0, 0, 1], 5000));
+            half_open(&mut server, now, caddr, 20 + u64::from(i))
+        })
+        .collect();
+    assert_eq!(accepted, [true, true, true, false, false]);
+    let next_prefix = SocketAddr::from(([0x2001, 0xdb8, 0, 8, 0, 0, 0, 1], 5000));
+    assert!(half_open(&mut server, now, next_prefix, 30));
     // Another host is not affected.
     let other: SocketAddr = "10.0.0.6:5000".parse().unwrap();
     assert!(half_open(&mut server, now, other, 99));
