@@ -77,7 +77,7 @@ struct Entry {
 /// The key per-address limits count a client by: its IPv4 address, or the /64 its IPv6
 /// address is in (one host commonly holds a whole /64, RFC 7421, and could otherwise take a
 /// fresh address per connection); an IPv4-mapped address counts as IPv4.
-fn address_key(ip: IpAddr) -> IpAddr {
+pub fn address_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -1326,6 +1326,17 @@ fn uncount_ip(counts: &mut HashMap<IpAddr, u32>, ip: IpAddr) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn addresses_are_counted_by_ipv4_address_or_ipv6_slash_64() {
+        let key = |s: &str| address_key(s.parse().unwrap());
+        assert_eq!(key("192.0.2.7"), key("192.0.2.7"));
+        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2:bbbb::2"));
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2::"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+    }
+
     use super::*;
     use std::time::Duration;
 

@@ -54,7 +54,7 @@ pub use connection::{
     ConnectError, Connection, ConnectionError, DatagramError, EcnCodepoint, EcnState,
     EndpointEvent, Event, MemoryUse, MigrateError, PathHint, Transmit,
 };
-pub use endpoint::{ConnectionHandle, Endpoint, EndpointStats};
+pub use endpoint::{ConnectionHandle, Endpoint, EndpointStats, address_key};
 pub use error::{TransportError, TransportErrorCode};
 pub use recovery::PathId;
 pub use stream::{Priority, StreamError, StreamEvent};

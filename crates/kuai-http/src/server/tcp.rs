@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::io;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 
 use super::{ALPN_H2, AccessLog, ConnInfo, Limits, Protocol, ReplyBody, Shared, TaskGuard};
 use crate::{Body, BoxError};
+use kuai::kuai_proto::address_key;
 
 /// HTTP/2 receive windows: what a client may send on a stream (and on the connection) that
 /// the service has not read yet. 256 KiB per stream carries an upload at 20 Mbit/s over a
@@ -55,7 +56,8 @@ const NEVER: u64 = u64::MAX;
 /// What the watchdog of one connection needs to know, updated by its requests and reads.
 struct ConnState {
     clock: Clock,
-    /// The client's address as the per-address cap counts it ([`address_key`]).
+    /// The client's address as the per-address cap counts it ([`address_key`]: an IPv4
+    /// address or an IPv6 /64).
     ip: IpAddr,
     /// Requests whose response is not finished.
     active: AtomicUsize,
@@ -360,18 +362,6 @@ impl Held {
             c.evict.notify_one();
         }
         true
-    }
-}
-
-/// The key of the per-address cap: the IPv4 address, or the /64 an IPv6 address is in (one
-/// host commonly holds a whole /64, RFC 7421); an IPv4-mapped address counts as IPv4.
-fn address_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
-        },
     }
 }
 
@@ -1116,17 +1106,6 @@ mod tests {
             "{:?}",
             h.per_address
         );
-    }
-
-    #[test]
-    fn addresses_are_counted_by_ipv4_address_or_ipv6_slash_64() {
-        let key = |s: &str| address_key(s.parse().unwrap());
-        assert_eq!(key("192.0.2.7"), key("192.0.2.7"));
-        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
-        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2:bbbb::2"));
-        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2::"));
-        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
-        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
     }
 
     /// An HTTP/2 client that grants huge flow-control windows, asks for 64 large responses

@@ -1554,20 +1554,22 @@ fn writable_room(send_buffer: u64) -> u64 {
 mod tests {
     use super::*;
 
+    /// 100 streams each way, 1 MiB windows and stream send buffers.
+    fn config(connection_send_buffer: u64) -> StreamConfig {
+        StreamConfig {
+            max_concurrent_bidi: 100,
+            max_concurrent_uni: 100,
+            stream_window: 1 << 20,
+            stream_window_cap: 1 << 20,
+            conn_window: 1 << 20,
+            conn_window_cap: 1 << 20,
+            send_buffer: 1 << 20,
+            connection_send_buffer,
+        }
+    }
+
     fn streams(connection_send_buffer: u64, stream_credit: u64) -> Streams {
-        let mut s = Streams::new(
-            Side::Client,
-            StreamConfig {
-                max_concurrent_bidi: 100,
-                max_concurrent_uni: 100,
-                stream_window: 1 << 20,
-                stream_window_cap: 1 << 20,
-                conn_window: 1 << 20,
-                conn_window_cap: 1 << 20,
-                send_buffer: 1 << 20,
-                connection_send_buffer,
-            },
-        );
+        let mut s = Streams::new(Side::Client, config(connection_send_buffer));
         s.apply_peer_params(&TransportParameters {
             initial_max_data: 64 << 20,
             initial_max_streams_uni: 10,
@@ -1641,19 +1643,7 @@ mod tests {
     /// once (a server done with a request its client is still finishing: RFC 9114 §4.1).
     #[test]
     fn a_stop_unless_ending_is_sent_only_when_more_than_a_fin_comes() {
-        let mut s = Streams::new(
-            Side::Server,
-            StreamConfig {
-                max_concurrent_bidi: 100,
-                max_concurrent_uni: 100,
-                stream_window: 1 << 20,
-                stream_window_cap: 1 << 20,
-                conn_window: 1 << 20,
-                conn_window_cap: 1 << 20,
-                send_buffer: 1 << 20,
-                connection_send_buffer: 1 << 20,
-            },
-        );
+        let mut s = Streams::new(Side::Server, config(1 << 20));
         let now = Instant::now();
         let rtt = Duration::from_millis(10);
         let stops = |s: &mut Streams| {
