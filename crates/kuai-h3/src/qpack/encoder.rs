@@ -1,6 +1,7 @@
 //! The QPACK encoder (RFC 9204 §2.1): chooses representations, maintains the dynamic table and
 //! tracks what the decoder has acknowledged. The policy is documented on [`Encoder`].
 
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 
@@ -63,7 +64,10 @@ struct Entry {
     /// [`hash_bytes`] of the name, and of the value chained to it.
     name_hash: u64,
     field_hash: u64,
-    /// Unacknowledged sections' references to this entry.
+    /// Unacknowledged sections (and the one being encoded) whose oldest reference is this
+    /// entry. Entries leave the table from the oldest end and a referenced one is never
+    /// evicted, so an entry is referenced at all exactly when it is some section's oldest
+    /// reference by the time it is the oldest entry: counting only those suffices.
     refs: u32,
 }
 
@@ -74,11 +78,29 @@ impl Entry {
 }
 
 /// An encoded section not acknowledged yet.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct Section {
     required_insert_count: u64,
-    /// Absolute indices referenced (one per reference).
-    refs: Vec<u64>,
+    /// The absolute index of the oldest entry it references.
+    oldest_ref: u64,
+}
+
+/// A stream's unacknowledged sections, oldest first; the first without an allocation (a
+/// stream seldom has more than its header section outstanding).
+#[derive(Debug)]
+struct StreamSections {
+    first: Section,
+    rest: VecDeque<Section>,
+}
+
+impl StreamSections {
+    fn iter(&self) -> impl Iterator<Item = &Section> {
+        std::iter::once(&self.first).chain(self.rest.iter())
+    }
+
+    fn len(&self) -> usize {
+        1 + self.rest.len()
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -216,7 +238,7 @@ pub struct Encoder {
     by_name: HashIndex<u64>,
     hash_seed: u64,
     /// Unacknowledged sections that reference the dynamic table, by stream, oldest first.
-    outstanding: HashMap<u64, VecDeque<Section>>,
+    outstanding: HashMap<u64, StreamSections>,
     /// The number of sections in `outstanding`.
     unacked: usize,
     /// The largest Required Insert Count of any section put in `outstanding`: once the
@@ -249,7 +271,9 @@ struct SectionState {
     /// The section may use the dynamic table at all (see [`MAX_UNACKNOWLEDGED_SECTIONS`]).
     dynamic: bool,
     blocking_ok: bool,
-    refs: Vec<u64>,
+    /// The oldest and the newest entry referenced so far.
+    oldest_ref: Option<u64>,
+    newest_ref: Option<u64>,
 }
 
 impl Encoder {
@@ -383,7 +407,8 @@ impl Encoder {
             base: self.insert_count(),
             dynamic: self.unacked < MAX_UNACKNOWLEDGED_SECTIONS,
             blocking_ok,
-            refs: Vec::new(),
+            oldest_ref: None,
+            newest_ref: None,
         };
         let mut count = 0u64;
         for (name, value) in fields {
@@ -391,7 +416,7 @@ impl Encoder {
             self.stats.bytes_in += (name.len() + value.len()) as u64;
             count += 1;
         }
-        let ric = st.refs.iter().max().map_or(0, |&m| m + 1);
+        let ric = st.newest_ref.map_or(0, |m| m + 1);
         write_section_prefix(block, ric, st.base, self.max_entries);
         block.extend_from_slice(&lines);
         self.scratch = lines;
@@ -400,13 +425,19 @@ impl Encoder {
                 self.stats.blocking_sections += 1;
             }
             self.ric_high = self.ric_high.max(ric);
-            self.outstanding
-                .entry(stream_id)
-                .or_default()
-                .push_back(Section {
-                    required_insert_count: ric,
-                    refs: st.refs,
-                });
+            let section = Section {
+                required_insert_count: ric,
+                oldest_ref: st.oldest_ref.unwrap_or(ric - 1),
+            };
+            match self.outstanding.entry(stream_id) {
+                MapEntry::Occupied(mut o) => o.get_mut().rest.push_back(section),
+                MapEntry::Vacant(v) => {
+                    v.insert(StreamSections {
+                        first: section,
+                        rest: VecDeque::new(),
+                    });
+                }
+            }
             self.unacked += 1;
         }
         self.stats.sections += 1;
@@ -485,8 +516,7 @@ impl Encoder {
             .find_name(name_hash, name)
             .filter(|&a| st.dynamic && self.can_reference(a, st.blocking_ok))
         {
-            st.refs.push(abs);
-            self.entries[(abs - self.dropped) as usize].refs += 1;
+            self.note_ref(st, abs);
             if abs < st.base {
                 write_literal_name_ref(
                     lines,
@@ -519,9 +549,20 @@ impl Encoder {
         } else {
             write_indexed_post_base(lines, abs - st.base);
         }
-        st.refs.push(abs);
-        self.entries[(abs - self.dropped) as usize].refs += 1;
+        self.note_ref(st, abs);
         self.stats.dynamic_refs += 1;
+    }
+
+    /// Counts a reference of the section being encoded to entry `abs` (see [`Entry::refs`]).
+    fn note_ref(&mut self, st: &mut SectionState, abs: u64) {
+        st.newest_ref = Some(st.newest_ref.map_or(abs, |n| n.max(abs)));
+        if st.oldest_ref.is_some_and(|o| o <= abs) {
+            return;
+        }
+        if let Some(o) = st.oldest_ref.replace(abs) {
+            self.entries[(o - self.dropped) as usize].refs -= 1;
+        }
+        self.entries[(abs - self.dropped) as usize].refs += 1;
     }
 
     fn can_reference(&mut self, abs: u64, blocking_ok: bool) -> bool {
@@ -656,14 +697,13 @@ impl Encoder {
     }
 
     fn release(&mut self, section: Section) {
-        for abs in section.refs {
-            // A referenced entry is never evicted, so it is always there.
-            if let Some(e) = abs
-                .checked_sub(self.dropped)
-                .and_then(|i| self.entries.get_mut(i as usize))
-            {
-                e.refs = e.refs.saturating_sub(1);
-            }
+        // A referenced entry is never evicted, so it is always there.
+        if let Some(e) = section
+            .oldest_ref
+            .checked_sub(self.dropped)
+            .and_then(|i| self.entries.get_mut(i as usize))
+        {
+            e.refs = e.refs.saturating_sub(1);
         }
     }
 
@@ -705,14 +745,18 @@ impl Encoder {
     fn apply(&mut self, instruction: DecoderInstruction) -> Result<(), QpackError> {
         match instruction {
             DecoderInstruction::SectionAck(stream) => {
-                let queue = self.outstanding.get_mut(&stream);
-                let Some(section) = queue.and_then(|q| q.pop_front()) else {
+                let MapEntry::Occupied(mut queue) = self.outstanding.entry(stream) else {
                     return Err(decoder_stream_error(
                         "Section Acknowledgment without an unacknowledged section",
                     ));
                 };
-                if self.outstanding.get(&stream).is_some_and(|q| q.is_empty()) {
-                    self.outstanding.remove(&stream);
+                let q = queue.get_mut();
+                let section = q.first;
+                match q.rest.pop_front() {
+                    Some(next) => q.first = next,
+                    None => {
+                        queue.remove();
+                    }
                 }
                 self.unacked -= 1;
                 self.known_received = self.known_received.max(section.required_insert_count);
@@ -721,7 +765,8 @@ impl Encoder {
             DecoderInstruction::StreamCancel(stream) => {
                 if let Some(queue) = self.outstanding.remove(&stream) {
                     self.unacked -= queue.len();
-                    for section in queue {
+                    self.release(queue.first);
+                    for section in queue.rest {
                         self.release(section);
                     }
                 }
