@@ -716,6 +716,50 @@ fn repeated_fields_use_the_dynamic_table_and_paths_do_not() {
 }
 
 #[test]
+fn repeated_literals_encode_the_same_and_changed_ones_anew() {
+    // `date`, `etag`, `content-length` are never inserted: literals with a static name
+    // reference, which the encoder keeps encoded for the next identical line.
+    let mut enc = Encoder::new(4096, 0);
+    let mut dec = Decoder::new(4096, 0, u64::MAX);
+    let date = |s: u32| format!("Sat, 28 Nov 2026 04:30:{s:02} GMT");
+    let mut blocks = Vec::new();
+    for (i, (d, tag)) in [
+        (1, "\"a1\""),
+        (1, "\"a1\""),
+        (2, "\"a1\""),
+        (2, "\"b2\""),
+        (1, "\"a1\""),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let long = "v".repeat(100); // too long to keep
+        let section = vec![
+            f(":status", "200"),
+            f("date", &date(d)),
+            f("etag", tag),
+            f("content-length", "1024"),
+            f("location", &long),
+        ];
+        let (mut block, mut es, mut ds) = (Vec::new(), Vec::new(), Vec::new());
+        enc.encode(i as u64 * 4, &section, &mut block, &mut es)
+            .unwrap();
+        dec.on_encoder_stream(&es, &mut ds).unwrap();
+        assert_eq!(
+            fields(dec.decode(i as u64 * 4, &block, &mut ds).unwrap()),
+            section
+        );
+        enc.on_decoder_stream(&ds).unwrap();
+        blocks.push(block);
+    }
+    assert_eq!(enc.stats().inserts, 0);
+    assert_eq!(blocks[0], blocks[1]);
+    assert_ne!(blocks[1], blocks[2]);
+    assert_ne!(blocks[2], blocks[3]);
+    assert_eq!(blocks[0], blocks[4]);
+}
+
+#[test]
 fn draining_entries_are_duplicated() {
     // A small table filled with new entries while one field repeats in every section: the
     // repeated entry reaches the draining zone and is refreshed with Duplicate.

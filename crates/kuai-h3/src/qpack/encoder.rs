@@ -109,6 +109,21 @@ struct NameStats {
     hits: u32,
 }
 
+/// Slots of [`Encoder::literals`], by static table index.
+const LITERAL_SLOTS: usize = 8;
+/// Longer values are not kept there.
+const MAX_CACHED_LITERAL: usize = 64;
+
+/// The last literal field line written with one static name, encoded (the fields that are
+/// never inserted repeat from one response to the next: `date` within its second, a file's
+/// `etag` and `last-modified`); comparing the value costs less than Huffman-coding it again.
+#[derive(Debug, Default)]
+struct CachedLiteral {
+    index: Option<usize>,
+    value: Vec<u8>,
+    line: Vec<u8>,
+}
+
 /// A keyed 64-bit hash of `data` (word-at-a-time multiply-rotate, then the MurmurHash3
 /// finalizer). The encoder's lookup maps are keyed by it, so a lookup hashes the name and the
 /// value once and clones nothing; a match is confirmed against the entry. The key is random per
@@ -252,6 +267,8 @@ pub struct Encoder {
     error: Option<QpackError>,
     stats: EncoderStats,
     scratch: Vec<u8>,
+    /// Recent literal lines with a static name reference, by the name's index.
+    literals: [CachedLiteral; LITERAL_SLOTS],
 }
 
 /// Sections referencing the dynamic table the encoder keeps waiting for acknowledgment; past
@@ -302,6 +319,7 @@ impl Encoder {
             error: None,
             stats: EncoderStats::default(),
             scratch: Vec::new(),
+            literals: Default::default(),
         }
     }
 
@@ -510,7 +528,11 @@ impl Encoder {
         }
         // A literal.
         if let Some(index) = static_table::find_name(name) {
-            write_literal_name_ref(lines, true, index as u64, value, never_index, self.huffman);
+            if never_index {
+                write_literal_name_ref(lines, true, index as u64, value, true, self.huffman);
+            } else {
+                self.literal_with_static_name(index.into(), value, lines);
+            }
             self.stats.name_refs += 1;
         } else if let Some(abs) = self
             .find_name(name_hash, name)
@@ -539,6 +561,25 @@ impl Encoder {
         } else {
             write_literal_name(lines, name, value, never_index, self.huffman);
             self.stats.literal_names += 1;
+        }
+    }
+
+    /// A Literal Field Line with a static name reference, from [`Encoder::literals`] when the
+    /// same line was the last one written for that name.
+    fn literal_with_static_name(&mut self, index: usize, value: &[u8], lines: &mut Vec<u8>) {
+        let slot = &mut self.literals[index % LITERAL_SLOTS];
+        if slot.index == Some(index) && slot.value == value {
+            lines.extend_from_slice(&slot.line);
+            return;
+        }
+        let at = lines.len();
+        write_literal_name_ref(lines, true, index as u64, value, false, self.huffman);
+        if value.len() <= MAX_CACHED_LITERAL {
+            slot.index = Some(index);
+            slot.value.clear();
+            slot.value.extend_from_slice(value);
+            slot.line.clear();
+            slot.line.extend_from_slice(&lines[at..]);
         }
     }
 

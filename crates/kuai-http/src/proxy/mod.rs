@@ -674,21 +674,14 @@ impl Inner {
         };
         if let Some(info) = info {
             let ip = info.remote.ip().to_canonical();
-            headers::append_list(
-                &mut headers,
-                HeaderName::from_static("x-forwarded-for"),
-                headers::forwarded_for(ip),
-            );
+            headers::append_list(&mut headers, X_FORWARDED_FOR, headers::forwarded_for(ip));
             headers::append_list(
                 &mut headers,
                 header::FORWARDED,
                 headers::forwarded_element(ip, authority.as_ref().map(|a| a.as_str())),
             );
         }
-        headers.insert(
-            HeaderName::from_static("x-forwarded-proto"),
-            HeaderValue::from_static("https"),
-        );
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
         // The protocol the request came in with: the connection's, which an HTTP/3
         // request's version does not always say.
         let version = match info.map(|i| i.protocol) {
@@ -702,10 +695,7 @@ impl Inner {
         // RFC 8470 §5.1: the backend learns the request came in early data, and may answer
         // 425.
         if early {
-            headers.insert(
-                HeaderName::from_static("early-data"),
-                HeaderValue::from_static("1"),
-            );
+            headers.insert(EARLY_DATA, HeaderValue::from_static("1"));
         }
         let origin = match uri.path_and_query() {
             Some(p) => Uri::from(p.clone()),
@@ -754,6 +744,11 @@ impl Inner {
         Response::from_parts(parts, ProxyBody::upstream(body, outstanding))
     }
 }
+
+// Built at compile time: `from_static` outside a constant checks the name on every call.
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const EARLY_DATA: HeaderName = HeaderName::from_static("early-data");
 
 /// The proxy's own answer.
 fn local(status: StatusCode, text: &'static str) -> Response<ProxyBody> {
