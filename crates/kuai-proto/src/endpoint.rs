@@ -477,9 +477,10 @@ impl Endpoint {
     }
 
     /// Server: what the last established connection from `client` learnt about its path,
-    /// which the next connection from that IP starts from.
+    /// which the next connection from that host starts from (an IPv4 address or an IPv6
+    /// /64, [`address_key`]: a client's temporary IPv6 addresses share its path).
     pub fn client_path_hint(&self, client: IpAddr) -> Option<PathHint> {
-        self.client_hints.get(&client)
+        self.client_hints.get(&address_key(client))
     }
 
     /// Takes the next connection a client opened to us.
@@ -823,7 +824,7 @@ impl Endpoint {
                 unix_ms,
                 seed,
                 memory_pressure: self.config.memory_budget.under_pressure(),
-                hint: self.client_hints.get(&remote.ip()),
+                hint: self.client_hints.get(&address_key(remote.ip())),
             },
             now,
         );
@@ -1111,7 +1112,9 @@ impl Endpoint {
     fn keep_hint(&mut self, hint: Option<(SocketAddr, Side, PathHint)>) {
         match hint {
             Some((server, Side::Client, hint)) => self.path_hints.insert(server, hint),
-            Some((client, Side::Server, hint)) => self.client_hints.insert(client.ip(), hint),
+            Some((client, Side::Server, hint)) => {
+                self.client_hints.insert(address_key(client.ip()), hint)
+            }
             None => {}
         }
     }

@@ -495,6 +495,43 @@ fn one_host_with_retry_tokens_cannot_take_every_handshake_slot() {
     assert!(half_open(&mut server, now, again, 100));
 }
 
+/// The path a server learnt from a client's connection is kept per host, as the handshake
+/// limit counts: over IPv6 by the /64, so the client's next temporary address starts from it
+/// and a host rotating through its /64 fills one entry, not one per address.
+#[test]
+fn a_client_path_hint_is_kept_per_ipv6_64() {
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "[2001:db8::1]:4433".parse().unwrap();
+    let caddr = SocketAddr::from(([0x2001, 0xdb8, 0, 7, 0xa, 0xb, 0xc, 0xd], 5000));
+    let mut server = server_endpoint(
+        now,
+        support::server_config(&certs, TransportConfig::default()),
+    );
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut client = client_endpoint(now, 5);
+    let ch = client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    // 10 ms each way, until the handshake is confirmed and acknowledged.
+    for _ in 0..6 {
+        now += Duration::from_millis(10);
+        pump(now, &mut client, caddr, &mut server);
+        now += Duration::from_millis(10);
+        pump(now, &mut server, saddr, &mut client);
+    }
+    assert!(client.connection_mut(ch).unwrap().is_established());
+    client.connection_mut(ch).unwrap().close(now, 0, b"done");
+    now += Duration::from_millis(10);
+    pump(now, &mut client, caddr, &mut server);
+    let same_64 = |last: u16| std::net::IpAddr::from([0x2001, 0xdb8, 0, 7, 0x1, 0x2, 0x3, last]);
+    let hint = server
+        .client_path_hint(same_64(4))
+        .expect("a hint for the /64");
+    assert!(hint.window > 0, "{hint:?}");
+    assert_eq!(server.client_path_hint(caddr.ip()), Some(hint));
+    let next_64 = std::net::IpAddr::from([0x2001, 0xdb8, 0, 8, 0xa, 0xb, 0xc, 0xd]);
+    assert_eq!(server.client_path_hint(next_64), None);
+}
+
 /// Packets buffered until their keys arrive are processed in the middle of the datagram
 /// whose packet brought the keys; the packets after it in that datagram must still be judged
 /// by its size. Before, the buffered packet's size stood in for it, and a second Initial in a
