@@ -517,13 +517,16 @@ impl Inner {
     async fn forward(self: Arc<Self>, mut req: Request<Body>) -> Response<ProxyBody> {
         let info = req.extensions().get::<ConnInfo>().copied();
         let early = req.extensions().get::<EarlyData>().is_some();
-        let ws = websocket::ask(&mut req);
+        let ws = websocket::ask(&mut req).map(|ask| {
+            let drain = req.extensions().get::<crate::server::Drain>().cloned();
+            (ask, drain)
+        });
         let (parts, body) = req.into_parts();
         let Some(mut head) = self.upstream_head(parts, info, early) else {
             return local(StatusCode::BAD_REQUEST, "cannot forward this request");
         };
-        if let Some(ask) = ws {
-            return self.websocket(head, body, ask).await;
+        if let Some((ask, drain)) = ws {
+            return self.websocket(head, body, ask, drain).await;
         }
         let idempotent = head.method.is_idempotent();
         let (up, mut watch) = UpBody::new(body);

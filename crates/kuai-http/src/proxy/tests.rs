@@ -795,6 +795,61 @@ async fn websockets_go_through_on_every_protocol() {
     assert!(s.iter().any(|l| l == "GET /ws?h1"), "{s:?}");
 }
 
+/// A WebSocket tunnel after an HTTP/1.1 upgrade outlives its connection's task: a server
+/// shutting down waits for it (it still echoes), finishes once it ends, and ends one left
+/// open with the drain timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_drains_websocket_tunnels() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (b, _) = websocket_backend().await;
+    let (cert, tls) = identity();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let drain_timeout = Duration::from_millis(1500);
+    let server =
+        Server::new(proxy_to(&[(b, false)]).build().unwrap()).limits(crate::server::Limits {
+            drain_timeout,
+            ..Default::default()
+        });
+    let handle = server.handle();
+    let mut serving = tokio::spawn(server.serve(listener));
+    let open = || async {
+        let tls = crate::server::tests::tls_to(addr, &cert, crate::server::ALPN_H1).await;
+        let url = format!("wss://localhost:{}/ws", addr.port());
+        tokio_tungstenite::client_async(url, tls).await.unwrap().0
+    };
+    let echo = |m: &'static str| Message::text(m);
+    let mut first = open().await;
+    let mut second = open().await;
+    handle.shutdown();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!serving.is_finished(), "returned with tunnels open");
+    first.send(echo("still here")).await.unwrap();
+    let back = tokio::time::timeout(Duration::from_secs(2), first.next()).await;
+    assert_eq!(back.unwrap().unwrap().unwrap(), echo("still here"));
+    first.close(None).await.unwrap();
+    // The second stays open: the drain timeout ends it, and then the server returns.
+    let t = Instant::now();
+    tokio::time::timeout(drain_timeout + Duration::from_secs(3), &mut serving)
+        .await
+        .expect("the server returns after the drain timeout")
+        .unwrap()
+        .unwrap();
+    assert!(
+        t.elapsed() + Duration::from_millis(400) >= drain_timeout,
+        "{:?}",
+        t.elapsed()
+    );
+    let end = tokio::time::timeout(Duration::from_secs(2), second.next()).await;
+    assert!(
+        matches!(end, Ok(None | Some(Err(_)))),
+        "the tunnel still open: {end:?}"
+    );
+}
+
 #[test]
 fn upstream_urls() {
     let u: Upstream = "http://127.0.0.1:8080".parse().unwrap();

@@ -15,6 +15,8 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use hyper::upgrade::Upgraded;
+
+use crate::server::DrainGuard;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
@@ -97,6 +99,7 @@ impl Inner {
         mut head: Head,
         body: Body,
         ask: Ask,
+        drain: Option<crate::server::Drain>,
     ) -> Response<ProxyBody> {
         let Some(b) = self.pick_where(|b| b.upstream.protocol() == UpstreamProtocol::Http1) else {
             return local(
@@ -194,18 +197,20 @@ impl Inner {
         };
         let idle = self.options.response_timeout;
         let name = b.name.clone();
+        // A server shutting down waits for the tunnel, and ends it with its drain timeout.
+        let drain = drain.map(|d| d.join());
         match ask {
             Ask::Http3 => {
                 // The request body is the client's side of the tunnel, the response body
                 // the backend's.
                 let (read, write) = tokio::io::split(up);
                 let activity = Arc::new(Activity::new());
-                tokio::spawn(pump_body(body, write, activity.clone(), idle, name));
+                tokio::spawn(pump_body(body, write, activity.clone(), idle, name, drain));
                 *answer.body_mut() = ProxyBody::tunnel(read, activity);
                 answer
             }
             Ask::Http2(on) => {
-                tokio::spawn(splice(on, up, idle, name));
+                tokio::spawn(splice(on, up, idle, name, drain));
                 answer
             }
             Ask::Http11(on) => {
@@ -216,7 +221,7 @@ impl Inner {
                 if let Ok(v) = HeaderValue::from_str(&want) {
                     h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
                 }
-                tokio::spawn(splice(on, up, idle, name));
+                tokio::spawn(splice(on, up, idle, name, drain));
                 answer
             }
         }
@@ -285,6 +290,7 @@ async fn pump_body<W: AsyncWrite + Unpin>(
     activity: Arc<Activity>,
     idle: Duration,
     backend: Arc<str>,
+    drain: Option<DrainGuard>,
 ) {
     let copy = async {
         while let Some(frame) = body.frame().await {
@@ -303,6 +309,17 @@ async fn pump_body<W: AsyncWrite + Unpin>(
         _ = activity.idle(idle) => {
             tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel idle: closed");
         }
+        _ = drain_over(&drain) => {
+            tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel closed at the end of the drain");
+        }
+    }
+}
+
+/// When the server's drain is over (never for a tunnel outside a server's drain).
+async fn drain_over(drain: &Option<DrainGuard>) {
+    match drain {
+        Some(d) => d.over().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -313,6 +330,7 @@ async fn splice(
     mut up: TokioIo<Upgraded>,
     idle: Duration,
     backend: Arc<str>,
+    drain: Option<DrainGuard>,
 ) {
     let client = match client.await {
         Ok(c) => c,
@@ -332,6 +350,9 @@ async fn splice(
         },
         _ = activity.idle(idle) => {
             tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel idle: closed");
+        }
+        _ = drain_over(&drain) => {
+            tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel closed at the end of the drain");
         }
     }
 }

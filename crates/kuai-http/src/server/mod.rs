@@ -21,7 +21,8 @@
 //!
 //! [`Handle::shutdown`] stops it gracefully: no new connections, GOAWAY on HTTP/3 and
 //! HTTP/2, HTTP/1.1 connections closed after their current response, and whatever is left
-//! after [`Limits::drain_timeout`] closed.
+//! after [`Limits::drain_timeout`] closed. The proxy's WebSocket tunnels are part of the
+//! drain too (after an HTTP/1.1 upgrade they outlive their connection's task).
 
 mod certs;
 mod h3;
@@ -545,6 +546,14 @@ impl Shared {
             }
         }
         req.extensions_mut().insert(info);
+        if req.method() == Method::CONNECT || req.headers().contains_key(header::UPGRADE) {
+            // What answers an upgrade may keep its tunnel beyond the response.
+            req.extensions_mut().insert(Drain {
+                tasks: self.tasks.clone(),
+                shutdown: self.shutdown.clone(),
+                timeout: self.limits.drain_timeout,
+            });
+        }
         let mut resp = (self.handler)(req).await;
         if matches!(info.protocol, Protocol::Http2 | Protocol::Http11)
             && let Some(a) = &self.alt_svc
@@ -686,6 +695,46 @@ impl Tasks {
 
 /// A running connection task.
 pub(crate) struct TaskGuard(Arc<Tasks>);
+
+/// The server's drain, for a task a handler starts that outlives its response (the
+/// proxy's WebSocket tunnel after an HTTP/1.1 upgrade, when the connection's own task has
+/// ended): an extension of a request that asks to upgrade or CONNECT.
+#[derive(Clone)]
+pub(crate) struct Drain {
+    tasks: Arc<Tasks>,
+    shutdown: watch::Receiver<bool>,
+    timeout: Duration,
+}
+
+impl Drain {
+    /// Counts a task in the drain while the guard lives.
+    pub(crate) fn join(&self) -> DrainGuard {
+        DrainGuard {
+            _task: self.tasks.guard(),
+            shutdown: self.shutdown.clone(),
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// A task the server's drain waits for (see [`Drain`]).
+pub(crate) struct DrainGuard {
+    _task: TaskGuard,
+    shutdown: watch::Receiver<bool>,
+    timeout: Duration,
+}
+
+impl DrainGuard {
+    /// Resolves when the drain timeout has passed after a shutdown began: the task should
+    /// end then, as the connections do.
+    pub(crate) async fn over(&self) {
+        let mut rx = self.shutdown.clone();
+        if rx.wait_for(|v| *v).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(self.timeout).await;
+    }
+}
 
 impl Drop for TaskGuard {
     fn drop(&mut self) {
