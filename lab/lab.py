@@ -637,6 +637,8 @@ def exp7(a, kuai, site_dir, site, out):
             link = dict(base, loss=f"{loss}%") if loss else base
             for oname, cc, other in against:
                 key = f"{kname}/{loss}/{oname}"
+                if a.cells and not re.search(a.cells, key):
+                    continue
                 cell = []
                 for r in range(runs):
                     got = run_condition(kuai, site_dir, dict(link, seed=7 + r),
@@ -686,7 +688,8 @@ def main() -> int:
     ap.add_argument("--cells", default="",
                     help="exp1: only the cells whose 'label/mode' matches this regular expression "
                          "(like 'kuai HTTP/3' or '^curl.*/new$'); exp4: only the protocols it "
-                         "matches (http3, http2-cubic, http2-bbr)")
+                         "matches (http3, http2-cubic, http2-bbr); exp7: only the cells whose "
+                         "'kuai/loss/against' matches (like '^defaults/2/')")
     ap.add_argument("--losses", type=lambda v: [int(x) for x in v.split(",")], default=None,
                     help="exp1: only these loss percentages (like '15,30'), so that loss levels "
                          "can run side by side under different LAB_NAMEs")
