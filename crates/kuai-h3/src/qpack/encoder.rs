@@ -326,6 +326,7 @@ impl Encoder {
     /// Uses the Huffman code for strings when it is shorter (the default), or never.
     pub fn set_huffman(&mut self, on: bool) {
         self.huffman = on;
+        self.literals = Default::default();
     }
 
     /// Counters of what the encoder did.
