@@ -15,14 +15,13 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use hyper::upgrade::Upgraded;
-
-use crate::server::DrainGuard;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::ProxyBody;
 use super::backend::Backend;
 use super::{Head, Inner, UpstreamProtocol, local};
+use crate::server::DrainGuard;
 use crate::{Body, Error};
 
 /// RFC 6455 §1.3: appended to the key before hashing for `Sec-WebSocket-Accept`.
