@@ -567,8 +567,9 @@ def exp6(a, kuai, site_dir, site, out):
     data = {}
     base = {"delay": "15ms", "rate": "10mbit", "queue": "25", "seed": 6}
     outage = dict(base, blackhole="5s/2s")
+    protos = [p for p in EXP6_PROTOS if not a.cells or re.search(a.cells, p)]
     for name, link, paths in (("steady", base, site["10m"]), ("outages", outage, site["30m"])):
-        for proto in EXP6_PROTOS:
+        for proto in protos:
             cmd = get_cmd(kuai, VARIANTS[proto][0], paths, runs, max_time=180)
             rows = run_condition(kuai, site_dir, link, [cmd], limit=runs * 200 + 60,
                                  tcp_cc=VARIANTS[proto][1], tag=f"{name}/{proto}")
@@ -577,7 +578,7 @@ def exp6(a, kuai, site_dir, site, out):
     hdr = ["link", "protocol", "runs ok", "time s (median)", "goodput Mbit/s (median)"]
     rows = []
     for name in ("steady", "outages"):
-        for proto in EXP6_PROTOS:
+        for proto in protos:
             ok = [r for r in data[f"{name}/{proto}"] if r.get("ok")]
             t = [r["total_ms"] / 1000 for r in ok]
             g = [r["bytes"] * 8 / 1e6 / (r["total_ms"] / 1000) for r in ok]
@@ -590,7 +591,7 @@ def exp6(a, kuai, site_dir, site, out):
 
     def draw(plt):
         fig, ax = plt.subplots(figsize=(7, 4))
-        for i, proto in enumerate(EXP6_PROTOS):
+        for i, proto in enumerate(protos):
             ys = []
             for name in ("steady", "outages"):
                 ok = [r for r in data[f"{name}/{proto}"] if r.get("ok")]
@@ -688,7 +689,7 @@ def main() -> int:
     ap.add_argument("--cells", default="",
                     help="exp1: only the cells whose 'label/mode' matches this regular expression "
                          "(like 'kuai HTTP/3' or '^curl.*/new$'); exp4: only the protocols it "
-                         "matches (http3, http2-cubic, http2-bbr); exp7: only the cells whose "
+                         "matches (http3, http2-cubic, http2-bbr), exp6 too; exp7: only the cells whose "
                          "'kuai/loss/against' matches (like '^defaults/2/')")
     ap.add_argument("--losses", type=lambda v: [int(x) for x in v.split(",")], default=None,
                     help="exp1: only these loss percentages (like '15,30'), so that loss levels "
