@@ -566,11 +566,16 @@ impl Shared {
 
     /// Resolves once a graceful shutdown begins.
     pub(crate) async fn shutting_down(&self) {
-        let mut rx = self.shutdown.clone();
-        if rx.wait_for(|v| *v).await.is_err() {
-            // Every handle is gone: no one can shut the server down any more.
-            std::future::pending::<()>().await;
-        }
+        shutdown_begun(&self.shutdown).await;
+    }
+}
+
+/// Resolves once `shutdown` says a graceful shutdown began.
+async fn shutdown_begun(shutdown: &watch::Receiver<bool>) {
+    let mut rx = shutdown.clone();
+    if rx.wait_for(|v| *v).await.is_err() {
+        // Every handle is gone: no one can shut the server down any more.
+        std::future::pending::<()>().await;
     }
 }
 
@@ -711,8 +716,7 @@ impl Drain {
     pub(crate) fn join(&self) -> DrainGuard {
         DrainGuard {
             _task: self.tasks.guard(),
-            shutdown: self.shutdown.clone(),
-            timeout: self.timeout,
+            drain: self.clone(),
         }
     }
 }
@@ -720,19 +724,15 @@ impl Drain {
 /// A task the server's drain waits for (see [`Drain`]).
 pub(crate) struct DrainGuard {
     _task: TaskGuard,
-    shutdown: watch::Receiver<bool>,
-    timeout: Duration,
+    drain: Drain,
 }
 
 impl DrainGuard {
     /// Resolves when the drain timeout has passed after a shutdown began: the task should
     /// end then, as the connections do.
     pub(crate) async fn over(&self) {
-        let mut rx = self.shutdown.clone();
-        if rx.wait_for(|v| *v).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-        tokio::time::sleep(self.timeout).await;
+        shutdown_begun(&self.drain.shutdown).await;
+        tokio::time::sleep(self.drain.timeout).await;
     }
 }
 
