@@ -35,14 +35,6 @@ const HEADROOM_PERMILLE: u64 = 150;
 /// as congestion under the adaptive loss response (see `Bbr::queue_standing`).
 const RECENT_RTTS: usize = 4;
 
-/// ProbeBW_DOWN's longest stay when inflight stays above the BDP. The draft leaves DOWN only
-/// once inflight is at the BDP (§4.3.3.1), but paced at 0.9 x the estimate a flow drains a
-/// tenth of a BDP per round, and a probe at 1.25 x for a round queues at most a quarter: what
-/// is still queued after three rounds is another flow's. A loss-blind competitor (Linux's
-/// BBRv1 keeps two BDPs in flight) keeps such a queue standing, and a flow that waits for it
-/// to drain paces below its share for the whole cycle and hands that share over: kuai held
-/// 0.43-0.50 of Linux BBR's rate in lab experiment 7, 0.52-0.69 with this bound.
-const DOWN_MAX_ROUNDS: u64 = 3;
 /// Startup ends on loss only after this many loss events in one round.
 const STARTUP_FULL_LOSS_COUNT: u32 = 6;
 /// Startup ends when the bandwidth grew less than 25 % in three rounds.
@@ -201,8 +193,6 @@ pub struct Bbr {
     ack_phase: AckPhase,
     bw_probe_wait: Duration,
     rounds_since_bw_probe: u64,
-    /// Rounds begun since ProbeBW_DOWN was entered.
-    down_rounds: u64,
     bw_probe_up_cnt: u64,
     bw_probe_up_acks: u64,
     bw_probe_up_rounds: u32,
@@ -276,7 +266,6 @@ impl Bbr {
             ack_phase: AckPhase::Init,
             bw_probe_wait: Duration::from_secs(2),
             rounds_since_bw_probe: 0,
-            down_rounds: 0,
             bw_probe_up_cnt: u64::MAX,
             bw_probe_up_acks: 0,
             bw_probe_up_rounds: 0,
@@ -379,7 +368,6 @@ impl Bbr {
             self.next_round_delivered = self.delivered;
             self.round_count += 1;
             self.rounds_since_bw_probe += 1;
-            self.down_rounds += 1;
             self.round_start = true;
         } else {
             self.round_start = false;
@@ -563,7 +551,6 @@ impl Bbr {
         self.bw_probe_up_cnt = u64::MAX;
         // BBRPickProbeWait: 0 or 1 round, and 2 to 3 seconds.
         self.rounds_since_bw_probe = self.next_random() % 2;
-        self.down_rounds = 0;
         self.bw_probe_wait = Duration::from_millis(2000 + self.next_random() % 1001);
         self.cycle_stamp = Some(now);
         self.ack_phase = AckPhase::ProbeStopping;
@@ -664,12 +651,8 @@ impl Bbr {
                 if self.is_time_to_probe_bw(now) {
                     return;
                 }
-                // Cruise once inflight is down to the estimated BDP, or once DOWN has
-                // drained what this flow's probe queued (see DOWN_MAX_ROUNDS).
                 let bdp = self.bdp(self.max_bw, 1000);
-                if self.in_flight <= self.inflight_with_headroom()
-                    && (self.in_flight <= bdp || self.down_rounds >= DOWN_MAX_ROUNDS)
-                {
+                if self.in_flight <= self.inflight_with_headroom() && self.in_flight <= bdp {
                     self.start_probe_bw_cruise();
                 }
             }
@@ -983,12 +966,7 @@ impl CongestionController for Bbr {
         self.update_ack_aggregation(now, ack.acked_bytes);
         self.check_full_bw_reached(&rs);
         self.check_startup_done(now);
-        // C.is_cwnd_limited (§4.3.3.6): the window, not the pacer, held the sender back,
-        // having filled it to within a packet. `app_limited` only says that the application
-        // had more to send (RFC 9002 §7.8); a paced flow behind a queue it did not build
-        // never fills its window, and taking that for window-limited ended every bandwidth
-        // probe on its first ACK, as soon as the window stood at `inflight_hi`.
-        let cwnd_limited = !ack.app_limited && ack.prior_in_flight + self.mds >= self.cwnd;
+        let cwnd_limited = !ack.app_limited;
         self.update_probe_bw_cycle(now, ack.acked_bytes, cwnd_limited);
         self.update_min_rtt(now, &rs);
         self.bw = self.max_bw.min(self.bw_lo);
@@ -1446,95 +1424,5 @@ mod tests {
             b.on_congestion_event(now, &loss(now, 10 * MDS, 0));
         }
         assert!(b.window() >= 4 * MDS);
-    }
-
-    /// A probe that the pacer, not the window, holds back lasts its round (§4.3.3.6): only a
-    /// window full at `inflight_hi` ends it early.
-    #[test]
-    fn a_paced_probe_is_not_ended_by_a_window_it_does_not_fill() {
-        let t0 = Instant::now();
-        let rate = 1_250_000;
-        let rtt = Duration::from_millis(40);
-        let mut est = RttEstimator::new(rtt);
-        est.update(Duration::ZERO, rtt);
-        for window_full in [false, true] {
-            let mut b = Bbr::new(MDS, BbrOptions::default());
-            let mut now = drive(&mut b, t0, 30, rate, rtt);
-            b.inflight_hi = b.cwnd;
-            b.start_probe_bw_up(now);
-            let in_flight = if window_full { b.cwnd } else { b.cwnd / 2 };
-            // ACKs every 5 ms for half a round trip.
-            for _ in 0..4 {
-                now += Duration::from_millis(5);
-                let ack = AckEvent {
-                    acked_bytes: MDS,
-                    largest_acked_sent_time: now - rtt,
-                    rtt: &est,
-                    rate: Some(RateSample {
-                        delivered: rate * 40 / 1000,
-                        interval: rtt,
-                        prior_delivered: b.delivered,
-                        is_app_limited: false,
-                        rtt,
-                    }),
-                    prior_in_flight: in_flight,
-                    bytes_in_flight: in_flight - MDS,
-                    app_limited: false,
-                };
-                b.on_ack(now, &ack);
-            }
-            if window_full {
-                assert_eq!(b.state, State::ProbeBwDown, "a full window at inflight_hi");
-            } else {
-                assert_eq!(b.state, State::ProbeBwUp, "paced at half the window");
-            }
-        }
-    }
-
-    /// ProbeBW_DOWN cruises after three rounds when a queue it did not build keeps inflight
-    /// above the BDP, instead of pacing at 0.9 x until the next probe.
-    #[test]
-    fn down_cruises_after_three_rounds_behind_a_standing_queue() {
-        let t0 = Instant::now();
-        let rate = 1_250_000;
-        let rtt = Duration::from_millis(40);
-        let mut b = Bbr::new(MDS, BbrOptions::default());
-        let mut now = drive(&mut b, t0, 30, rate, rtt);
-        b.start_probe_bw_down(now);
-        // Another flow's queue: every sample 50 % over min_rtt, 1.5 BDP in flight.
-        let queued = rtt * 3 / 2;
-        let mut est = RttEstimator::new(queued);
-        est.update(Duration::ZERO, queued);
-        let in_flight = rate * 60 / 1000;
-        let mut states = Vec::new();
-        for _ in 0..4 {
-            now += queued;
-            let ack = AckEvent {
-                acked_bytes: in_flight,
-                largest_acked_sent_time: now - queued,
-                rtt: &est,
-                rate: Some(RateSample {
-                    delivered: in_flight,
-                    interval: queued,
-                    prior_delivered: b.delivered,
-                    is_app_limited: false,
-                    rtt: queued,
-                }),
-                prior_in_flight: in_flight,
-                bytes_in_flight: in_flight,
-                app_limited: false,
-            };
-            b.on_ack(now, &ack);
-            states.push(b.state);
-        }
-        assert_eq!(
-            states,
-            [
-                State::ProbeBwDown,
-                State::ProbeBwDown,
-                State::ProbeBwCruise,
-                State::ProbeBwCruise
-            ]
-        );
     }
 }
