@@ -358,9 +358,13 @@ run_cell() {
         # 2 MiB transfer's packets, and a capture with holes fails the wire checks.
         dumpcap -q -B 64 -i lo -f "udp port $port" -w "$dir/trace.pcapng" 2> "$dir/dumpcap.log" &
         cap_pid=$!
+        # dumpcap prints "Capturing on" before it opens the interface, and "File:" once the
+        # interface is open with its filter and the output file's header is written: only then
+        # is every packet captured. A cold machine took over 0.1 s between the two, long enough
+        # for a whole handshake to go by unseen.
         local i
-        for i in $(seq 1 50); do
-            grep -q "Capturing on" "$dir/dumpcap.log" 2>/dev/null && break
+        for i in $(seq 1 200); do
+            grep -q "^File:" "$dir/dumpcap.log" 2>/dev/null && [ -s "$dir/trace.pcapng" ] && break
             sleep 0.1
         done
     fi
@@ -474,8 +478,14 @@ run_cell() {
             local dropped
             dropped=$(sed -n "s|.*received/dropped on interface.*': *[0-9]*/\([0-9]*\).*|\1|p" \
                 "$dir/dumpcap.log" | head -n 1)
+            # A client that brought its files talked to the server: a capture that holds
+            # none of its packets did not run, it says nothing about the endpoints.
+            local captured
+            captured=$(sed -n 's|^Packets captured: *\([0-9]*\).*|\1|p' "$dir/dumpcap.log" | head -n 1)
             if [ "${dropped:-0}" != 0 ]; then
                 reason="capture incomplete (dumpcap dropped $dropped packets), $reason"
+            elif [ "${captured:-}" = 0 ]; then
+                reason="capture incomplete (dumpcap captured no packets), $reason"
             fi
         fi
     fi
