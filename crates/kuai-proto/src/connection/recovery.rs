@@ -143,7 +143,11 @@ impl Connection {
                 self.key_update.phase_acked = true;
             }
         }
-        for (_, p) in newly.iter() {
+        // Oldest first: a stream's frames then come acknowledged in the order of their
+        // offsets, and its send buffer frees each prefix directly instead of keeping the
+        // ranges acknowledged ahead of a gap (an ACK of several packets was walked newest
+        // first above).
+        for (_, p) in newly.iter().rev() {
             for f in &p.frames {
                 self.on_frame_acked(space, f);
             }
