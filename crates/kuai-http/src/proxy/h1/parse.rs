@@ -7,7 +7,6 @@ use std::fmt::{self, Write as _};
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use super::super::headers::has_token;
 use http::{Method, StatusCode, Version};
 
 /// Most bytes of a response head (status line and fields).
@@ -63,12 +62,62 @@ impl fmt::Display for ParseError {
 
 impl std::error::Error for ParseError {}
 
-/// A response head, taken off the front of the read buffer.
+/// A response head, taken off the front of the read buffer. Its map holds the end-to-end
+/// fields only: the hop-by-hop ones (RFC 9110 §7.6.1) belong to the connection to the
+/// backend, and what they say about it is in `hop`.
 #[derive(Debug)]
 pub(crate) struct ResponseHead {
     pub(crate) status: StatusCode,
     pub(crate) version: Version,
     pub(crate) headers: HeaderMap,
+    pub(crate) hop: Hop,
+}
+
+/// What a response head's hop-by-hop fields said about the connection and the body's
+/// transfer coding, read as the head is parsed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hop {
+    /// `Connection` lists `close`.
+    close: bool,
+    /// `Connection` lists `keep-alive`.
+    keep_alive: bool,
+    /// `Transfer-Encoding` is present; `Some(true)` when its last coding is `chunked`.
+    transfer_encoding: Option<bool>,
+}
+
+/// The hop-by-hop fields (RFC 9110 §7.6.1, with the non-standard `Keep-Alive` and
+/// `Proxy-Connection`; `Proxy-Authorization` is meant for the proxy and goes no further),
+/// told by length first, as `name` came off the wire (any case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HopField {
+    Connection,
+    TransferEncoding,
+    Other,
+}
+
+fn hop_field(name: &[u8]) -> Option<HopField> {
+    let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
+    match name.len() {
+        2 if is("te") => Some(HopField::Other),
+        7 if is("trailer") || is("upgrade") => Some(HopField::Other),
+        10 if is("connection") => Some(HopField::Connection),
+        10 if is("keep-alive") => Some(HopField::Other),
+        16 if is("proxy-connection") => Some(HopField::Other),
+        17 if is("transfer-encoding") => Some(HopField::TransferEncoding),
+        19 if is("proxy-authorization") => Some(HopField::Other),
+        _ => None,
+    }
+}
+
+/// Whether a field value is text a `HeaderValue` would give as a `str` (visible ASCII,
+/// space and tab): list fields in anything else are not read, as before the map was bypassed.
+fn is_text(v: &[u8]) -> bool {
+    v.iter().all(|&b| (b' '..0x7f).contains(&b) || b == b'\t')
+}
+
+/// The tokens of a list field's value, trimmed, empty ones skipped.
+fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
+    v.split(|&b| b == b',').map(trim).filter(|t| !t.is_empty())
 }
 
 /// Parses the response head at the start of `buf` and takes it off; `Ok(None)` while it is
@@ -152,18 +201,62 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Response
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    // Where each field's name and value lie in the head, to slice the frozen head later.
+    // The hop-by-hop fields are read here and kept out of the map: what they say about the
+    // connection and the transfer coding goes in `hop`, and a field `Connection` names
+    // (other than its `close` and `keep-alive` options) is dropped too.
+    let mut hop = Hop::default();
+    let mut names_fields = false;
+    for h in resp.headers.iter() {
+        match hop_field(h.name.as_bytes()) {
+            Some(HopField::Connection) if is_text(h.value) => {
+                for t in tokens(h.value) {
+                    if t.eq_ignore_ascii_case(b"close") {
+                        hop.close = true;
+                    } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                        hop.keep_alive = true;
+                    } else {
+                        names_fields = true;
+                    }
+                }
+            }
+            // RFC 9112 §6.3, item 4: the last coding of the last field decides.
+            Some(HopField::TransferEncoding) => {
+                let last = h.value.rsplit(|&b| b == b',').next().map(trim);
+                hop.transfer_encoding = Some(
+                    is_text(h.value) && last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")),
+                );
+            }
+            _ => {}
+        }
+    }
+    let named_by_connection = |name: &[u8]| {
+        names_fields
+            && resp.headers.iter().any(|h| {
+                hop_field(h.name.as_bytes()) == Some(HopField::Connection)
+                    && is_text(h.value)
+                    && tokens(h.value).any(|t| t.eq_ignore_ascii_case(name))
+            })
+    };
+    // Where each kept field's name and value lie in the head, to slice the frozen head later.
     let base = buf.as_ptr() as usize;
     let mut spans = [(0u32, 0u32, 0u32, 0u32); N];
-    let count = resp.headers.len();
-    for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
+    let mut count = 0;
+    for h in resp.headers.iter() {
+        let name = h.name.as_bytes();
+        if hop_field(name).is_some() || named_by_connection(name) {
+            continue;
+        }
         let at = |s: &[u8]| (s.as_ptr() as usize).wrapping_sub(base) as u32;
-        *span = (
-            at(h.name.as_bytes()),
-            h.name.len() as u32,
-            at(h.value),
-            h.value.len() as u32,
-        );
+        // `count` < N: the fields kept are some of the N the arrays hold.
+        if let Some(span) = spans.get_mut(count) {
+            *span = (
+                at(name),
+                name.len() as u32,
+                at(h.value),
+                h.value.len() as u32,
+            );
+            count += 1;
+        }
     }
     let head = buf.split_to(end).freeze();
     let mut headers = HeaderMap::with_capacity(count);
@@ -184,6 +277,7 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Response
         status,
         version,
         headers,
+        hop,
     }))
 }
 
@@ -204,8 +298,8 @@ pub(crate) enum Framing {
 pub(crate) fn framing(head: &ResponseHead, to_head: bool) -> Result<(Framing, bool), ParseError> {
     let h = &head.headers;
     let mut keep_alive = match head.version {
-        Version::HTTP_10 => has_token(h, header::CONNECTION, "keep-alive"),
-        _ => !has_token(h, header::CONNECTION, "close"),
+        Version::HTTP_10 => head.hop.keep_alive,
+        _ => !head.hop.close,
     };
     // RFC 9112 §6.3, in its order.
     if to_head
@@ -215,23 +309,14 @@ pub(crate) fn framing(head: &ResponseHead, to_head: bool) -> Result<(Framing, bo
     {
         return Ok((Framing::Empty, keep_alive));
     }
-    if h.contains_key(header::TRANSFER_ENCODING) {
+    if let Some(chunked_last) = head.hop.transfer_encoding {
         // Item 4: chunked last means chunked; otherwise the body runs to the close. With
         // Content-Length beside it, or in HTTP/1.0 (§6.1), the framing is suspect: the
         // connection is not used again.
         if head.version == Version::HTTP_10 || h.contains_key(header::CONTENT_LENGTH) {
             keep_alive = false;
         }
-        let last = h
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.rsplit(',').next())
-            .map(str::trim);
-        if head.version != Version::HTTP_10
-            && last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
-        {
+        if head.version != Version::HTTP_10 && chunked_last {
             return Ok((Framing::Chunked, keep_alive));
         }
         return Ok((Framing::Close, false));
@@ -683,6 +768,48 @@ mod tests {
             .unwrap(),
             (Framing::Length(1), true)
         );
+    }
+
+    #[test]
+    fn hop_by_hop_fields_stay_out_of_the_map() {
+        let h = head(
+            "HTTP/1.1 200 OK\r\nX-Secret: 1\r\nContent-Length: 2\r\nKeep-Alive: timeout=5\r\n\
+             CONNECTION: Keep-Alive, x-secret\r\nTE: trailers\r\nUpgrade: h2c\r\n\
+             Proxy-Connection: close\r\nTrailer: X-T\r\nProxy-Authorization: x\r\n\
+             X-Kept: 2\r\n\r\n",
+        );
+        let names: Vec<&str> = h.headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-length", "x-kept"]);
+        assert_eq!(
+            h.hop,
+            Hop {
+                close: false,
+                keep_alive: true,
+                transfer_encoding: None
+            }
+        );
+        // A field named in a later `Connection` field goes too; one in none stays.
+        let h = head(
+            "HTTP/1.1 200 OK\r\nX-A: 1\r\nX-B: 2\r\nConnection: close\r\n\
+             Connection: x-a\r\nTransfer-Encoding: chunked\r\n\r\n",
+        );
+        let names: Vec<&str> = h.headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-b"]);
+        assert_eq!(
+            h.hop,
+            Hop {
+                close: true,
+                keep_alive: false,
+                transfer_encoding: Some(true)
+            }
+        );
+        assert_eq!(framing(&h, false).unwrap(), (Framing::Chunked, false));
+        // The last Transfer-Encoding field decides.
+        let h = head(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n",
+        );
+        assert_eq!(h.hop.transfer_encoding, Some(false));
+        assert_eq!(framing(&h, false).unwrap(), (Framing::Close, false));
     }
 
     /// Decodes `wire` fed in pieces of `step` bytes; the body, or the error.
