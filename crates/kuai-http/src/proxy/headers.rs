@@ -74,12 +74,16 @@ fn value_of(mut text: String) -> Option<HeaderValue> {
 /// Appends `value` to the list in field `name`, the field's lines joined into one (as
 /// nginx's `$proxy_add_x_forwarded_for` does); lines that are not text are dropped.
 pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
-    if !headers.contains_key(&name) {
-        headers.insert(name, value);
-        return;
-    }
+    // One lookup (hashing the name once) whether the field is there or not.
+    let mut entry = match headers.entry(name) {
+        header::Entry::Vacant(e) => {
+            e.insert(value);
+            return;
+        }
+        header::Entry::Occupied(e) => e,
+    };
     let mut joined = String::new();
-    for v in headers.get_all(&name) {
+    for v in entry.iter() {
         if let Ok(s) = v.to_str() {
             joined.push_str(s);
             joined.push_str(", ");
@@ -90,7 +94,7 @@ pub(crate) fn append_list(headers: &mut HeaderMap, name: HeaderName, value: Head
         Err(_) => return,
     }
     if let Some(v) = value_of(joined) {
-        headers.insert(name, v);
+        entry.insert(v);
     }
 }
 
