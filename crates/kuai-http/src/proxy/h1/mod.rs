@@ -604,7 +604,7 @@ impl Body {
         let mut r = Response::new(body);
         *r.status_mut() = head.status;
         *r.version_mut() = head.version;
-        *r.headers_mut() = head.headers;
+        *r.headers_mut() = head.into_headers();
         Ok(r)
     }
 
