@@ -121,9 +121,12 @@ pub(crate) fn forwarded_element(client: IpAddr, host: Option<&str>) -> HeaderVal
     s.push_str(";proto=https");
     if let Some(h) = host.filter(|h| is_plain_host(h)) {
         if h.bytes().all(is_tchar) {
-            let _ = write!(s, ";host={h}");
+            s.push_str(";host=");
+            s.push_str(h);
         } else {
-            let _ = write!(s, ";host=\"{h}\"");
+            s.push_str(";host=\"");
+            s.push_str(h);
+            s.push_str("\"");
         }
     }
     s.value()
@@ -224,7 +227,24 @@ fn is_plain_host(h: &str) -> bool {
 
 /// RFC 9110 §5.6.2 `tchar`.
 fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'!' | b'#'
+                | b'$'
+                | b'%'
+                | b'&'
+                | b'\''
+                | b'*'
+                | b'+'
+                | b'-'
+                | b'.'
+                | b'^'
+                | b'_'
+                | b'`'
+                | b'|'
+                | b'~'
+        )
 }
 
 #[cfg(test)]
