@@ -821,16 +821,6 @@ mod tests {
         let passed_on = h.into_headers();
         let names: Vec<&str> = passed_on.keys().map(|n| n.as_str()).collect();
         assert_eq!(names, ["x-b"]);
-        let h = head("HTTP/1.1 200 OK\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n");
-        assert_eq!(
-            h.hop,
-            Hop {
-                close: true,
-                keep_alive: false,
-                transfer_encoding: Some(true)
-            }
-        );
-        assert_eq!(framing(&h, false).unwrap(), (Framing::Chunked, false));
         // The last Transfer-Encoding field decides.
         let h = head(
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n",
