@@ -60,7 +60,7 @@ pub struct Args {
     #[arg(short = 'w', long = "write-out", value_name = "FORMAT")]
     write_out: Option<String>,
     /// Connect to ADDR for HOST:PORT instead of resolving HOST (repeatable), as curl's
-    /// --resolve HOST:PORT:ADDR.
+    /// --resolve HOST:PORT:ADDR[,ADDR]...: several addresses are tried in turn.
     #[arg(long, value_name = "HOST:PORT:ADDR")]
     resolve: Vec<String>,
     /// Do not verify the server's certificate (testing only).
@@ -244,16 +244,18 @@ fn build_client(args: &Args) -> Result<Client, String> {
         }
     }
     for r in &args.resolve {
-        let bad = || format!("--resolve {r}: expected HOST:PORT:ADDR");
+        let bad = || format!("--resolve {r}: expected HOST:PORT:ADDR[,ADDR]...");
         let (host, rest) = r.split_once(':').ok_or_else(bad)?;
-        let (port, addr) = rest.split_once(':').ok_or_else(bad)?;
+        let (port, addrs) = rest.split_once(':').ok_or_else(bad)?;
         let port: u16 = port.parse().map_err(|_| bad())?;
-        let ip: std::net::IpAddr = addr
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse()
-            .map_err(|_| bad())?;
-        b = b.resolve(host, port, SocketAddr::new(ip, port));
+        for addr in addrs.split(',') {
+            let ip: std::net::IpAddr = addr
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse()
+                .map_err(|_| bad())?;
+            b = b.resolve(host, port, SocketAddr::new(ip, port));
+        }
     }
     b.build().map_err(|e| e.to_string())
 }

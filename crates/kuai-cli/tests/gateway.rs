@@ -464,7 +464,12 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
         "/dev/null",
         &url,
     ]));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     let o = curl(&["--http2", "-o", "/dev/null", &url]);
     assert!(o.status.success());
     let metrics_url = format!("http://{maddr}/metrics");

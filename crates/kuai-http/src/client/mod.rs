@@ -84,7 +84,7 @@ pub struct ClientBuilder {
     transport: Option<kuai::TransportConfig>,
     keylog: Option<Arc<dyn rustls::KeyLog>>,
     qlog_dir: Option<PathBuf>,
-    resolve: HashMap<Origin, SocketAddr>,
+    resolve: HashMap<Origin, Vec<SocketAddr>>,
     redirects: u32,
 }
 
@@ -199,8 +199,16 @@ impl ClientBuilder {
     }
 
     /// Connects to `addr` for `host:port` instead of resolving it (curl's `--resolve`).
+    /// Called again for the same `host:port`, adds an address: they are tried in the order
+    /// given, each next one when the one before fails or has not answered within 250 ms.
     pub fn resolve(mut self, host: &str, port: u16, addr: SocketAddr) -> Self {
-        self.resolve.insert((host.to_ascii_lowercase(), port), addr);
+        let addrs = self
+            .resolve
+            .entry((host.to_ascii_lowercase(), port))
+            .or_default();
+        if !addrs.contains(&addr) {
+            addrs.push(addr);
+        }
         self
     }
 
@@ -293,7 +301,7 @@ struct Inner {
     endpoints: Mutex<[Option<kuai::Endpoint>; 2]>,
     slots: Mutex<HashMap<Origin, Arc<tokio::sync::Mutex<Slot>>>>,
     state: Mutex<State>,
-    resolve: HashMap<Origin, SocketAddr>,
+    resolve: HashMap<Origin, Vec<SocketAddr>>,
     redirects: u32,
 }
 
@@ -868,23 +876,33 @@ impl Client {
     }
 
     async fn resolve(&self, host: &str, port: u16) -> Result<SocketAddr, Error> {
+        Ok(self.resolve_all(host, port).await?[0])
+    }
+
+    /// `host`'s addresses, never none: the resolver's order with the two families
+    /// interleaved, the resolver's first family first (RFC 8305 §4).
+    async fn resolve_all(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, Error> {
         if let Some(a) = self.inner.resolve.get(&(host.to_ascii_lowercase(), port)) {
-            return Ok(*a);
+            return Ok(a.clone());
         }
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
-            return Ok(SocketAddr::new(ip, port));
+            return Ok(vec![SocketAddr::new(ip, port)]);
         }
-        let mut addrs = tokio::net::lookup_host((bare, port))
+        let addrs = tokio::net::lookup_host((bare, port))
             .await
             .map_err(|source| Error::Resolve {
                 host: host.to_string(),
                 source,
             })?;
-        addrs.next().ok_or_else(|| Error::Resolve {
-            host: host.to_string(),
-            source: std::io::ErrorKind::NotFound.into(),
-        })
+        let addrs = interleave_families(addrs.collect());
+        if addrs.is_empty() {
+            return Err(Error::Resolve {
+                host: host.to_string(),
+                source: std::io::ErrorKind::NotFound.into(),
+            });
+        }
+        Ok(addrs)
     }
 
     /// How long HTTP/3 goes alone before TCP joins: 1.5 × the RTT last seen to `addr`, or
@@ -950,18 +968,69 @@ impl Client {
         conn::connect_tcp(addr, host, &self.inner.tcp_tls, alpn, self.inner.h1_max).await
     }
 
-    /// A new connection to `origin` as the mode says, racing HTTP/3 against TCP in
-    /// [`Mode::Auto`].
+    /// A new connection to `origin`, to each of its addresses in turn in the manner of
+    /// Happy Eyeballs (RFC 8305 §5, draft-ietf-happy-happyeyeballs-v3 §6): the next address
+    /// is tried when the one before failed, or beside it once it has gone
+    /// [`ATTEMPT_DELAY`] without an answer; the first connection wins and the other
+    /// attempts are dropped. `localhost` that resolves to `::1` before `127.0.0.1` reaches a
+    /// server that listens on IPv4 only, as curl does.
     async fn connect(
         &self,
         origin: &Origin,
         start: Instant,
         slot: &Arc<tokio::sync::Mutex<Slot>>,
     ) -> Result<(Arc<Conn>, Timings, Option<Upgrade>), Error> {
-        let (host, port) = (&origin.0, origin.1);
-        let addr = self.resolve(host, port).await?;
+        let addrs = self.resolve_all(&origin.0, origin.1).await?;
+        let dns = start.elapsed();
+        if let [addr] = addrs[..] {
+            return self.connect_addr(origin, addr, start, dns, slot).await;
+        }
+        let mut attempts = tokio::task::JoinSet::new();
+        let mut next = addrs.into_iter();
+        let mut last_err = None;
+        loop {
+            if let Some(addr) = next.next() {
+                let (this, origin, slot) = (self.clone(), origin.clone(), slot.clone());
+                attempts.spawn(
+                    async move { this.connect_addr(&origin, addr, start, dns, &slot).await },
+                );
+            }
+            let more = next.len() > 0;
+            let done = tokio::select! {
+                r = attempts.join_next() => r,
+                _ = tokio::time::sleep(ATTEMPT_DELAY), if more => continue,
+            };
+            match done {
+                Some(Ok(Ok(c))) => return Ok(c),
+                Some(Ok(Err(e))) => {
+                    tracing::debug!(origin = %origin.0, error = %e, "address failed: the next one");
+                    last_err = Some(e);
+                }
+                Some(Err(e)) => last_err = Some(Error::Io(std::io::Error::other(e.to_string()))),
+                None => {}
+            }
+            if !more && attempts.is_empty() {
+                return Err(last_err.unwrap_or_else(|| Error::Resolve {
+                    host: origin.0.clone(),
+                    source: std::io::ErrorKind::NotFound.into(),
+                }));
+            }
+        }
+    }
+
+    /// A new connection to `origin` at `addr` as the mode says, racing HTTP/3 against TCP
+    /// in [`Mode::Auto`].
+    async fn connect_addr(
+        &self,
+        origin: &Origin,
+        addr: SocketAddr,
+        start: Instant,
+        dns: Duration,
+        slot: &Arc<tokio::sync::Mutex<Slot>>,
+    ) -> Result<(Arc<Conn>, Timings, Option<Upgrade>), Error> {
+        let host = &origin.0;
         let mut t = Timings {
-            dns: start.elapsed(),
+            dns,
             ..Timings::default()
         };
         let fail = |http3, tcp| Error::Connect(Box::new(ConnectError { addr, http3, tcp }));
@@ -1194,6 +1263,35 @@ impl Client {
                 lock(&this.inner.state).mark_working(&origin, &network);
             }
         });
+    }
+}
+
+/// How long one address goes unanswered before the next joins it (RFC 8305 §5's
+/// recommended Connection Attempt Delay).
+const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
+
+/// `addrs` without repeats, alternating between IPv6 and IPv4 from the family of the first
+/// (RFC 8305 §4, with a First Address Family Count of one).
+fn interleave_families(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+    let mut seen = Vec::with_capacity(addrs.len());
+    for a in addrs {
+        if !seen.contains(&a) {
+            seen.push(a);
+        }
+    }
+    let Some(first) = seen.first().map(SocketAddr::is_ipv6) else {
+        return seen;
+    };
+    let (mut lead, mut other): (Vec<_>, Vec<_>) =
+        seen.into_iter().partition(|a| a.is_ipv6() == first);
+    lead.reverse();
+    other.reverse();
+    let mut out = Vec::with_capacity(lead.len() + other.len());
+    loop {
+        match (lead.pop(), other.pop()) {
+            (None, None) => return out,
+            (a, b) => out.extend(a.into_iter().chain(b)),
+        }
     }
 }
 

@@ -433,3 +433,90 @@ async fn a_0rtt_attempt_to_a_silent_port_falls_back_to_tcp() {
     );
     assert!(took < Duration::from_secs(3), "{took:?}");
 }
+
+/// A name with two addresses, the first with nothing listening (`localhost` as `::1` before
+/// `127.0.0.1`, to a server on IPv4 only): the refusal moves the client on to the next
+/// address at once, where HTTP/3 answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_address_moves_on_to_the_next_at_once() {
+    let (cert, tls) = identity();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    let nobody = SocketAddr::new("::1".parse().unwrap(), addr.port());
+    let c = client(&cert)
+        .resolve("localhost", addr.port(), nobody)
+        .resolve("localhost", addr.port(), addr)
+        .race_delay(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
+    let took = t.elapsed();
+    eprintln!(
+        "{:?} at {} after {took:?}",
+        resp.protocol(),
+        resp.remote_addr()
+    );
+    assert_eq!(resp.protocol(), Protocol::Http3);
+    assert_eq!(resp.remote_addr(), addr);
+    assert!(took < Duration::from_millis(240), "{took:?}");
+    resp.bytes().await.unwrap();
+}
+
+/// A name with two addresses, the first silent (UDP swallowed, TCP accepted by the kernel
+/// and never answered): the second joins after the attempt delay and wins, long before the
+/// connect timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_address_is_joined_by_the_next_after_the_attempt_delay() {
+    let (cert, tls) = identity();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    let silent = SocketAddr::new("127.0.0.2".parse().unwrap(), addr.port());
+    let swallowed = udp_sink(silent).await;
+    let _never_accepted = tokio::net::TcpListener::bind(silent).await.unwrap();
+    let c = client(&cert)
+        .resolve("localhost", addr.port(), silent)
+        .resolve("localhost", addr.port(), addr)
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
+    let took = t.elapsed();
+    eprintln!(
+        "{:?} at {} after {took:?}; {} datagrams swallowed",
+        resp.protocol(),
+        resp.remote_addr(),
+        swallowed.load(Ordering::Relaxed)
+    );
+    assert_eq!(resp.remote_addr(), addr);
+    assert_eq!(resp.protocol(), Protocol::Http3);
+    assert!(swallowed.load(Ordering::Relaxed) > 0, "the first was tried");
+    assert!(took >= ATTEMPT_DELAY, "{took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    resp.bytes().await.unwrap();
+}
+
+#[test]
+fn families_are_interleaved_from_the_first() {
+    let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+    let got = interleave_families(vec![
+        a("[::1]:1"),
+        a("[::2]:1"),
+        a("[::1]:1"),
+        a("[::3]:1"),
+        a("10.0.0.1:1"),
+    ]);
+    assert_eq!(
+        got,
+        [a("[::1]:1"), a("10.0.0.1:1"), a("[::2]:1"), a("[::3]:1")]
+    );
+    let got = interleave_families(vec![a("10.0.0.1:1"), a("10.0.0.2:1"), a("[::1]:1")]);
+    assert_eq!(got, [a("10.0.0.1:1"), a("[::1]:1"), a("10.0.0.2:1")]);
+    assert!(interleave_families(vec![]).is_empty());
+}
