@@ -864,7 +864,7 @@ impl Client {
         .await;
         match r {
             Ok(Ok(c)) => {
-                lock(&self.inner.state).mark_working(origin, &network);
+                lock(&self.inner.state).mark_working(origin, &network, addr);
                 Some(Arc::new(c))
             }
             _ => {
@@ -980,10 +980,18 @@ impl Client {
         start: Instant,
         slot: &Arc<tokio::sync::Mutex<Slot>>,
     ) -> Result<(Arc<Conn>, Timings, Option<Upgrade>), Error> {
-        let addrs = self.resolve_all(&origin.0, origin.1).await?;
+        let mut addrs = self.resolve_all(&origin.0, origin.1).await?;
         let dns = start.elapsed();
         if let [addr] = addrs[..] {
             return self.connect_addr(origin, addr, start, dns, slot).await;
+        }
+        // The address that answered last goes first (draft-ietf-happy-happyeyeballs-v3 §4
+        // sorts by what the client has seen work).
+        if let Some(i) = lock(&self.inner.state)
+            .answered(origin)
+            .and_then(|a| addrs.iter().position(|&b| b == a))
+        {
+            addrs[..=i].rotate_right(1);
         }
         let mut attempts = tokio::task::JoinSet::new();
         let mut next = addrs.into_iter();
@@ -991,9 +999,13 @@ impl Client {
         loop {
             if let Some(addr) = next.next() {
                 let (this, origin, slot) = (self.clone(), origin.clone(), slot.clone());
-                attempts.spawn(
-                    async move { this.connect_addr(&origin, addr, start, dns, &slot).await },
-                );
+                attempts.spawn(async move {
+                    let r = this.connect_addr(&origin, addr, start, dns, &slot).await;
+                    if r.is_ok() {
+                        lock(&this.inner.state).note_answered(&origin, addr);
+                    }
+                    r
+                });
             }
             let more = next.len() > 0;
             let done = tokio::select! {
@@ -1045,12 +1057,17 @@ impl Client {
                 return Ok((Arc::new(c), t, None));
             }
             Mode::Http3 | Mode::Http09 => {
-                let early = lock(&self.inner.state).h3_worked(origin);
-                let c = self
-                    .connect_quic(addr, host, early)
-                    .await
-                    .map_err(|e| fail(Some(e), None))?;
-                lock(&self.inner.state).note_h3_worked(origin);
+                let early = lock(&self.inner.state).h3_worked(origin, addr);
+                // A host that refuses the UDP port fails the attempt at once (the next
+                // address, or the error), not after the connect timeout.
+                let c = tokio::select! {
+                    r = self.connect_quic(addr, host, early) => r,
+                    _ = udp_refused(addr) => {
+                        Err(Error::Io(std::io::ErrorKind::ConnectionRefused.into()))
+                    }
+                }
+                .map_err(|e| fail(Some(e), None))?;
+                lock(&self.inner.state).note_h3_worked(origin, addr);
                 t.connect = start.elapsed();
                 return Ok((Arc::new(c), t, None));
             }
@@ -1076,7 +1093,7 @@ impl Client {
         let this = self.clone();
         let h = host.clone();
         // 0-RTT only where this origin's HTTP/3 completed a handshake before.
-        let early = lock(&self.inner.state).h3_worked(origin);
+        let early = lock(&self.inner.state).h3_worked(origin, h3_addr);
         let mut quic = tokio::spawn(async move { this.connect_quic(h3_addr, &h, early).await });
         let mut refused: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(udp_refused(h3_addr));
         let delay = self.race_delay_for(Some(h3_addr));
@@ -1092,7 +1109,7 @@ impl Client {
                             origin.clone(),
                             network.clone(),
                         ),
-                        _ => lock(&self.inner.state).mark_working(origin, &network),
+                        _ => lock(&self.inner.state).mark_working(origin, &network, h3_addr),
                     }
                     t.connect = start.elapsed();
                     return Ok((Arc::new(c), t, None));
@@ -1120,7 +1137,7 @@ impl Client {
         tokio::select! {
             r = &mut quic => match flatten(r) {
                 Ok(c) => {
-                    lock(&self.inner.state).mark_working(origin, &network);
+                    lock(&self.inner.state).mark_working(origin, &network, h3_addr);
                     t.connect = start.elapsed();
                     Ok((Arc::new(c), t, None))
                 }
@@ -1144,7 +1161,7 @@ impl Client {
                         let ok = match r {
                             Ok(r) => match flatten(r) {
                                 Ok(c) => {
-                                    lock(&this.inner.state).mark_working(&origin, &network);
+                                    lock(&this.inner.state).mark_working(&origin, &network, h3_addr);
                                     slot.lock().await.h3 = Some(Arc::new(c));
                                     true
                                 }
@@ -1260,7 +1277,7 @@ impl Client {
                 lock(&this.inner.state).mark_broken(&origin, &network);
                 quic.close(0, b"no handshake");
             } else {
-                lock(&this.inner.state).mark_working(&origin, &network);
+                lock(&this.inner.state).mark_working(&origin, &network, quic.remote_address());
             }
         });
     }

@@ -41,9 +41,12 @@ pub(crate) struct State {
     broken: HashMap<(Origin, String), Broken>,
     /// Smoothed RTT per server address, in microseconds.
     rtt: HashMap<SocketAddr, u64>,
-    /// Origins whose HTTP/3 completed a handshake in this process (kept in memory, as the
-    /// sessions that 0-RTT needs are).
-    h3_worked: std::collections::HashSet<Origin>,
+    /// Origins whose HTTP/3 completed a handshake in this process, and at which address
+    /// (kept in memory, as the sessions that 0-RTT needs are).
+    h3_worked: HashMap<Origin, SocketAddr>,
+    /// The address of each origin that answered last (kept in memory), tried first next
+    /// time.
+    answered: HashMap<Origin, SocketAddr>,
     path: Option<PathBuf>,
 }
 
@@ -237,21 +240,35 @@ impl State {
         self.save();
     }
 
-    /// Whether HTTP/3 to `origin` completed a handshake before (in this process).
-    pub fn h3_worked(&self, origin: &Origin) -> bool {
-        self.h3_worked.contains(origin)
+    /// Whether HTTP/3 to `origin` at `addr` completed a handshake before (in this process).
+    /// A session is kept by server name: 0-RTT to an address of the name that never
+    /// answered would make a "connection" to where nothing may listen.
+    pub fn h3_worked(&self, origin: &Origin, addr: SocketAddr) -> bool {
+        self.h3_worked.get(origin) == Some(&addr)
     }
 
-    /// HTTP/3 to `origin` completed a handshake.
-    pub fn note_h3_worked(&mut self, origin: &Origin) {
-        if self.h3_worked.len() < MAX_ENTRIES {
-            self.h3_worked.insert(origin.clone());
+    /// HTTP/3 to `origin` at `addr` completed a handshake.
+    pub fn note_h3_worked(&mut self, origin: &Origin, addr: SocketAddr) {
+        if self.h3_worked.len() < MAX_ENTRIES || self.h3_worked.contains_key(origin) {
+            self.h3_worked.insert(origin.clone(), addr);
         }
     }
 
-    /// HTTP/3 to `origin` worked on `network`: the mark (and its back-off) goes.
-    pub fn mark_working(&mut self, origin: &Origin, network: &str) {
-        self.note_h3_worked(origin);
+    /// `origin` answered at `addr` (resolved, before any Alt-Svc): tried first next time.
+    pub fn note_answered(&mut self, origin: &Origin, addr: SocketAddr) {
+        if self.answered.len() < MAX_ENTRIES || self.answered.contains_key(origin) {
+            self.answered.insert(origin.clone(), addr);
+        }
+    }
+
+    /// The address of `origin` that answered last.
+    pub fn answered(&self, origin: &Origin) -> Option<SocketAddr> {
+        self.answered.get(origin).copied()
+    }
+
+    /// HTTP/3 to `origin` at `addr` worked on `network`: the mark (and its back-off) goes.
+    pub fn mark_working(&mut self, origin: &Origin, network: &str, addr: SocketAddr) {
+        self.note_h3_worked(origin, addr);
         if self
             .broken
             .remove(&(origin.clone(), network.to_string()))
@@ -467,7 +484,7 @@ mod tests {
             Some(Duration::from_millis(42))
         );
         let mut t = t;
-        t.mark_working(&o, "net-a");
+        t.mark_working(&o, "net-a", "192.0.2.1:443".parse().unwrap());
         t.learn_alt_svc(&o, "clear");
         let u = State::load(Some(&path));
         assert!(!u.is_broken(&o, "net-a"));

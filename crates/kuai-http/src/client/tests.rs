@@ -436,7 +436,8 @@ async fn a_0rtt_attempt_to_a_silent_port_falls_back_to_tcp() {
 
 /// A name with two addresses, the first with nothing listening (`localhost` as `::1` before
 /// `127.0.0.1`, to a server on IPv4 only): the refusal moves the client on to the next
-/// address at once, where HTTP/3 answers.
+/// address at once, where HTTP/3 answers, racing TCP or alone. The next connection goes to
+/// the address that answered first, and in 0-RTT (the session's server answers there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_address_moves_on_to_the_next_at_once() {
     let (cert, tls) = identity();
@@ -446,24 +447,37 @@ async fn a_refused_address_moves_on_to_the_next_at_once() {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
     let nobody = SocketAddr::new("::1".parse().unwrap(), addr.port());
-    let c = client(&cert)
-        .resolve("localhost", addr.port(), nobody)
-        .resolve("localhost", addr.port(), addr)
-        .race_delay(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let t = Instant::now();
-    let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
-    let took = t.elapsed();
-    eprintln!(
-        "{:?} at {} after {took:?}",
-        resp.protocol(),
-        resp.remote_addr()
-    );
-    assert_eq!(resp.protocol(), Protocol::Http3);
-    assert_eq!(resp.remote_addr(), addr);
-    assert!(took < Duration::from_millis(240), "{took:?}");
-    resp.bytes().await.unwrap();
+    for mode in [Mode::Auto, Mode::Http3] {
+        let c = client(&cert)
+            .mode(mode)
+            .resolve("localhost", addr.port(), nobody)
+            .resolve("localhost", addr.port(), addr)
+            .race_delay(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let t = Instant::now();
+        let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
+        let took = t.elapsed();
+        eprintln!(
+            "{mode:?}: {:?} at {} after {took:?}",
+            resp.protocol(),
+            resp.remote_addr()
+        );
+        assert_eq!(resp.protocol(), Protocol::Http3);
+        assert_eq!(resp.remote_addr(), addr);
+        assert!(took < Duration::from_millis(240), "{took:?}");
+        resp.bytes().await.unwrap();
+        c.await_session_tickets().await;
+        c.close_connections();
+        let resp = c.get(&url(addr, "/echo")).send().await.unwrap();
+        assert_eq!(resp.remote_addr(), addr);
+        assert_eq!(
+            resp.headers()["x-early"],
+            "true",
+            "{mode:?}: the GET in 0-RTT"
+        );
+        resp.bytes().await.unwrap();
+    }
 }
 
 /// A name with two addresses, the first silent (UDP swallowed, TCP accepted by the kernel
