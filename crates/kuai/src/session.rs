@@ -30,18 +30,41 @@ pub struct SessionCache {
     lifetime: Duration,
 }
 
+/// The longest ticket ID kept: rustls's stateful tickets carry 32 random bytes.
+const MAX_KEY: usize = 32;
+
+/// A ticket ID, held inline: with the eviction order keeping a copy, two heap blocks per
+/// session fewer (this store holds every client's sessions, two per handshake).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    len: u8,
+    bytes: [u8; MAX_KEY],
+}
+
+impl Key {
+    /// `None` for an ID longer than [`MAX_KEY`] (not one rustls makes).
+    fn new(id: &[u8]) -> Option<Self> {
+        let mut bytes = [0; MAX_KEY];
+        bytes.get_mut(..id.len())?.copy_from_slice(id);
+        Some(Self {
+            len: id.len() as u8,
+            bytes,
+        })
+    }
+}
+
 /// A session, when it came, and whether this server issued it (else a fleet's replica).
 struct Entry {
-    value: Vec<u8>,
+    value: Box<[u8]>,
     at: Instant,
     local: bool,
 }
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<Vec<u8>, Entry>,
+    map: HashMap<Key, Entry>,
     /// Insertion order, for eviction; may name sessions already taken (skipped).
-    order: VecDeque<(Vec<u8>, Instant)>,
+    order: VecDeque<(Key, Instant)>,
 }
 
 impl std::fmt::Debug for SessionCache {
@@ -86,9 +109,13 @@ impl SessionCache {
         now.saturating_duration_since(at) < self.lifetime
     }
 
-    fn insert(&self, key: Vec<u8>, value: Vec<u8>, local: bool) {
+    /// Whether it was kept (not with an ID longer than [`MAX_KEY`]).
+    fn insert(&self, id: &[u8], value: Vec<u8>, local: bool) -> bool {
+        let Some(key) = Key::new(id) else {
+            return false;
+        };
         let now = Instant::now();
-        let mut s = lock(self.shard(&key));
+        let mut s = lock(self.shard(id));
         while s.map.len() >= self.per_shard {
             let Some((old, at)) = s.order.pop_front() else {
                 break;
@@ -98,11 +125,11 @@ impl SessionCache {
                 s.map.remove(&old);
             }
         }
-        s.order.push_back((key.clone(), now));
+        s.order.push_back((key, now));
         s.map.insert(
             key,
             Entry {
-                value,
+                value: value.into_boxed_slice(),
                 at: now,
                 local,
             },
@@ -112,31 +139,33 @@ impl SessionCache {
             let Shard { map, order } = &mut *s;
             order.retain(|(k, t)| map.get(k).is_some_and(|e| e.at == *t));
         }
+        true
     }
 
     /// Keeps a session another server of a fleet issued (a replica: see
     /// [`take_session`](Self::take_session)).
     pub fn insert_replica(&self, key: Vec<u8>, value: Vec<u8>) {
-        self.insert(key, value, false);
+        self.insert(&key, value, false);
     }
 
     /// Forgets a session (another server of the fleet used it); whether it was held.
     pub fn remove(&self, key: &[u8]) -> bool {
-        lock(self.shard(key)).map.remove(key).is_some()
+        Key::new(key).is_some_and(|k| lock(self.shard(key)).map.remove(&k).is_some())
     }
 
     /// Takes a session out for a resumption, with whether this server issued it; a replica
     /// only if `replicas`, else it stays.
     pub fn take_session(&self, key: &[u8], replicas: bool) -> Option<(Vec<u8>, bool)> {
+        let k = Key::new(key)?;
         let now = Instant::now();
         let mut s = lock(self.shard(key));
-        if !replicas && s.map.get(key).is_some_and(|e| !e.local) {
+        if !replicas && s.map.get(&k).is_some_and(|e| !e.local) {
             return None;
         }
         s.map
-            .remove(key)
+            .remove(&k)
             .filter(|e| self.fresh(e.at, now))
-            .map(|e| (e.value, e.local))
+            .map(|e| (e.value.into_vec(), e.local))
     }
 }
 
@@ -146,17 +175,17 @@ fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
 
 impl rustls::server::StoresServerSessions for SessionCache {
     fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
-        self.insert(key, value, true);
-        true
+        self.insert(&key, value, true)
     }
 
     fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let k = Key::new(key)?;
         let now = Instant::now();
         let s = lock(self.shard(key));
         s.map
-            .get(key)
+            .get(&k)
             .filter(|e| self.fresh(e.at, now))
-            .map(|e| e.value.clone())
+            .map(|e| e.value.to_vec())
     }
 
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
@@ -202,5 +231,14 @@ mod tests {
         let short = SessionCache::new(16, Duration::ZERO);
         short.put(vec![5], vec![5]);
         assert_eq!(short.take(&[5]), None, "expired");
+        // IDs are compared whole: one that is a prefix of another, or longer than kept, is
+        // not the other.
+        c.put(vec![3, 1, 0], vec![1]);
+        assert_eq!(c.get(&[3, 1]), None);
+        assert_eq!(c.get(&[3, 1, 0, 0]), None);
+        assert!(c.put(vec![3; MAX_KEY], vec![2]));
+        assert_eq!(c.take(&[3; MAX_KEY]), Some(vec![2]));
+        assert!(!c.put(vec![3; MAX_KEY + 1], vec![3]), "not kept");
+        assert_eq!(c.get(&[3; MAX_KEY + 1]), None);
     }
 }
