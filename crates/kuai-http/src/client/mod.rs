@@ -16,7 +16,10 @@
 //! to that server, 250 ms when none is known, and never later than QUIC's first Initial
 //! retransmission would be, in the manner of draft-ietf-happy-happyeyeballs-v3. When QUIC
 //! fails at once (the server's host answers that nothing listens on the UDP port), TCP
-//! starts at once. Whichever connects first carries the request.
+//! starts at once. Whichever connects first carries the request. A name with several
+//! addresses gets them in turn, IPv6 and IPv4 interleaved (RFC 8305 §4), the one that
+//! answered last first: the next address is tried when one fails, or beside it once it has
+//! gone 250 ms unanswered (§5), and the first connection wins.
 //!
 //! What it learns: Alt-Svc advertisements from HTTP/2 and HTTP/1.1 responses (the next
 //! connection goes to HTTP/3 there; a TCP connection already open is replaced by HTTP/3
