@@ -60,9 +60,10 @@ pub struct OneRttKeys {
     pub header: KeyPair0,
     /// Keys of the current key phase.
     pub current: PacketKeySet,
-    /// Keys of the next phase, derived ahead of a peer-initiated update (see
-    /// [`prepare_next`](Self::prepare_next)); a quiet connection gives them back.
-    next: Option<PacketKeySet>,
+    /// The peer's key of the next phase, derived ahead of a peer-initiated update (see
+    /// [`prepare_next`](Self::prepare_next)); a quiet connection gives it back. Ours for
+    /// that phase is derived when the update happens: only receiving has a timing to hide.
+    next_remote: Option<Box<dyn PacketKey>>,
     /// The peer's keys of the previous phase, kept for reordered packets until discarded.
     pub prev_remote: Option<Box<dyn PacketKey>>,
     schedule: KeySchedule,
@@ -88,40 +89,45 @@ impl OneRttKeys {
                 remote: keys.remote.header,
             },
             current,
-            next: None,
+            next_remote: None,
             prev_remote: None,
             schedule: KeySchedule::Rustls(secrets),
             phase: false,
         }
     }
 
-    /// Derives the next phase's keys if they are not at hand. RFC 9001 §6.3: deriving them
+    /// Derives the peer's next-phase key if it is not at hand. RFC 9001 §6.3: deriving it
     /// when a packet shows the other key phase would tell an observer, by the time it takes,
     /// that the phase changed; call this before looking at a packet's key phase, whatever it
-    /// is.
+    /// is. Our own next key is not kept (an AEAD key schedule per connection): it is
+    /// derived by [`update`](Self::update), after a packet of the new phase authenticated
+    /// or when we initiate, which tells an observer nothing the packets do not.
     pub fn prepare_next(&mut self) {
-        if self.next.is_none() {
-            self.next = Some(self.schedule.clone().next_packet_keys());
+        if self.next_remote.is_none() {
+            self.next_remote = Some(self.schedule.clone().next_packet_keys().remote);
         }
     }
 
-    /// The next phase's keys; [`prepare_next`](Self::prepare_next) derives them.
-    pub fn next(&self) -> Option<&PacketKeySet> {
-        self.next.as_ref()
+    /// The peer's key of the next phase; [`prepare_next`](Self::prepare_next) derives it.
+    pub fn next_remote(&self) -> Option<&dyn PacketKey> {
+        self.next_remote.as_deref()
     }
 
-    /// Gives back the next phase's keys (two AEAD key schedules, about a kilobyte) until
+    /// Gives back the peer's next-phase key (an AEAD key schedule) until
     /// [`prepare_next`](Self::prepare_next) is called again.
     pub fn release_next(&mut self) {
-        self.next = None;
+        self.next_remote = None;
     }
 
     /// Switches to the next key phase (either side initiating).
     pub fn update(&mut self) {
-        // The schedule moves on either way; what it yields now is what `next` holds when
+        // The schedule moves on either way; its remote key is what `next_remote` holds when
         // prepared (an update is rare enough that deriving it twice does not matter).
         let derived = self.schedule.next_packet_keys();
-        let next = self.next.take().unwrap_or(derived);
+        let next = PacketKeySet {
+            local: derived.local,
+            remote: self.next_remote.take().unwrap_or(derived.remote),
+        };
         let old = std::mem::replace(&mut self.current, next);
         self.prev_remote = Some(old.remote);
         self.phase = !self.phase;
@@ -683,7 +689,7 @@ impl OneRttKeys {
                 remote: derive_header_key(algs, version, &s.server_traffic),
             },
             current,
-            next: None,
+            next_remote: None,
             prev_remote: None,
             schedule: KeySchedule::Derived(schedule),
             phase: false,

@@ -284,7 +284,7 @@ impl Connection {
                     up.decrypt(keys.prev_remote.as_ref().expect("checked").as_ref())
                 } else {
                     key_update = true;
-                    up.decrypt(keys.next().expect("prepared").remote.as_ref())
+                    up.decrypt(keys.next_remote().expect("prepared"))
                 }
             }
             (SpaceId::Initial, _) if original_version_initial => {
