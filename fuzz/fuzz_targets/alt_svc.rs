@@ -22,7 +22,10 @@ fuzz_target!(|data: &[u8]| {
         }
         Some(AltSvcHeader::H3 { host, port, .. }) => {
             assert_ne!(port, 0, "{value:?}");
-            assert!(value.contains(host.as_str()), "{value:?} gave host {host:?}");
+            assert!(
+                value.contains(host.as_str()),
+                "{value:?} gave host {host:?}"
+            );
             let ip = host.parse::<std::net::IpAddr>().is_ok();
             assert!(
                 ip || (host.len() <= 253

@@ -30,7 +30,11 @@ fuzz_target!(|data: &[u8]| {
         len,
         modified: (secs != 0).then(|| UNIX_EPOCH + Duration::from_secs(secs.into())),
     };
-    let method = if data[12] % 2 == 0 { Method::GET } else { Method::HEAD };
+    let method = if data[12] % 2 == 0 {
+        Method::GET
+    } else {
+        Method::HEAD
+    };
     let mut headers = HeaderMap::new();
     for (name, value) in NAMES.iter().zip(data[13..].split(|&b| b == 0xff)) {
         if let (false, Ok(v)) = (value.is_empty(), HeaderValue::from_bytes(value)) {
@@ -57,7 +61,10 @@ fuzz_target!(|data: &[u8]| {
         }
         StatusCode::RANGE_NOT_SATISFIABLE => {
             assert_eq!(a.body, None);
-            assert_eq!(a.headers[header::CONTENT_RANGE], format!("bytes */{len}").as_str());
+            assert_eq!(
+                a.headers[header::CONTENT_RANGE],
+                format!("bytes */{len}").as_str()
+            );
         }
         StatusCode::NOT_MODIFIED | StatusCode::PRECONDITION_FAILED => {
             assert_eq!(a.body, None);

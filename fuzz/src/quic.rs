@@ -767,8 +767,10 @@ impl Harness {
         };
         let up = unprotect(mirror)?;
         let next = up.key_phase() != mirror.phase;
+        let next_keys;
         let keys = if next {
-            mirror.next()?
+            next_keys = mirror.derive_next();
+            &next_keys
         } else {
             &mirror.current
         };
@@ -802,8 +804,10 @@ impl Harness {
     /// Seals `frames` as a 1-RTT packet of `from` with the header fields of `o`.
     pub fn seal(&self, from: Who, o: &Opened, frames: &[u8], flip_phase: bool) -> Option<Vec<u8>> {
         let mirror = &self.mirrors.as_ref()?[from as usize];
+        let next_keys;
         let keys = if flip_phase {
-            mirror.next()?
+            next_keys = mirror.derive_next();
+            &next_keys
         } else {
             &mirror.current
         };

@@ -113,6 +113,12 @@ impl OneRttKeys {
         self.next_remote.as_deref()
     }
 
+    /// Both directions' keys of the next phase, derived afresh and not kept (for a tool that
+    /// mirrors a connection's keys, as the fuzz harness does).
+    pub fn derive_next(&self) -> PacketKeySet {
+        self.schedule.clone().next_packet_keys()
+    }
+
     /// Gives back the peer's next-phase key (an AEAD key schedule) until
     /// [`prepare_next`](Self::prepare_next) is called again.
     pub fn release_next(&mut self) {
