@@ -104,7 +104,7 @@ impl OneRttKeys {
     /// or when we initiate, which tells an observer nothing the packets do not.
     pub fn prepare_next(&mut self) {
         if self.next_remote.is_none() {
-            self.next_remote = Some(self.schedule.clone().next_packet_keys().remote);
+            self.next_remote = Some(self.derive_next().remote);
         }
     }
 

@@ -52,6 +52,18 @@ fn serve_split(
     (tcp_addr, quic_addr)
 }
 
+/// A server for `TestSite` on one port of 127.0.0.1 (HTTP/3, HTTP/2 and HTTP/1.1): its
+/// address and certificate.
+async fn site() -> (SocketAddr, rustls::pki_types::CertificateDer<'static>) {
+    let (cert, tls) = identity();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    (addr, cert)
+}
+
 /// Counts and drops every datagram that reaches `addr` (a UDP port a firewall blocks).
 async fn udp_sink(addr: SocketAddr) -> Arc<AtomicUsize> {
     let sink = tokio::net::UdpSocket::bind(addr).await.unwrap();
@@ -80,12 +92,7 @@ fn url(addr: SocketAddr, path: &str) -> String {
 /// the next connection resumes and sends its GET in 0-RTT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http3_first_uploads_and_0rtt() {
-    let (cert, tls) = identity();
-    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    let (addr, cert) = site().await;
     let c = client(&cert)
         .resolve("localhost", addr.port(), addr)
         .build()
@@ -241,12 +248,7 @@ async fn blocked_udp_is_marked_broken_and_skipped_next_time() {
 /// Only HTTP/2, only HTTP/1.1: the mode is obeyed, and HTTP/1.1 connections are reused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_modes_and_http11_reuse() {
-    let (cert, tls) = identity();
-    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    let (addr, cert) = site().await;
     for (mode, proto) in [
         (Mode::Http2, Protocol::Http2),
         (Mode::Http11, Protocol::Http11),
@@ -440,12 +442,7 @@ async fn a_0rtt_attempt_to_a_silent_port_falls_back_to_tcp() {
 /// the address that answered first, and in 0-RTT (the session's server answers there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_address_moves_on_to_the_next_at_once() {
-    let (cert, tls) = identity();
-    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    let (addr, cert) = site().await;
     let nobody = SocketAddr::new("::1".parse().unwrap(), addr.port());
     for mode in [Mode::Auto, Mode::Http3] {
         let c = client(&cert)
@@ -485,12 +482,7 @@ async fn a_refused_address_moves_on_to_the_next_at_once() {
 /// connect timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_address_is_joined_by_the_next_after_the_attempt_delay() {
-    let (cert, tls) = identity();
-    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    let (addr, cert) = site().await;
     let silent = SocketAddr::new("127.0.0.2".parse().unwrap(), addr.port());
     let swallowed = udp_sink(silent).await;
     let _never_accepted = tokio::net::TcpListener::bind(silent).await.unwrap();
