@@ -178,7 +178,13 @@ impl Connection {
                 let Some(c) = s.ep.connection_mut(h) else {
                     return Poll::Ready(Err(conn_error(s.conns.get(&h).map(Box::as_ref))));
                 };
-                let early = c.side().is_client() && !c.is_established();
+                // Opened in 0-RTT, and so voided should the server reject it. Not a stream
+                // opened after the rejection and before the handshake completes (the
+                // rejection can come in EncryptedExtensions a datagram ahead of the server's
+                // Finished): its data waits for the 1-RTT keys.
+                let early = c.side().is_client()
+                    && !c.is_established()
+                    && c.zero_rtt_accepted() != Some(false);
                 match c.open_stream(dir) {
                     Ok(id) => Poll::Ready(Ok((id, early))),
                     Err(StreamError::Blocked) => {
