@@ -178,13 +178,10 @@ impl Connection {
                 let Some(c) = s.ep.connection_mut(h) else {
                     return Poll::Ready(Err(conn_error(s.conns.get(&h).map(Box::as_ref))));
                 };
-                // Opened in 0-RTT, and so voided should the server reject it. Not a stream
-                // opened after the rejection and before the handshake completes (the
-                // rejection can come in EncryptedExtensions a datagram ahead of the server's
-                // Finished): its data waits for the 1-RTT keys.
-                let early = c.side().is_client()
-                    && !c.is_established()
-                    && c.zero_rtt_accepted() != Some(false);
+                // Opened in 0-RTT, and so voided should the server reject it. The client
+                // learns the outcome when the handshake completes, so a stream opened
+                // before that is early, however soon the rejection follows.
+                let early = c.side().is_client() && !c.is_established();
                 match c.open_stream(dir) {
                     Ok(id) => Poll::Ready(Ok((id, early))),
                     Err(StreamError::Blocked) => {

@@ -288,8 +288,6 @@ async fn send_h3(
     }
     let mut body = Some(body);
     for attempt in 0..2 {
-        let stream = h3.send_request(head_of(&parts)).await?;
-        let (mut send, mut recv) = stream.split();
         let b = match body.take() {
             Some(b) => b,
             None => again
@@ -297,41 +295,25 @@ async fn send_h3(
                 .and_then(RequestBody::try_clone)
                 .unwrap_or_default(),
         };
-        if b.is_empty() {
-            send.finish()?;
-        } else {
-            tokio::spawn(async move {
-                let mut b = b;
-                let r: Result<(), BoxError> = async {
-                    while let Some(frame) = b.frame().await {
-                        let frame = frame?;
-                        match frame.into_data() {
-                            Ok(d) => send.send_data(d).await?,
-                            Err(f) => {
-                                if let Ok(t) = f.into_trailers() {
-                                    send.send_trailers(&t).await?;
-                                }
-                            }
-                        }
-                    }
-                    send.finish()?;
-                    Ok(())
-                }
-                .await;
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "request body not sent");
-                    send.reset(kuai_h3::Code::REQUEST_CANCELLED);
-                }
-            });
+        // A stream opened before the handshake completes is a 0-RTT stream, and the
+        // server's refusal can land at any step: while the head is written or the stream
+        // finished as much as while the response is awaited.
+        let answer = async {
+            let stream = h3.send_request(head_of(&parts)).await?;
+            let (send, mut recv) = stream.split();
+            send_body(send, b)?;
+            let resp = recv.recv_response().await?;
+            Ok::<_, kuai_h3::Error>((resp, recv))
         }
-        match recv.recv_response().await {
+        .await;
+        match answer {
             // Sent in 0-RTT and refused: the server never saw it; again after the handshake.
             Err(kuai_h3::Error::ZeroRttRejected) if attempt == 0 && again.is_some() => {
                 q.handshake_done().await;
                 continue;
             }
             Err(e) => return Err(e.into()),
-            Ok(resp) => {
+            Ok((resp, recv)) => {
                 let mut resp = resp.map(|()| Body::h3(recv, None));
                 *resp.version_mut() = Version::HTTP_3;
                 return Ok(resp);
@@ -339,6 +321,38 @@ async fn send_h3(
         }
     }
     Err(Error::H3(kuai_h3::Error::ZeroRttRejected))
+}
+
+/// Ends the request stream at once when `b` is empty; otherwise streams `b` from a task of
+/// its own (a failure there resets the stream, which the response side then reports).
+fn send_body(mut send: kuai_h3::SendHalf, b: RequestBody) -> Result<(), kuai_h3::Error> {
+    if b.is_empty() {
+        return send.finish();
+    }
+    tokio::spawn(async move {
+        let mut b = b;
+        let r: Result<(), BoxError> = async {
+            while let Some(frame) = b.frame().await {
+                let frame = frame?;
+                match frame.into_data() {
+                    Ok(d) => send.send_data(d).await?,
+                    Err(f) => {
+                        if let Ok(t) = f.into_trailers() {
+                            send.send_trailers(&t).await?;
+                        }
+                    }
+                }
+            }
+            send.finish()?;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "request body not sent");
+            send.reset(kuai_h3::Code::REQUEST_CANCELLED);
+        }
+    });
+    Ok(())
 }
 
 /// The stream error an HTTP/0.9 server resets with for a missing file.

@@ -526,3 +526,58 @@ fn families_are_interleaved_from_the_first() {
     assert_eq!(got, [a("10.0.0.1:1"), a("[::1]:1"), a("10.0.0.2:1")]);
     assert!(interleave_families(vec![]).is_empty());
 }
+
+/// A server that refuses 0-RTT (its tickets still allow it) while the client's request head
+/// is still being written in 0-RTT: the refusal fails the head's write, not the response,
+/// and the request goes again after the handshake. Here the head is larger than the stream
+/// credit the client remembers (1 KiB) plus what a stream buffers beyond credit (64 KiB),
+/// so writing it waits for the handshake, which ends with the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0rtt_refusal_while_the_head_is_written_sends_the_request_again() {
+    let (cert, tls) = identity();
+    let mut qtls = tls.clone();
+    qtls.alpn_protocols = vec![ALPN_H3.to_vec()];
+    let mut scfg = kuai::ServerConfig::from_rustls(qtls);
+    scfg.accept_0rtt(false).transport(kuai::TransportConfig {
+        stream_receive_window: 1024,
+        ..Default::default()
+    });
+    let ep = kuai::Endpoint::builder()
+        .server(scfg)
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = ep.local_addr().unwrap();
+    let limits = Limits {
+        max_header_size: 256 * 1024,
+        ..Limits::default()
+    };
+    tokio::spawn(
+        Server::new(TestSite { dir: None })
+            .limits(limits)
+            .serve(Listener::new(ep)),
+    );
+    let c = client(&cert)
+        .resolve("localhost", addr.port(), addr)
+        .build()
+        .unwrap();
+    let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
+    assert_eq!(resp.protocol(), Protocol::Http3);
+    resp.bytes().await.unwrap();
+    c.await_session_tickets().await;
+    c.close_connections();
+    let big = "x".repeat(80 * 1024);
+    let resp = c
+        .get(&url(addr, "/echo"))
+        .header("x-filler", big.as_str())
+        .send()
+        .await
+        .unwrap();
+    let info = resp.connection();
+    assert!(info.resumed, "{info:?}");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-early"],
+        "false",
+        "sent again after the refusal"
+    );
+}
