@@ -121,6 +121,7 @@ async fn server(case: &str, alpn: &str) -> Result<(), String> {
         .unwrap_or_else(|| "[::]:443".into())
         .parse()
         .map_err(|e| format!("bad LISTEN: {e}"))?;
+    let listen = crate::wildcard_for_this_host(listen);
     let www = PathBuf::from(env("WWW").unwrap_or_else(|| "/www".into()));
     let certs = PathBuf::from(env("CERTS").unwrap_or_else(|| "/certs".into()));
     let identity = Identity::load(&certs.join("cert.pem"), &certs.join("priv.key"))?;

@@ -215,8 +215,9 @@ async fn serve(args: Args) -> Result<(), String> {
     config.max_flows = args.max_flows.max(1);
     config.health_interval =
         (args.health_interval > 0).then(|| Duration::from_millis(args.health_interval));
-    let (lb, handle) = LoadBalancer::bind(args.listen, backends.clone(), config)
-        .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
+    let listen = crate::wildcard_for_this_host(args.listen);
+    let (lb, handle) = LoadBalancer::bind(listen, backends.clone(), config)
+        .map_err(|e| format!("cannot bind {listen}: {e}"))?;
     println!("kuai lb listening on udp {}", lb.local_addr());
     for (id, addr) in &backends {
         println!("backend {} at {addr}", hex_id(id));

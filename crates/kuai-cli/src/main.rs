@@ -99,6 +99,33 @@ fn main() -> ExitCode {
     }
 }
 
+/// `listen` as given, or the IPv4 wildcard on its port when it is the IPv6 wildcard (the
+/// default of `kuai server` and `kuai lb`) and this host has no IPv6 at all: a kernel
+/// booted with `ipv6.disable=1` refuses IPv6 sockets, and "every address" then means every
+/// IPv4 one. A host with IPv6 keeps the dual-stack wildcard.
+pub fn wildcard_for_this_host(listen: std::net::SocketAddr) -> std::net::SocketAddr {
+    ipv4_without_ipv6(listen, || std::net::UdpSocket::bind("[::]:0").map(drop))
+}
+
+fn ipv4_without_ipv6(
+    listen: std::net::SocketAddr,
+    probe: impl FnOnce() -> std::io::Result<()>,
+) -> std::net::SocketAddr {
+    match listen {
+        std::net::SocketAddr::V6(a) if a.ip().is_unspecified() => match probe() {
+            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+                let v4 = std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, a.port()));
+                eprintln!(
+                    "kuai: this host has no IPv6 ({e}); listening on {v4} instead of {listen}"
+                );
+                v4
+            }
+            _ => listen,
+        },
+        _ => listen,
+    }
+}
+
 /// A path argument, for clap.
 pub type PathArg = PathBuf;
 
@@ -119,5 +146,29 @@ fn set_transport(
     }
     if no_redundancy {
         t.redundancy = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ipv6_wildcard_becomes_ipv4_only_on_a_host_without_ipv6() {
+        let any6: std::net::SocketAddr = "[::]:4433".parse().unwrap();
+        let no_ipv6 = || Err(std::io::Error::from_raw_os_error(libc::EAFNOSUPPORT));
+        assert_eq!(
+            ipv4_without_ipv6(any6, no_ipv6),
+            "0.0.0.0:4433".parse().unwrap()
+        );
+        assert_eq!(ipv4_without_ipv6(any6, || Ok(())), any6);
+        // Another failure is not a missing IPv6: the bind itself reports it.
+        let busy = || Err(std::io::Error::from_raw_os_error(libc::EADDRINUSE));
+        assert_eq!(ipv4_without_ipv6(any6, busy), any6);
+        // A chosen address is never changed.
+        let one: std::net::SocketAddr = "[::1]:4433".parse().unwrap();
+        assert_eq!(ipv4_without_ipv6(one, no_ipv6), one);
+        // On this machine (IPv6 present) the wildcard stays.
+        assert_eq!(wildcard_for_this_host(any6), any6);
     }
 }

@@ -459,7 +459,8 @@ async fn serve(args: Args) -> Result<(), String> {
         .as_ref()
         .and_then(|f| f.workers)
         .unwrap_or(args.workers);
-    let listen = file.as_ref().and_then(|f| f.listen).unwrap_or(args.listen);
+    let listen =
+        crate::wildcard_for_this_host(file.as_ref().and_then(|f| f.listen).unwrap_or(args.listen));
     let mut builder = Endpoint::builder().server(cfg).workers(workers);
     let mut ec = kuai::EndpointConfig::default();
     if let Some(hex) = &args.server_id {
