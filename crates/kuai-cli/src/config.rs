@@ -46,6 +46,9 @@ pub struct LimitsFile {
     h2_max_streams: Option<u32>,
     max_header_size: Option<usize>,
     max_body: Option<u64>,
+    /// Bytes the TCP connections may be granted together (HTTP/2 windows, response
+    /// buffers); past it new ones get small windows.
+    tcp_memory_budget: Option<u64>,
 }
 
 /// `[[host]]`: a site.
@@ -191,6 +194,9 @@ impl File {
         }
         if l.max_body.is_some() {
             base.max_request_body = l.max_body;
+        }
+        if let Some(v) = l.tcp_memory_budget {
+            base.tcp_memory_budget = v;
         }
         base
     }
@@ -344,6 +350,7 @@ mod tests {
             [limits]
             idle_timeout = "30s"
             max_body = 1000
+            tcp_memory_budget = 268435456
             [[host]]
             names = ["a.example", "*.a.example"]
             [[host.route]]
@@ -360,6 +367,7 @@ mod tests {
         let l = f.limits(Limits::default());
         assert_eq!(l.idle_timeout, std::time::Duration::from_secs(30));
         assert_eq!(l.max_request_body, Some(1000));
+        assert_eq!(l.tcp_memory_budget, 256 << 20);
         for (bad, why) in [
             ("[[host]]\nnames = [\"a\"]\nroutes = []", "unknown field"),
             (

@@ -113,6 +113,14 @@ pub struct Limits {
     pub max_request_body: Option<u64>,
     /// After [`Handle::shutdown`], requests in flight have this long to finish.
     pub drain_timeout: Duration,
+    /// What the TCP connections of a listener may be granted together, in bytes: HTTP/2
+    /// connection windows (request data a client may send before the service reads it,
+    /// 1 MiB each) and response buffers (256 KiB each). Past it, new connections get
+    /// HTTP/2's default 64 KiB windows and a 64 KiB response buffer, and those already open
+    /// keep theirs. It bounds what clients can make the TCP side hold to this plus
+    /// `max_connections` small grants. (HTTP/3's bound is the QUIC endpoint's
+    /// `MemoryBudget`.)
+    pub tcp_memory_budget: u64,
 }
 
 impl Default for Limits {
@@ -131,6 +139,7 @@ impl Default for Limits {
             max_headers: 100,
             max_request_body: None,
             drain_timeout: Duration::from_secs(10),
+            tcp_memory_budget: 512 << 20,
         }
     }
 }

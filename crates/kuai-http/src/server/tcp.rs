@@ -34,6 +34,44 @@ const H2_CONNECTION_WINDOW: u32 = 1 << 20;
 /// Response bytes a connection may hold made but not yet written to its socket (in hyper's
 /// and h2's buffers); past it its responses wait for the client to read.
 const RESPONSE_BUFFER: u64 = 256 * 1024;
+/// What a connection gets past [`Limits::tcp_memory_budget`]: HTTP/2's default windows
+/// (RFC 9113 §6.9.2) and a quarter of the response buffer.
+const SMALL_H2_WINDOW: u32 = 65_535;
+const SMALL_RESPONSE_BUFFER: u64 = 64 * 1024;
+
+/// The memory a connection is granted once its protocol is known: HTTP/2 receive windows
+/// (request data the client may send before the service reads it) and the response buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Grant {
+    stream_window: u32,
+    connection_window: u32,
+    response_buffer: u64,
+}
+
+impl Grant {
+    fn full(h2: bool) -> Self {
+        Self {
+            stream_window: if h2 { H2_STREAM_WINDOW } else { 0 },
+            connection_window: if h2 { H2_CONNECTION_WINDOW } else { 0 },
+            response_buffer: RESPONSE_BUFFER,
+        }
+    }
+
+    fn small(h2: bool) -> Self {
+        Self {
+            stream_window: if h2 { SMALL_H2_WINDOW } else { 0 },
+            connection_window: if h2 { SMALL_H2_WINDOW } else { 0 },
+            response_buffer: SMALL_RESPONSE_BUFFER,
+        }
+    }
+
+    /// What the grant lets a connection hold at most: the connection window bounds every
+    /// stream's request data together.
+    fn bytes(self) -> u64 {
+        u64::from(self.connection_window) + self.response_buffer
+    }
+}
+
 /// How long an HTTP/2 connection closed for idleness has to finish after its GOAWAY.
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(5);
 
@@ -74,7 +112,9 @@ struct ConnState {
     /// is what waits in hyper's and h2's buffers.
     produced: AtomicU64,
     written: AtomicU64,
-    /// Response bodies waiting for `buffered()` to fall under `RESPONSE_BUFFER`.
+    /// The response buffer granted (see [`Grant`]); past it responses wait.
+    response_buffer: AtomicU64,
+    /// Response bodies waiting for `buffered()` to fall under the response buffer.
     drained: Mutex<Vec<std::task::Waker>>,
     /// A request began or ended, or a head began: the deadline moved.
     changed: Notify,
@@ -108,6 +148,7 @@ impl ConnState {
             progress: AtomicU64::new(now),
             produced: AtomicU64::new(0),
             written: AtomicU64::new(0),
+            response_buffer: AtomicU64::new(RESPONSE_BUFFER),
             drained: Mutex::new(Vec::new()),
             changed: Notify::new(),
             evict: Notify::new(),
@@ -153,7 +194,7 @@ impl ConnState {
         let _ = self.written.fetch_update(Relaxed, Relaxed, |w| {
             Some(w.saturating_add(n as u64).min(produced.max(w)))
         });
-        if self.buffered() < RESPONSE_BUFFER {
+        if self.buffered() < self.response_buffer.load(Relaxed) {
             let waiting =
                 std::mem::take(&mut *self.drained.lock().unwrap_or_else(|e| e.into_inner()));
             for w in waiting {
@@ -164,7 +205,8 @@ impl ConnState {
 
     /// Whether a response body may make more data now; if not, `cx` is woken when it may.
     fn room(&self, cx: &Context<'_>) -> bool {
-        if self.buffered() < RESPONSE_BUFFER {
+        let limit = self.response_buffer.load(Relaxed);
+        if self.buffered() < limit {
             return true;
         }
         let mut waiting = self.drained.lock().unwrap_or_else(|e| e.into_inner());
@@ -172,7 +214,7 @@ impl ConnState {
             waiting.push(cx.waker().clone());
         }
         // Written out meanwhile: no wake-up would come.
-        self.buffered() < RESPONSE_BUFFER
+        self.buffered() < limit
     }
 
     /// Bytes arrived from the client.
@@ -234,7 +276,7 @@ impl http_body::Body for Tracked {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         let s = &this.request.0;
-        // Past RESPONSE_BUFFER the connection's responses wait for the client to read (and
+        // Past its response buffer the connection's responses wait for the client to read (and
         // make no progress, for the send timeout).
         if !s.room(cx) {
             return Poll::Pending;
@@ -326,6 +368,9 @@ struct Conns {
     held: Mutex<Held>,
     next: AtomicU64,
     clock: Clock,
+    /// Bytes granted to the connections ([`Grant::bytes`]), against
+    /// [`Limits::tcp_memory_budget`].
+    granted: AtomicU64,
 }
 
 #[derive(Default)]
@@ -371,7 +416,27 @@ impl Conns {
             held: Mutex::new(Held::default()),
             next: AtomicU64::new(0),
             clock: Clock(tokio::time::Instant::now()),
+            granted: AtomicU64::new(0),
         }
+    }
+
+    /// The full grant for a connection while the connections' grants stay within `budget`,
+    /// the small one past it; counted until the returned guard drops. Connections already
+    /// open keep what they were granted (HTTP/2 credit is never taken back, RFC 9113 §6.9).
+    fn grant(&self, budget: u64, h2: bool) -> (Grant, Granted<'_>) {
+        let full = Grant::full(h2);
+        let g = match self.granted.fetch_update(Relaxed, Relaxed, |used| {
+            let after = used.saturating_add(full.bytes());
+            (after <= budget).then_some(after)
+        }) {
+            Ok(_) => full,
+            Err(_) => {
+                let small = Grant::small(h2);
+                self.granted.fetch_add(small.bytes(), Relaxed);
+                small
+            }
+        };
+        (g, Granted(&self.granted, g.bytes()))
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -406,6 +471,15 @@ impl Conns {
 
 /// Takes a connection out of [`Conns`] when its task ends.
 struct Admitted<'a>(&'a Conns, u64);
+
+/// Gives a connection's [`Grant`] back when it ends.
+struct Granted<'a>(&'a AtomicU64, u64);
+
+impl Drop for Granted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Relaxed);
+    }
+}
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
@@ -458,7 +532,7 @@ async fn serve_with(
         tokio::spawn(async move {
             let _guard = guard;
             let _admitted = Admitted(&conns, id);
-            serve_connection(sock, remote, acceptor, &shared, state).await;
+            serve_connection(sock, remote, acceptor, &shared, &conns, state).await;
         });
     }
 }
@@ -496,6 +570,7 @@ async fn serve_connection(
     remote: SocketAddr,
     acceptor: tokio_rustls::TlsAcceptor,
     shared: &Arc<Shared>,
+    conns: &Conns,
     state: Arc<ConnState>,
 ) {
     let limits = &shared.limits;
@@ -519,6 +594,8 @@ async fn serve_connection(
     };
     state.idle_since.store(state.clock.now(), Relaxed);
     let h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
+    let (grant, _granted) = conns.grant(limits.tcp_memory_budget, h2);
+    state.response_buffer.store(grant.response_buffer, Relaxed);
     if h2 {
         // HTTP/1.1 writes a response in one piece already.
         cork_first_burst(tls.get_ref().0);
@@ -557,8 +634,8 @@ async fn serve_connection(
             .keep_alive_interval(limits.h2_keepalive_interval)
             .keep_alive_timeout(limits.h2_keepalive_timeout)
             .max_header_list_size(u32::try_from(limits.max_header_size).unwrap_or(u32::MAX))
-            .initial_stream_window_size(H2_STREAM_WINDOW)
-            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .initial_stream_window_size(grant.stream_window)
+            .initial_connection_window_size(grant.connection_window)
             // Extended CONNECT (RFC 8441): WebSockets over HTTP/2.
             .enable_connect_protocol()
             .serve_connection(io, svc);
@@ -1152,5 +1229,107 @@ mod tests {
             buffered <= RESPONSE_BUFFER + 4 * 64 * 1024,
             "{buffered} bytes buffered for a client that reads nothing"
         );
+    }
+
+    /// The windows an HTTP/2 server grants in its first frames: SETTINGS_INITIAL_WINDOW_SIZE
+    /// (65,535 when not sent) and the connection window (65,535 plus its first
+    /// WINDOW_UPDATE on stream 0).
+    async fn h2_windows(s: &mut Tls) -> (u32, u32) {
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        let (mut stream, mut conn, mut settings) = (None, None, false);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !(settings && conn.is_some()) {
+            // Every complete frame in `buf`.
+            while buf.len() >= 9 {
+                let len =
+                    usize::from(buf[0]) << 16 | usize::from(buf[1]) << 8 | usize::from(buf[2]);
+                if buf.len() < 9 + len {
+                    break;
+                }
+                let (ty, flags) = (buf[3], buf[4]);
+                let stream0 = buf[5..9] == [0, 0, 0, 0];
+                let payload = buf[9..9 + len].to_vec();
+                buf.drain(..9 + len);
+                if ty == 0x4 && flags & 1 == 0 {
+                    settings = true;
+                    for p in payload.chunks_exact(6) {
+                        if u16::from_be_bytes([p[0], p[1]]) == 0x4 {
+                            stream = Some(u32::from_be_bytes([p[2], p[3], p[4], p[5]]));
+                        }
+                    }
+                } else if ty == 0x8 && stream0 {
+                    conn = Some(65_535 + u32::from_be_bytes(payload[..4].try_into().unwrap()));
+                }
+            }
+            let mut b = [0u8; 4096];
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left.min(Duration::from_millis(300)), s.read(&mut b)).await {
+                Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&b[..n]),
+                Ok(_) => panic!("closed"),
+                // Nothing more: a server at the default connection window sends no update.
+                Err(_) if settings => break,
+                Err(_) => assert!(Instant::now() < deadline, "no SETTINGS"),
+            }
+        }
+        (stream.unwrap_or(65_535), conn.unwrap_or(65_535))
+    }
+
+    /// Past the TCP memory budget new HTTP/2 connections get the protocol's default windows
+    /// and a small response buffer; when a connection with the full grant ends, the next
+    /// one gets the full grant again.
+    #[tokio::test]
+    async fn past_the_tcp_memory_budget_new_connections_get_small_windows() {
+        let full = Grant::full(true);
+        let srv = start(Limits {
+            // Room for a full HTTP/2 grant, a small one and a full HTTP/1.1 one (its
+            // response buffer), not for two full HTTP/2 grants.
+            tcp_memory_budget: full.bytes() + Grant::small(true).bytes() + RESPONSE_BUFFER,
+            ..Limits::default()
+        })
+        .await;
+        let mut first = srv.tls(ALPN_H2).await;
+        assert_eq!(
+            h2_windows(&mut first).await,
+            (H2_STREAM_WINDOW, H2_CONNECTION_WINDOW)
+        );
+        let mut second = srv.tls(ALPN_H2).await;
+        assert_eq!(
+            h2_windows(&mut second).await,
+            (SMALL_H2_WINDOW, SMALL_H2_WINDOW)
+        );
+        let response_buffers = || -> Vec<u64> {
+            let h = srv.conns.held();
+            h.by_age
+                .values()
+                .map(|c| c.response_buffer.load(Relaxed))
+                .collect()
+        };
+        assert_eq!(response_buffers(), [RESPONSE_BUFFER, SMALL_RESPONSE_BUFFER]);
+        // An HTTP/1.1 connection's full grant (its response buffer) still fits.
+        let _h1 = srv.tls(ALPN_H1).await;
+        let expected = full.bytes() + Grant::small(true).bytes() + RESPONSE_BUFFER;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while srv.conns.granted.load(Relaxed) != expected {
+            assert!(Instant::now() < deadline, "HTTP/1.1 connection not granted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The first connection ends: its grant is free for the next.
+        drop(first);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while srv.conns.granted.load(Relaxed) != expected - full.bytes() {
+            assert!(Instant::now() < deadline, "grant not given back");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut third = srv.tls(ALPN_H2).await;
+        assert_eq!(
+            h2_windows(&mut third).await,
+            (H2_STREAM_WINDOW, H2_CONNECTION_WINDOW)
+        );
+        // The small connection serves requests as usual.
+        assert_eq!(srv.fetch(Proto::H2).await.unwrap().len(), 26);
+        drop(second);
     }
 }
