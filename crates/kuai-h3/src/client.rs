@@ -97,6 +97,12 @@ impl Client {
         self.shared.quic.close(Code::NO_ERROR.0, b"");
     }
 
+    /// Whether the server sent GOAWAY (RFC 9114 §5.2): no new request may go on this
+    /// connection; [`send_request`](Self::send_request) fails with [`Error::GoingAway`].
+    pub fn is_going_away(&self) -> bool {
+        self.shared.lock().goaway_received.is_some()
+    }
+
     /// The underlying QUIC connection.
     pub fn quic(&self) -> &kuai::Connection {
         &self.shared.quic

@@ -103,6 +103,19 @@ impl Error {
             _ => false,
         }
     }
+
+    /// Whether the server said it did not process the request, so that it may be sent
+    /// again whatever its method: refused after the server's GOAWAY (RFC 9114 §5.2), or
+    /// reset with H3_REQUEST_REJECTED (§8.1).
+    pub fn is_unprocessed(&self) -> bool {
+        matches!(
+            self,
+            Error::H3(
+                kuai_h3::Error::GoingAway
+                    | kuai_h3::Error::StreamReset(kuai_h3::Code::REQUEST_REJECTED)
+            )
+        )
+    }
 }
 
 impl fmt::Display for Error {

@@ -210,7 +210,9 @@ impl Conn {
     /// Whether a new request may go on it.
     pub fn is_usable(&self) -> bool {
         match self {
-            Conn::Quic(q) => q.quic.close_reason().is_none(),
+            Conn::Quic(q) => {
+                q.quic.close_reason().is_none() && !q.h3.as_ref().is_some_and(|h| h.is_going_away())
+            }
             Conn::H2 { send, .. } => !send.is_closed(),
             Conn::H1(_) => true,
         }

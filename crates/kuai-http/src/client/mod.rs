@@ -688,8 +688,24 @@ impl Client {
         }
         let (conn, mut timings) = self.connection(&origin, start).await?;
         let again = req.try_clone_for_retry();
+        // A request the server refused unprocessed may go again whatever its method.
+        let unsent = match again {
+            None => req.try_clone_unprocessed(),
+            Some(_) => None,
+        };
         let resp = match conn.send(req).await {
             Ok(r) => r,
+            // The server took none of it: refused after its GOAWAY (RFC 9114 §5.2), or
+            // H3_REQUEST_REJECTED (§8.1). Once more on a new connection.
+            Err(e) if e.is_unprocessed() && (again.is_some() || unsent.is_some()) => {
+                tracing::debug!(error = %e, "refused unprocessed: the request goes on a new connection");
+                self.forget(&origin, &conn);
+                let (c, t) = self.connection(&origin, start).await?;
+                timings = t;
+                let req = again.or(unsent).expect("checked");
+                let resp = c.send(req).await?;
+                return Ok(self.response(resp, c, timings, start, uri, &origin));
+            }
             // The connection went away before this request was taken (closed, GOAWAY):
             // once more on a new one, when the request can be sent again.
             Err(e) if again.is_some() && !conn.is_usable() => {
@@ -1391,6 +1407,7 @@ fn join(base: &Uri, location: &str) -> Result<Uri, Error> {
 
 trait RetryClone {
     fn try_clone_for_retry(&self) -> Option<Request<RequestBody>>;
+    fn try_clone_unprocessed(&self) -> Option<Request<RequestBody>>;
     fn try_clone_for_redirect(&self) -> Option<(Method, HeaderMap, Option<RequestBody>)>;
 }
 
@@ -1400,6 +1417,12 @@ impl RetryClone for Request<RequestBody> {
         if !self.method().is_idempotent() {
             return None;
         }
+        self.try_clone_unprocessed()
+    }
+
+    /// A copy when the body is in memory, whatever the method: for a request the server
+    /// says it did not process.
+    fn try_clone_unprocessed(&self) -> Option<Request<RequestBody>> {
         let body = self.body().try_clone()?;
         let mut r = Request::new(body);
         *r.method_mut() = self.method().clone();

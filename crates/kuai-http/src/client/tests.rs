@@ -581,3 +581,71 @@ async fn a_0rtt_refusal_while_the_head_is_written_sends_the_request_again() {
         "sent again after the refusal"
     );
 }
+
+/// A server that sends GOAWAY on its first connection after answering one request and keeps
+/// that connection open (as servers do after their per-connection request limit, or at the
+/// start of a graceful restart): the next requests, a GET and a POST, go on a new
+/// connection instead of failing on the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_goaway_requests_go_on_a_new_connection() {
+    let (cert, mut tls) = identity();
+    tls.alpn_protocols = vec![ALPN_H3.to_vec()];
+    let ep = kuai::Endpoint::builder()
+        .server(kuai::ServerConfig::from_rustls(tls))
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = ep.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Some(connecting) = ep.accept().await {
+            let n = count.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                let Ok(quic) = connecting.await else { return };
+                let mut server = kuai_h3::Server::new(quic, kuai_h3::Config::default())
+                    .await
+                    .unwrap();
+                let mut served = 0;
+                while let Some((req, mut stream)) = server.accept().await {
+                    let body = stream.recv_body(1 << 20).await.unwrap();
+                    let resp = http::Response::builder()
+                        .header("x-connection", n.to_string())
+                        .body(())
+                        .unwrap();
+                    stream.send_response(resp).await.unwrap();
+                    let answer = format!("{} {} bytes", req.method(), body.len());
+                    stream.send_data(answer.into()).await.unwrap();
+                    stream.finish().unwrap();
+                    served += 1;
+                    if n == 0 && served == 1 {
+                        server.shutdown();
+                    }
+                }
+                // Keep a connection that went away open a while, as a draining server does.
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            });
+        }
+    });
+    let c = client(&cert)
+        .resolve("localhost", addr.port(), addr)
+        .build()
+        .unwrap();
+    let resp = c.get(&url(addr, "/")).send().await.unwrap();
+    assert_eq!(resp.protocol(), Protocol::Http3);
+    assert_eq!(resp.headers()["x-connection"], "0");
+    resp.bytes().await.unwrap();
+    // The GOAWAY comes right after the response.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let resp = c.get(&url(addr, "/")).send().await.unwrap();
+    assert_eq!(resp.headers()["x-connection"], "1");
+    assert_eq!(&resp.bytes().await.unwrap()[..], b"GET 0 bytes");
+    let resp = c
+        .request(Method::POST, &url(addr, "/"))
+        .body(b"twelve bytes".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-connection"], "1");
+    assert_eq!(&resp.bytes().await.unwrap()[..], b"POST 12 bytes");
+    assert_eq!(accepted.load(Ordering::Relaxed), 2);
+}
