@@ -98,7 +98,7 @@ pub struct Args {
     /// Parallel HTTP/1.1 connections (like a browser's per-host limit).
     #[arg(long, default_value_t = 6)]
     h1_connections: usize,
-    /// Send idempotent requests in 0-RTT when a session from an earlier connection allows
+    /// Send safe requests (GET, HEAD, OPTIONS) in 0-RTT when a session from an earlier connection allows
     /// (the default; kept for scripts that pass it).
     #[arg(long = "0rtt", conflicts_with = "no_zero_rtt")]
     zero_rtt: bool,

@@ -104,16 +104,17 @@ impl Error {
         }
     }
 
-    /// Whether the server said it did not process the request, so that it may be sent
-    /// again whatever its method: refused after the server's GOAWAY (RFC 9114 §5.2), or
-    /// reset with H3_REQUEST_REJECTED (§8.1).
+    /// Whether the request is known not to have been processed, so that it may be sent
+    /// again whatever its method: refused after the server's GOAWAY (RFC 9114 §5.2), reset
+    /// with H3_REQUEST_REJECTED (§8.1), or never sent because its connection did not
+    /// come up.
     pub fn is_unprocessed(&self) -> bool {
         matches!(
             self,
             Error::H3(
                 kuai_h3::Error::GoingAway
                     | kuai_h3::Error::StreamReset(kuai_h3::Code::REQUEST_REJECTED)
-            )
+            ) | Error::Connect(_)
         )
     }
 }

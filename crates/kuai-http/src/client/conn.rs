@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, watch};
 
 use crate::server::{ALPN_H1, ALPN_H2};
-use crate::{Body, BoxError, Error, Protocol};
+use crate::{Body, BoxError, ConnectError, Error, Protocol};
 
 /// A request body: nothing, bytes in memory (which a request sent in 0-RTT and refused can
 /// send again), or a stream (for example a file being uploaded).
@@ -282,11 +282,21 @@ async fn send_h3(
     req: Request<RequestBody>,
 ) -> Result<Response<Body>, Error> {
     let (parts, body) = req.into_parts();
-    // Only what may be replayed goes in 0-RTT (RFC 9110 §9.2.2, RFC 8470 §4), and only what
-    // can be sent again if the server refuses the early data.
+    // Only safe methods go in 0-RTT (RFC 8470 §2.1: early data can be replayed, and an
+    // idempotent PUT or DELETE replayed later can undo what came between), and only what can
+    // be sent again if the server refuses the early data.
     let again = body.try_clone();
-    if q.in_early_data() && (!parts.method.is_idempotent() || again.is_none()) {
+    if q.in_early_data() && (!parts.method.is_safe() || again.is_none()) {
         q.handshake_done().await;
+        // The handshake never completed (the 0-RTT attempt got no answer and was given
+        // up): nothing of this request left, so it may go on another connection.
+        if q.quic.stats().handshake_duration.is_none() {
+            return Err(Error::Connect(Box::new(ConnectError {
+                addr: q.quic.remote_address(),
+                http3: q.quic.close_reason().map(Error::Quic),
+                tcp: None,
+            })));
+        }
     }
     let mut body = Some(body);
     for attempt in 0..2 {

@@ -27,7 +27,7 @@
 //! server on that network (the local address and default route) for 5 minutes, doubling
 //! to 48 hours, so later connections go straight to TCP; the round-trip time to each
 //! server. With [`ClientBuilder::state_file`] this survives the process. Sessions resume
-//! and idempotent requests go in 0-RTT when a ticket from an earlier connection allows
+//! and safe requests (GET, HEAD, OPTIONS) go in 0-RTT when a ticket from an earlier connection allows
 //! (sessions are kept in memory only).
 //!
 //! Servers are verified against the system's trust store unless told otherwise.
@@ -171,7 +171,7 @@ impl ClientBuilder {
         self
     }
 
-    /// Whether idempotent requests go in 0-RTT when a session allows (yes by default).
+    /// Whether safe requests (GET, HEAD, OPTIONS) go in 0-RTT when a session allows (yes by default).
     pub fn early_data(mut self, on: bool) -> Self {
         self.early_data = on;
         self
@@ -1225,7 +1225,7 @@ pub struct QuicConnection {
 
 impl QuicConnection {
     /// HTTP/3 on `quic` (ALPN `h3`). With `early`, the connection is still in its
-    /// handshake, opened in 0-RTT: idempotent requests go at once, others wait for it.
+    /// handshake, opened in 0-RTT: safe requests go at once, others wait for it.
     pub async fn http3(
         quic: kuai::Connection,
         early: Option<kuai::ZeroRttAccepted>,

@@ -123,6 +123,22 @@ async fn http3_first_uploads_and_0rtt() {
     resp.bytes().await.unwrap();
     let again = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
     assert!(again.timings().reused);
+    again.bytes().await.unwrap();
+    // An idempotent but unsafe method waits for the handshake (RFC 8470 §2.1).
+    c.await_session_tickets().await;
+    c.close_connections();
+    let resp = c
+        .request(Method::PUT, &url(addr, "/echo"))
+        .body(b"put".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.connection().resumed);
+    assert_eq!(
+        resp.headers()["x-early"],
+        "false",
+        "the PUT waited for the handshake"
+    );
 }
 
 /// Nothing on the URL's UDP port: the host says so (ICMP), and TCP starts at once, long
@@ -390,50 +406,60 @@ async fn redirects_are_followed_across_servers_and_protocols() {
     assert_eq!(resp.protocol(), Protocol::Http3);
 }
 
-/// An origin whose HTTP/3 worked (so the next connection goes in 0-RTT) comes back with its UDP
-/// port silent (a socket swallows every datagram, as a firewall would): the 0-RTT request gets
-/// no answer, the handshake does not complete within the connect timeout, HTTP/3 is marked
-/// broken and the GET goes again over TCP, long before QUIC's idle timeout (30 s).
+/// HTTP/3 worked at an address, then its UDP port went silent (a socket swallows every
+/// datagram, as a firewall would): the next connection goes in 0-RTT, gets no answer, its
+/// handshake does not complete within the connect timeout, HTTP/3 is marked broken and the
+/// request goes over TCP, long before QUIC's idle timeout (30 s). A GET went out in 0-RTT
+/// and is sent again; a POST waited for the handshake and so was never sent: it goes over
+/// TCP too rather than failing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_0rtt_attempt_to_a_silent_port_falls_back_to_tcp() {
-    let (cert, tls) = identity();
-    let first = Listener::bind("127.0.0.1:0".parse().unwrap(), tls.clone())
-        .await
-        .unwrap();
-    let addr = first.local_addr().unwrap();
-    let server = Server::new(TestSite { dir: None });
-    let handle = server.handle();
-    let served = tokio::spawn(server.serve(first));
-    let c = client(&cert)
-        .resolve("localhost", addr.port(), addr)
-        .connect_timeout(Duration::from_millis(800))
-        .build()
-        .unwrap();
-    let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
-    assert_eq!(resp.protocol(), Protocol::Http3);
-    resp.bytes().await.unwrap();
-    c.await_session_tickets().await;
-    c.close_connections();
-    handle.shutdown();
-    served.await.unwrap().unwrap();
-    // The same port again: TCP served, UDP swallowed.
-    let swallowed = udp_sink(addr).await;
-    let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
-    serve_split(tcp, tls, false);
-    let t = Instant::now();
-    let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
-    let took = t.elapsed();
-    eprintln!(
-        "{:?} after {took:?}; {} datagrams swallowed",
-        resp.protocol(),
-        swallowed.load(Ordering::Relaxed)
-    );
-    assert_eq!(resp.protocol(), Protocol::Http2);
-    assert!(
-        swallowed.load(Ordering::Relaxed) > 1,
-        "HTTP/3 was tried in 0-RTT"
-    );
-    assert!(took < Duration::from_secs(3), "{took:?}");
+    for method in [Method::GET, Method::POST] {
+        let (cert, tls) = identity();
+        let first = Listener::bind("127.0.0.1:0".parse().unwrap(), tls.clone())
+            .await
+            .unwrap();
+        let addr = first.local_addr().unwrap();
+        let server = Server::new(TestSite { dir: None });
+        let handle = server.handle();
+        let served = tokio::spawn(server.serve(first));
+        let c = client(&cert)
+            .resolve("localhost", addr.port(), addr)
+            .connect_timeout(Duration::from_millis(800))
+            .build()
+            .unwrap();
+        let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
+        assert_eq!(resp.protocol(), Protocol::Http3);
+        resp.bytes().await.unwrap();
+        c.await_session_tickets().await;
+        c.close_connections();
+        handle.shutdown();
+        served.await.unwrap().unwrap();
+        // The same port again: TCP served, UDP swallowed.
+        let swallowed = udp_sink(addr).await;
+        let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+        serve_split(tcp, tls, false);
+        let t = Instant::now();
+        let resp = c
+            .request(method.clone(), &url(addr, "/echo"))
+            .body(b"posted".to_vec())
+            .send()
+            .await
+            .unwrap();
+        let took = t.elapsed();
+        eprintln!(
+            "{method}: {:?} after {took:?}; {} datagrams swallowed",
+            resp.protocol(),
+            swallowed.load(Ordering::Relaxed)
+        );
+        assert_eq!(resp.protocol(), Protocol::Http2);
+        assert!(
+            swallowed.load(Ordering::Relaxed) > 1,
+            "HTTP/3 was tried in 0-RTT"
+        );
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert_eq!(&resp.bytes().await.unwrap()[..], b"posted");
+    }
 }
 
 /// A name with two addresses, the first with nothing listening (`localhost` as `::1` before
