@@ -310,6 +310,7 @@ async fn send_h3(
         // A stream opened before the handshake completes is a 0-RTT stream, and the
         // server's refusal can land at any step: while the head is written or the stream
         // finished as much as while the response is awaited.
+        let early = q.in_early_data();
         let answer = async {
             let stream = h3.send_request(head_of(&parts)).await?;
             let (send, mut recv) = stream.split();
@@ -325,6 +326,18 @@ async fn send_h3(
                 continue;
             }
             Err(e) => return Err(e.into()),
+            // The server took the early data but would not risk processing this request
+            // before the handshake: again after it, never in early data (RFC 8470 §5.2).
+            Ok((resp, mut recv))
+                if early
+                    && attempt == 0
+                    && again.is_some()
+                    && resp.status() == http::StatusCode::TOO_EARLY =>
+            {
+                recv.stop(kuai_h3::Code::REQUEST_CANCELLED);
+                q.handshake_done().await;
+                continue;
+            }
             Ok((resp, recv)) => {
                 let mut resp = resp.map(|()| Body::h3(recv, None));
                 *resp.version_mut() = Version::HTTP_3;

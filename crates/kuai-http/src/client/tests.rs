@@ -675,3 +675,58 @@ async fn after_a_goaway_requests_go_on_a_new_connection() {
     assert_eq!(&resp.bytes().await.unwrap()[..], b"POST 12 bytes");
     assert_eq!(accepted.load(Ordering::Relaxed), 2);
 }
+
+/// A server that takes early data but answers 425 (Too Early) to every request that came
+/// in it, as a server in front of a replay-sensitive application may: the client sends the
+/// request again after the handshake, not in early data (RFC 8470 §5.2), and the caller
+/// gets the real answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_425_to_an_early_request_is_retried_after_the_handshake() {
+    let (cert, mut tls) = identity();
+    tls.alpn_protocols = vec![ALPN_H3.to_vec()];
+    let ep = kuai::Endpoint::builder()
+        .server(kuai::ServerConfig::from_rustls(tls))
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = ep.local_addr().unwrap();
+    let early_seen = Arc::new(AtomicUsize::new(0));
+    let seen = early_seen.clone();
+    tokio::spawn(async move {
+        while let Some(connecting) = ep.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Ok(quic) = connecting.await else { return };
+                let mut server = kuai_h3::Server::new(quic, kuai_h3::Config::default())
+                    .await
+                    .unwrap();
+                while let Some((req, mut stream)) = server.accept().await {
+                    let early = req.extensions().get::<kuai_h3::EarlyData>().is_some();
+                    seen.fetch_add(usize::from(early), Ordering::Relaxed);
+                    let status = if early { 425 } else { 200 };
+                    let resp = http::Response::builder().status(status).body(()).unwrap();
+                    stream.send_response(resp).await.unwrap();
+                    stream.send_data("answer".into()).await.unwrap();
+                    stream.finish().unwrap();
+                }
+            });
+        }
+    });
+    let c = client(&cert)
+        .resolve("localhost", addr.port(), addr)
+        .build()
+        .unwrap();
+    let resp = c.get(&url(addr, "/")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    c.await_session_tickets().await;
+    c.close_connections();
+    let resp = c.get(&url(addr, "/")).send().await.unwrap();
+    assert!(resp.connection().resumed);
+    assert_eq!(
+        early_seen.load(Ordering::Relaxed),
+        1,
+        "the GET went in 0-RTT once"
+    );
+    assert_eq!(resp.status(), 200);
+    assert_eq!(&resp.bytes().await.unwrap()[..], b"answer");
+}
