@@ -198,9 +198,15 @@ impl http_body::Body for Body {
                 }
             }
         };
-        if frame.is_none()
-            && let Some(f) = this.on_end.take()
-        {
+        // At the end, or at the last frame when the body knows it is the last (hyper does
+        // when a Content-Length is used up): a reader that stops there (`bytes()` after one
+        // chunk, or one that reads exactly the length) has read it all.
+        let last = match &frame {
+            None => true,
+            Some(Ok(_)) => http_body::Body::is_end_stream(&*this),
+            Some(Err(_)) => false,
+        };
+        if last && let Some(f) = this.on_end.take() {
             f();
         }
         Poll::Ready(this.counted(frame))

@@ -287,6 +287,18 @@ async fn tcp_modes_and_http11_reuse() {
             .await
             .unwrap();
         assert_eq!(resp.text().await.unwrap(), "up");
+        // A small body read whole in one chunk (hyper knows it ended with that chunk):
+        // the connection still goes back to the pool, the next request reuses it.
+        let mut remotes = Vec::new();
+        for _ in 0..2 {
+            let resp = c.get(&url(addr, "/hello.txt")).send().await.unwrap();
+            remotes.push(resp.headers()["x-remote"].clone());
+            assert_eq!(
+                &resp.bytes().await.unwrap()[..],
+                b"hello from kuai over QUIC\n"
+            );
+        }
+        assert_eq!(remotes[0], remotes[1], "{mode:?}: one connection for both");
     }
 }
 
