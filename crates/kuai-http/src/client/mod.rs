@@ -1371,6 +1371,12 @@ fn origin_of(uri: &Uri) -> Result<Origin, Error> {
         return Err(bad("only https URLs"));
     }
     let host = uri.host().ok_or_else(|| bad("no host"))?;
+    // An IPv6 literal's brackets belong to the URL (RFC 3986 §3.2.2), not to the name
+    // resolved and checked against the certificate.
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
     Ok((host.to_ascii_lowercase(), uri.port_u16().unwrap_or(443)))
 }
 

@@ -742,3 +742,36 @@ async fn a_425_to_an_early_request_is_retried_after_the_handshake() {
     assert_eq!(resp.status(), 200);
     assert_eq!(&resp.bytes().await.unwrap()[..], b"answer");
 }
+
+/// A URL whose host is an IPv6 literal (`https://[::1]:PORT/`), to a server whose
+/// certificate names that address: the brackets belong to the URL, not to the name the
+/// certificate is checked against, over HTTP/3 and over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_literal_url_connects() {
+    let ck = rcgen::generate_simple_self_signed(vec!["::1".to_string()]).unwrap();
+    let cert = ck.cert.der().clone();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.key_pair.serialize_der().into());
+    let tls = crate::server::server_tls(vec![cert.clone()], key).unwrap();
+    let listener = Listener::bind("[::1]:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Server::new(TestSite { dir: None }).serve(listener));
+    for (mode, proto) in [
+        (Mode::Http3, Protocol::Http3),
+        (Mode::Http2, Protocol::Http2),
+        (Mode::Http11, Protocol::Http11),
+    ] {
+        let c = client(&cert).mode(mode).build().unwrap();
+        let resp = c
+            .get(&format!("https://[::1]:{}/hello.txt", addr.port()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.protocol(), proto);
+        assert_eq!(
+            &resp.bytes().await.unwrap()[..],
+            b"hello from kuai over QUIC\n"
+        );
+    }
+}
