@@ -308,8 +308,14 @@ struct Inner {
     redirects: u32,
 }
 
-/// Resolves to whether HTTP/3 being set up beside a TCP connection came up.
-type Upgrade = tokio::sync::watch::Receiver<Option<bool>>;
+/// HTTP/3 being set up beside a TCP connection: resolves to whether it came up. Requests
+/// wait for it until `until` at most (those that come while the one that started it waits,
+/// as a page's first requests do), later ones go over TCP at once.
+#[derive(Clone)]
+struct Upgrade {
+    rx: tokio::sync::watch::Receiver<Option<bool>>,
+    until: tokio::time::Instant,
+}
 
 /// The connections to one origin.
 #[derive(Default)]
@@ -795,24 +801,30 @@ impl Client {
             } else {
                 None
             };
-            // HTTP/3 on its way beside it: wait for it a little.
-            if let Some(mut rx) = s.upgrade.clone() {
-                let wait = self.race_delay_for(None);
-                drop(s);
-                let _ = tokio::time::timeout(wait, rx.wait_for(Option::is_some)).await;
-                s = slot.lock().await;
-                if let Some(c) = s.h3.as_ref().filter(|c| c.is_usable()) {
-                    return Ok((c.clone(), reused));
+            // HTTP/3 on its way beside it: wait for it a little, as long as the request
+            // that started it does.
+            if let Some(Upgrade { mut rx, until }) = s.upgrade.clone() {
+                if tokio::time::Instant::now() < until {
+                    drop(s);
+                    let _ = tokio::time::timeout_at(until, rx.wait_for(Option::is_some)).await;
+                    s = slot.lock().await;
+                    if let Some(c) = s.h3.as_ref().filter(|c| c.is_usable()) {
+                        return Ok((c.clone(), reused));
+                    }
                 }
             } else if let Some(alt) = advertised {
                 // The server advertised HTTP/3 over the TCP connection: set it up for the
                 // next requests.
                 let (tx, rx) = tokio::sync::watch::channel(None);
-                s.upgrade = Some(rx.clone());
+                let remote = s.tcp.as_ref().map(|c| c.remote());
+                let wait = self.race_delay_for(remote);
+                s.upgrade = Some(Upgrade {
+                    rx: rx.clone(),
+                    until: tokio::time::Instant::now() + wait,
+                });
                 let this = self.clone();
                 let origin = origin.clone();
                 let slot2 = slot.clone();
-                let remote = s.tcp.as_ref().map(|c| c.remote());
                 tokio::spawn(async move {
                     let r = this.upgrade(&origin, alt, remote).await;
                     let ok = r.is_some();
@@ -825,7 +837,6 @@ impl Client {
                 });
                 drop(s);
                 let mut rx = rx;
-                let wait = self.race_delay_for(remote);
                 let _ = tokio::time::timeout(wait, rx.wait_for(Option::is_some)).await;
                 s = slot.lock().await;
                 if let Some(c) = s.h3.as_ref().filter(|c| c.is_usable()) {
@@ -1202,7 +1213,10 @@ impl Client {
                         drop(s);
                         let _ = tx.send(Some(ok));
                     });
-                    Ok((Arc::new(c), t, Some(rx)))
+                    // It had its head start and lost: later requests take TCP at once
+                    // and move to HTTP/3 when it comes up.
+                    let until = tokio::time::Instant::now();
+                    Ok((Arc::new(c), t, Some(Upgrade { rx, until })))
                 }
                 Err(tcp_err) => match flatten(quic.await) {
                     Ok(c) => {

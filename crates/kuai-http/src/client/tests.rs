@@ -229,6 +229,16 @@ async fn blocked_udp_is_marked_broken_and_skipped_next_time() {
     );
     assert!(swallowed.load(Ordering::Relaxed) > 0, "HTTP/3 was tried");
     resp.bytes().await.unwrap();
+    // While the HTTP/3 attempt goes on in the background, the next requests take the open
+    // TCP connection at once: HTTP/3 had its head start and lost.
+    for _ in 0..3 {
+        let t = Instant::now();
+        let resp = c.get(&url(tcp, "/hello.txt")).send().await.unwrap();
+        assert_eq!(resp.protocol(), Protocol::Http2);
+        resp.bytes().await.unwrap();
+        let took = t.elapsed();
+        assert!(took < Duration::from_millis(150), "waited again: {took:?}");
+    }
     // The HTTP/3 attempt times out (1.5 s) and marks the network broken, on disk too.
     let t = Instant::now();
     loop {
