@@ -785,3 +785,35 @@ async fn an_ipv6_literal_url_connects() {
         );
     }
 }
+
+/// An HTTP/2 connection the server closes for idleness (GOAWAY, then a grace period): a
+/// request after the GOAWAY goes on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_h2_goaway_requests_go_on_a_new_connection() {
+    let srv = crate::server::tests::start(
+        Limits {
+            idle_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        },
+        None,
+    )
+    .await;
+    let c = client(&srv.cert)
+        .mode(Mode::Http2)
+        .resolve("localhost", srv.addr.port(), srv.addr)
+        .build()
+        .unwrap();
+    let mut remotes = Vec::new();
+    for method in [Method::GET, Method::POST] {
+        let resp = c
+            .request(method, &url(srv.addr, "/hello.txt"))
+            .send()
+            .await
+            .unwrap();
+        remotes.push(resp.headers()["x-remote"].clone());
+        resp.bytes().await.unwrap();
+        // Past the idle timeout: the server has sent its GOAWAY.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    assert_ne!(remotes[0], remotes[1]);
+}
