@@ -35,7 +35,14 @@ pub(crate) struct UpBody {
 
 impl UpBody {
     pub(crate) fn new(inner: Body) -> (Self, BodyWatch) {
-        let seen = Arc::new(AtomicU8::new(UNTOUCHED));
+        // A body known to be over before anyone reads it (a GET without one) is empty: the
+        // connection that sends the head may never poll it.
+        let state = if inner.is_end_stream() {
+            ENDED_EMPTY
+        } else {
+            UNTOUCHED
+        };
+        let seen = Arc::new(AtomicU8::new(state));
         (
             Self {
                 inner,
@@ -80,6 +87,13 @@ impl UpBody {
             Poll::Ready(())
         })
         .await;
+        // Its end read ahead with nothing before it: the body was empty, though whoever
+        // sends it will not poll it (the request goes with no body framing).
+        if self.ended && self.back.is_empty() && self.failed.is_none() {
+            let _ = self
+                .seen
+                .compare_exchange(UNTOUCHED, ENDED_EMPTY, Relaxed, Relaxed);
+        }
         self.back.reverse();
     }
 

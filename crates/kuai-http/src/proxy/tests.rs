@@ -1163,3 +1163,41 @@ async fn an_upload_goes_on_while_the_response_waits() {
         assert_eq!(uploaded.lock().unwrap().pop(), Some(UP), "{mode:?}");
     }
 }
+
+/// A backend that takes a request and closes without answering: an idempotent request
+/// without a body (the commonest kind) goes once more, to the next backend (RFC 9110
+/// §9.2.2); a POST that reached it does not, and gets 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bodiless_get_the_backend_dropped_goes_to_the_next() {
+    let (dropper, dropped) = scripted(|_| Say::Close(b"")).await;
+    let (live, seen) = backend("live", false).await;
+    let gw = Gateway::start(
+        proxy_to(&[(dropper, false), (live, false)])
+            .fail_timeout(Duration::from_millis(1))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    for mode in [Mode::Http3, Mode::Http2, Mode::Http11] {
+        let client = gw.client(mode);
+        for _ in 0..2 {
+            let r = client.get(&gw.url("/whoami")).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK, "{mode:?}");
+            assert_eq!(r.text().await.unwrap(), "live", "{mode:?}");
+        }
+    }
+    assert!(
+        dropped.requests.load(SeqCst) >= 3,
+        "the first backend was tried"
+    );
+    assert_eq!(seen.requests.load(SeqCst), 6);
+    let gw = Gateway::start(proxy_to(&[(dropper, false)]).build().unwrap()).await;
+    let r = gw
+        .client(Mode::Http3)
+        .request(Method::POST, &gw.url("/echo"))
+        .body(b"once".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+}
