@@ -984,6 +984,9 @@ async fn the_http1_client_reads_every_framing() {
         "/two-lengths" => Say::Close(b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\nab"),
         "/cut" => Say::Close(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort"),
         "/conn-close" => Say::Keep(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbye"),
+        "/te-and-length" => Say::Close(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        ),
         _ => Say::Keep(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Up: 1\r\n\r\nhi"),
     })
     .await;
@@ -1012,6 +1015,18 @@ async fn the_http1_client_reads_every_framing() {
         3,
         "closing responses end their connections"
     );
+    // Chunked and a length: the chunks frame the body, the length goes no further
+    // (RFC 9112 §6.3), over any protocol to the client.
+    for mode in [Mode::Http3, Mode::Http11] {
+        let r = gw
+            .client(mode)
+            .get(&gw.url("/te-and-length"))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.headers().get("content-length").is_none(), "{mode:?}");
+        assert_eq!(&r.bytes().await.unwrap()[..], b"hello", "{mode:?}");
+    }
     assert_eq!(get("/garbage").await.0, 502);
     assert_eq!(get("/two-lengths").await.0, 502);
     // The head may not even reach the client before the stream is reset.

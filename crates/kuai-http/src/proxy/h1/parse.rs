@@ -79,11 +79,16 @@ pub(crate) struct ResponseHead {
 }
 
 impl ResponseHead {
-    /// The fields to pass on: the map without those `Connection` named.
+    /// The fields to pass on: the map without those `Connection` named, and without
+    /// `Content-Length` when a transfer coding framed the body (RFC 9112 §6.3, item 3: a
+    /// proxy removes it; the length it states is not the body's).
     pub(crate) fn into_headers(self) -> HeaderMap {
         let mut headers = self.headers;
         for n in self.named {
             headers.remove(n);
+        }
+        if self.hop.transfer_encoding.is_some() {
+            headers.remove(http::header::CONTENT_LENGTH);
         }
         headers
     }
