@@ -45,7 +45,8 @@ pub struct Args {
     /// is left).
     #[arg(long, default_value = "5s", requires = "upstream")]
     upstream_connect_timeout: Timeout,
-    /// Gateway: time allowed for a backend's response head (then 504).
+    /// Gateway: time allowed for a backend's response head (then 504), and between two
+    /// pieces of its body (then the response is cut off).
     #[arg(long, default_value = "60s", requires = "upstream")]
     upstream_timeout: Timeout,
     /// UDP address to listen on.

@@ -1,10 +1,12 @@
 //! The bodies a proxy passes on: the client's request body to a backend, and a backend's
 //! response body (or the proxy's own answer) to the client.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use super::backend::{Backend, Received};
 use crate::{Body, Error};
@@ -206,16 +208,32 @@ pub struct ProxyBody {
 #[allow(clippy::large_enum_variant)]
 enum Kind {
     /// The body and the request's count on its backend, let go at the body's end.
-    Upstream(Received, Option<Outstanding>),
+    Upstream(Received, Option<Outstanding>, Idle),
     Local(Option<Bytes>),
     /// The backend's side of a WebSocket tunnel (HTTP/3 extended CONNECT).
     Tunnel(super::websocket::TunnelRead),
 }
 
+/// How long a backend's response body may keep the client waiting for its next piece
+/// (nginx's `proxy_read_timeout`): the time counts only while the client asks for more and
+/// the backend has nothing, so a client that reads slowly is not the backend's fault. The
+/// timer is made the first time the body has to wait (a small response comes whole with its
+/// head and never needs one).
+struct Idle {
+    after: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    waiting: bool,
+}
+
 impl ProxyBody {
-    pub(crate) fn upstream(body: Received, outstanding: Outstanding) -> Self {
+    pub(crate) fn upstream(body: Received, outstanding: Outstanding, idle: Duration) -> Self {
+        let idle = Idle {
+            after: idle,
+            timer: None,
+            waiting: false,
+        };
         Self {
-            kind: Kind::Upstream(body, Some(outstanding)),
+            kind: Kind::Upstream(body, Some(outstanding), idle),
         }
     }
 
@@ -254,8 +272,26 @@ impl http_body::Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         match &mut self.get_mut().kind {
-            Kind::Upstream(b, outstanding) => {
-                let f = ready!(Pin::new(b).poll_frame(cx));
+            Kind::Upstream(b, outstanding, idle) => {
+                let f = match Pin::new(b).poll_frame(cx) {
+                    Poll::Ready(f) => {
+                        idle.waiting = false;
+                        f
+                    }
+                    Poll::Pending => {
+                        let deadline = tokio::time::Instant::now() + idle.after;
+                        let timer = idle
+                            .timer
+                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                        if !idle.waiting {
+                            idle.waiting = true;
+                            timer.as_mut().reset(deadline);
+                        }
+                        ready!(timer.as_mut().poll(cx));
+                        let stalled = super::h1::Error::Stalled(idle.after);
+                        Some(Err(Error::Upstream(super::UpstreamError(stalled))))
+                    }
+                };
                 if !matches!(f, Some(Ok(_))) {
                     *outstanding = None;
                 }

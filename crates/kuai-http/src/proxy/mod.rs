@@ -262,7 +262,9 @@ impl ProxyBuilder {
     }
 
     /// Time allowed from sending a request to its response head (60 s by default), then
-    /// 504.
+    /// 504; and, once the head came, between two pieces of the response body while the
+    /// client waits for more (then the response is cut off, as nginx's
+    /// `proxy_read_timeout` does).
     pub fn response_timeout(mut self, d: Duration) -> Self {
         self.options.response_timeout = d;
         self
@@ -744,7 +746,8 @@ impl Inner {
             backend: b.name.clone(),
             elapsed,
         });
-        Response::from_parts(parts, ProxyBody::upstream(body, outstanding))
+        let idle = self.options.response_timeout;
+        Response::from_parts(parts, ProxyBody::upstream(body, outstanding, idle))
     }
 }
 

@@ -883,6 +883,8 @@ enum Say {
     Close(&'static [u8]),
     /// Answer before reading the body, then read the body out, then close.
     Early(&'static [u8]),
+    /// Send these bytes, then nothing more for a minute, the connection left open.
+    Stall(&'static [u8]),
 }
 
 /// Reads into `buf` until it holds a whole HTTP/1.1 head; its length, or `None` when the
@@ -949,6 +951,11 @@ async fn scripted(script: fn(&str) -> Say) -> (SocketAddr, Arc<Seen>) {
                     }
                     buf.drain(..len);
                     match say {
+                        Say::Stall(bytes) => {
+                            let _ = tcp.write_all(bytes).await;
+                            tokio::time::sleep(Duration::from_secs(60)).await;
+                            return;
+                        }
                         Say::Keep(bytes) => {
                             if tcp.write_all(bytes).await.is_err() {
                                 return;
@@ -1215,4 +1222,47 @@ async fn a_bodiless_get_the_backend_dropped_goes_to_the_next() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+}
+
+/// A backend that sends its response head and part of the body, then nothing: the client
+/// gets an error once the response timeout passes without a byte (as nginx's
+/// `proxy_read_timeout`), not a response that hangs; a slow reader is not cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_stalls_mid_body_is_cut_off() {
+    let (b, _) = scripted(|path| match path {
+        "/stall" => Say::Stall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart"),
+        _ => Say::Keep(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"),
+    })
+    .await;
+    let gw = Gateway::start(
+        proxy_to(&[(b, false)])
+            .response_timeout(Duration::from_millis(400))
+            .max_fails(100)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    for mode in [Mode::Http3, Mode::Http2, Mode::Http11] {
+        let client = gw.client(mode);
+        let start = Instant::now();
+        let r = client.get(&gw.url("/stall")).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let body = tokio::time::timeout(Duration::from_secs(10), r.bytes())
+            .await
+            .expect("the body ends, one way or the other");
+        assert!(
+            body.is_err(),
+            "{mode:?}: a stalled body is an error, not a short one"
+        );
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(350) && took < Duration::from_secs(3),
+            "{mode:?}: {took:?}"
+        );
+        // A response the client reads late is whole: the timer counts only waits for the
+        // backend.
+        let r = client.get(&gw.url("/ok")).send().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(&r.bytes().await.unwrap()[..], b"hi", "{mode:?}");
+    }
 }

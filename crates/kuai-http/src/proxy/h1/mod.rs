@@ -51,6 +51,8 @@ pub(crate) enum Error {
     ClientBody(Box<crate::Error>),
     /// The client's body did not match the length it declared.
     BodyLength,
+    /// The backend sent nothing more of the response body for this long.
+    Stalled(std::time::Duration),
 }
 
 impl fmt::Display for Error {
@@ -59,6 +61,7 @@ impl fmt::Display for Error {
             Error::Io(e) => write!(f, "{e}"),
             Error::Closed => f.write_str("the backend closed the connection without a response"),
             Error::Truncated => f.write_str("the backend closed the connection mid-response"),
+            Error::Stalled(d) => write!(f, "the backend sent nothing of the response for {d:?}"),
             Error::Parse(e) => write!(f, "{e}"),
             Error::ClientBody(e) => write!(f, "request body: {e}"),
             Error::BodyLength => f.write_str("request body length differs from its Content-Length"),
