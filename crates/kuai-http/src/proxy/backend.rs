@@ -44,13 +44,17 @@ pub(crate) enum Reason {
     Exchange(hyper::Error),
     H1(h1::Error),
     ResponseTimeout(Duration),
+    /// The client sent nothing more of its request body for this long.
+    ClientBodyTimeout(Duration),
 }
 
 impl Reason {
     /// For the statistics: `timeout`, `connect` or `exchange`.
     pub(crate) fn kind(&self) -> &'static str {
         match self {
-            Reason::ConnectTimeout(_) | Reason::ResponseTimeout(_) => "timeout",
+            Reason::ConnectTimeout(_)
+            | Reason::ResponseTimeout(_)
+            | Reason::ClientBodyTimeout(_) => "timeout",
             Reason::Connect(_) | Reason::Handshake(_) => "connect",
             Reason::Exchange(_) | Reason::H1(_) => "exchange",
         }
@@ -71,6 +75,9 @@ impl std::fmt::Display for Reason {
             Reason::Exchange(e) => write!(f, "{e}"),
             Reason::H1(e) => write!(f, "{e}"),
             Reason::ResponseTimeout(d) => write!(f, "no response head within {d:?}"),
+            Reason::ClientBodyTimeout(d) => {
+                write!(f, "the client sent nothing of its body for {d:?}")
+            }
         }
     }
 }
@@ -197,12 +204,12 @@ impl Backend {
                 backend: self.clone(),
                 max_idle: o.max_idle,
             };
-            let sent =
-                tokio::time::timeout(o.response_timeout, h1::exchange(conn, req, home)).await;
-            let failed = match sent {
+            let watch = req.body().watch();
+            let sent = head_within(o.response_timeout, &watch, h1::exchange(conn, req, home));
+            let failed = match sent.await {
                 Ok(Ok(resp)) => return Ok(resp),
                 Ok(Err(f)) => f,
-                Err(_) => return Err(Failure::Sent(Reason::ResponseTimeout(o.response_timeout))),
+                Err(failure) => return Err(failure),
             };
             let h1::Failed {
                 error,
@@ -242,7 +249,8 @@ impl Backend {
                 Ok(s) => s,
                 Err(r) => return Err(Failure::NotSent(Box::new(req), r)),
             };
-            let sent = tokio::time::timeout(o.response_timeout, async {
+            let watch = req.body().watch();
+            let sent = head_within(o.response_timeout, &watch, async {
                 // Waits for a stream the backend allows (its concurrency limit).
                 match sender.ready().await {
                     Err(e) => Err((Some(req), e)),
@@ -265,7 +273,7 @@ impl Backend {
                     }
                     None => return Err(Failure::Sent(Reason::Exchange(e))),
                 },
-                Err(_) => return Err(Failure::Sent(Reason::ResponseTimeout(o.response_timeout))),
+                Err(failure) => return Err(failure),
             }
         }
         unreachable!("the second attempt returns")
@@ -338,5 +346,33 @@ impl Backend {
             conn,
             since: Instant::now(),
         });
+    }
+}
+
+/// Runs `exchange` (a request until its response head) within `limit` of the request body's
+/// last progress: a long upload that keeps moving is not cut off, and the time to the head
+/// counts from the body's end. When the time runs out while the body waits for the client,
+/// the client is at fault (not the backend); otherwise the backend did not answer in time.
+async fn head_within<T>(
+    limit: Duration,
+    body: &super::body::BodyWatch,
+    exchange: impl std::future::Future<Output = T>,
+) -> Result<T, Failure> {
+    let mut exchange = std::pin::pin!(exchange);
+    let mut deadline = tokio::time::Instant::now() + limit;
+    loop {
+        tokio::select! {
+            r = &mut exchange => return Ok(r),
+            () = tokio::time::sleep_until(deadline) => {
+                let next = body.last_progress() + limit;
+                if next > tokio::time::Instant::now() {
+                    deadline = next;
+                } else if body.waiting_for_client() {
+                    return Err(Failure::Client(Reason::ClientBodyTimeout(limit)));
+                } else {
+                    return Err(Failure::Sent(Reason::ResponseTimeout(limit)));
+                }
+            }
+        }
     }
 }

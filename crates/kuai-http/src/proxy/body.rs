@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ const CONSUMED: u8 = 2;
 #[derive(Debug)]
 pub(crate) struct UpBody {
     inner: Body,
-    seen: Arc<AtomicU8>,
+    seen: Arc<Progress>,
     /// Frames to be read first (last first).
     back: Vec<Frame<Bytes>>,
     /// The error read after `back`, to be read again after them.
@@ -44,7 +44,12 @@ impl UpBody {
         } else {
             UNTOUCHED
         };
-        let seen = Arc::new(AtomicU8::new(state));
+        let seen = Arc::new(Progress {
+            seen: AtomicU8::new(state),
+            epoch: tokio::time::Instant::now(),
+            last: AtomicU64::new(0),
+            waiting: AtomicBool::new(false),
+        });
         (
             Self {
                 inner,
@@ -55,6 +60,11 @@ impl UpBody {
             },
             BodyWatch(seen),
         )
+    }
+
+    /// A watch on this body, for timing the exchange it goes out with.
+    pub(crate) fn watch(&self) -> BodyWatch {
+        BodyWatch(self.seen.clone())
     }
 
     /// Gives back `frames` (in the order they were read) that never left, to be read again
@@ -78,7 +88,9 @@ impl UpBody {
                     self.ended = true;
                     break;
                 }
-                match Pin::new(&mut self.inner).poll_frame(cx) {
+                let r = Pin::new(&mut self.inner).poll_frame(cx);
+                self.seen.progress(r.is_ready());
+                match r {
                     Poll::Pending if self.back.is_empty() && wait_first => return Poll::Pending,
                     Poll::Pending => break,
                     Poll::Ready(None) => self.ended = true,
@@ -94,6 +106,7 @@ impl UpBody {
         if self.ended && self.back.is_empty() && self.failed.is_none() {
             let _ = self
                 .seen
+                .seen
                 .compare_exchange(UNTOUCHED, ENDED_EMPTY, Relaxed, Relaxed);
         }
         self.back.reverse();
@@ -101,17 +114,51 @@ impl UpBody {
 
     /// Some of the body's data was read (it cannot be sent again).
     pub(crate) fn data_taken(&self) -> bool {
-        self.seen.load(Relaxed) == CONSUMED
+        self.seen.seen.load(Relaxed) == CONSUMED
     }
 }
 
-/// What became of an [`UpBody`] handed to a connection that failed.
-pub(crate) struct BodyWatch(Arc<AtomicU8>);
+/// What an [`UpBody`] and its watches share: how much of it was taken, and when the
+/// client last gave some of it.
+#[derive(Debug)]
+struct Progress {
+    seen: AtomicU8,
+    epoch: tokio::time::Instant,
+    /// When the client's body last gave a frame or its end, in ms since `epoch`.
+    last: AtomicU64,
+    /// The body's last read from the client found nothing yet: it waits for the client.
+    waiting: AtomicBool,
+}
+
+impl Progress {
+    /// A read of the client's body came back `ready` (or not).
+    fn progress(&self, ready: bool) {
+        if ready {
+            let ms = self.epoch.elapsed().as_millis() as u64;
+            self.last.store(ms, Relaxed);
+        }
+        self.waiting.store(!ready, Relaxed);
+    }
+}
+
+/// What became of an [`UpBody`] handed to a connection: whether it was taken, and how the
+/// client is keeping up with it.
+pub(crate) struct BodyWatch(Arc<Progress>);
 
 impl BodyWatch {
     /// The body was read to its end and had nothing in it: an empty one is the same.
     pub(crate) fn ended_empty(&self) -> bool {
-        self.0.load(Relaxed) == ENDED_EMPTY
+        self.0.seen.load(Relaxed) == ENDED_EMPTY
+    }
+
+    /// When the client's body last gave something (or when it was made).
+    pub(crate) fn last_progress(&self) -> tokio::time::Instant {
+        self.0.epoch + Duration::from_millis(self.0.last.load(Relaxed))
+    }
+
+    /// The body is waiting for the client to send more.
+    pub(crate) fn waiting_for_client(&self) -> bool {
+        self.0.waiting.load(Relaxed)
     }
 }
 
@@ -133,7 +180,9 @@ impl http_body::Body for UpBody {
         } else if this.ended {
             None
         } else {
-            let f = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+            let r = Pin::new(&mut this.inner).poll_frame(cx);
+            this.seen.progress(r.is_ready());
+            let f = ready!(r);
             if f.is_none() {
                 this.ended = true;
             }
@@ -143,10 +192,11 @@ impl http_body::Body for UpBody {
             None => {
                 let _ = this
                     .seen
+                    .seen
                     .compare_exchange(UNTOUCHED, ENDED_EMPTY, Relaxed, Relaxed);
             }
             Some(Ok(frame)) if frame.data_ref().is_some_and(Bytes::is_empty) => {}
-            Some(_) => this.seen.store(CONSUMED, Relaxed),
+            Some(_) => this.seen.seen.store(CONSUMED, Relaxed),
         }
         Poll::Ready(f)
     }

@@ -262,7 +262,9 @@ impl ProxyBuilder {
     }
 
     /// Time allowed from sending a request to its response head (60 s by default), then
-    /// 504; and, once the head came, between two pieces of the response body while the
+    /// 504, counted from the request body's last progress: an upload that keeps moving is
+    /// not cut off, and a client whose body stops coming that long gets 408 (the backend is
+    /// not blamed); and, once the head came, between two pieces of the response body while the
     /// client waits for more (then the response is cut off, as nginx's
     /// `proxy_read_timeout` does).
     pub fn response_timeout(mut self, d: Duration) -> Self {
@@ -586,6 +588,12 @@ impl Inner {
                         target: "kuai_http::proxy", backend = %b.name, method = %head.method,
                         path = head.origin.path(), reason = %why, "request body failed"
                     );
+                    if let Reason::ClientBodyTimeout(_) = why {
+                        return local(
+                            StatusCode::REQUEST_TIMEOUT,
+                            "the request body stopped coming",
+                        );
+                    }
                     return local(StatusCode::BAD_REQUEST, "the request body failed");
                 }
             }

@@ -90,6 +90,15 @@ async fn answer(
     let _live = LiveGuard(s.clone());
     match req.uri().path() {
         "/echo" => Response::new(req.into_body().map_err(Into::into).boxed_unsync()),
+        // The whole body read first, then its length.
+        "/count" => {
+            let n = req
+                .into_body()
+                .collect()
+                .await
+                .map_or(0, |b| b.to_bytes().len());
+            Response::new(full(n.to_string()))
+        }
         "/headers" => {
             let mut text = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
             for (k, v) in req.headers() {
@@ -1264,5 +1273,63 @@ async fn a_backend_that_stalls_mid_body_is_cut_off() {
         let r = client.get(&gw.url("/ok")).send().await.unwrap();
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert_eq!(&r.bytes().await.unwrap()[..], b"hi", "{mode:?}");
+    }
+}
+
+/// The response timeout counts from the request body's last progress: an upload that keeps
+/// coming, longer in all than the timeout, to a backend that reads it whole before it
+/// answers, is not cut off; a client whose body stops coming gets 408, and the backend is not
+/// blamed for it (the next request still goes there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_response_timeout_counts_from_the_uploads_last_progress() {
+    for h2c in [false, true] {
+        let (b, _) = backend("b", h2c).await;
+        let gw = Gateway::start(
+            proxy_to(&[(b, h2c)])
+                .response_timeout(Duration::from_millis(300))
+                .build()
+                .unwrap(),
+        )
+        .await;
+        for mode in [Mode::Http3, Mode::Http2, Mode::Http11] {
+            let client = gw.client(mode);
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            let req = client
+                .request(Method::POST, &gw.url("/count"))
+                .body(crate::RequestBody::wrap(Channel(rx)));
+            let response = tokio::spawn(req.send());
+            for _ in 0..8 {
+                tx.send(Bytes::from_static(b"0123456789")).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            drop(tx);
+            let r = response.await.unwrap().unwrap();
+            assert_eq!(r.status(), 200, "{mode:?} h2c {h2c}: a 0.8 s upload");
+            assert_eq!(r.text().await.unwrap(), "80");
+            // Then a body that stops.
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            let req = client
+                .request(Method::POST, &gw.url("/count"))
+                .body(crate::RequestBody::wrap(Channel(rx)));
+            let response = tokio::spawn(req.send());
+            tx.send(Bytes::from_static(b"start")).await.unwrap();
+            let r = tokio::time::timeout(Duration::from_secs(10), response)
+                .await
+                .expect("an answer while the body waits")
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                r.status(),
+                StatusCode::REQUEST_TIMEOUT,
+                "{mode:?} h2c {h2c}"
+            );
+            drop(tx);
+            let r = client.get(&gw.url("/whoami")).send().await.unwrap();
+            assert_eq!(
+                r.status(),
+                200,
+                "{mode:?} h2c {h2c}: the backend is still in use"
+            );
+        }
     }
 }
