@@ -103,6 +103,24 @@ pub(crate) fn append_value(headers: &mut HeaderMap, name: HeaderName, value: &He
     append_list(headers, name, value.clone());
 }
 
+/// Whether a `Forwarded` field value a client sent ends outside a quoted string (RFC 7239
+/// §4: values are tokens or quoted strings, with backslash escapes inside them). One that does not
+/// would swallow the element the proxy appends after it, for a lenient parser at the
+/// backend: such a field is dropped rather than extended.
+pub(crate) fn forwarded_is_closed(value: &[u8]) -> bool {
+    let (mut quoted, mut escaped) = (false, false);
+    for &b in value {
+        if escaped {
+            escaped = false;
+        } else if quoted && b == b'\\' {
+            escaped = true;
+        } else if b == b'"' {
+            quoted = !quoted;
+        }
+    }
+    !quoted && !escaped
+}
+
 /// The `Forwarded` element for one hop (RFC 7239 §4): `for`, `proto` and, when known,
 /// `host`; an IPv6 address and a host with a port are quoted strings (§6).
 pub(crate) fn forwarded_element(client: IpAddr, host: Option<&str>) -> HeaderValue {
@@ -249,6 +267,29 @@ fn is_tchar(b: u8) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn forwarded_values_end_outside_quotes() {
+        for ok in [
+            &b"for=192.0.2.60;proto=http"[..],
+            b"for=\"[2001:db8::1]:4711\"",
+            b"for=x;note=\"a \\\" quote\", for=y",
+            b"",
+        ] {
+            assert!(
+                super::forwarded_is_closed(ok),
+                "{}",
+                String::from_utf8_lossy(ok)
+            );
+        }
+        for bad in [&b"for=6.6.6.6;x=\""[..], b"for=\"a\\\"", b"x=\"\\"] {
+            assert!(
+                !super::forwarded_is_closed(bad),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -687,6 +687,13 @@ impl Inner {
         };
         if let Some(info) = info {
             let ip = info.remote.ip().to_canonical();
+            if headers
+                .get_all(header::FORWARDED)
+                .iter()
+                .any(|v| !headers::forwarded_is_closed(v.as_bytes()))
+            {
+                headers.remove(header::FORWARDED);
+            }
             headers::append_list(&mut headers, X_FORWARDED_FOR, headers::forwarded_for(ip));
             headers::append_list(
                 &mut headers,

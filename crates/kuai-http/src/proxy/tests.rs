@@ -1333,3 +1333,38 @@ async fn the_response_timeout_counts_from_the_uploads_last_progress() {
         }
     }
 }
+
+/// A client's `Forwarded` that ends inside a quoted string would swallow the element the
+/// gateway appends (for a lenient parser at the backend): it is dropped, and the backend
+/// sees the gateway's element alone; a well-formed one is kept and extended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_forwarded_left_open_is_dropped() {
+    let (b, _) = backend("b", false).await;
+    let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+    let client = gw.client(Mode::Http2);
+    let forwarded = |value: &'static str| {
+        let client = client.clone();
+        let url = gw.url("/headers");
+        async move {
+            let r = client
+                .get(&url)
+                .header("forwarded", value)
+                .send()
+                .await
+                .unwrap();
+            let text = r.text().await.unwrap();
+            text.lines()
+                .find(|l| l.starts_with("forwarded: "))
+                .unwrap()
+                .to_string()
+        }
+    };
+    let line = forwarded("for=6.6.6.6;x=\"").await;
+    assert!(!line.contains("6.6.6.6"), "{line}");
+    assert!(line.starts_with("forwarded: for=127.0.0.1"), "{line}");
+    let line = forwarded("for=192.0.2.1").await;
+    assert!(
+        line.starts_with("forwarded: for=192.0.2.1, for=127.0.0.1"),
+        "{line}"
+    );
+}
