@@ -525,6 +525,12 @@ impl Inner {
             let drain = req.extensions().get::<crate::server::Drain>().cloned();
             (ask, drain)
         });
+        // A reverse proxy is no tunnel to anywhere: a CONNECT that is not a WebSocket's
+        // extended CONNECT (RFC 9220, RFC 8441) is refused here, not sent to a backend
+        // whose 2xx would turn the connection into a tunnel (RFC 9110 §9.3.6).
+        if ws.is_none() && req.method() == http::Method::CONNECT {
+            return local(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not proxied");
+        }
         let (parts, body) = req.into_parts();
         let Some(mut head) = self.upstream_head(parts, info, early) else {
             return local(StatusCode::BAD_REQUEST, "cannot forward this request");

@@ -1368,3 +1368,18 @@ async fn a_client_forwarded_left_open_is_dropped() {
         "{line}"
     );
 }
+
+/// A plain CONNECT (not a WebSocket's extended CONNECT) is refused by the gateway, never
+/// sent to a backend, whose 2xx would make a tunnel of the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_connect_is_refused() {
+    use tower_service::Service;
+    let (b, seen) = backend("b", false).await;
+    let mut proxy = proxy_to(&[(b, false)]).build().unwrap();
+    let mut req = Request::new(crate::Body::empty());
+    *req.method_mut() = Method::CONNECT;
+    *req.uri_mut() = "example.com:443".parse().unwrap();
+    let resp = proxy.call(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(seen.requests.load(SeqCst), 0);
+}
