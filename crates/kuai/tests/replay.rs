@@ -145,9 +145,16 @@ fn start(
                     },
                 };
                 while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                    let Ok(_) = recv.read_to_end(1024).await else {
-                        return;
-                    };
+                    // The request is acted on once its bytes are in, FIN or not: the
+                    // client's FIN can leave in a later (1-RTT) packet than its data, and a
+                    // replayed 0-RTT flight then carries the request without its end.
+                    let mut got = 0;
+                    while got < b"GET /".len() {
+                        match recv.read_chunk(1024).await {
+                            Ok(Some(c)) => got += c.len(),
+                            _ => return,
+                        }
+                    }
                     r.fetch_add(1, Ordering::SeqCst);
                     if recv.received_in_0rtt() {
                         x.fetch_add(1, Ordering::SeqCst);
@@ -263,7 +270,13 @@ async fn a_replayed_0rtt_flight_is_refused_by_another_server() {
             attacker.send_to(d, target).await.unwrap();
         }
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The unguarded replica serves it within a few ms on a quiet machine; allow a loaded
+    // one up to 5 s, then as long again as that took for the guarded one to have answered.
+    let t = std::time::Instant::now();
+    while c.requests.load(Ordering::SeqCst) == 0 && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(t.elapsed().max(Duration::from_millis(300))).await;
     let (rb, rc) = (
         b.requests.load(Ordering::SeqCst),
         c.requests.load(Ordering::SeqCst),
