@@ -90,9 +90,15 @@ pub fn answer(
         body: None,
     };
 
-    // Step 1 and 2: If-Match, else If-Unmodified-Since.
-    if let Some(v) = request.get(header::IF_MATCH) {
-        if !matches_any(v, &etag, false) {
+    // Step 1 and 2: If-Match, else If-Unmodified-Since. Several field lines form one list
+    // (RFC 9110 §5.3): the tag may be on any of them.
+    let any_line = |name, weak| {
+        let mut lines = request.get_all(name).iter().peekable();
+        lines.peek()?;
+        Some(lines.any(|v| matches_any(v, &etag, weak)))
+    };
+    if let Some(matched) = any_line(header::IF_MATCH, false) {
+        if !matched {
             return no_body(StatusCode::PRECONDITION_FAILED, headers);
         }
     } else if let (Some(since), Some(m)) = (date(request, header::IF_UNMODIFIED_SINCE), modified)
@@ -101,8 +107,8 @@ pub fn answer(
         return no_body(StatusCode::PRECONDITION_FAILED, headers);
     }
     // Step 3 and 4: If-None-Match, else If-Modified-Since (GET and HEAD only).
-    if let Some(v) = request.get(header::IF_NONE_MATCH) {
-        if matches_any(v, &etag, true) {
+    if let Some(matched) = any_line(header::IF_NONE_MATCH, true) {
+        if matched {
             let status = if get_or_head {
                 StatusCode::NOT_MODIFIED
             } else {
@@ -271,7 +277,7 @@ mod tests {
     fn ask(method: Method, headers: &[(&str, &str)]) -> FileAnswer {
         let mut h = HeaderMap::new();
         for (n, v) in headers {
-            h.insert(
+            h.append(
                 header::HeaderName::from_bytes(n.as_bytes()).unwrap(),
                 HeaderValue::from_str(v).unwrap(),
             );
@@ -307,6 +313,11 @@ mod tests {
         assert_eq!(ask(Method::GET, &[("if-none-match", &list)]).status, 304);
         assert_eq!(ask(Method::GET, &[("if-none-match", "*")]).status, 304);
         assert_eq!(ask(Method::GET, &[("if-none-match", "\"x\"")]).status, 200);
+        // The list over two field lines: the tag on the second.
+        let two = [("if-none-match", "\"x\""), ("if-none-match", tag.as_str())];
+        assert_eq!(ask(Method::GET, &two).status, 304);
+        let two = [("if-match", "\"x\""), ("if-match", tag.as_str())];
+        assert_eq!(ask(Method::GET, &two).status, 200);
         let same = "Tue, 14 Nov 2023 22:13:20 GMT";
         let before = "Tue, 14 Nov 2023 22:13:19 GMT";
         assert_eq!(ask(Method::GET, &[("if-modified-since", same)]).status, 304);

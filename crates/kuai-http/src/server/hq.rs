@@ -58,12 +58,16 @@ async fn serve_request(
     let line = recv.read_to_end(MAX_REQUEST).await?;
     let line = String::from_utf8_lossy(&line);
     let path = request_path(&line);
-    let mut req = Request::builder()
+    let req = Request::builder()
         .method(Method::GET)
         .version(Version::HTTP_09)
         .uri(if path.starts_with('/') { path } else { "/" })
-        .body(Body::empty())
-        .unwrap_or_else(|_| Request::new(Body::empty()));
+        .body(Body::empty());
+    // A target that is no URI (`GET /a b`) is refused, not served as `/`.
+    let Ok(mut req) = req else {
+        send.reset(NOT_FOUND)?;
+        return Ok(());
+    };
     if early {
         req.extensions_mut().insert(EarlyData);
     }
@@ -78,7 +82,17 @@ async fn serve_request(
     let mut body = resp.into_body();
     let mut sent = 0u64;
     while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
+        let frame = match frame {
+            Ok(f) => f,
+            // HTTP/0.9 has no length: a body that fails part-way (a file read error) must
+            // reset the stream, or the client takes the cut file for the whole one (a
+            // dropped send stream ends it normally).
+            Err(e) => {
+                let _ = send.reset(NOT_FOUND);
+                return Err(e);
+            }
+        };
+        if let Ok(data) = frame.into_data() {
             sent += data.len() as u64;
             send.write_chunk(data).await?;
         }
