@@ -630,12 +630,13 @@ async fn a_0rtt_refusal_while_the_head_is_written_sends_the_request_again() {
     );
 }
 
-/// A server that sends GOAWAY on its first connection after answering one request and keeps
-/// that connection open (as servers do after their per-connection request limit, or at the
-/// start of a graceful restart): the next requests, a GET and a POST, go on a new
-/// connection instead of failing on the old one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_goaway_requests_go_on_a_new_connection() {
+/// A QUIC endpoint on 127.0.0.1 offering HTTP/3 only, for tests that script their own
+/// kuai-h3 server: the endpoint, its address and its certificate.
+fn h3_endpoint() -> (
+    kuai::Endpoint,
+    SocketAddr,
+    rustls::pki_types::CertificateDer<'static>,
+) {
     let (cert, mut tls) = identity();
     tls.alpn_protocols = vec![ALPN_H3.to_vec()];
     let ep = kuai::Endpoint::builder()
@@ -643,6 +644,16 @@ async fn after_a_goaway_requests_go_on_a_new_connection() {
         .bind("127.0.0.1:0".parse().unwrap())
         .unwrap();
     let addr = ep.local_addr().unwrap();
+    (ep, addr, cert)
+}
+
+/// A server that sends GOAWAY on its first connection after answering one request and keeps
+/// that connection open (as servers do after their per-connection request limit, or at the
+/// start of a graceful restart): the next requests, a GET and a POST, go on a new
+/// connection instead of failing on the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_goaway_requests_go_on_a_new_connection() {
+    let (ep, addr, cert) = h3_endpoint();
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = accepted.clone();
     tokio::spawn(async move {
@@ -704,13 +715,7 @@ async fn after_a_goaway_requests_go_on_a_new_connection() {
 /// gets the real answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_425_to_an_early_request_is_retried_after_the_handshake() {
-    let (cert, mut tls) = identity();
-    tls.alpn_protocols = vec![ALPN_H3.to_vec()];
-    let ep = kuai::Endpoint::builder()
-        .server(kuai::ServerConfig::from_rustls(tls))
-        .bind("127.0.0.1:0".parse().unwrap())
-        .unwrap();
-    let addr = ep.local_addr().unwrap();
+    let (ep, addr, cert) = h3_endpoint();
     let early_seen = Arc::new(AtomicUsize::new(0));
     let seen = early_seen.clone();
     tokio::spawn(async move {
