@@ -935,15 +935,19 @@ impl Client {
         Ok(addrs)
     }
 
-    /// How long HTTP/3 goes alone before TCP joins: 1.5 × the RTT last seen to `addr`, or
+    /// How long HTTP/3 goes alone before TCP joins: 1.5 × the RTT last seen to `addr` but
+    /// not under 100 ms (RFC 8305 §5 and §8's Minimum Connection Attempt Delay: on a fast
+    /// path a fraction of a millisecond would start TCP at every scheduling hiccup), or
     /// 250 ms; at most 1 s (a first Initial is sent again after 3 × 333 ms, RFC 9002 §6.2.2).
     fn race_delay_for(&self, addr: Option<SocketAddr>) -> Duration {
         if let Some(d) = self.inner.race_delay {
             return d;
         }
         let rtt = addr.and_then(|a| lock(&self.inner.state).rtt(a));
-        rtt.map_or(Duration::from_millis(250), |r| r * 3 / 2)
-            .min(Duration::from_secs(1))
+        rtt.map_or(Duration::from_millis(250), |r| {
+            (r * 3 / 2).max(MIN_RACE_DELAY)
+        })
+        .min(Duration::from_secs(1))
     }
 
     fn endpoint(&self, addr: SocketAddr) -> Result<kuai::Endpoint, Error> {
@@ -1097,7 +1101,16 @@ impl Client {
                     }
                 }
                 .map_err(|e| fail(Some(e), None))?;
-                lock(&self.inner.state).note_h3_worked(origin, addr);
+                match &c {
+                    // Up in 0-RTT before the server said a word: closed if its handshake
+                    // does not complete within the connect timeout, so that requests
+                    // waiting for it fail then rather than at QUIC's idle timeout.
+                    Conn::Quic(q) if q.in_early_data() => {
+                        let network = state::network_id(addr);
+                        self.watch_early(q, Box::pin(udp_refused(addr)), origin.clone(), network);
+                    }
+                    _ => lock(&self.inner.state).note_h3_worked(origin, addr),
+                }
                 t.connect = start.elapsed();
                 return Ok((Arc::new(c), t, None));
             }
@@ -1130,17 +1143,7 @@ impl Client {
         let quic_err = tokio::select! {
             r = &mut quic => match flatten(r) {
                 Ok(c) => {
-                    match &c {
-                        // Requests go in 0-RTT before the server has said a word: the
-                        // handshake still has to show that it is there.
-                        Conn::Quic(q) if q.in_early_data() => self.watch_early(
-                            q,
-                            refused,
-                            origin.clone(),
-                            network.clone(),
-                        ),
-                        _ => lock(&self.inner.state).mark_working(origin, &network, h3_addr),
-                    }
+                    self.quic_up(&c, refused, origin, &network, h3_addr);
                     t.connect = start.elapsed();
                     return Ok((Arc::new(c), t, None));
                 }
@@ -1167,7 +1170,7 @@ impl Client {
         tokio::select! {
             r = &mut quic => match flatten(r) {
                 Ok(c) => {
-                    lock(&self.inner.state).mark_working(origin, &network, h3_addr);
+                    self.quic_up(&c, refused, origin, &network, h3_addr);
                     t.connect = start.elapsed();
                     Ok((Arc::new(c), t, None))
                 }
@@ -1191,7 +1194,7 @@ impl Client {
                         let ok = match r {
                             Ok(r) => match flatten(r) {
                                 Ok(c) => {
-                                    lock(&this.inner.state).mark_working(&origin, &network, h3_addr);
+                                    this.quic_up(&c, refused, &origin, &network, h3_addr);
                                     slot.lock().await.h3 = Some(Arc::new(c));
                                     true
                                 }
@@ -1284,6 +1287,25 @@ impl QuicConnection {
 }
 
 impl Client {
+    /// HTTP/3 connected at `h3_addr`: a connection opened in 0-RTT is watched until its
+    /// handshake shows the server is there (whichever way it won, at once, in the race
+    /// with TCP or after it); any other marks HTTP/3 working for the origin here.
+    fn quic_up(
+        &self,
+        c: &Conn,
+        refused: Pin<Box<dyn Future<Output = ()> + Send>>,
+        origin: &Origin,
+        network: &str,
+        h3_addr: SocketAddr,
+    ) {
+        match c {
+            Conn::Quic(q) if q.in_early_data() => {
+                self.watch_early(q, refused, origin.clone(), network.to_owned())
+            }
+            _ => lock(&self.inner.state).mark_working(origin, network, h3_addr),
+        }
+    }
+
     /// Watches a connection opened in 0-RTT until its handshake completes: when the server's
     /// host refuses the UDP port (the server went away, or never had HTTP/3 there) or the
     /// handshake does not complete within the connect timeout, HTTP/3 is marked broken for
@@ -1315,6 +1337,10 @@ impl Client {
         });
     }
 }
+
+/// The least time HTTP/3 goes alone before TCP joins when the delay comes from a
+/// remembered RTT (RFC 8305 §8 recommends 100 ms).
+const MIN_RACE_DELAY: Duration = Duration::from_millis(100);
 
 /// How long one address goes unanswered before the next joins it (RFC 8305 §5's
 /// recommended Connection Attempt Delay).
