@@ -417,28 +417,35 @@ async fn serve(args: Args) -> Result<(), String> {
         cfg.retry(kuai::RetryPolicy::Always);
     }
     let reset_key = match &fleet {
-        Some(f) => match f.reset_key().await {
-            Ok(k) => {
-                let token_keys = f
-                    .rotate_token_keys(cfg.proto_mut().token_key.clone(), key_period)
-                    .await;
-                println!(
-                    "fleet keys from redis: reset key {}, token keys of generation {} (every {} s)",
-                    kuai_fleet::key_id(&k),
-                    token_keys
-                        .sealing()
-                        .map_or("none".into(), |g| g.to_string()),
-                    key_period.as_secs()
-                );
-                rotations.push(token_keys);
-                Some(k)
+        Some(f) => {
+            let reset = f.reset_key().await;
+            // The token keys rotate with the fleet's whether Redis answers now or later:
+            // until it does, this process seals with keys of its own.
+            let token_keys = f
+                .rotate_token_keys(cfg.proto_mut().token_key.clone(), key_period)
+                .await;
+            let generation = token_keys
+                .sealing()
+                .map_or("none".into(), |g| g.to_string());
+            rotations.push(token_keys);
+            match reset {
+                Ok(k) => {
+                    println!(
+                        "fleet keys from redis: reset key {}, token keys of generation {generation} (every {} s)",
+                        kuai_fleet::key_id(&k),
+                        key_period.as_secs()
+                    );
+                    Some(k)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "redis unreachable: serving with this process's own keys");
+                    println!(
+                        "fleet keys: redis unreachable ({e}); this process's own reset key, token keys from redis once it answers"
+                    );
+                    None
+                }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "redis unreachable: serving with this process's own keys");
-                println!("fleet keys: redis unreachable ({e}); this process's own keys");
-                None
-            }
-        },
+        }
         None => None,
     };
     if let Some(f) = &fleet

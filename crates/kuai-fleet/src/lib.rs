@@ -43,10 +43,14 @@
 //!
 //! # When Redis is away
 //!
-//! Servers keep serving. Sessions they issue stay local (the stream cannot carry them); a
-//! replica is not used for 0-RTT while Redis cannot record its first use (the client then
-//! does a full handshake), and a server's own sessions still are, used once as on a single
-//! server. When Redis comes back the servers catch up on the stream. If Redis restarted
+//! Servers keep serving. Sessions they issue stay local (the stream cannot carry them), and
+//! no session resumes while Redis cannot record its first use (the client does a full
+//! handshake, without 0-RTT): not a replica, nor a server's own session, whose replicas the
+//! others hold. A first use Redis does not confirm in time counts as a replay: a server
+//! cut off from Redis cannot know whether another, which reaches it, served the same
+//! flight. Commands give up after the timeout (1 s) counted from their start, and after a
+//! failed attempt to connect the next comes at most every 250 ms, so a burst of handshakes
+//! fails at once rather than queueing behind one attempt after another. When Redis comes back the servers catch up on the stream. If Redis restarted
 //! empty, nothing is lost: every server still holds the sessions and keys it had, and the
 //! keys are put back (`SET NX`, the same values everywhere). kuai writes no key or session to
 //! disk; Redis does if its operator configured persistence.
@@ -112,6 +116,9 @@ pub enum FleetError {
     Redis(redis::RedisError),
     /// Redis did not answer in time.
     Timeout,
+    /// The last attempt to connect to Redis, moments ago, failed (how); the next is not
+    /// made yet.
+    Unreachable(String),
     /// A value in Redis is not what kuai puts there.
     Corrupt(&'static str),
 }
@@ -122,6 +129,9 @@ impl fmt::Display for FleetError {
             Self::Config(e) => write!(f, "redis configuration: {e}"),
             Self::Redis(e) => write!(f, "redis: {e}"),
             Self::Timeout => f.write_str("redis did not answer in time"),
+            Self::Unreachable(last) => {
+                write!(f, "redis unreachable ({last}); connecting again shortly")
+            }
             Self::Corrupt(what) => write!(f, "redis holds a malformed {what}"),
         }
     }
@@ -167,11 +177,7 @@ impl Fleet {
     pub fn start(url: &str, options: FleetOptions) -> Result<Self, FleetError> {
         let link = Arc::new(Link::new(url, &options)?);
         let sessions = FleetSessions::start(link.clone(), &options);
-        let anti_replay = Arc::new(RedisAntiReplay::new(
-            link.clone(),
-            sessions.clone(),
-            options.replay_window,
-        ));
+        let anti_replay = Arc::new(RedisAntiReplay::new(link.clone(), options.replay_window));
         Ok(Self {
             link,
             sessions,
@@ -227,6 +233,9 @@ impl Fleet {
     }
 }
 
+/// How long after a connection attempt to Redis began the next may be made.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
+
 /// What [`Link::run`] sends.
 pub(crate) enum Query<'a> {
     Cmd(&'a redis::Cmd),
@@ -242,6 +251,10 @@ pub(crate) struct Link {
     conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
     up: AtomicBool,
     timeout: Duration,
+    /// Until when commands fail at once rather than connect again, and why the last
+    /// attempt failed: set as a connection attempt starts, cleared when it succeeds (see
+    /// [`RECONNECT_PAUSE`]).
+    connect_after: std::sync::Mutex<Option<(tokio::time::Instant, String)>>,
     /// Keys read from Redis, to put back if it restarts empty: name, key, expiry, lifetime.
     remembered: std::sync::Mutex<Remembered>,
 }
@@ -270,6 +283,7 @@ impl Link {
             conn: tokio::sync::Mutex::new(None),
             up: AtomicBool::new(false),
             timeout: options.timeout,
+            connect_after: std::sync::Mutex::new(None),
             remembered: Default::default(),
         })
     }
@@ -278,16 +292,42 @@ impl Link {
         self.up.load(Ordering::Relaxed)
     }
 
-    /// A connection for commands (made if needed), within the timeout.
+    /// A connection for commands (made if needed, at most once per [`RECONNECT_PAUSE`]:
+    /// while Redis is away, the commands queued behind a failed attempt fail at once instead
+    /// of each trying again in turn).
     pub(crate) async fn conn(&self) -> Result<redis::aio::MultiplexedConnection, FleetError> {
         let mut slot = self.conn.lock().await;
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
-        let c = self.connect(self.timeout).await?;
+        let now = tokio::time::Instant::now();
+        {
+            let mut after = self.connect_after.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((until, why)) = &*after
+                && now < *until
+            {
+                return Err(FleetError::Unreachable(why.clone()));
+            }
+            // Set before trying: an attempt that fails, or whose caller gives up on it,
+            // holds the others off as much as one that times out.
+            *after = Some((now + RECONNECT_PAUSE, "still connecting".into()));
+        }
+        let c = match self.connect(self.timeout).await {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some((_, why)) =
+                    &mut *self.connect_after.lock().unwrap_or_else(|e| e.into_inner())
+                {
+                    *why = e.to_string();
+                }
+                return Err(e);
+            }
+        };
+        *self.connect_after.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *slot = Some(c.clone());
         drop(slot);
-        self.came_back().await;
+        // Before the command that made the connection: a key it reads is back by then.
+        let _ = self.came_back(c.clone()).await;
         Ok(c)
     }
 
@@ -305,19 +345,24 @@ impl Link {
             .await?)
     }
 
-    /// Runs a command or pipeline within the timeout; a failure drops the connection, to be
-    /// made again next time.
+    /// Runs a command or pipeline within the timeout, counted from the call: waiting for
+    /// the connection, making it and the command all fit in it. A failed command drops the
+    /// connection, to be made again next time.
     pub(crate) async fn run<T: redis::FromRedisValue>(
         &self,
         query: Query<'_>,
     ) -> Result<T, FleetError> {
-        let mut r = self.try_run(&query).await;
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut r = self.try_run(&query, deadline).await;
         // A connection made before Redis restarted fails its first command: once more on a
-        // new one.
+        // new one. (If that cannot be made yet, the first error says more.)
         if let Err(FleetError::Redis(e)) = &r
             && (e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error())
         {
-            r = self.try_run(&query).await;
+            match self.try_run(&query, deadline).await {
+                Err(FleetError::Unreachable(_)) => {}
+                again => r = again,
+            }
         }
         match &r {
             Ok(_) => self.succeeded(),
@@ -326,20 +371,27 @@ impl Link {
         r
     }
 
-    async fn try_run<T: redis::FromRedisValue>(&self, query: &Query<'_>) -> Result<T, FleetError> {
-        let mut c = self.conn().await?;
+    async fn try_run<T: redis::FromRedisValue>(
+        &self,
+        query: &Query<'_>,
+        deadline: tokio::time::Instant,
+    ) -> Result<T, FleetError> {
+        // Whether the failure, if any, came from a command on a connection (which is then
+        // dropped) rather than from getting one.
+        let mut sent = false;
         let call = async {
+            let mut c = self.conn().await?;
+            sent = true;
             match query {
                 Query::Cmd(q) => q.query_async(&mut c).await,
                 Query::Pipe(q) => q.query_async(&mut c).await,
             }
+            .map_err(FleetError::Redis)
         };
-        let r = match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(FleetError::Redis(e)),
-            Err(_) => Err(FleetError::Timeout),
-        };
-        if r.is_err() {
+        let r = tokio::time::timeout_at(deadline, call)
+            .await
+            .unwrap_or(Err(FleetError::Timeout));
+        if r.is_err() && sent {
             self.reset().await;
         }
         r
@@ -372,8 +424,9 @@ impl Link {
 
     /// A new connection came up: put the keys back (`SET NX`, for what is left of their
     /// lifetime) in case Redis restarted empty; warn if it holds others (a server that
-    /// started meanwhile made new ones).
-    async fn came_back(&self) {
+    /// started meanwhile made new ones). On a task of its own, so that a caller that gives up
+    /// waiting does not cut it short.
+    fn came_back(&self, mut c: redis::aio::MultiplexedConnection) -> tokio::task::JoinHandle<()> {
         let now = std::time::Instant::now();
         let keys: Vec<(String, [u8; 32], Option<Duration>)> = self
             .remembered
@@ -383,17 +436,18 @@ impl Link {
             .filter(|(_, (_, until))| until.is_none_or(|u| u > now))
             .map(|(n, (k, until))| (n.clone(), *k, until.map(|u| u - now)))
             .collect();
-        let slot = self.conn.lock().await.clone();
-        let Some(mut c) = slot else { return };
-        for (name, key, left) in keys {
-            let pipe = keys::set_nx_then_get(&name, &key, left);
-            let put = tokio::time::timeout(self.timeout, pipe.query_async::<(Vec<u8>,)>(&mut c));
-            if let Ok(Ok((stored,))) = put.await
-                && stored != keys::hex(&key).into_bytes()
-            {
-                tracing::warn!(target: "kuai::fleet", key = %name,
-                    "redis holds another key than this server: restart this server to share it");
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            for (name, key, left) in keys {
+                let pipe = keys::set_nx_then_get(&name, &key, left);
+                let put = tokio::time::timeout(timeout, pipe.query_async::<(Vec<u8>,)>(&mut c));
+                if let Ok(Ok((stored,))) = put.await
+                    && stored != keys::hex(&key).into_bytes()
+                {
+                    tracing::warn!(target: "kuai::fleet", key = %name,
+                        "redis holds another key than this server: restart this server to share it");
+                }
             }
-        }
+        })
     }
 }

@@ -5,15 +5,14 @@ use std::time::Duration;
 
 use kuai::replay::{AntiReplay, Verdict};
 
-use crate::sessions::FleetSessions;
 use crate::{FleetError, Link};
 
 /// Records each ticket's first use with `SET kuai:0rtt:<SHA-256 of the ticket> 1 NX PX
-/// <window>`; see the [crate](crate) docs. When Redis does not answer in time, a server's
-/// own ticket counts as first use (it was handed out once, here) and another's as a replay.
+/// <window>`; see the [crate](crate) docs. When Redis does not answer in time the ticket
+/// counts as a replay, this server's own as much as another's: a server cut off from Redis
+/// cannot know whether another, which can reach it, served the same flight.
 pub struct RedisAntiReplay {
     link: Arc<Link>,
-    sessions: Arc<FleetSessions>,
     window: Duration,
     runtime: tokio::runtime::Handle,
 }
@@ -27,10 +26,9 @@ impl std::fmt::Debug for RedisAntiReplay {
 }
 
 impl RedisAntiReplay {
-    pub(crate) fn new(link: Arc<Link>, sessions: Arc<FleetSessions>, window: Duration) -> Self {
+    pub(crate) fn new(link: Arc<Link>, window: Duration) -> Self {
         Self {
             link,
-            sessions,
             window,
             runtime: tokio::runtime::Handle::current(),
         }
@@ -53,25 +51,21 @@ impl RedisAntiReplay {
 impl AntiReplay for RedisAntiReplay {
     fn check(&self, ticket: &[u8], verdict: Verdict) {
         let ticket = ticket.to_vec();
-        let (link, sessions, window) = (self.link.clone(), self.sessions.clone(), self.window);
         let me = Self {
-            link,
-            sessions,
-            window,
+            link: self.link.clone(),
+            window: self.window,
             runtime: self.runtime.clone(),
         };
         self.runtime.spawn(async move {
             match me.first_use(&ticket).await {
                 Ok(true) => verdict.first_use(),
                 Ok(false) => verdict.replayed(),
-                Err(e) if me.sessions.took_own(&ticket) => {
-                    tracing::debug!(target: "kuai::fleet", error = %e,
-                        "0-RTT first use not recorded: this server's own ticket, used once here");
-                    verdict.first_use()
-                }
+                // Fail closed. A server's own ticket is no exception: its session is taken
+                // here, but the others hold replicas until this use reaches them through
+                // Redis, and one that can reach Redis would record a replay's use as first.
                 Err(e) => {
                     tracing::info!(target: "kuai::fleet", error = %e,
-                        "0-RTT refused: another server's ticket and redis cannot say whether it was used");
+                        "0-RTT refused: redis cannot say whether the ticket was used before");
                     verdict.replayed()
                 }
             }

@@ -1,9 +1,8 @@
 //! [`FleetSessions`]: every server keeps every session of the fleet, replicated through a
 //! Redis stream; see the [crate](crate) docs.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kuai::session::SessionCache;
 use redis::Value;
@@ -23,11 +22,6 @@ const QUEUE: usize = 16 * 1024;
 /// How long a blocking read of the stream waits for news.
 const BLOCK: Duration = Duration::from_secs(2);
 
-/// How long this server remembers which tickets it issued itself (for the anti-replay
-/// guard's answer when Redis is away).
-const LOCAL_TAKES_KEPT: Duration = Duration::from_secs(30);
-const LOCAL_TAKES_MAX: usize = 4096;
-
 /// What the writer appends to the stream.
 enum Note {
     /// A session this server issued.
@@ -44,8 +38,6 @@ pub struct FleetSessions {
     /// Tells this server's entries from the others' on the stream.
     origin: u64,
     notes: mpsc::Sender<Note>,
-    /// Tickets of this server's own sessions used lately.
-    local_takes: Mutex<VecDeque<(Vec<u8>, Instant)>>,
     dropped_notes: std::sync::atomic::AtomicU64,
 }
 
@@ -67,7 +59,6 @@ impl FleetSessions {
             link,
             origin: u64::from_le_bytes(origin),
             notes: tx,
-            local_takes: Mutex::new(VecDeque::new()),
             dropped_notes: Default::default(),
         });
         tokio::spawn(write(Arc::downgrade(&s), rx, options.capacity));
@@ -85,11 +76,6 @@ impl FleetSessions {
         self.cache.is_empty()
     }
 
-    /// Whether this server issued `ticket` and used it lately (within 30 s).
-    pub(crate) fn took_own(&self, ticket: &[u8]) -> bool {
-        lock(&self.local_takes).iter().any(|(t, _)| t == ticket)
-    }
-
     fn note(&self, n: Note) {
         if self.notes.try_send(n).is_err() {
             self.dropped_notes
@@ -97,22 +83,19 @@ impl FleetSessions {
         }
     }
 
-    fn apply(&self, kind: &[u8], origin: u64, id: Vec<u8>, value: Vec<u8>) {
+    /// Applies another server's note, written `age` ago.
+    fn apply(&self, kind: &[u8], origin: u64, id: Vec<u8>, value: Vec<u8>, age: Duration) {
         if origin == self.origin {
             return;
         }
         match kind {
-            b"i" => self.cache.insert_replica(id, value),
+            b"i" => self.cache.insert_replica(id, value, age),
             b"u" => {
                 self.cache.remove(&id);
             }
             _ => {}
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl rustls::server::StoresServerSessions for FleetSessions {
@@ -126,23 +109,17 @@ impl rustls::server::StoresServerSessions for FleetSessions {
     }
 
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
-        // A replica only while Redis can record its first use (see the crate docs).
-        let up = self.link.is_up();
-        let Some((value, local)) = self.cache.take_session(key, up) else {
-            tracing::debug!(target: "kuai::fleet", redis_up = up, held = self.cache.len(),
-                "no session for a ticket");
+        // No resumption (so no 0-RTT) while Redis cannot record the ticket's first use (see
+        // the crate docs): the session stays for when it can. This server's own sessions
+        // too, since the others hold replicas of them.
+        if !self.link.is_up() {
+            tracing::debug!(target: "kuai::fleet", "redis away: a ticket gets a full handshake");
+            return None;
+        }
+        let Some((value, _)) = self.cache.take_session(key, true) else {
+            tracing::debug!(target: "kuai::fleet", held = self.cache.len(), "no session for a ticket");
             return None;
         };
-        if local {
-            let now = Instant::now();
-            let mut t = lock(&self.local_takes);
-            while t.front().is_some_and(|(_, at)| {
-                now.duration_since(*at) > LOCAL_TAKES_KEPT || t.len() >= LOCAL_TAKES_MAX
-            }) {
-                t.pop_front();
-            }
-            t.push_back((key.to_vec(), now));
-        }
         self.note(Note::Used(key.to_vec()));
         Some(value)
     }
@@ -217,7 +194,6 @@ async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
                 continue;
             }
         };
-        backoff = Duration::from_millis(100);
         loop {
             let r: redis::RedisResult<Value> = redis::cmd("XREAD")
                 .arg("COUNT")
@@ -233,11 +209,16 @@ async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
                 Ok(v) => v,
                 Err(e) => {
                     link.failed(&crate::FleetError::Redis(e));
-                    // Redis went away: the command connection is stale too.
+                    // Redis went away: the command connection is stale too. Or it answers
+                    // every read with an error (the stream's key holds another type, the
+                    // user may not read it): either way not again at once.
                     link.reset().await;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     break;
                 }
             };
+            backoff = Duration::from_millis(100);
             link.succeeded();
             let Some(s) = sessions.upgrade() else { return };
             for_each_entry(&v, |id, fields| {
@@ -251,7 +232,8 @@ async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
                 let now_ms = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64);
-                if now_ms.saturating_sub(ms) > lifetime.as_millis() as u64 {
+                let age = now_ms.saturating_sub(ms);
+                if age > lifetime.as_millis() as u64 {
                     return;
                 }
                 let mut kind: &[u8] = b"";
@@ -267,7 +249,7 @@ async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
                     }
                 }
                 if !tid.is_empty() {
-                    s.apply(kind, origin, tid, value);
+                    s.apply(kind, origin, tid, value, Duration::from_millis(age));
                 }
             });
         }

@@ -164,3 +164,60 @@ async fn members_share_through_redis_over_tls() {
     assert!(untrusted.reset_key().await.is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// With Redis away no session resumes, this server's own no more than a replica (the
+/// others hold replicas of it and might record a replay's use as the first); it stays for
+/// when Redis is back. The ticket's first use cannot be recorded: an error, which the guard
+/// counts as a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_away_no_session_resumes() {
+    if !installed() {
+        return;
+    }
+    let port = free_port();
+    let r = start(&["--port", &port.to_string()], port);
+    let url = format!("redis://127.0.0.1:{port}");
+    let a = Fleet::start(&url, Default::default()).unwrap();
+    a.sessions().put(b"own-1".to_vec(), b"session".to_vec());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !a.is_redis_up() {
+        assert!(Instant::now() < deadline, "redis did not come up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(r);
+    assert!(a.anti_replay().first_use(b"own-1").await.is_err());
+    assert!(!a.is_redis_up());
+    assert_eq!(a.sessions().take(b"own-1"), None, "resumed with redis away");
+    let _r = start(&["--port", &port.to_string()], port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.is_redis_up() {
+        assert!(Instant::now() < deadline, "redis did not come back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(a.sessions().take(b"own-1"), Some(b"session".to_vec()));
+    assert!(a.anti_replay().first_use(b"own-1").await.unwrap());
+}
+
+/// A Redis that accepts connections and never answers (a hung server, a black-holed
+/// route): a burst of first-use checks all fail within the timeout (1 s) from their start,
+/// not one connection attempt after another (the last of 32 would wait 32 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_redis_fails_a_burst_of_checks_within_the_timeout() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", silent.local_addr().unwrap());
+    let a = Fleet::start(&url, Default::default()).unwrap();
+    let t = Instant::now();
+    let checks: Vec<_> = (0..32u8)
+        .map(|i| {
+            let guard = a.anti_replay();
+            tokio::spawn(async move { guard.first_use(&[i]).await })
+        })
+        .collect();
+    for c in checks {
+        assert!(c.await.unwrap().is_err());
+    }
+    let took = t.elapsed();
+    println!("32 checks against a silent redis failed in {took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    drop(silent);
+}

@@ -109,12 +109,19 @@ impl SessionCache {
         now.saturating_duration_since(at) < self.lifetime
     }
 
-    /// Whether it was kept (not with an ID longer than [`MAX_KEY`]).
-    fn insert(&self, id: &[u8], value: Vec<u8>, local: bool) -> bool {
+    /// Whether it was kept (not with an ID longer than [`MAX_KEY`], nor issued `age` ago
+    /// past its lifetime).
+    fn insert(&self, id: &[u8], value: Vec<u8>, local: bool, age: Duration) -> bool {
         let Some(key) = Key::new(id) else {
             return false;
         };
-        let now = Instant::now();
+        // Its lifetime counts from when it was issued, not from when a replica arrived.
+        let Some(now) = Instant::now().checked_sub(age) else {
+            return false;
+        };
+        if age >= self.lifetime {
+            return false;
+        }
         let mut s = lock(self.shard(id));
         while s.map.len() >= self.per_shard {
             let Some((old, at)) = s.order.pop_front() else {
@@ -142,10 +149,10 @@ impl SessionCache {
         true
     }
 
-    /// Keeps a session another server of a fleet issued (a replica: see
-    /// [`take_session`](Self::take_session)).
-    pub fn insert_replica(&self, key: Vec<u8>, value: Vec<u8>) {
-        self.insert(&key, value, false);
+    /// Keeps a session another server of a fleet issued `age` ago (a replica: see
+    /// [`take_session`](Self::take_session)); it lasts what is left of its lifetime.
+    pub fn insert_replica(&self, key: Vec<u8>, value: Vec<u8>, age: Duration) {
+        self.insert(&key, value, false, age);
     }
 
     /// Forgets a session (another server of the fleet used it); whether it was held.
@@ -175,7 +182,7 @@ fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
 
 impl rustls::server::StoresServerSessions for SessionCache {
     fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
-        self.insert(&key, value, true)
+        self.insert(&key, value, true, Duration::ZERO)
     }
 
     fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
@@ -221,13 +228,20 @@ mod tests {
         }
         assert!(lock(c.shard(&[1])).order.len() <= 4 + 1);
         // Replicas: taken only when asked for, forgotten on notice.
-        c.insert_replica(vec![2, 1], vec![7]);
-        c.insert_replica(vec![2, 2], vec![8]);
+        c.insert_replica(vec![2, 1], vec![7], Duration::ZERO);
+        c.insert_replica(vec![2, 2], vec![8], Duration::ZERO);
         assert_eq!(c.take_session(&[2, 1], false), None, "a replica stays");
         assert_eq!(c.take_session(&[2, 1], true), Some((vec![7], false)));
         assert!(c.remove(&[2, 2]) && !c.remove(&[2, 2]));
         c.put(vec![2, 3], vec![9]);
         assert_eq!(c.take_session(&[2, 3], false), Some((vec![9], true)));
+        // A replica lasts what is left of the lifetime from when it was issued.
+        c.insert_replica(vec![2, 4], vec![1], Duration::from_secs(3000));
+        let at = lock(c.shard(&[2])).map[&Key::new(&[2, 4]).unwrap()].at;
+        let age = Instant::now() - at;
+        assert!(age >= Duration::from_secs(3000) && age < Duration::from_secs(3010));
+        c.insert_replica(vec![2, 5], vec![1], Duration::from_secs(3600));
+        assert_eq!(c.get(&[2, 5]), None, "issued a lifetime ago");
         let short = SessionCache::new(16, Duration::ZERO);
         short.put(vec![5], vec![5]);
         assert_eq!(short.take(&[5]), None, "expired");
