@@ -94,19 +94,23 @@ impl SiteService {
         }))
     }
 
-    /// The response to `method` on `path` with the request's `headers`.
+    /// The response to `method` on `target` (the path, and the query if any) with the
+    /// request's `headers`.
     pub async fn response(
         &self,
         method: &Method,
-        path: &str,
+        target: &str,
         headers: &http::HeaderMap,
     ) -> Response<RespBody> {
         let mut resp = match &*self.0 {
             Inner::Dir(dir) => dir
-                .respond(method, path, headers)
+                .respond(method, target, headers)
                 .await
                 .map(RespBody::Served),
-            Inner::Demo => demo_response(method, path),
+            Inner::Demo => {
+                let path = target.split('?').next().unwrap_or(target);
+                demo_response(method, path)
+            }
         };
         resp.headers_mut()
             .insert(header::SERVER, HeaderValue::from_static("kuai"));
@@ -126,9 +130,13 @@ impl<B> tower_service::Service<Request<B>> for SiteService {
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let this = self.clone();
         let method = req.method().clone();
-        let path = req.uri().path().to_owned();
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
         let headers = req.headers().clone();
-        Box::pin(async move { Ok(this.response(&method, &path, &headers).await) })
+        Box::pin(async move { Ok(this.response(&method, &target, &headers).await) })
     }
 }
 

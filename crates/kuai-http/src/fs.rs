@@ -114,7 +114,7 @@ impl StaticDir {
     }
 
     /// [`open_beneath`] where it can decide, else [`open_below`].
-    fn open_resolved(&self, root: &Path, rel: &RelativePath) -> Option<(std::fs::File, u64)> {
+    fn open_resolved(&self, root: &Path, rel: &RelativePath) -> Option<Opened> {
         #[cfg(target_os = "linux")]
         if let Some(fd) = &self.root_fd
             && let Ok(found) = open_beneath(fd, rel)
@@ -132,11 +132,21 @@ impl StaticDir {
     /// Opens the file that a request path (its query and fragment are cut off) names: on a
     /// blocking task, or at once when the root is on a memory filesystem (nothing there
     /// waits for a disk); `None` when it is missing or must not be served (the two are not
-    /// told apart, so a client learns nothing about what it may not read).
+    /// told apart, so a client learns nothing about what it may not read), and for a
+    /// directory named without its final `/` (see [`find`](Self::find)).
     pub async fn open(&self, path: &str) -> Option<FileChunks> {
+        match self.find(path).await? {
+            Found::File(f) => Some(f),
+            Found::Directory => None,
+        }
+    }
+
+    /// What a request path (its query and fragment are cut off) names, as
+    /// [`open`](Self::open) finds it, telling a directory named without its final `/` apart.
+    pub async fn find(&self, path: &str) -> Option<Found> {
         let path = path.split(['?', '#']).next().unwrap_or("");
         let rel = RelativePath::parse(path)?;
-        let (file, len) = match &self.resolved {
+        let opened = match &self.resolved {
             Some(r) if r.1 => self.open_resolved(&r.0, &rel)?,
             Some(r) => {
                 let (r, this) = (r.clone(), self.clone());
@@ -151,8 +161,37 @@ impl StaticDir {
                     .ok()??
             }
         };
-        Some(FileChunks::new(file, len))
+        Some(match opened {
+            Opened::File(file, len) => Found::File(FileChunks::new(file, len)),
+            Opened::Directory => Found::Directory,
+        })
     }
+}
+
+/// What a request path names below a [`StaticDir`]'s root.
+#[non_exhaustive]
+pub enum Found {
+    /// A regular file (for a path ending in `/`, the directory's `index.html`).
+    File(FileChunks),
+    /// A directory named without its final `/`. Its index is not served under that name:
+    /// the relative links in it would resolve against the parent. The client should be
+    /// sent to the name with the `/` (as nginx and Apache do, with a 301).
+    Directory,
+}
+
+impl std::fmt::Debug for Found {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Found::File(c) => f.debug_tuple("File").field(&c.len()).finish(),
+            Found::Directory => f.write_str("Directory"),
+        }
+    }
+}
+
+/// What [`open_below`] and [`open_beneath`] found.
+enum Opened {
+    File(std::fs::File, u64),
+    Directory,
 }
 
 /// The media type for a request path, by its extension (ASCII case-insensitive); a path
@@ -220,11 +259,14 @@ fn percent_decode(s: &str) -> Option<String> {
 
 /// Opens `rel` below `root` (resolved) if it is, once every symlink is resolved, a regular
 /// file still below the root with no dot-named component; a directory stands for its
-/// `index.html`. Blocking unless the root is on a memory filesystem.
-fn open_below(root: &Path, rel: &RelativePath) -> Option<(std::fs::File, u64)> {
+/// `index.html` (named with its final `/`). Blocking unless the root is on a memory
+/// filesystem.
+fn open_below(root: &Path, rel: &RelativePath) -> Option<Opened> {
     let mut real = checked_real_path(root, &root.join(&rel.path))?;
     let meta = std::fs::metadata(&real).ok()?;
-    if meta.is_dir() {
+    if meta.is_dir() && !rel.directory {
+        return Some(Opened::Directory);
+    } else if meta.is_dir() {
         real = checked_real_path(root, &real.join("index.html"))?;
     } else if rel.directory {
         return None;
@@ -244,8 +286,20 @@ fn open_below(root: &Path, rel: &RelativePath) -> Option<(std::fs::File, u64)> {
         options.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
     }
     let file = options.open(&real).ok()?;
+    // O_NOFOLLOW covers the last component only: a directory on the way swapped for a
+    // symlink between the checks and the open would take it elsewhere. Where the kernel
+    // tells the path it opened, that path must be the one checked.
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        if let Ok(opened) = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            && opened != real
+        {
+            return None;
+        }
+    }
     let meta = file.metadata().ok()?;
-    meta.is_file().then_some((file, meta.len()))
+    meta.is_file().then(|| Opened::File(file, meta.len()))
 }
 
 /// [`open_below`]'s answer in a few system calls where no symlink is on the way (Linux 5.6+):
@@ -256,10 +310,7 @@ fn open_below(root: &Path, rel: &RelativePath) -> Option<(std::fs::File, u64)> {
 /// and checked to be the same inode. `Err` when it cannot decide: a symlink on the way, or
 /// no `openat2`; [`open_below`] then resolves the path as before.
 #[cfg(target_os = "linux")]
-fn open_beneath(
-    root: &std::os::fd::OwnedFd,
-    rel: &RelativePath,
-) -> Result<Option<(std::fs::File, u64)>, ()> {
+fn open_beneath(root: &std::os::fd::OwnedFd, rel: &RelativePath) -> Result<Option<Opened>, ()> {
     use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
     use rustix::io::Errno;
     use std::os::fd::{AsFd, BorrowedFd};
@@ -288,7 +339,9 @@ fn open_beneath(
     };
     // A directory stands for its index.html, opened below the directory found.
     let index = Path::new("index.html");
-    let (dir_fd, name, st) = if kind(&st) == FileType::Directory {
+    let (dir_fd, name, st) = if kind(&st) == FileType::Directory && !rel.directory {
+        return Ok(Some(Opened::Directory));
+    } else if kind(&st) == FileType::Directory {
         let Some((_, st)) = open(found.as_fd(), index, OFlags::PATH)? else {
             return Ok(None);
         };
@@ -317,7 +370,10 @@ fn open_beneath(
     if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) || kind(&now) != FileType::RegularFile {
         return Ok(None);
     }
-    Ok(Some((std::fs::File::from(file), now.st_size as u64)))
+    Ok(Some(Opened::File(
+        std::fs::File::from(file),
+        now.st_size as u64,
+    )))
 }
 
 /// `path` with every symlink resolved, if that is below `root` (itself resolved) and no
@@ -735,10 +791,16 @@ mod tests {
         let dir = StaticDir::new(&root);
         let fd = dir.root_fd.clone().expect("root opened");
         let beneath = |p: &str| open_beneath(&fd, &RelativePath::parse(p).unwrap());
-        let len = |r: Result<Option<(std::fs::File, u64)>, ()>| r.map(|o| o.map(|(_, n)| n));
+        // A file's length; `DIR` for a directory named without its `/`.
+        const DIR: u64 = u64::MAX;
+        let size = |o: Opened| match o {
+            Opened::File(_, n) => n,
+            Opened::Directory => DIR,
+        };
+        let len = |r: Result<Option<Opened>, ()>| r.map(|o| o.map(size));
         assert_eq!(len(beneath("/a.txt")), Ok(Some(3)));
         assert_eq!(len(beneath("/sub/")), Ok(Some(3)), "index.html");
-        assert_eq!(len(beneath("/sub")), Ok(Some(3)));
+        assert_eq!(len(beneath("/sub")), Ok(Some(DIR)));
         assert_eq!(
             len(beneath("/a.txt/")),
             Ok(None),
@@ -758,8 +820,16 @@ mod tests {
         // And that way: in the root, followed; out of it, refused.
         let r = dir.resolved.as_ref().unwrap().0.clone();
         let resolved = |p: &str| dir.open_resolved(&r, &RelativePath::parse(p).unwrap());
-        assert_eq!(resolved("/link").map(|(_, n)| n), Some(3));
+        assert_eq!(resolved("/link").map(size), Some(3));
         assert!(resolved("/out").is_none());
+        assert_eq!(
+            open_below(&r, &RelativePath::parse("/sub").unwrap()).map(size),
+            Some(DIR)
+        );
+        assert_eq!(
+            open_below(&r, &RelativePath::parse("/sub/").unwrap()).map(size),
+            Some(3)
+        );
         let _ = std::fs::remove_dir_all(&base);
     }
 

@@ -12,7 +12,7 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 
-use crate::fs::{FileChunks, StaticDir, content_type};
+use crate::fs::{FileChunks, Found, StaticDir, content_type};
 
 /// Answers GET and HEAD requests with the files below a directory: what
 /// [`StaticDir`] allows (404 for anything else, missing or forbidden alike), with the status,
@@ -33,13 +33,19 @@ impl ServeDir {
         }
     }
 
-    /// The answer to a request with this method, path and headers.
+    /// The answer to a request with this method, target (its path, and its query if any)
+    /// and headers. A directory named without its final `/` gets a 301 to the name with
+    /// it, the query kept.
     pub async fn respond(
         &self,
         method: &Method,
-        path: &str,
+        target: &str,
         headers: &http::HeaderMap,
     ) -> Response<FileBody> {
+        let (path, query) = match target.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (target, None),
+        };
         if method != Method::GET && method != Method::HEAD {
             let mut r = Response::new(FileBody::empty());
             *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
@@ -47,13 +53,15 @@ impl ServeDir {
                 .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
             return r;
         }
-        let Some(file) = self.dir.open(path).await else {
-            let mut r = Response::new(FileBody::bytes(Bytes::from_static(b"404 not found\n")));
-            *r.status_mut() = StatusCode::NOT_FOUND;
-            let h = r.headers_mut();
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-            h.insert(header::CONTENT_LENGTH, HeaderValue::from(14u64));
-            return r;
+        let file = match self.dir.find(path).await {
+            Some(Found::File(f)) => f,
+            Some(Found::Directory) => {
+                if let Some(r) = to_directory(path, query) {
+                    return r;
+                }
+                return not_found();
+            }
+            None => return not_found(),
         };
         match file.answer(method, headers, content_type(path)) {
             Ok((answer, chunks)) => {
@@ -72,6 +80,34 @@ impl ServeDir {
     }
 }
 
+fn not_found() -> Response<FileBody> {
+    let mut r = Response::new(FileBody::bytes(Bytes::from_static(b"404 not found\n")));
+    *r.status_mut() = StatusCode::NOT_FOUND;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(14u64));
+    r
+}
+
+/// 301 from a directory named without its final `/` to the name with it. The location is
+/// relative (RFC 9110 §10.2.2 allows it): the last segment and a `/`, resolved against the
+/// request's own URL, so it is right behind a router that took a prefix off the path too.
+/// `./` first, so that a segment with a `:` is not read as a scheme (RFC 3986 §4.2).
+fn to_directory(path: &str, query: Option<&str>) -> Option<Response<FileBody>> {
+    let last = path.rsplit('/').next().filter(|s| !s.is_empty())?;
+    let location = match query {
+        Some(q) => format!("./{last}/?{q}"),
+        None => format!("./{last}/"),
+    };
+    let location = HeaderValue::from_str(&location).ok()?;
+    let mut r = Response::new(FileBody::empty());
+    *r.status_mut() = StatusCode::MOVED_PERMANENTLY;
+    let h = r.headers_mut();
+    h.insert(header::LOCATION, location);
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
+    Some(r)
+}
+
 impl<B> tower_service::Service<Request<B>> for ServeDir {
     type Response = Response<FileBody>;
     type Error = Infallible;
@@ -84,9 +120,13 @@ impl<B> tower_service::Service<Request<B>> for ServeDir {
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let this = self.clone();
         let method = req.method().clone();
-        let path = req.uri().path().to_owned();
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
         let headers = req.headers().clone();
-        Box::pin(async move { Ok(this.respond(&method, &path, &headers).await) })
+        Box::pin(async move { Ok(this.respond(&method, &target, &headers).await) })
     }
 }
 
@@ -237,6 +277,19 @@ mod tests {
             let (status, _, _) = call(&mut s, get(path).body(()).unwrap()).await;
             assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
         }
+        // A directory named without its `/`: sent to the name with it, the query kept.
+        std::fs::write(d.0.join("sub/index.html"), b"<a href=data.bin>").unwrap();
+        for (path, to) in [("/sub", "./sub/"), ("/sub?v=2", "./sub/?v=2")] {
+            let (status, h, body) = call(&mut s, get(path).body(()).unwrap()).await;
+            assert_eq!(status, StatusCode::MOVED_PERMANENTLY, "{path}");
+            assert_eq!(
+                (&h[header::LOCATION], body.len()),
+                (&to.parse().unwrap(), 0)
+            );
+        }
+        let (status, h, _) = call(&mut s, get("/sub/").body(()).unwrap()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(h[header::CONTENT_TYPE], "text/html; charset=utf-8");
         let post = Request::post("/index.html").body(()).unwrap();
         let (status, h, _) = call(&mut s, post).await;
         assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);

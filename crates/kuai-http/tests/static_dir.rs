@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kuai_http::fs::StaticDir;
+use kuai_http::fs::{Found, StaticDir};
 
 /// A directory tree with every kind of thing a request must not reach, and a file
 /// outside it.
@@ -89,7 +89,6 @@ async fn the_file_server_serves_regular_files_below_the_root_only() {
     for (path, want) in [
         ("/a.txt", &b"aaa"[..]),
         ("/sub/", b"<p>sub</p>"),
-        ("/sub", b"<p>sub</p>"),
         ("/./a.txt?x=1", b"aaa"),
         ("/%61.txt", b"aaa"),
         ("/with%20space.txt", b"spaced"),
@@ -98,6 +97,14 @@ async fn the_file_server_serves_regular_files_below_the_root_only() {
     ] {
         if get(root, path).await.as_deref() != Some(want) {
             wrong.push(format!("{path} not served"));
+        }
+    }
+    // A directory named without its `/` (a link to one in the root too) is not its index:
+    // the server redirects to the name with the `/`.
+    let dir = StaticDir::new(root.to_path_buf());
+    for path in ["/sub", "/in-dir-link"] {
+        if !matches!(dir.find(path).await, Some(Found::Directory)) {
+            wrong.push(format!("{path} not found as a directory"));
         }
     }
     // What is not.
