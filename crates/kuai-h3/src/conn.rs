@@ -86,6 +86,9 @@ pub(crate) struct State {
     pub error: Option<H3Error>,
     /// Server: the lowest request stream ID not yet seen (for GOAWAY).
     pub next_request_id: u64,
+    /// Server: request streams accepted whose handling has not ended (their head still
+    /// arriving, or their handler running).
+    pub open_requests: usize,
     /// Which critical unidirectional stream types the peer has opened (indexed by type).
     pub seen_critical: [bool; 4],
     /// Where a decoded section's instructions (a Section Acknowledgment) are written before
@@ -101,7 +104,8 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     /// Encoder-stream progress: blocked header blocks may decode now.
     pub qpack_progress: Notify,
-    /// Peer settings arrived, GOAWAY, or a connection error.
+    /// Peer settings arrived, GOAWAY, a connection error, or (server) the last open
+    /// request ended.
     pub changed: Notify,
     /// Bytes for our QPACK encoder stream, control stream and QPACK decoder stream.
     pub encoder_tx: Outbox,
@@ -423,6 +427,7 @@ pub(crate) async fn start(
             goaway_sent: None,
             error: None,
             next_request_id: 0,
+            open_requests: 0,
             seen_critical: [false; 4],
             decoder_out: Vec::new(),
         }),

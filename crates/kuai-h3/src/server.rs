@@ -99,6 +99,48 @@ impl Server {
     pub fn quic(&self) -> &kuai::Connection {
         &self.shared.quic
     }
+
+    /// Request streams the client opened that are not done with: their head still
+    /// arriving, or (with [`with_handler`](Self::with_handler)) their handler running.
+    /// After [`shutdown`](Self::shutdown), the connection is drained when this is zero:
+    /// the GOAWAY promised the client that every stream below its ID would be processed
+    /// (RFC 9114 §5.2), and a head still on its way counts.
+    pub fn open_requests(&self) -> usize {
+        self.shared.lock().open_requests
+    }
+
+    /// Resolves when [`open_requests`](Self::open_requests) is zero (it borrows nothing,
+    /// so it can be awaited beside [`accept`](Self::accept)).
+    pub fn requests_done(&self) -> impl Future<Output = ()> + Send + 'static {
+        let shared = self.shared.clone();
+        async move {
+            loop {
+                let notified = shared.changed.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if shared.lock().open_requests == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        }
+    }
+}
+
+/// Counts a request stream among [`Server::open_requests`] until dropped.
+struct OpenRequest(Arc<Shared>);
+
+impl Drop for OpenRequest {
+    fn drop(&mut self) {
+        let done = {
+            let mut s = self.0.lock();
+            s.open_requests = s.open_requests.saturating_sub(1);
+            s.open_requests == 0
+        };
+        if done {
+            self.0.changed.notify_waiters();
+        }
+    }
 }
 
 /// Reads request heads as streams arrive, each in a task of its own that then runs
@@ -132,12 +174,16 @@ async fn accept_requests<H, F>(
                 continue;
             }
             s.next_request_id = s.next_request_id.max(id + 4);
+            s.open_requests += 1;
         }
+        let open = OpenRequest(shared.clone());
         let alive = tx.clone();
         let handler = handler.clone();
         let extended_connect = shared.config.enable_connect_protocol;
         let head_timeout = shared.config.request_head_timeout;
         tokio::spawn(async move {
+            // Counted until this task ends, whichever way.
+            let _open = open;
             let head = match head_timeout {
                 Some(t) => tokio::time::timeout(t, stream.recv.recv_fields()).await,
                 None => Ok(stream.recv.recv_fields().await),

@@ -2,6 +2,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -26,6 +28,34 @@ pub struct Body {
     received: u64,
     /// Called once the body has been read to its end.
     on_end: Option<Box<dyn FnOnce() + Send>>,
+    /// Counted while its reader waits for the sender (see [`Body::watched`]).
+    waiting: Option<Waiting>,
+}
+
+/// Counts a body in a shared tally while a read of it found nothing yet: a TCP
+/// connection's watchdog then knows the service waits on the client.
+struct Waiting {
+    tally: Arc<AtomicUsize>,
+    counted: bool,
+}
+
+impl Waiting {
+    fn set(&mut self, waiting: bool) {
+        if waiting != self.counted {
+            if waiting {
+                self.tally.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.tally.fetch_sub(1, Ordering::Relaxed);
+            }
+            self.counted = waiting;
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.set(false);
+    }
 }
 
 enum Kind {
@@ -51,6 +81,7 @@ impl Body {
             limit: None,
             received: 0,
             on_end: None,
+            waiting: None,
         }
     }
 
@@ -63,6 +94,7 @@ impl Body {
             limit,
             received: 0,
             on_end: None,
+            waiting: None,
         }
     }
 
@@ -72,6 +104,7 @@ impl Body {
             limit,
             received: 0,
             on_end: None,
+            waiting: None,
         }
     }
 
@@ -85,12 +118,22 @@ impl Body {
             limit: None,
             received: 0,
             on_end: None,
+            waiting: None,
         }
     }
 
     /// Calls `f` once the body has been read to its end.
     pub(crate) fn on_end(mut self, f: Box<dyn FnOnce() + Send>) -> Self {
         self.on_end = Some(f);
+        self
+    }
+
+    /// Counts this body in `tally` while a read of it is waiting for data.
+    pub(crate) fn watched(mut self, tally: Arc<AtomicUsize>) -> Self {
+        self.waiting = Some(Waiting {
+            tally,
+            counted: false,
+        });
         self
     }
 
@@ -148,9 +191,37 @@ impl http_body::Body for Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = self.get_mut();
+        let r = this.poll_body(cx);
+        if let Some(w) = &mut this.waiting {
+            w.set(r.is_pending());
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Empty => true,
+            Kind::Hyper(b) => b.is_end_stream(),
+            Kind::H3(_) | Kind::Quic(..) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Hyper(b) => b.size_hint(),
+            Kind::H3(_) | Kind::Quic(..) => SizeHint::default(),
+        }
+    }
+}
+
+impl Body {
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = self;
         let frame = match &mut this.kind {
             Kind::Empty => None,
-            Kind::Hyper(b) => ready!(Pin::new(b).poll_frame(cx)).map(|r| r.map_err(Error::Hyper)),
+            Kind::Hyper(b) => ready!(http_body::Body::poll_frame(Pin::new(b), cx))
+                .map(|r| r.map_err(Error::Hyper)),
             Kind::Quic(first, _) if first.is_some() => first.take().map(|b| Ok(Frame::data(b))),
             Kind::Quic(_, s) => match ready!(s.poll_read_chunk(cx, usize::MAX)) {
                 Ok(Some(b)) => Some(Ok(Frame::data(b))),
@@ -210,21 +281,5 @@ impl http_body::Body for Body {
             f();
         }
         Poll::Ready(this.counted(frame))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Empty => true,
-            Kind::Hyper(b) => b.is_end_stream(),
-            Kind::H3(_) | Kind::Quic(..) => false,
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Empty => SizeHint::with_exact(0),
-            Kind::Hyper(b) => b.size_hint(),
-            Kind::H3(_) | Kind::Quic(..) => SizeHint::default(),
-        }
     }
 }

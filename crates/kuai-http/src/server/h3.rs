@@ -50,6 +50,7 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
     loop {
         let idle = in_flight.is_idle();
         let deadline = draining.unwrap_or_else(|| in_flight.idle_since() + limits.idle_timeout);
+        let drained = server.requests_done();
         let next = tokio::select! {
             r = server.accept() => r,
             _ = tokio::time::sleep_until(deadline), if idle || draining.is_some() => {
@@ -67,25 +68,21 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
                 break;
             }
             // A request began or ended.
-            _ = in_flight.changed() => {
-                if let Some(d) = draining && in_flight.is_idle() {
+            _ = in_flight.changed() => continue,
+            // Draining, and every request below the GOAWAY's ID is answered: those whose
+            // heads were still arriving count (the GOAWAY promised to process them).
+            _ = drained, if draining.is_some() => {
+                if let Some(d) = draining {
                     linger(&server, d).await;
-                    close(&server, b"shutting down");
-                    break;
                 }
-                continue;
+                close(&server, b"shutting down");
+                break;
             }
             _ = shared.shutting_down(), if draining.is_none() => {
                 // GOAWAY: requests already begun are answered, later ones refused so the
                 // client can retry them elsewhere.
                 server.shutdown();
-                let d = tokio::time::Instant::now() + limits.drain_timeout;
-                draining = Some(d);
-                if in_flight.is_idle() {
-                    linger(&server, d).await;
-                    close(&server, b"shutting down");
-                    break;
-                }
+                draining = Some(tokio::time::Instant::now() + limits.drain_timeout);
                 continue;
             }
         };

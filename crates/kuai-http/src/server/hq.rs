@@ -15,6 +15,8 @@ use crate::Body;
 const MAX_REQUEST: usize = 8 * 1024;
 /// The stream error that says "not found" (the interop runner's convention).
 const NOT_FOUND: u64 = 0x10c;
+/// H3_REQUEST_REJECTED (RFC 9114 §8.1): the request was not processed.
+const REQUEST_REJECTED: u64 = 0x10b;
 
 /// Serves every request of a connection; on shutdown, the requests in flight get the drain
 /// timeout to finish.
@@ -55,7 +57,20 @@ async fn serve_request(
     info: ConnInfo,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let early = recv.received_in_0rtt();
-    let line = recv.read_to_end(MAX_REQUEST).await?;
+    // The request line within the header timeout, as HTTP/3's head: a client that opens
+    // streams and never ends them holds no task past it.
+    let line =
+        match tokio::time::timeout(shared.limits.header_timeout, recv.read_to_end(MAX_REQUEST))
+            .await
+        {
+            Ok(line) => line?,
+            Err(_) => {
+                // Not processed: HTTP/3's code for that (there is no HTTP/0.9 one).
+                let _ = recv.stop(REQUEST_REJECTED);
+                send.reset(REQUEST_REJECTED)?;
+                return Ok(());
+            }
+        };
     let line = String::from_utf8_lossy(&line);
     let path = request_path(&line);
     let req = Request::builder()

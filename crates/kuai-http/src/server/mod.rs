@@ -90,8 +90,11 @@ pub struct Limits {
     /// A connection with no request in flight for this long is closed (nginx's
     /// keepalive_timeout); HTTP/2 and HTTP/3 with a GOAWAY.
     pub idle_timeout: Duration,
-    /// TCP: a response that makes no progress this long (the client stopped reading)
-    /// closes the connection (nginx's send_timeout).
+    /// TCP: a connection that waits on its client this long without progress is closed:
+    /// a response the client stopped taking (nginx's send_timeout), or a request body a
+    /// service reads that stopped coming (nginx's client_body_timeout). The time a service
+    /// takes to answer, and a streaming response with nothing to send, do not count; nor
+    /// does the request body of an extended CONNECT tunnel.
     pub send_timeout: Duration,
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (nginx's http2_max_concurrent_streams).
     /// HTTP/3's bound is QUIC's stream limit, in the endpoint's transport configuration.

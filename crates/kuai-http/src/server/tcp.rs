@@ -105,8 +105,12 @@ struct ConnState {
     idle_since: AtomicU64,
     /// When the first byte after `idle_since` was read (the next HTTP/1.1 head began).
     head_started: AtomicU64,
-    /// When a response body last asked for data (it only does when the client reads).
+    /// When the connection last moved while a request is in flight: a response body gave
+    /// data, bytes went out or came in.
     progress: AtomicU64,
+    /// Request bodies a service is reading and waiting for more of (see
+    /// [`Body::watched`]).
+    body_waits: Arc<AtomicUsize>,
     /// Response body bytes handed to hyper, and bytes hyper wrote to the TLS stream (never
     /// counted past `produced`, so headers and framing do not make room): the difference
     /// is what waits in hyper's and h2's buffers.
@@ -146,6 +150,7 @@ impl ConnState {
             idle_since: AtomicU64::new(now),
             head_started: AtomicU64::new(NEVER),
             progress: AtomicU64::new(now),
+            body_waits: Arc::new(AtomicUsize::new(0)),
             produced: AtomicU64::new(0),
             written: AtomicU64::new(0),
             response_buffer: AtomicU64::new(RESPONSE_BUFFER),
@@ -181,6 +186,14 @@ impl ConnState {
         (idle_since.saturating_add(ms(l.idle_timeout)), Expiry::Idle)
     }
 
+    /// Whether the connection waits on the client: response bytes it has not taken, or a
+    /// request body a service reads that does not come. Only then does the send timeout
+    /// close it; a service taking its time to answer, or a stream with nothing to send
+    /// (a long poll, a quiet event stream), is not the client's stall.
+    fn waits_on_client(&self) -> bool {
+        self.buffered() > 0 || self.body_waits.load(Relaxed) > 0
+    }
+
     /// Response bytes produced and not yet written out.
     fn buffered(&self) -> u64 {
         self.produced
@@ -190,6 +203,9 @@ impl ConnState {
 
     /// `n` bytes went to the TLS stream: wakes the bodies waiting for room.
     fn on_written(&self, n: usize) {
+        if self.active.load(Relaxed) > 0 {
+            self.progress.store(self.clock.now(), Relaxed);
+        }
         let produced = self.produced.load(Relaxed);
         let _ = self.written.fetch_update(Relaxed, Relaxed, |w| {
             Some(w.saturating_add(n as u64).min(produced.max(w)))
@@ -219,7 +235,9 @@ impl ConnState {
 
     /// Bytes arrived from the client.
     fn on_read(&self) {
-        if self.active.load(Relaxed) == 0 && self.head_started.load(Relaxed) == NEVER {
+        if self.active.load(Relaxed) > 0 {
+            self.progress.store(self.clock.now(), Relaxed);
+        } else if self.head_started.load(Relaxed) == NEVER {
             self.head_started.store(self.clock.now(), Relaxed);
             self.changed.notify_one();
         }
@@ -281,8 +299,12 @@ impl http_body::Body for Tracked {
         if !s.room(cx) {
             return Poll::Pending;
         }
-        s.progress.store(s.clock.now(), Relaxed);
         let r = Pin::new(&mut this.body).poll_frame(cx);
+        // Progress when the body gives something: a poll that finds nothing (every wake of
+        // the connection's task polls it again) is none.
+        if r.is_ready() {
+            s.progress.store(s.clock.now(), Relaxed);
+        }
         if let Poll::Ready(Some(Ok(frame))) = &r
             && let Some(data) = frame.data_ref()
         {
@@ -613,11 +635,21 @@ async fn serve_connection(
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let shared = sh.clone();
         let request = InFlight::new(&st);
+        let waits = st.body_waits.clone();
         async move {
             let mut log = AccessLog::new(&shared, info, req.method().clone(), req.uri(), false);
             let limit = shared.limits.max_request_body;
+            // A tunnel (extended CONNECT, RFC 8441) may be quiet both ways for as long as
+            // its ends like: its request body is not one the client owes.
+            let tunnel = req.method() == http::Method::CONNECT;
             let resp = shared
-                .respond(req.map(|b| Body::hyper(b, limit)), info)
+                .respond(
+                    req.map(|b| {
+                        let b = Body::hyper(b, limit);
+                        if tunnel { b } else { b.watched(waits) }
+                    }),
+                    info,
+                )
                 .await;
             log.response(&resp);
             Ok::<_, Infallible>(resp.map(|body| Tracked { body, request, log }))
@@ -705,7 +737,15 @@ async fn watch<C>(
                 }
                 // The deadline may have moved while asleep.
                 let (at, why) = state.deadline(limits, h2);
-                if at > state.clock.now() {
+                let now = state.clock.now();
+                if at > now {
+                    continue;
+                }
+                // Not waiting on the client: the service's time is not the client's stall.
+                // Looked at again a send timeout from now; a response that then sits
+                // unread counts from when it was produced.
+                if why == Expiry::Send && !state.waits_on_client() {
+                    state.progress.store(now, Relaxed);
                     continue;
                 }
                 tracing::debug!(%remote, ?why, "{proto} connection timed out");
@@ -949,6 +989,40 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(20));
         }
         eprintln!("{total} bytes after the stall, then the end");
+    }
+
+    /// The send timeout (600 ms here) counts only while the connection waits on its
+    /// client: a service that takes longer to answer, and a response quiet for longer
+    /// between two chunks, are not cut off, over HTTP/1.1 or HTTP/2; a request body that
+    /// stops coming while the service reads it is.
+    #[tokio::test]
+    async fn the_send_timeout_counts_only_while_the_client_is_waited_on() {
+        let srv = start(short_limits()).await;
+        for proto in [Proto::H1, Proto::H2] {
+            let alpn = match proto {
+                Proto::H1 => ALPN_H1,
+                Proto::H2 => ALPN_H2,
+            };
+            for (path, len) in [("/wait/1500", 7), ("/quiet/1500", 2 * 65536)] {
+                let mut c = Sender::connect(srv.addr, &srv.cert, alpn).await;
+                let req = request(alpn, srv.addr.port(), path).body(empty()).unwrap();
+                let resp = c.try_send(req).await.unwrap();
+                assert_eq!(resp.status(), http::StatusCode::OK, "{proto:?} {path}");
+                let body = resp.into_body().collect().await;
+                let body = body.unwrap_or_else(|e| panic!("{proto:?} {path}: {e}"));
+                assert_eq!(body.to_bytes().len(), len, "{proto:?} {path}");
+            }
+        }
+        // An upload that stops: closed after about the send timeout.
+        let mut s = srv.tls(ALPN_H1).await;
+        s.write_all(b"POST /echo HTTP/1.1\r\nhost: localhost\r\ncontent-length: 1000\r\n\r\nsome")
+            .await
+            .unwrap();
+        let t = closed_within(&mut s, Duration::from_secs(5)).await;
+        let t = t.expect("a stalled upload still open after 5 s");
+        eprintln!("stalled upload closed after {t:?}");
+        assert!(t >= Duration::from_millis(500), "closed after {t:?}");
+        assert!(t < Duration::from_millis(2500), "closed after {t:?}");
     }
 
     /// Header size and count limits: HTTP/1.1 answers 431 past them; HTTP/2 advertises

@@ -52,9 +52,10 @@ impl http_body::Body for Pattern {
     }
 }
 
-/// `n` chunks of 64 KiB, one every 20 ms.
+/// `left` chunks of 64 KiB, the first at once, then one every `every`.
 struct Slow {
     left: u32,
+    every: Duration,
     sleep: Pin<Box<tokio::time::Sleep>>,
 }
 
@@ -72,7 +73,7 @@ impl http_body::Body for Slow {
         }
         std::task::ready!(this.sleep.as_mut().poll(cx));
         this.left -= 1;
-        let next = tokio::time::Instant::now() + Duration::from_millis(20);
+        let next = tokio::time::Instant::now() + this.every;
         this.sleep.as_mut().reset(next);
         Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b's'; 65536])))))
     }
@@ -110,9 +111,29 @@ impl tower_service::Service<Request<Body>> for TestSite {
                 r.headers_mut().insert("content-length", n.into());
                 r
             } else if let Some(n) = path.strip_prefix("/slow/") {
+                // /slow/N: N chunks, one every 20 ms.
                 let left: u32 = n.parse().unwrap_or(0);
                 let sleep = Box::pin(tokio::time::sleep(Duration::ZERO));
-                Response::new(Slow { left, sleep }.boxed_unsync())
+                let every = Duration::from_millis(20);
+                Response::new(Slow { left, every, sleep }.boxed_unsync())
+            } else if let Some(ms) = path.strip_prefix("/quiet/") {
+                // /quiet/MS: a chunk, nothing for MS milliseconds, a chunk (an event stream
+                // with a quiet spell).
+                let every = Duration::from_millis(ms.parse().unwrap_or(0));
+                let sleep = Box::pin(tokio::time::sleep(Duration::ZERO));
+                Response::new(
+                    Slow {
+                        left: 2,
+                        every,
+                        sleep,
+                    }
+                    .boxed_unsync(),
+                )
+            } else if let Some(ms) = path.strip_prefix("/wait/") {
+                // /wait/MS: answers after MS milliseconds (a service taking its time).
+                let ms = ms.parse().unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Response::new(full("waited\n"))
             } else if let Some(rest) = path.strip_prefix("/to/") {
                 // /to/PORT/PATH: 307 to https://localhost:PORT/PATH.
                 let (port, rest) = rest.split_once('/').unwrap_or((rest, ""));
@@ -283,6 +304,80 @@ pub(crate) fn empty() -> TestBody {
 }
 
 /// An HTTP/3 connection to `addr` and a client on it.
+/// A request whose head is still arriving when the server shuts down (its stream below
+/// the GOAWAY's ID) is answered, even when the rest of it comes later than the linger after
+/// the last answered request: the GOAWAY promised to process it (RFC 9114 §5.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_still_arriving_at_shutdown_is_answered() {
+    let srv = start(Limits::default(), None).await;
+    let cep = client_endpoint();
+    let (conn, _client) = h3_client(&cep, &srv.cert, srv.addr).await;
+    // GET https://localhost/hello.txt in QPACK's static table only (RFC 9204 Appendix A):
+    // :method GET (17) and :scheme https (23) indexed, :authority (0) and :path (1) as
+    // literals with their names' indexes.
+    let mut section = b"\x00\x00\xd1\xd7\x50\x09localhost\x51\x0a/hello.txt".to_vec();
+    let mut frame = vec![0x01, section.len() as u8];
+    frame.append(&mut section);
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&frame[..4]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    srv.handle.shutdown();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    send.write_all(&frame[4..]).await.unwrap();
+    send.finish().unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 16))
+        .await
+        .expect("no answer")
+        .expect("the request was not answered");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("hello from kuai over QUIC"), "{text:?}");
+    let r = tokio::time::timeout(Duration::from_secs(5), srv.served).await;
+    assert!(r.expect("serve returned after the drain").unwrap().is_ok());
+}
+
+/// HTTP/0.9: a request stream whose line never ends is reset after the header timeout
+/// (nothing waits on it past that); a whole one on the same connection is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http09_request_that_never_ends_is_reset_after_the_header_timeout() {
+    let (cert, mut tls) = identity();
+    tls.alpn_protocols = vec![ALPN_HQ.to_vec()];
+    let ep = kuai::Endpoint::builder()
+        .server(kuai::ServerConfig::from_rustls(tls))
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = ep.local_addr().unwrap();
+    let limits = Limits {
+        header_timeout: Duration::from_millis(400),
+        ..Limits::default()
+    };
+    let server = Server::new(TestSite { dir: None }).limits(limits);
+    tokio::spawn(server.serve(Listener::new(ep)));
+    let cep = client_endpoint();
+    let ccfg = kuai::ClientConfig::with_root(cert, &[ALPN_HQ]).unwrap();
+    let conn = cep
+        .connect_with(ccfg, addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(b"GET /hello").await.unwrap();
+    let t = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 16))
+        .await
+        .expect("still open after 5 s");
+    assert!(r.is_err(), "answered an unfinished request: {r:?}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(b"GET /hello.txt\r\n").await.unwrap();
+    send.finish().unwrap();
+    let got = recv.read_to_end(1 << 16).await.unwrap();
+    assert_eq!(got, b"hello from kuai over QUIC\n");
+}
+
 pub(crate) async fn h3_client(
     cep: &kuai::Endpoint,
     cert: &rustls::pki_types::CertificateDer<'static>,
