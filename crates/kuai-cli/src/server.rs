@@ -150,8 +150,8 @@ pub struct Args {
     /// How long a connection (TCP or HTTP/3) waits for another request after a response.
     #[arg(long, default_value_t = Timeout(Limits::default().idle_timeout))]
     idle_timeout: Timeout,
-    /// TCP: a response that makes no progress this long (the client stopped reading) closes
-    /// its connection.
+    /// TCP: a connection waiting on its client this long without progress is closed (a
+    /// response the client stopped reading, a request body that stopped coming).
     #[arg(long, default_value_t = Timeout(Limits::default().send_timeout))]
     send_timeout: Timeout,
     /// HTTP/2: most requests in flight per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
