@@ -700,7 +700,14 @@ impl Inner {
             {
                 headers.remove(header::FORWARDED);
             }
-            headers::append_list(&mut headers, X_FORWARDED_FOR, headers::forwarded_for(ip));
+            let addr = headers::forwarded_for(ip);
+            headers::append_list(&mut headers, X_FORWARDED_FOR, addr.clone());
+            // Fields a backend may take for the gateway's word, which a client could set:
+            // X-Real-IP is the address this request came from; the client's X-Forwarded-Host
+            // and -Port go (the Host field and Forwarded's host say where it was sent).
+            headers.remove(X_FORWARDED_HOST);
+            headers.remove(X_FORWARDED_PORT);
+            headers.insert(X_REAL_IP, addr);
             headers::append_list(
                 &mut headers,
                 header::FORWARDED,
@@ -775,6 +782,9 @@ impl Inner {
 // Built at compile time: `from_static` outside a constant checks the name on every call.
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 const EARLY_DATA: HeaderName = HeaderName::from_static("early-data");
 
 /// The proxy's own answer.

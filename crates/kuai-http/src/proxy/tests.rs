@@ -252,6 +252,9 @@ async fn every_protocol_reaches_both_kinds_of_backend() {
                 .header("connection", "x-private")
                 .header("x-private", "hop")
                 .header("x-forwarded-for", "192.0.2.1")
+                .header("x-real-ip", "192.0.2.2")
+                .header("x-forwarded-host", "spoofed.example")
+                .header("x-forwarded-port", "1")
                 .send()
                 .await
                 .unwrap();
@@ -272,6 +275,7 @@ async fn every_protocol_reaches_both_kinds_of_backend() {
             for want in [
                 "x-forwarded-for: 192.0.2.1, 127.0.0.1\n".to_string(),
                 "x-forwarded-proto: https\n".into(),
+                "x-real-ip: 127.0.0.1\n".into(),
                 format!(
                     "forwarded: for=127.0.0.1;proto=https;host=\"localhost:{}\"\n",
                     gw.port
@@ -288,6 +292,12 @@ async fn every_protocol_reaches_both_kinds_of_backend() {
                 assert!(!text.contains("x-private"), "{text}");
             }
             assert!(!text.contains("early-data"), "{text}");
+            for spoofed in ["192.0.2.2", "spoofed.example", "x-forwarded-port"] {
+                assert!(
+                    !text.contains(spoofed),
+                    "{mode:?}: {spoofed} passed on\n{text}"
+                );
+            }
         }
     }
 }
