@@ -124,8 +124,9 @@ pub struct Args {
     /// rustls 0.23 allows none with stateless tickets).
     #[arg(long, value_enum, default_value_t = TicketMode::Replicated)]
     session_tickets: TicketMode,
-    /// Seconds between rotations of the fleet's Retry/NEW_TOKEN keys and stateless ticket
-    /// keys (each key is accepted for the periods before and after its own).
+    /// Seconds between rotations of the fleet's stateless ticket keys, and of its
+    /// Retry/NEW_TOKEN keys when longer than a NEW_TOKEN token's lifetime (24 h); each
+    /// key is accepted for the periods before and after its own.
     #[arg(long, default_value_t = 3600, value_name = "SECS")]
     key_period: u64,
     /// Spread connections over this many workers: UDP sockets sharing the port, each with a
@@ -420,9 +421,12 @@ async fn serve(args: Args) -> Result<(), String> {
         Some(f) => {
             let reset = f.reset_key().await;
             // The token keys rotate with the fleet's whether Redis answers now or later:
-            // until it does, this process seals with keys of its own.
+            // until it does, this process seals with keys of its own. Not faster than a
+            // NEW_TOKEN token lives (24 h), or a client's token would die with its key
+            // long before (a key opens for one period after its own).
+            let token_period = key_period.max(cfg.proto_mut().new_token_lifetime);
             let token_keys = f
-                .rotate_token_keys(cfg.proto_mut().token_key.clone(), key_period)
+                .rotate_token_keys(cfg.proto_mut().token_key.clone(), token_period)
                 .await;
             let generation = token_keys
                 .sealing()
@@ -433,7 +437,7 @@ async fn serve(args: Args) -> Result<(), String> {
                     println!(
                         "fleet keys from redis: reset key {}, token keys of generation {generation} (every {} s)",
                         kuai_fleet::key_id(&k),
-                        key_period.as_secs()
+                        token_period.as_secs()
                     );
                     Some(k)
                 }
