@@ -674,12 +674,13 @@ async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
                     let settings = Settings::decode(&p)?;
                     {
                         let mut s = shared.lock();
+                        // The peer's capacity sets MaxEntries; we use at most what we
+                        // allow ourselves (16 KiB at least).
                         s.encoder = qpack::Encoder::new(
-                            settings
-                                .qpack_max_table_capacity
-                                .min(shared.config.qpack_max_table_capacity.max(16 * 1024)),
+                            settings.qpack_max_table_capacity,
                             settings.qpack_blocked_streams,
-                        );
+                        )
+                        .limit_capacity(shared.config.qpack_max_table_capacity.max(16 * 1024));
                         s.peer_settings = Some(settings);
                     }
                     shared.changed.notify_waiters();

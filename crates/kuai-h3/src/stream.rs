@@ -612,7 +612,11 @@ impl Drop for RecvHalf {
         if self.recv.is_0rtt_rejected() {
             return;
         }
-        if !self.decoded {
+        // A trailer section read but never decoded (a reader that stops at the body's end)
+        // is abandoned as much as an undecoded head: without the cancellation the peer's
+        // encoder keeps it outstanding, and the entries it names can never be evicted
+        // (RFC 9204 §2.2.2.2, §4.4.2).
+        if !self.decoded || self.trailer_block.is_some() {
             self.shared.cancel_stream(self.id);
         }
         crate::datagram::forget(&self.shared, self.id);

@@ -1416,3 +1416,31 @@ fn unacknowledged_sections_are_bounded() {
     enc.encode(4 * 5000, &fields, &mut block, &mut es).unwrap();
     assert_ne!(block[0], 0, "dynamic references again");
 }
+
+/// An encoder using less of the table than the decoder allows (a gateway capping what it
+/// keeps per connection) encodes the Required Insert Count modulo the decoder's MaxEntries
+/// (RFC 9204 §4.5.1.1), not one of its own: past twice its own, the decoder would read
+/// another count and fail.
+#[test]
+fn a_capped_encoder_counts_inserts_by_the_decoders_max_entries() {
+    let mut enc = Encoder::new(65536, 0).limit_capacity(4096);
+    assert_eq!(enc.table_capacity(), 4096);
+    let mut dec = Decoder::new(65536, 0, u64::MAX);
+    // Each value three times, so that the encoder keeps inserting (a hit per insert).
+    for i in 0..1200u64 {
+        let section = vec![f("x-session", &format!("s-{:06}", i / 3))];
+        let (mut block, mut es, mut ds) = (Vec::new(), Vec::new(), Vec::new());
+        enc.encode(i * 4, &section, &mut block, &mut es).unwrap();
+        dec.on_encoder_stream(&es, &mut ds).unwrap();
+        enc.on_decoder_stream(&ds).unwrap();
+        ds.clear();
+        let got = dec.decode(i * 4, &block, &mut ds);
+        assert_eq!(
+            fields(got.unwrap_or_else(|e| panic!("section {i}: {e:?}"))),
+            section,
+            "section {i}"
+        );
+        enc.on_decoder_stream(&ds).unwrap();
+    }
+    assert!(enc.stats().inserts > 300, "{:?}", enc.stats());
+}

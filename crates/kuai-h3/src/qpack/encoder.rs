@@ -323,6 +323,16 @@ impl Encoder {
         }
     }
 
+    /// Uses at most `cap` bytes of the table the decoder allows. MaxEntries, which the
+    /// Required Insert Count is encoded modulo, stays the one from the decoder's
+    /// SETTINGS_QPACK_MAX_TABLE_CAPACITY (RFC 9204 §4.5.1.1): derived from a smaller
+    /// capacity of our choosing, the decoder would read a wrong count once the inserts
+    /// pass twice our MaxEntries.
+    pub fn limit_capacity(mut self, cap: u64) -> Self {
+        self.capacity = self.capacity.min(cap);
+        self
+    }
+
     /// Uses the Huffman code for strings when it is shorter (the default), or never.
     pub fn set_huffman(&mut self, on: bool) {
         self.huffman = on;
