@@ -214,6 +214,18 @@ impl RecvHalf {
         }
     }
 
+    /// A frame a request stream may not carry: H3_FRAME_UNEXPECTED, but a PUSH_PROMISE to
+    /// a client, which never sent MAX_PUSH_ID, carries a push ID past its maximum:
+    /// H3_ID_ERROR (RFC 9114 §7.2.5).
+    fn not_allowed(&self, f: &Frame) -> Error {
+        if matches!(f, Frame::PushPromise) && !self.shared.side.is_server() {
+            let e = H3Error::new(Code::ID_ERROR, "PUSH_PROMISE without MAX_PUSH_ID");
+            self.shared.fail(e.clone());
+            return Error::Protocol(e);
+        }
+        self.unexpected("frame not allowed on a request stream")
+    }
+
     fn unexpected(&self, what: &'static str) -> Error {
         let e = H3Error::new(Code::FRAME_UNEXPECTED, what);
         self.shared.fail(e.clone());
@@ -245,7 +257,7 @@ impl RecvHalf {
                 }
                 Some(Frame::Unknown(_)) => continue,
                 Some(Frame::Data(_)) => return Err(self.unexpected("DATA before HEADERS")),
-                Some(_) => return Err(self.unexpected("frame not allowed on a request stream")),
+                Some(f) => return Err(self.not_allowed(&f)),
             }
         }
     }
@@ -341,7 +353,7 @@ impl RecvHalf {
                     self.state = RecvState::Trailers;
                 }
                 Some(Frame::Unknown(_)) => continue,
-                Some(_) => return Err(self.unexpected("frame not allowed on a request stream")),
+                Some(f) => return Err(self.not_allowed(&f)),
             }
         }
     }
@@ -418,11 +430,7 @@ impl RecvHalf {
                     self.state = RecvState::Trailers;
                 }
                 Frame::Unknown(_) => {}
-                _ => {
-                    return Poll::Ready(Err(
-                        self.unexpected("frame not allowed on a request stream")
-                    ));
-                }
+                f => return Poll::Ready(Err(self.not_allowed(&f))),
             }
         }
     }

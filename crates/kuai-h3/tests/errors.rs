@@ -646,3 +646,37 @@ async fn an_answered_request_is_stopped_only_if_a_body_comes() {
     assert_eq!(stopped, kuai::WriteError::Stopped(Code::NO_ERROR.0));
     assert!(conn.close_reason().is_none());
 }
+
+/// RFC 9114 §7.2.5: a client that never sent MAX_PUSH_ID treats a PUSH_PROMISE as a push ID
+/// beyond its maximum, H3_ID_ERROR (a server receiving one says H3_FRAME_UNEXPECTED).
+#[tokio::test]
+async fn push_promise_to_a_client_is_an_id_error() {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    let sep = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = sep.local_addr().unwrap();
+    let e = sep.clone();
+    let raw = tokio::spawn(async move { e.accept().await.unwrap().await.unwrap() });
+    let cep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let conn = cep
+        .connect_with(
+            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    let client = kuai_h3::Client::new(conn, Config::default()).await.unwrap();
+    let raw = raw.await.unwrap();
+    control_stream(&raw, &[0x04, 0x00]).await;
+    let req = Request::get("https://localhost/").body(()).unwrap();
+    let mut stream = client.send_request(req).await.unwrap();
+    stream.finish().unwrap();
+    let (mut send, _recv) = raw.accept_bi().await.unwrap();
+    // PUSH_PROMISE: push ID 0, an empty field section.
+    send.write_all(&[0x05, 0x03, 0x00, 0x00, 0x00])
+        .await
+        .unwrap();
+    assert!(stream.recv_response().await.is_err());
+    assert_eq!(closed_with(&raw).await, Code::ID_ERROR.0);
+}
