@@ -672,6 +672,14 @@ async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
                 Frame::Settings(p) if first => {
                     first = false;
                     let settings = Settings::decode(&p)?;
+                    // HTTP datagrams ride QUIC DATAGRAM frames: a peer offering them
+                    // without offering those is in error (RFC 9297 §2.1.1).
+                    if settings.h3_datagram && shared.quic.max_datagram_size().is_none() {
+                        return Err(H3Error::new(
+                            Code::SETTINGS_ERROR,
+                            "H3_DATAGRAM without the QUIC datagram transport parameter",
+                        ));
+                    }
                     {
                         let mut s = shared.lock();
                         // The peer's capacity sets MaxEntries; we use at most what we

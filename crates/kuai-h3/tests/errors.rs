@@ -680,3 +680,23 @@ async fn push_promise_to_a_client_is_an_id_error() {
     assert!(stream.recv_response().await.is_err());
     assert_eq!(closed_with(&raw).await, Code::ID_ERROR.0);
 }
+
+/// RFC 9297 §2.1.1: SETTINGS_H3_DATAGRAM=1 from a peer that did not send the QUIC
+/// max_datagram_frame_size transport parameter is H3_SETTINGS_ERROR.
+#[tokio::test]
+async fn h3_datagram_without_quic_datagrams_is_a_settings_error() {
+    let (_sep, addr, cert) = server().await;
+    let ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut ccfg = ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap();
+    ccfg.transport(kuai::TransportConfig {
+        max_datagram_frame_size: None,
+        ..Default::default()
+    });
+    let conn = ep
+        .connect_with(ccfg, addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    control_stream(&conn, &[0x04, 0x02, 0x33, 0x01]).await;
+    assert_eq!(closed_with(&conn).await, Code::SETTINGS_ERROR.0);
+}
