@@ -577,10 +577,9 @@ async fn max_push_id_cannot_go_down() {
     assert_eq!(closed_with(&conn).await, Code::ID_ERROR.0);
 }
 
-/// A client that sent no MAX_PUSH_ID allows no push ID: CANCEL_PUSH from the server names one
-/// beyond what is allowed (§7.2.3).
-#[tokio::test]
-async fn cancel_push_to_a_client_is_an_id_error() {
+/// A raw QUIC server connection with a kuai-h3 client at the other end (for frames a
+/// kuai server would never send): the two endpoints, the server's side, the client.
+async fn raw_server_with_client() -> ((Endpoint, Endpoint), Connection, kuai_h3::Client) {
     let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
     let sep = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = sep.local_addr().unwrap();
@@ -596,8 +595,16 @@ async fn cancel_push_to_a_client_is_an_id_error() {
         .unwrap()
         .await
         .unwrap();
-    let _client = kuai_h3::Client::new(conn, Config::default()).await.unwrap();
+    let client = kuai_h3::Client::new(conn, Config::default()).await.unwrap();
     let raw = raw.await.unwrap();
+    ((sep, cep), raw, client)
+}
+
+/// A client that sent no MAX_PUSH_ID allows no push ID: CANCEL_PUSH from the server names one
+/// beyond what is allowed (§7.2.3).
+#[tokio::test]
+async fn cancel_push_to_a_client_is_an_id_error() {
+    let (_eps, raw, _client) = raw_server_with_client().await;
     control_stream(&raw, &[0x04, 0x00, 0x03, 0x01, 0x00]).await;
     assert_eq!(closed_with(&raw).await, Code::ID_ERROR.0);
 }
@@ -651,23 +658,7 @@ async fn an_answered_request_is_stopped_only_if_a_body_comes() {
 /// beyond its maximum, H3_ID_ERROR (a server receiving one says H3_FRAME_UNEXPECTED).
 #[tokio::test]
 async fn push_promise_to_a_client_is_an_id_error() {
-    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
-    let sep = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = sep.local_addr().unwrap();
-    let e = sep.clone();
-    let raw = tokio::spawn(async move { e.accept().await.unwrap().await.unwrap() });
-    let cep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    let conn = cep
-        .connect_with(
-            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
-    let client = kuai_h3::Client::new(conn, Config::default()).await.unwrap();
-    let raw = raw.await.unwrap();
+    let (_eps, raw, client) = raw_server_with_client().await;
     control_stream(&raw, &[0x04, 0x00]).await;
     let req = Request::get("https://localhost/").body(()).unwrap();
     let mut stream = client.send_request(req).await.unwrap();
