@@ -213,23 +213,46 @@ async fn serve(args: Args) -> Result<(), String> {
     let mut config = LbConfig::new(decoder, cid_len);
     config.flow_idle = Duration::from_secs(args.flow_idle.max(1));
     config.max_flows = args.max_flows.max(1);
+    // A flow is a socket: as many as the open-file limit leaves room for (256 kept for the
+    // rest).
+    let mut lowered = None;
+    if let Some(files) = crate::raise_open_file_limit() {
+        let room = usize::try_from(files.saturating_sub(256)).unwrap_or(usize::MAX);
+        if config.max_flows > room {
+            lowered = Some(format!(
+                "--max-flows {} lowered to {} (open-file limit {files})",
+                config.max_flows,
+                room.max(1)
+            ));
+            config.max_flows = room.max(1);
+        }
+    }
     config.health_interval =
         (args.health_interval > 0).then(|| Duration::from_millis(args.health_interval));
     let listen = crate::wildcard_for_this_host(args.listen);
     let (lb, handle) = LoadBalancer::bind(listen, backends.clone(), config)
         .map_err(|e| format!("cannot bind {listen}: {e}"))?;
     println!("kuai lb listening on udp {}", lb.local_addr());
+    if let Some(l) = lowered {
+        println!("{l}");
+    }
     for (id, addr) in &backends {
         println!("backend {} at {addr}", hex_id(id));
     }
     apply_backends(&handle, &fixed, &from_file);
-    if let Some(path) = args.backends_file.clone() {
-        let (handle, sid_len) = (handle.clone(), sid_len);
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .map_err(|e| format!("SIGHUP: {e}"))?;
+    // SIGHUP reloads the backends file; without one it is ignored (its default action would
+    // end the balancer).
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| format!("SIGHUP: {e}"))?;
+    {
+        let (handle, sid_len, path) = (handle.clone(), sid_len, args.backends_file.clone());
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                match read_backends_file(&path) {
+                let Some(path) = &path else {
+                    eprintln!("kuai lb: SIGHUP: no --backends-file to reload");
+                    continue;
+                };
+                match read_backends_file(path) {
                     Ok(list) if list.iter().any(|(id, _, _)| id.len() != sid_len) => {
                         eprintln!(
                             "kuai lb: {}: server IDs of another length; kept the backends",

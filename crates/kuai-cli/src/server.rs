@@ -65,6 +65,11 @@ pub struct Args {
     /// 512 handshakes in flight, a flood defence).
     #[arg(long)]
     retry: bool,
+    /// Send no NEW_TOKEN tokens and take none. Pass it behind `kuai lb` (a full proxy: every
+    /// client reaches the server from the balancer's address, so a token, which binds an IP,
+    /// would validate any spoofed client); Retry works there as everywhere.
+    #[arg(long)]
+    no_new_tokens: bool,
     /// Write a qlog trace of every connection into this directory.
     #[arg(long)]
     qlog_dir: Option<PathBuf>,
@@ -225,7 +230,7 @@ pub async fn run(args: Args) -> ExitCode {
 /// 256 kept for the rest).
 fn limits(args: &Args) -> Limits {
     let mut max_connections = args.max_connections;
-    if let Some(files) = raise_open_file_limit() {
+    if let Some(files) = crate::raise_open_file_limit() {
         let room = usize::try_from(files.saturating_sub(256) / 2).unwrap_or(usize::MAX);
         if max_connections > room {
             println!(
@@ -247,39 +252,6 @@ fn limits(args: &Args) -> Limits {
     l.max_request_body = args.max_body;
     l.drain_timeout = args.drain_timeout.0;
     l
-}
-
-/// Raises the soft limit on open files to the hard one (at most 2^20), as Go's runtime
-/// does at start; returns the soft limit in force.
-#[cfg(unix)]
-fn raise_open_file_limit() -> Option<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return None;
-        }
-        let want = lim.rlim_max.min(1 << 20);
-        if lim.rlim_cur < want {
-            let raised = libc::rlimit {
-                rlim_cur: want,
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                lim.rlim_cur = want;
-            }
-        }
-    }
-    #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not on every Unix
-    Some(lim.rlim_cur as u64)
-}
-
-#[cfg(not(unix))]
-fn raise_open_file_limit() -> Option<u64> {
-    None
 }
 
 /// The rustls server configuration (TLS 1.3 only) for `alpn`, shared by QUIC and TCP.
@@ -417,6 +389,7 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
+    cfg.proto_mut().new_tokens = !args.no_new_tokens;
     let reset_key = match &fleet {
         Some(f) => {
             let reset = f.reset_key().await;

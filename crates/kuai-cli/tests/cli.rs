@@ -378,7 +378,7 @@ fn file_server_serves_no_dotfile_symlink_out_or_fifo() {
 /// `kuai lb` in front of two `kuai server --server-id`s, the first with two workers (server
 /// IDs 0a and 0b, given to the balancer as a range): fetches through it work, new
 /// connections and repeated ones (a new connection per run), each reaching the server its
-/// connection IDs name.
+/// connection IDs name; a SIGHUP with no backends file to reload does not end it.
 #[test]
 fn fetches_go_through_the_quic_lb_balancer() {
     let root = temp_dir("lb");
@@ -389,7 +389,15 @@ fn fetches_go_through_the_quic_lb_balancer() {
         .map(|(id, w)| {
             server_with(
                 &root,
-                &["--server-id", id, "--quic-lb-key", key, "--workers", w],
+                &[
+                    "--server-id",
+                    id,
+                    "--quic-lb-key",
+                    key,
+                    "--workers",
+                    w,
+                    "--no-new-tokens",
+                ],
             )
         })
         .collect();
@@ -429,6 +437,18 @@ fn fetches_go_through_the_quic_lb_balancer() {
     );
     let runs = String::from_utf8_lossy(&out.stdout);
     assert_eq!(runs.matches("\"ok\":true").count(), 6, "{runs}");
+    // SIGHUP without a backends file leaves the balancer running.
+    let mut balancer = balancer;
+    let hup = Command::new("kill")
+        .args(["-HUP", &balancer.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        balancer.child.try_wait().unwrap().is_none(),
+        "SIGHUP ended the balancer"
+    );
     let out = get(&["--insecure", "--http3", "--state-file", "none", &url]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),

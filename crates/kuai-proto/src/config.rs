@@ -274,6 +274,12 @@ pub struct ServerConfig {
     pub retry_token_lifetime: Duration,
     /// How long a NEW_TOKEN token stays valid.
     pub new_token_lifetime: Duration,
+    /// Send NEW_TOKEN tokens, and take them as proof of a client's address (RFC 9000
+    /// §8.1.3). Turn it off behind a proxy that gives every client its own address (such as
+    /// `kuai lb`): a token binds the client's IP, which there is the proxy's for everyone,
+    /// so a token from one client would validate an Initial spoofed from any address. Retry
+    /// tokens still work there (they bind the port too, which the proxy gives each client).
+    pub new_tokens: bool,
     /// NEW_TOKEN tokens already used: each validates an address once. Share it with the
     /// `token_key`.
     pub token_log: Arc<crate::token::TokenLog>,
@@ -320,6 +326,7 @@ impl ServerConfig {
             token_key: Arc::new(TokenKey::random()),
             retry_token_lifetime: Duration::from_secs(15),
             new_token_lifetime: Duration::from_secs(24 * 3600),
+            new_tokens: true,
             token_log: Arc::new(crate::token::TokenLog::new()),
             versions: vec![Version::V1, Version::V2],
             accept_0rtt: true,

@@ -720,8 +720,10 @@ impl Endpoint {
                 }
                 Ok(ValidToken::NewToken { issued_ms, id }) => {
                     // Each token validates once (RFC 9000 §8.1.4); a replayed one leaves the
-                    // client unvalidated, as if it had none.
-                    if server.token_log.first_use(
+                    // client unvalidated, as if it had none. Not taken at all when this
+                    // server takes none (behind a proxy, see `ServerConfig::new_tokens`).
+                    if server.new_tokens
+                        && server.token_log.first_use(
                         &id,
                         issued_ms,
                         unix_ms,

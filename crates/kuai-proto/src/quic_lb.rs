@@ -380,6 +380,14 @@ impl QuicLbDecoder {
         self
     }
 
+    /// The length of a connection ID whose first octet is `first`: that of the configuration
+    /// its codepoint names, or `None` when none does. (A short header does not say how long
+    /// its destination connection ID is.)
+    pub fn cid_len(&self, first: u8) -> Option<usize> {
+        let config = self.configs.get(usize::from(first >> 5))?.as_ref()?;
+        Some(config.cid_len())
+    }
+
     /// The server ID in `cid`, or `None` when it is unroutable (codepoint 7, one with no
     /// configuration here, or the wrong length).
     pub fn server_id(&self, cid: &[u8]) -> Option<Vec<u8>> {

@@ -1254,6 +1254,49 @@ fn a_new_token_validates_once() {
     );
 }
 
+/// A server with `new_tokens` off (behind a proxy that gives every client one address)
+/// sends no NEW_TOKEN and takes none as proof of an address, even one sealed with its key.
+#[test]
+fn a_server_without_new_tokens_neither_sends_nor_takes_them() {
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let mut server = server_endpoint(now, scfg.clone());
+    let mut off = scfg;
+    off.new_tokens = false;
+    let mut proxied = server_endpoint(now, off);
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut t = now;
+    let mut connect = |server: &mut Endpoint, port: u16, token: bytes::Bytes| {
+        let caddr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut client = client_endpoint(t, u64::from(port));
+        let ch = client
+            .connect_with_token(t, &ccfg, saddr, "localhost", token)
+            .unwrap();
+        let mut got = None;
+        for _ in 0..50 {
+            t += Duration::from_millis(1);
+            client.handle_timeout(t);
+            server.handle_timeout(t);
+            pump(t, &mut client, caddr, server);
+            pump(t, server, saddr, &mut client);
+            while let Some((_, e)) = client.poll_event() {
+                if let Event::NewToken(t) = e {
+                    got = Some(t);
+                }
+            }
+        }
+        assert!(client.connection(ch).unwrap().is_established());
+        got
+    };
+    assert_eq!(connect(&mut proxied, 7000, bytes::Bytes::new()), None);
+    // A token from a server that sends them, with the same key.
+    let token = connect(&mut server, 7001, bytes::Bytes::new()).expect("a NEW_TOKEN");
+    connect(&mut proxied, 7002, token);
+    assert_eq!(proxied.stats().invalid_tokens, 1, "the token was taken");
+}
+
 /// A client Handshake packet that carries its Finished and then an ACK (valid: frames may
 /// come in any order, and quinn's client sends them so) completes the handshake, which
 /// discards the server's Handshake keys (RFC 9001 §4.9.2); the ACK after it in the same

@@ -16,16 +16,24 @@
 //!   server answers with Version Negotiation (§6.1) without keeping state. A backend that
 //!   misses [`LbConfig::health_failures`] probes in a row takes no new connections until it
 //!   answers again.
-//! - Each (client address, backend) pair is a flow with a UDP socket of its own toward the
-//!   backend, closed after [`LbConfig::flow_idle`] without traffic, [`LbConfig::max_flows`] at
-//!   most (source addresses can be spoofed). Datagrams move in batches:
-//!   `recvmmsg`/GRO in, GSO or `sendmmsg` out, one copy each way.
+//! - Each (client address, backend) pair is a flow with a UDP socket of its own, connected
+//!   to the backend, closed after [`LbConfig::flow_idle`] without traffic,
+//!   [`LbConfig::max_flows`] at most. Datagrams move in batches: `recvmmsg`/GRO in, GSO or
+//!   `sendmmsg` out, one copy each way.
+//!
+//! Source addresses can be spoofed, so what an unknown address can make the balancer hold is
+//! bounded: only a datagram of at least 1200 bytes with a long header (a client's first
+//! Initial is padded to that, RFC 9000 §14.1) or one whose connection ID names a backend
+//! opens a flow; a flow the backend has not answered closes after
+//! [`LbConfig::unanswered_idle`]; a
+//! waiting flow holds a socket and a task but no buffer (buffers are lent while it reads);
+//! and only the backend's own datagrams keep a flow alive.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,8 +44,15 @@ use crate::udp::{SocketOptions, UdpSocket, UdpStats};
 
 /// Datagram batches read per call.
 const BATCH: usize = 32;
+/// Datagram batches a flow reads per call from its backend.
+const FLOW_BATCH: usize = 8;
 /// One receive buffer: a GRO batch of full-size datagrams.
 const BUF: usize = 64 * 1024;
+/// Buffer sets kept for flows between reads (more are made while more flows read at once).
+const POOL_KEEP: usize = 16;
+/// The smallest datagram that opens a flow without naming a backend in its connection ID:
+/// a client's first datagram carries an Initial, which fills 1200 bytes (RFC 9000 §14.1).
+pub const MIN_OPENING_DATAGRAM: usize = 1200;
 
 /// What the balancer needs to know besides its backends.
 #[derive(Debug, Clone)]
@@ -49,6 +64,10 @@ pub struct LbConfig {
     /// A flow without traffic this long is closed (its client's next datagram opens a new
     /// one).
     pub flow_idle: Duration,
+    /// A flow whose backend has not answered yet is closed after this without traffic from
+    /// its client (or after `flow_idle` when shorter): what a spoofed source makes the
+    /// balancer hold, it holds briefly. A backend answers a client's Initial at once.
+    pub unanswered_idle: Duration,
     /// Most flows (each a socket) at once: datagrams that would open another are dropped.
     /// Source addresses can be spoofed, so this bounds what a flood of them costs.
     pub max_flows: usize,
@@ -59,13 +78,14 @@ pub struct LbConfig {
 }
 
 impl LbConfig {
-    /// `decoder`'s configurations for IDs of `cid_len` bytes; flows idle out after 60 s,
-    /// 65,536 at most.
+    /// `decoder`'s configurations for IDs of `cid_len` bytes; flows idle out after 60 s (5 s
+    /// while their backend has not answered), 65,536 at most.
     pub fn new(decoder: QuicLbDecoder, cid_len: usize) -> Self {
         Self {
             decoder,
             cid_len,
             flow_idle: Duration::from_secs(60),
+            unanswered_idle: Duration::from_secs(5),
             max_flows: 65_536,
             health_interval: Some(Duration::from_secs(1)),
             health_failures: 3,
@@ -89,8 +109,22 @@ pub struct BackendInfo {
 struct Flow {
     sock: Arc<UdpSocket>,
     backend: SocketAddr,
-    /// Milliseconds since the balancer started, at the last datagram either way.
+    /// Milliseconds since the balancer started, at the last datagram either way. Written
+    /// under the state lock, so a flow is never torn down between its lookup and its use.
     last: AtomicU64,
+    /// The backend has sent something back.
+    answered: AtomicBool,
+}
+
+impl Flow {
+    /// How long the flow may go without traffic.
+    fn idle(&self, config: &LbConfig) -> Duration {
+        if self.answered.load(Relaxed) {
+            config.flow_idle
+        } else {
+            config.flow_idle.min(config.unanswered_idle)
+        }
+    }
 }
 
 struct State {
@@ -106,6 +140,47 @@ struct Shared {
     start: Instant,
     forwarded: AtomicU64,
     unroutable: AtomicU64,
+    /// Receive buffers lent to flows while they read.
+    pool: Mutex<Vec<Vec<Vec<u8>>>>,
+    /// When a warning was last logged (milliseconds since start, plus one), so a flood of
+    /// failures logs one line a second.
+    warned: AtomicU64,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Whether a warning may be logged now (one a second).
+    fn may_warn(&self) -> bool {
+        let now = self.now_ms() + 1;
+        let last = self.warned.load(Relaxed);
+        (last == 0 || now >= last + 1000)
+            && self
+                .warned
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+    }
+
+    fn take_bufs(&self) -> Vec<Vec<u8>> {
+        lock(&self.pool)
+            .pop()
+            .unwrap_or_else(|| vec![vec![0u8; BUF]; FLOW_BATCH])
+    }
+
+    fn give_bufs(&self, bufs: Vec<Vec<u8>>) {
+        let mut pool = lock(&self.pool);
+        if pool.len() < POOL_KEEP {
+            pool.push(bufs);
+        }
+    }
+}
+
+/// `a` with an IPv4-mapped IPv6 address written as IPv4, as a dual-stack socket reports
+/// IPv4 peers.
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
 /// Changes a running balancer's backends.
@@ -121,15 +196,23 @@ impl std::fmt::Debug for LbHandle {
 }
 
 impl LbHandle {
-    /// Adds a backend (or puts a drained one back in service).
+    /// Adds a backend (or puts a drained one back in service). At an address the health
+    /// probes already know, it keeps that address's state: re-adding a backend that does
+    /// not answer does not make it take new connections.
     pub fn add(&self, server_id: &[u8], addr: SocketAddr) {
+        let addr = canonical(addr);
         let mut s = lock(&self.0.state);
+        let up = s
+            .backends
+            .iter()
+            .find(|b| b.addr == addr)
+            .is_none_or(|b| b.up);
         s.backends.retain(|b| b.server_id != server_id);
         s.backends.push(BackendInfo {
             server_id: server_id.to_vec(),
             addr,
             draining: false,
-            up: true,
+            up,
         });
     }
 
@@ -158,12 +241,18 @@ impl LbHandle {
         lock(&self.0.state).backends.clone()
     }
 
-    /// Datagrams forwarded to backends, and those no backend could take.
+    /// Datagrams forwarded to backends, and those dropped: no backend could take them, or
+    /// they would have opened a flow they may not open (see the [module](self) docs).
     pub fn counts(&self) -> (u64, u64) {
         (
             self.0.forwarded.load(Relaxed),
             self.0.unroutable.load(Relaxed),
         )
+    }
+
+    /// Flows open now.
+    pub fn flows(&self) -> usize {
+        lock(&self.0.state).flows.len()
     }
 }
 
@@ -191,7 +280,7 @@ impl LoadBalancer {
                     .into_iter()
                     .map(|(server_id, addr)| BackendInfo {
                         server_id,
-                        addr,
+                        addr: canonical(addr),
                         draining: false,
                         up: true,
                     })
@@ -201,6 +290,8 @@ impl LoadBalancer {
             start: Instant::now(),
             forwarded: AtomicU64::new(0),
             unroutable: AtomicU64::new(0),
+            pool: Mutex::new(Vec::new()),
+            warned: AtomicU64::new(0),
         });
         Ok((Self(shared.clone()), LbHandle(shared)))
     }
@@ -236,7 +327,14 @@ impl LoadBalancer {
                     match s.sock.try_recv(&s.stats, &mut iov, &mut meta) {
                         Ok(n) => n,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) => return Err(e),
+                        // An error the socket reports once (an ICMP error queued for it,
+                        // say): the balancer goes on.
+                        Err(e) => {
+                            if s.may_warn() {
+                                tracing::warn!(target: "kuai::lb", error = %e, "receive failed");
+                            }
+                            break;
+                        }
                     }
                 };
                 for (m, buf) in meta[..n].iter().zip(&bufs) {
@@ -285,38 +383,40 @@ impl LoadBalancer {
 
     async fn to_backend(&self, f: &Flow, ecn: Option<u8>, data: &[u8], stride: usize) {
         let s = &self.0;
-        f.last.store(s.start.elapsed().as_millis() as u64, Relaxed);
         send(&f.sock, &s.stats, f.backend, ecn, data, stride).await;
     }
 
-    /// The flow for a datagram from `client`, made when new.
+    /// The flow for a datagram from `client`, made when new and the datagram may open one.
     fn flow_for(&self, client: SocketAddr, datagram: &[u8]) -> Option<Arc<Flow>> {
         let s = &self.0;
         // One lock per datagram: the route and the flow under it.
         let mut st = lock(&s.state);
-        let backend = route(&s.config, &st.backends, datagram)?;
+        let (backend, by_id) = route(&s.config, &st.backends, datagram)?;
         if let Some(f) = st.flows.get(&(client, backend)) {
+            f.last.store(s.now_ms(), Relaxed);
             return Some(f.clone());
         }
-        if st.flows.len() >= s.config.max_flows {
+        // A new flow: for a connection ID a backend issued (a migrated or rebound client),
+        // or what can be a client's first datagram.
+        let opens = by_id || (datagram[0] & 0x80 != 0 && datagram.len() >= MIN_OPENING_DATAGRAM);
+        if !opens || st.flows.len() >= s.config.max_flows {
             return None;
         }
-        let local: SocketAddr = if backend.is_ipv4() {
-            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-        } else {
-            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-        };
-        let sock = match UdpSocket::bind(local, SocketOptions::default()) {
+        let sock = match flow_socket(backend) {
             Ok(sock) => Arc::new(sock),
             Err(e) => {
-                tracing::warn!(%client, %backend, error = %e, "cannot open a flow socket");
+                if s.may_warn() {
+                    tracing::warn!(target: "kuai::lb", %client, %backend, error = %e,
+                        "cannot open a flow socket");
+                }
                 return None;
             }
         };
         let flow = Arc::new(Flow {
             sock,
             backend,
-            last: AtomicU64::new(s.start.elapsed().as_millis() as u64),
+            last: AtomicU64::new(s.now_ms()),
+            answered: AtomicBool::new(false),
         });
         st.flows.insert((client, backend), flow.clone());
         tokio::spawn(back_to_client(s.clone(), flow.clone(), client));
@@ -324,21 +424,43 @@ impl LoadBalancer {
     }
 }
 
-/// The backend for a datagram: by the server ID in its destination connection ID, else by a
-/// rendezvous hash of that ID over the backends taking connections.
-fn route(config: &LbConfig, backends: &[BackendInfo], d: &[u8]) -> Option<SocketAddr> {
+/// A flow's socket toward `backend`: connected, so the kernel hands it only the backend's
+/// datagrams.
+fn flow_socket(backend: SocketAddr) -> io::Result<UdpSocket> {
+    let local: SocketAddr = if backend.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let sock = std::net::UdpSocket::bind(local)?;
+    sock.connect(backend)?;
+    UdpSocket::from_std(sock, SocketOptions::default())
+}
+
+/// The backend for a datagram, and whether its destination connection ID named it: by the
+/// server ID in that ID, else by a rendezvous hash of the ID over the backends taking
+/// connections.
+fn route(config: &LbConfig, backends: &[BackendInfo], d: &[u8]) -> Option<(SocketAddr, bool)> {
     let first = *d.first()?;
     let dcid = if first & 0x80 != 0 {
         // Long header (RFC 8999 §5.1): version (4), DCID length (1), DCID.
         let len = usize::from(*d.get(5)?);
         d.get(6..6 + len)?
     } else {
-        d.get(1..1 + config.cid_len)?
+        // A short header does not carry the ID's length: its configuration (by the
+        // codepoint in the ID's first octet) does, so IDs of an old and a new configuration
+        // of another length are both read right while the configuration rotates
+        // (draft-ietf-quic-load-balancers-21 §3.1).
+        let len = d
+            .get(1)
+            .and_then(|&o| config.decoder.cid_len(o))
+            .unwrap_or(config.cid_len);
+        d.get(1..1 + len)?
     };
     if let Some(sid) = config.decoder.server_id(dcid)
         && let Some(b) = backends.iter().find(|b| b.server_id == sid)
     {
-        return Some(b.addr);
+        return Some((b.addr, true));
     }
     // New connections go to backends that answer their probes; if none does, to any (the
     // probes may be what is lost).
@@ -352,7 +474,7 @@ fn route(config: &LbConfig, backends: &[BackendInfo], d: &[u8]) -> Option<Socket
             b.server_id.hash(&mut h);
             h.finish()
         })
-        .map(|b| b.addr)
+        .map(|b| (b.addr, false))
 }
 
 /// The reserved version the health probes use (of the 0x?a?a?a?a form, RFC 9000 §15).
@@ -360,21 +482,26 @@ const PROBE_VERSION: u32 = 0x6a7a_8a9a;
 
 /// Probes every backend each `every`; see the [module](self) docs.
 async fn health_checks(s: Arc<Shared>, every: Duration) -> io::Result<()> {
-    let local: SocketAddr = if s.sock.local_addr().is_ipv4() {
-        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    let sock = tokio::net::UdpSocket::bind(local).await?;
+    // One probe socket per family: an IPv4 backend answers an IPv4 socket with its own
+    // address, which is what the probe was sent to.
+    let v4 = tokio::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
+        .await
+        .ok();
+    let v6 = tokio::net::UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, 0))
+        .await
+        .ok();
+    if v4.is_none() && v6.is_none() {
+        return Err(io::Error::other("no socket for health probes"));
+    }
     // Per backend address: the probe ID in flight, and probes missed in a row.
     let mut pending: HashMap<SocketAddr, ([u8; 8], u32)> = HashMap::new();
     let mut probe = vec![0u8; 1200];
-    let mut buf = vec![0u8; 2048];
+    let (mut buf4, mut buf6) = (vec![0u8; 2048], vec![0u8; 2048]);
     let mut round = 0u64;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
+        let answer = tokio::select! {
             _ = tick.tick() => {
                 round += 1;
                 // One probe per address (a server's workers share one, each with its ID).
@@ -386,8 +513,8 @@ async fn health_checks(s: Arc<Shared>, every: Duration) -> io::Result<()> {
                 for (i, &addr) in addrs.iter().enumerate() {
                     let entry = pending.entry(addr).or_insert(([0; 8], 0));
                     if entry.0 != [0; 8] {
-                        entry.1 += 1;
-                        if entry.1 == s.config.health_failures {
+                        entry.1 = entry.1.saturating_add(1);
+                        if entry.1 >= s.config.health_failures {
                             set_up(&s, addr, false);
                         }
                     }
@@ -401,33 +528,44 @@ async fn health_checks(s: Arc<Shared>, every: Duration) -> io::Result<()> {
                     probe[5] = 8;
                     probe[6..14].copy_from_slice(&entry.0);
                     probe[14] = 0;
-                    let _ = sock.send_to(&probe, addr).await;
-                }
-            }
-            r = sock.recv_from(&mut buf) => {
-                let Ok((n, from)) = r else { continue };
-                // Version Negotiation (RFC 9000 §17.2.1): version 0, our DCID as its SCID.
-                let d = &buf[..n];
-                let answered = d.len() >= 7
-                    && d[0] & 0x80 != 0
-                    && d[1..5] == [0; 4]
-                    && {
-                        let dlen = usize::from(d[5]);
-                        let scid = d.get(6 + dlen + 1..).and_then(|rest| {
-                            let slen = usize::from(*d.get(6 + dlen)?);
-                            rest.get(..slen)
-                        });
-                        pending.get(&from).is_some_and(|(id, _)| scid == Some(&id[..]))
-                    };
-                if answered && let Some(p) = pending.get_mut(&from) {
-                    let was_down = p.1 >= s.config.health_failures;
-                    *p = ([0; 8], 0);
-                    if was_down {
-                        set_up(&s, from, true);
+                    let sock = if addr.is_ipv4() { &v4 } else { &v6 };
+                    if let Some(sock) = sock {
+                        let _ = sock.send_to(&probe, addr).await;
                     }
                 }
+                continue;
             }
+            r = recv_on(v4.as_ref(), &mut buf4) => r.map(|(n, from)| (&buf4[..n], from)),
+            r = recv_on(v6.as_ref(), &mut buf6) => r.map(|(n, from)| (&buf6[..n], from)),
+        };
+        let Ok((d, from)) = answer else { continue };
+        let from = canonical(from);
+        // Version Negotiation (RFC 9000 §17.2.1): version 0, our DCID as its SCID.
+        let answered = d.len() >= 7 && d[0] & 0x80 != 0 && d[1..5] == [0; 4] && {
+            let dlen = usize::from(d[5]);
+            let scid = d.get(6 + dlen + 1..).and_then(|rest| {
+                let slen = usize::from(*d.get(6 + dlen)?);
+                rest.get(..slen)
+            });
+            pending
+                .get(&from)
+                .is_some_and(|(id, _)| scid == Some(&id[..]))
+        };
+        if answered && let Some(p) = pending.get_mut(&from) {
+            *p = ([0; 8], 0);
+            set_up(&s, from, true);
         }
+    }
+}
+
+/// A datagram on `sock`, or never without one.
+async fn recv_on(
+    sock: Option<&tokio::net::UdpSocket>,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr)> {
+    match sock {
+        Some(sock) => sock.recv_from(buf).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -483,36 +621,56 @@ async fn send(
 /// A flow's way back: the backend's datagrams to the client, from the balancer's address,
 /// until the flow idles out.
 async fn back_to_client(s: Arc<Shared>, flow: Arc<Flow>, client: SocketAddr) {
-    let mut bufs = vec![vec![0u8; BUF]; 8];
-    let mut meta = vec![RecvMeta::default(); 8];
-    let idle = s.config.flow_idle;
+    let mut meta = vec![RecvMeta::default(); FLOW_BATCH];
     loop {
-        let since = (s.start.elapsed().as_millis() as u64).saturating_sub(flow.last.load(Relaxed));
-        let left = idle.saturating_sub(Duration::from_millis(since));
+        let since = s.now_ms().saturating_sub(flow.last.load(Relaxed));
+        let left = flow
+            .idle(&s.config)
+            .saturating_sub(Duration::from_millis(since));
         if left.is_zero() {
-            break;
+            // Gone only if still idle under the lock a datagram's lookup takes (which
+            // refreshes `last`): a datagram that found the flow finds it alive.
+            let mut st = lock(&s.state);
+            let since = s.now_ms().saturating_sub(flow.last.load(Relaxed));
+            if Duration::from_millis(since) >= flow.idle(&s.config) {
+                if st
+                    .flows
+                    .get(&(client, flow.backend))
+                    .is_some_and(|f| Arc::ptr_eq(f, &flow))
+                {
+                    st.flows.remove(&(client, flow.backend));
+                }
+                return;
+            }
+            continue;
         }
         match tokio::time::timeout(left, flow.sock.readable()).await {
             Err(_) => continue, // re-check: the client may have sent meanwhile
             Ok(Err(_)) => break,
             Ok(Ok(())) => {}
         }
+        // Buffers only while there is something to read.
+        let mut bufs = s.take_bufs();
         loop {
             let n = {
                 let mut iov: Vec<IoSliceMut<'_>> =
                     bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
                 match flow.sock.try_recv(&s.stats, &mut iov, &mut meta) {
                     Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    // The backend's port refused (ICMP), reported once: read on after
+                    // the next wake.
                     Err(_) => break,
                 }
             };
-            flow.last
-                .store(s.start.elapsed().as_millis() as u64, Relaxed);
             for (m, buf) in meta[..n].iter().zip(&bufs) {
-                // Only the backend's answers.
-                if m.addr != flow.backend {
+                // Only the backend's answers (the socket is connected; this is the check
+                // for when it could not be).
+                if canonical(m.addr) != flow.backend {
                     continue;
                 }
+                flow.answered.store(true, Relaxed);
+                flow.last.store(s.now_ms(), Relaxed);
                 let ecn = m.ecn.map(|e| e as u8);
                 send(
                     &s.sock,
@@ -525,6 +683,7 @@ async fn back_to_client(s: Arc<Shared>, flow: Arc<Flow>, client: SocketAddr) {
                 .await;
             }
         }
+        s.give_bufs(bufs);
     }
     let mut st = lock(&s.state);
     if st
@@ -533,5 +692,65 @@ async fn back_to_client(s: Arc<Shared>, flow: Arc<Flow>, client: SocketAddr) {
         .is_some_and(|f| Arc::ptr_eq(f, &flow))
     {
         st.flows.remove(&(client, flow.backend));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kuai_proto::quic_lb::QuicLbConfig;
+
+    fn backend(id: u8, port: u16) -> BackendInfo {
+        BackendInfo {
+            server_id: vec![id],
+            addr: ([127, 0, 0, 1], port).into(),
+            draining: false,
+            up: true,
+        }
+    }
+
+    /// While the QUIC-LB configuration rotates from codepoint 0 (8-byte IDs) to codepoint 1
+    /// (12-byte IDs), short headers with either are routed by their server ID: the length
+    /// comes from the ID's codepoint, not from one fixed length.
+    #[test]
+    fn short_headers_of_two_configurations_route_by_their_own_length() {
+        let old = QuicLbConfig::new(0, 1, 6, Some([3; 16])).unwrap();
+        let new = QuicLbConfig::new(1, 1, 10, Some([4; 16])).unwrap();
+        let mut decoder = QuicLbDecoder::new();
+        decoder.add(old.clone()).add(new.clone());
+        let config = LbConfig::new(decoder, old.cid_len());
+        let backends: Vec<BackendInfo> = (1..=5).map(|i| backend(i, 1000 + u16::from(i))).collect();
+        for (cfg, nonce) in [(&old, &[7u8; 6][..]), (&new, &[7u8; 10][..])] {
+            for sid in 1..=5u8 {
+                let cid = cfg.encode(&[sid], nonce).unwrap();
+                let mut d = vec![0x40];
+                d.extend_from_slice(&cid);
+                d.extend_from_slice(&[0xaa; 30]);
+                assert_eq!(
+                    route(&config, &backends, &d),
+                    Some((([127, 0, 0, 1], 1000 + u16::from(sid)).into(), true)),
+                    "codepoint {} server {sid}",
+                    cid[0] >> 5
+                );
+            }
+        }
+    }
+
+    /// A backend re-added at an address whose probes go unanswered stays out of new
+    /// connections.
+    #[tokio::test]
+    async fn a_backend_added_again_keeps_its_health() {
+        let (_lb, handle) = LoadBalancer::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            vec![(vec![1], "127.0.0.1:1001".parse().unwrap())],
+            LbConfig::new(QuicLbDecoder::new(), 8),
+        )
+        .unwrap();
+        set_up(&handle.0, "127.0.0.1:1001".parse().unwrap(), false);
+        handle.add(&[1], "127.0.0.1:1001".parse().unwrap());
+        assert!(!handle.backends()[0].up);
+        handle.add(&[2], "[::ffff:127.0.0.1]:1002".parse().unwrap());
+        assert_eq!(handle.backends()[1].addr, "127.0.0.1:1002".parse().unwrap());
+        assert!(handle.backends()[1].up);
     }
 }

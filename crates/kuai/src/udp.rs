@@ -12,6 +12,9 @@ use tokio::io::Interest;
 /// Socket buffer size kuai asks for; the kernel may cap it (see `net.core.rmem_max`).
 pub const SOCKET_BUFFER: usize = 8 << 20;
 
+/// Whether the capped-buffer warning was given.
+static BUFFER_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Counters of the UDP layer, to prove batching works (segments per syscall).
 #[derive(Debug, Default)]
 pub struct UdpStats {
@@ -212,12 +215,15 @@ impl UdpSocket {
         ] {
             let _ = set(&state, UdpSockRef::from(&sock), SOCKET_BUFFER);
             match get(&state, UdpSockRef::from(&sock)) {
-                // Linux reports double the effective size.
-                Ok(n) if n < SOCKET_BUFFER => tracing::warn!(
-                    "UDP {what} buffer capped at {n} bytes (asked {SOCKET_BUFFER}); raise \
+                // Linux reports double the effective size. Said once per process: a
+                // balancer opens a socket per flow.
+                Ok(n) if n < SOCKET_BUFFER && !BUFFER_WARNED.swap(true, Ordering::Relaxed) => {
+                    tracing::warn!(
+                        "UDP {what} buffer capped at {n} bytes (asked {SOCKET_BUFFER}); raise \
                      net.core.{}mem_max for high throughput",
-                    if what == "send" { "w" } else { "r" }
-                ),
+                        if what == "send" { "w" } else { "r" }
+                    )
+                }
                 _ => {}
             }
         }

@@ -88,24 +88,35 @@ async fn fleet() -> Fleet {
 
 /// The fleet with health probes every `every`.
 async fn fleet_checked(every: Duration) -> Fleet {
+    fleet_on(localhost(), every, |_| {}).await
+}
+
+/// The fleet behind a balancer on `listen` with health probes every `every`, its
+/// configuration changed by `tune`.
+async fn fleet_on(listen: SocketAddr, every: Duration, tune: impl FnOnce(&mut LbConfig)) -> Fleet {
     let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
     let servers: Vec<Endpoint> = (1..=3u8).map(|i| server(scfg.clone(), [i])).collect();
     let mut decoder = QuicLbDecoder::new();
     decoder.add(lb_config());
+    let mut config = LbConfig {
+        health_interval: Some(every),
+        ..LbConfig::new(decoder, lb_config().cid_len())
+    };
+    tune(&mut config);
     let (lb, handle) = LoadBalancer::bind(
-        localhost(),
+        listen,
         servers
             .iter()
             .enumerate()
             .map(|(i, s)| (vec![i as u8 + 1], s.local_addr().unwrap()))
             .collect(),
-        LbConfig {
-            health_interval: Some(every),
-            ..LbConfig::new(decoder, lb_config().cid_len())
-        },
+        config,
     )
     .unwrap();
-    let addr = lb.local_addr();
+    let mut addr = lb.local_addr();
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
     tokio::spawn(lb.run());
     Fleet {
         servers,
@@ -263,6 +274,11 @@ async fn a_backend_that_stops_answering_gets_no_new_connections() {
     );
     f.servers[1].set_server_config(None);
     wait_for(&f, vec![true, false, true]).await;
+    // Added again (a reload of the backends file), it stays out while it does not answer,
+    // through later probe rounds too.
+    f.handle.add(&[2], f.servers[1].local_addr().unwrap());
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(up(&f), [true, true, false], "re-added, ordered last");
     let client = Endpoint::client(localhost()).unwrap();
     let before = accepted(&f);
     connect_and_fetch(&client, &f, 15).await;
@@ -271,6 +287,88 @@ async fn a_backend_that_stops_answering_gets_no_new_connections() {
     assert_eq!(after.iter().sum::<u64>() - before.iter().sum::<u64>(), 15);
     f.servers[1].set_server_config(Some(f.scfg.clone()));
     wait_for(&f, vec![true, true, true]).await;
+}
+
+/// A balancer on a dual-stack socket (`[::]`) checks IPv4 backends: they answer its
+/// probes (IPv4 to IPv4) and stay up, a silent one goes down, and IPv4 clients get through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_stack_balancer_checks_ipv4_backends() {
+    let listen: SocketAddr = "[::]:0".parse().unwrap();
+    let f = fleet_on(listen, Duration::from_millis(100), |_| {}).await;
+    let up = |f: &Fleet| -> Vec<bool> { f.handle.backends().iter().map(|b| b.up).collect() };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        up(&f),
+        [true, true, true],
+        "every server answers its probes"
+    );
+    let client = Endpoint::client(localhost()).unwrap();
+    connect_and_fetch(&client, &f, 3).await;
+    f.servers[2].set_server_config(None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while up(&f) != [true, true, false] {
+        assert!(std::time::Instant::now() < deadline, "{:?}", up(&f));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Only what can begin a connection opens a flow (a socket and a task at the balancer):
+/// short or unroutable datagrams from an unknown address are dropped, a 1200-byte long
+/// header or an ID a server issued opens one, and a flow its server does not answer closes
+/// after `unanswered_idle` while an answered one stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_what_can_begin_a_connection_opens_a_flow() {
+    let f = fleet_on(localhost(), Duration::from_secs(1), |c| {
+        c.unanswered_idle = Duration::from_millis(300);
+    })
+    .await;
+    let raw = tokio::net::UdpSocket::bind(localhost()).await.unwrap();
+    let flows_soon = async |want: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while f.handle.flows() != want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} flows, not {want}",
+                f.handle.flows()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    // A short header: 8 bytes, then a longer one whose ID has codepoint 7 (unroutable).
+    raw.send_to(&[0x40, 1, 2, 3, 4, 5, 6, 7], f.lb)
+        .await
+        .unwrap();
+    let mut short = vec![0x40u8; 300];
+    short[1] = 0xff;
+    raw.send_to(&short, f.lb).await.unwrap();
+    // A long header below 1200 bytes: no Initial is that short.
+    let mut long = vec![0u8; 1199];
+    long[0] = 0xc0;
+    long[1..5].copy_from_slice(&1u32.to_be_bytes());
+    long[5] = 8;
+    raw.send_to(&long, f.lb).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(f.handle.flows(), 0);
+    assert_eq!(f.handle.counts(), (0, 3));
+    // 1200 bytes: it may be an Initial (this one is not: the server drops it unanswered).
+    long.push(0);
+    raw.send_to(&long, f.lb).await.unwrap();
+    flows_soon(1).await;
+    flows_soon(0).await;
+    // An ID server 1 issued opens a flow from a new address (a rebound client's).
+    let cid = lb_config().encode(&[1], &[9; 6]).unwrap();
+    let mut d = vec![0x40u8];
+    d.extend_from_slice(&cid);
+    d.extend_from_slice(&[0; 10]);
+    raw.send_to(&d, f.lb).await.unwrap();
+    flows_soon(1).await;
+    flows_soon(0).await;
+    // A real connection's flow is answered and stays past `unanswered_idle`.
+    let client = Endpoint::client(localhost()).unwrap();
+    let c = connect(&client, &f).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(f.handle.flows(), 1);
+    assert_eq!(fetch(&c, 100_000).await, 100_000);
 }
 
 /// One server with two workers behind the balancer, its worker bits in the QUIC-LB server

@@ -1760,7 +1760,7 @@ impl Connection {
                 }
                 // RFC 9001 §4.1.2: the server's handshake is confirmed on completion.
                 self.handshake_done_pending = true;
-                self.new_token_pending = self.server_config.is_some();
+                self.new_token_pending = self.server_config.as_ref().is_some_and(|s| s.new_tokens);
                 self.on_handshake_confirmed(now);
             }
         }
