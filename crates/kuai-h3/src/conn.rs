@@ -305,7 +305,9 @@ impl Shared {
         &self,
         stream_id: u64,
         block: &[u8],
+        stream_gone: impl std::future::Future<Output = crate::Error>,
     ) -> Result<Vec<(Bytes, Bytes)>, crate::Error> {
+        tokio::pin!(stream_gone);
         loop {
             let notified = self.qpack_progress.notified();
             tokio::pin!(notified);
@@ -348,22 +350,35 @@ impl Shared {
                     return Err(crate::Error::Protocol(e));
                 }
             }
+            // Blocked: wait for the encoder stream, unless the request stream goes first (a
+            // reset section is never decoded; the caller cancels it, RFC 9204 §2.2.2.2).
             tokio::select! {
                 _ = notified => {}
                 e = self.quic.closed() => return Err(crate::Error::Connection(e)),
+                e = &mut stream_gone => return Err(e),
             }
         }
     }
 
-    /// Encodes a header section for `stream_id`, sending encoder instructions first.
+    /// Encodes a header section of `size` bytes (RFC 9114 §4.2.2: names and values plus 32
+    /// a field) for `stream_id`, sending encoder instructions first. A section larger than
+    /// the peer's SETTINGS_MAX_FIELD_SECTION_SIZE is not encoded (it would be refused):
+    /// [`Error::TooLarge`](crate::Error::TooLarge).
     pub fn encode_fields<'a>(
         &self,
         stream_id: u64,
+        size: u64,
         fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
         block: &mut Vec<u8>,
     ) -> Result<(), crate::Error> {
         let mut enc = Vec::new();
         let mut s = self.lock();
+        if s.peer_settings
+            .and_then(|p| p.max_field_section_size)
+            .is_some_and(|max| size > max)
+        {
+            return Err(crate::Error::TooLarge);
+        }
         s.encoder
             .encode_with(stream_id, fields, block, &mut enc)
             .map_err(|e| crate::Error::Protocol(H3Error::new(Code(e.code), e.reason)))?;
@@ -684,11 +699,11 @@ async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
                         let mut s = shared.lock();
                         // The peer's capacity sets MaxEntries; we use at most what we
                         // allow ourselves (16 KiB at least).
-                        s.encoder = qpack::Encoder::new(
+                        s.encoder.set_peer_settings(
                             settings.qpack_max_table_capacity,
                             settings.qpack_blocked_streams,
-                        )
-                        .limit_capacity(shared.config.qpack_max_table_capacity.max(16 * 1024));
+                            shared.config.qpack_max_table_capacity.max(16 * 1024),
+                        );
                         s.peer_settings = Some(settings);
                     }
                     shared.changed.notify_waiters();
@@ -729,7 +744,11 @@ async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
                     ));
                 }
                 Frame::Unknown(_) => {}
-                Frame::Data(_) | Frame::Headers(_) | Frame::PushPromise | Frame::MaxPushId(_) => {
+                Frame::Data(_)
+                | Frame::Headers(_)
+                | Frame::HeadersTooLarge(_)
+                | Frame::PushPromise
+                | Frame::MaxPushId(_) => {
                     return Err(H3Error::new(
                         Code::FRAME_UNEXPECTED,
                         "frame not allowed on the control stream",

@@ -191,6 +191,10 @@ pub enum Frame {
     PushPromise,
     /// An unknown or reserved frame type, skipped (RFC 9114 §9).
     Unknown(u64),
+    /// A HEADERS frame longer than the reader takes, with its length: skipped, not
+    /// buffered. On a request stream it is a problem of that request only (RFC 9114
+    /// §4.2.2); elsewhere HEADERS is not allowed anyway.
+    HeadersTooLarge(u64),
 }
 
 /// Reads frames from a stream's bytes as they arrive.
@@ -339,6 +343,11 @@ impl FrameReader {
                     self.skip_left = len;
                     return Ok(Some(Frame::Unknown(ty)));
                 }
+            }
+            if len > self.max_frame && ty == HEADERS {
+                self.buf.advance(hdr);
+                self.skip_left = len;
+                return Ok(Some(Frame::HeadersTooLarge(len)));
             }
             if len > self.max_frame {
                 return Err(H3Error::new(
@@ -519,10 +528,10 @@ mod tests {
             frames(&[0x07, 0x02, 0x01, 0x01], 10).unwrap_err().code,
             Code::FRAME_ERROR
         );
-        // Oversized HEADERS.
+        // Oversized SETTINGS.
         let mut r = FrameReader::new(100);
         let mut b = Vec::new();
-        write_header(HEADERS, 1000, &mut b);
+        write_header(SETTINGS, 1000, &mut b);
         r.push(&b);
         assert_eq!(r.next_frame().unwrap_err().code, Code::EXCESSIVE_LOAD);
         // Repeated and HTTP/2 settings.
@@ -588,12 +597,26 @@ mod tests {
             assert_eq!(r.next_frame(), Ok(None));
             assert_eq!(r.buffered(), 0, "skipped bytes are not kept");
         }
-        // A HEADERS frame declaring more than accepted is refused before its payload comes.
+        // A HEADERS frame declaring more than accepted is reported before its payload
+        // comes, and its payload is skipped, not kept; the frame after it is read.
         let mut r = FrameReader::new(1 << 16);
         let mut b = Vec::new();
-        write_header(HEADERS, 1 << 30, &mut b);
+        write_header(HEADERS, 200_000, &mut b);
         r.push(&b);
-        assert_eq!(r.next_frame().unwrap_err().code, Code::EXCESSIVE_LOAD);
+        assert_eq!(r.next_frame(), Ok(Some(Frame::HeadersTooLarge(200_000))));
+        for _ in 0..3 {
+            r.push(&[0u8; 60_000]);
+            assert_eq!(r.next_frame(), Ok(None));
+            assert_eq!(r.buffered(), 0, "skipped bytes are not kept");
+        }
+        let mut rest = vec![0u8; 20_000];
+        write_header(HEADERS, 3, &mut rest);
+        rest.extend_from_slice(b"abc");
+        r.push(&rest);
+        assert_eq!(
+            r.next_frame(),
+            Ok(Some(Frame::Headers(Bytes::from_static(b"abc"))))
+        );
     }
 
     #[test]

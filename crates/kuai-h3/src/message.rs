@@ -204,6 +204,10 @@ pub fn parse_request(
             match authority.map(|a| &a[..]) {
                 None => return Err("request without :authority or host"),
                 Some([]) => return Err("empty :authority or host"),
+                // RFC 9114 §4.3.1: no userinfo ("user:pass@") in an http or https
+                // authority; a proxy that read the host after the "@" differently from
+                // its backend would send the request elsewhere.
+                Some(a) if a.contains(&b'@') => return Err("userinfo in :authority or host"),
                 Some(_) => {}
             }
             if !(path.starts_with(b"/") || (method == Method::OPTIONS && &path[..] == b"*")) {
@@ -513,8 +517,9 @@ mod tests {
         assert_eq!(content_length(&h), Ok(Some(5)));
     }
 
-    /// RFC 9114 §4.3.1: an http or https request carries :authority or Host, neither empty,
-    /// and the same if both; :path starts with "/" (or is "*" for OPTIONS).
+    /// RFC 9114 §4.3.1: an http or https request carries :authority or Host, neither empty
+    /// nor with userinfo, and the same if both; :path starts with "/" (or is "*" for
+    /// OPTIONS).
     #[test]
     fn requests_need_an_authority() {
         let base = [(":method", "GET"), (":scheme", "https"), (":path", "/")];
@@ -526,6 +531,14 @@ mod tests {
         assert!(with(&[]).is_err(), "no :authority and no host");
         assert!(with(&[(":authority", "")]).is_err(), "empty :authority");
         assert!(with(&[("host", "")]).is_err(), "empty host");
+        assert!(
+            with(&[(":authority", "user:pw@example.com")]).is_err(),
+            "userinfo in :authority"
+        );
+        assert!(
+            with(&[("host", "u@example.com")]).is_err(),
+            "userinfo in host"
+        );
         let p = with(&[("host", "example.com")]).expect("host alone is enough");
         assert_eq!(p.uri.authority().unwrap().as_str(), "example.com");
         assert_eq!(p.uri.to_string(), "https://example.com/");

@@ -255,7 +255,7 @@ impl SendHalf {
         if parts.status.is_informational() {
             return Err(Error::Malformed("use send_informational for 1xx"));
         }
-        let frame = self.headers_frame(message::response_field_refs(&parts))?;
+        let frame = self.headers_frame(|| message::response_field_refs(&parts))?;
         self.send_headers_frame(frame).await
     }
 
@@ -266,7 +266,7 @@ impl SendHalf {
         {
             return Err(Error::Malformed("not an informational status"));
         }
-        let frame = self.headers_frame(message::response_field_refs(&parts))?;
+        let frame = self.headers_frame(|| message::response_field_refs(&parts))?;
         self.send_headers_frame(frame).await
     }
 }
@@ -323,7 +323,7 @@ where
             let resp = handler(Request::from_parts(parts, recv)).await;
             let (parts, body) = resp.into_parts();
             let r: Result<(), Error> = async {
-                let head = send.headers_frame(message::response_field_refs(&parts))?;
+                let head = send.headers_frame(|| message::response_field_refs(&parts))?;
                 send.send_headers_frame(head).await?;
                 match body {
                     Body::Empty => {}

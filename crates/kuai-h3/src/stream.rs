@@ -46,6 +46,9 @@ pub struct RecvHalf {
     decoded: bool,
     /// Client: the request was HEAD, so the response has no body whatever it declares.
     head_request: bool,
+    /// The stream's end was read (ahead, while a section waited on QPACK): the frame reader
+    /// holds all that is left, and the stream is not read again.
+    fin: bool,
 }
 
 /// The sending half of a request stream.
@@ -81,6 +84,7 @@ impl RequestStream {
                 received_len: 0,
                 decoded: false,
                 head_request: false,
+                fin: false,
             },
         }
     }
@@ -196,7 +200,12 @@ impl RecvHalf {
                     return Err(Error::Protocol(e));
                 }
             }
-            match self.recv.read_chunk(64 * 1024).await {
+            let next = if self.fin {
+                Ok(None)
+            } else {
+                self.recv.read_chunk(64 * 1024).await
+            };
+            match next {
                 Ok(Some(chunk)) => self.reader.push_bytes(chunk),
                 Ok(None) => {
                     if self.reader.is_mid_frame() {
@@ -256,6 +265,10 @@ impl RecvHalf {
                     return Ok(Some(fields));
                 }
                 Some(Frame::Unknown(_)) => continue,
+                // RFC 9114 §4.2.2: this request's problem, not the connection's.
+                Some(Frame::HeadersTooLarge(_)) => {
+                    return Err(self.malformed("header section larger than allowed"));
+                }
                 Some(Frame::Data(_)) => return Err(self.unexpected("DATA before HEADERS")),
                 Some(f) => return Err(self.not_allowed(&f)),
             }
@@ -266,7 +279,35 @@ impl RecvHalf {
     /// malformed message (RFC 9114 §4.2.2): the stream is stopped with H3_MESSAGE_ERROR (the
     /// decoder acknowledged the section, so QPACK state stays in step).
     async fn decode(&mut self, block: &[u8]) -> Result<Fields, Error> {
-        match self.shared.decode_fields(self.id, block).await {
+        // While the section waits for the encoder stream, the request stream is read on
+        // (into the frame reader, within its flow-control window) so that a reset is seen.
+        let (shared, recv, reader, fin) = (
+            &self.shared,
+            &mut self.recv,
+            &mut self.reader,
+            &mut self.fin,
+        );
+        let stream_gone = async {
+            loop {
+                if *fin {
+                    std::future::pending::<()>().await;
+                }
+                match recv.read_chunk(64 * 1024).await {
+                    Ok(Some(chunk)) => reader.push_bytes(chunk),
+                    Ok(None) => *fin = true,
+                    Err(kuai::ReadError::Reset(code)) => return Error::StreamReset(Code(code)),
+                    Err(kuai::ReadError::ConnectionLost(e)) => {
+                        return match shared.error() {
+                            Some(h3) => Error::Protocol(h3),
+                            None => Error::Connection(e),
+                        };
+                    }
+                    Err(kuai::ReadError::ZeroRttRejected) => return Error::ZeroRttRejected,
+                    Err(_) => return Error::StreamReset(Code::REQUEST_CANCELLED),
+                }
+            }
+        };
+        match shared.decode_fields(self.id, block, stream_gone).await {
             Ok(fields) => {
                 self.decoded = true;
                 Ok(fields)
@@ -353,6 +394,9 @@ impl RecvHalf {
                     self.state = RecvState::Trailers;
                 }
                 Some(Frame::Unknown(_)) => continue,
+                Some(Frame::HeadersTooLarge(_)) => {
+                    return Err(self.malformed("trailer section larger than allowed"));
+                }
                 Some(f) => return Err(self.not_allowed(&f)),
             }
         }
@@ -370,7 +414,11 @@ impl RecvHalf {
             }
             let frame = match self.reader.next_frame() {
                 Ok(Some(f)) => f,
-                Ok(None) => match ready!(self.recv.poll_read_chunk(cx, 64 * 1024)) {
+                Ok(None) => match if self.fin {
+                    Ok(None)
+                } else {
+                    ready!(self.recv.poll_read_chunk(cx, 64 * 1024))
+                } {
                     Ok(Some(chunk)) => {
                         self.reader.push_bytes(chunk);
                         continue;
@@ -430,6 +478,9 @@ impl RecvHalf {
                     self.state = RecvState::Trailers;
                 }
                 Frame::Unknown(_) => {}
+                Frame::HeadersTooLarge(_) => {
+                    return Poll::Ready(Err(self.malformed("trailer section larger than allowed")));
+                }
                 f => return Poll::Ready(Err(self.not_allowed(&f))),
             }
         }
@@ -503,15 +554,15 @@ impl SendHalf {
     }
 
     pub(crate) async fn send_fields(&mut self, fields: &Fields) -> Result<(), Error> {
-        let frame = self.headers_frame(fields.iter().map(|(n, v)| (&n[..], &v[..])))?;
+        let frame = self.headers_frame(|| fields.iter().map(|(n, v)| (&n[..], &v[..])))?;
         self.send_headers_frame(frame).await
     }
 
     /// A HEADERS frame for `fields`, encoded straight into the buffer that goes out.
-    pub(crate) fn headers_frame<'a>(
-        &self,
-        fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
-    ) -> Result<Bytes, Error> {
+    pub(crate) fn headers_frame<'a, I>(&self, fields: impl Fn() -> I) -> Result<Bytes, Error>
+    where
+        I: IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    {
         // Encoding for a voided stream would leave the QPACK encoder a section no one acks.
         if self.send.as_ref().is_some_and(SendStream::is_0rtt_rejected) {
             return Err(Error::ZeroRttRejected);
@@ -521,7 +572,12 @@ impl SendHalf {
         const ROOM: usize = 9;
         let mut buf = Vec::with_capacity(256);
         buf.resize(ROOM, 0);
-        self.shared.encode_fields(self.id, fields, &mut buf)?;
+        let size = fields()
+            .into_iter()
+            .map(|(n, v)| (n.len() + v.len() + 32) as u64)
+            .sum();
+        self.shared
+            .encode_fields(self.id, size, fields(), &mut buf)?;
         let len = (buf.len() - ROOM) as u64;
         let start = ROOM - frame::header_len(frame::HEADERS, len);
         let mut room = &mut buf[start..ROOM];
@@ -561,7 +617,7 @@ impl SendHalf {
 
     /// Sends trailers (a final header section).
     pub async fn send_trailers(&mut self, trailers: &HeaderMap) -> Result<(), Error> {
-        let frame = self.headers_frame(message::regular_field_refs(trailers))?;
+        let frame = self.headers_frame(|| message::regular_field_refs(trailers))?;
         self.send_headers_frame(frame).await
     }
 

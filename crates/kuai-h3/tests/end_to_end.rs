@@ -362,3 +362,59 @@ async fn a_response_head_is_not_held_behind_its_body() {
     }
     panic!("{seen:?} bytes had come when the response head could be read");
 }
+
+/// RFC 9114 §4.2.2: a header section larger than the peer's SETTINGS_MAX_FIELD_SECTION_SIZE
+/// is not sent (the peer would refuse it): the request fails with `Error::TooLarge` before
+/// anything leaves, and the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_past_the_peers_field_section_limit_is_not_sent() {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    let server = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = server.local_addr().unwrap();
+    let ep = server.clone();
+    tokio::spawn(async move {
+        while let Some(c) = ep.accept().await {
+            tokio::spawn(async move {
+                let conn = c.await.unwrap();
+                let config = Config {
+                    max_field_section_size: 4096,
+                    ..Config::default()
+                };
+                let _ = kuai_h3::serve(conn, config, handler).await;
+            });
+        }
+    });
+    let client_ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let conn = client_ep
+        .connect_with(
+            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    let client = Client::new(conn.clone(), Config::default()).await.unwrap();
+    // A first exchange: the server's SETTINGS, sent before any response, are in.
+    let r = client
+        .get("https://localhost/bytes/10", 1024)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let sent_before = conn.stats().udp_tx_bytes;
+    let req = Request::get("https://localhost/bytes/10")
+        .header("x-big", "v".repeat(5000))
+        .body(Bytes::new())
+        .unwrap();
+    let e = client.request(req, 1024).await.unwrap_err();
+    assert!(matches!(e, kuai_h3::Error::TooLarge), "{e:?}");
+    assert!(
+        conn.stats().udp_tx_bytes < sent_before + 1000,
+        "the head went out"
+    );
+    let r = client
+        .get("https://localhost/bytes/10", 1024)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}

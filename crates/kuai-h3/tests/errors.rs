@@ -377,6 +377,83 @@ async fn oversized_header_section_resets_only_its_stream() {
     assert!(ok.ends_with(b"ok"));
 }
 
+/// A HEADERS frame longer than the reader takes (here about 100 KB, past our 64 KiB
+/// SETTINGS_MAX_FIELD_SECTION_SIZE) is that request's problem only (RFC 9114 §4.2.2): its
+/// stream is reset with H3_MESSAGE_ERROR without the frame being buffered, and the
+/// connection serves the next request.
+#[tokio::test]
+async fn an_oversized_headers_frame_resets_only_its_stream() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let mut lines = [&GET_HTTPS_ROOT[..], &literal(0, b"localhost")].concat();
+    for _ in 0..1000 {
+        lines.extend_from_slice(&literal(5, &[b'c'; 100]));
+    }
+    let frame = headers_frame(&lines);
+    assert!(frame.len() > 100_000);
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    // The server may stop the stream before all of it is written.
+    let _ = send.write_all(&frame).await;
+    let _ = send.finish();
+    let r = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 20))
+        .await
+        .expect("server answered within 5 s");
+    assert_eq!(r, Err(kuai::ReadError::Reset(Code::MESSAGE_ERROR.0)));
+    let ok = raw_request(
+        &conn,
+        &headers_frame(&[&GET_HTTPS_ROOT[..], &literal(0, b"localhost")].concat()),
+    )
+    .await
+    .unwrap();
+    assert!(ok.ends_with(b"ok"));
+    assert!(conn.close_reason().is_none());
+}
+
+/// A request head waiting on QPACK (its section names a dynamic entry the encoder stream
+/// has not brought) whose stream the client then resets is given up: the server's decoder
+/// stream carries a Stream Cancellation for it (RFC 9204 §2.2.2.2, §4.4.2), instead of the
+/// server waiting on the entry for as long as the connection lives.
+#[tokio::test]
+async fn a_blocked_head_whose_stream_is_reset_is_cancelled() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    // Required Insert Count 1 (encoded 2), Base 1 (delta 0), GET https /, then dynamic
+    // entry 0 (indexed, relative index 0): blocked until the first insert, which never comes.
+    let mut block = vec![0x02, 0x00];
+    block.extend_from_slice(&GET_HTTPS_ROOT);
+    block.push(0x80);
+    let mut frame = vec![0x01, block.len() as u8];
+    frame.extend_from_slice(&block);
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    assert_eq!(send.id().0, 0);
+    send.write_all(&frame).await.unwrap();
+    // Let the server read the head and block on it, then reset the stream.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send.reset(Code::REQUEST_CANCELLED.0).unwrap();
+    // The server's uni streams: control, QPACK encoder, QPACK decoder (type 0x03).
+    let cancelled = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            let mut uni = conn.accept_uni().await.unwrap();
+            let first = uni.read_chunk(1).await.unwrap().unwrap();
+            if first[0] != 0x03 {
+                std::mem::forget(uni);
+                continue;
+            }
+            let mut got = Vec::new();
+            while got.is_empty() {
+                got.extend_from_slice(&uni.read_chunk(64).await.unwrap().unwrap());
+            }
+            std::mem::forget(uni);
+            return got;
+        }
+    })
+    .await
+    .expect("a decoder instruction within 3 s");
+    // Stream Cancellation (01xxxxxx) for stream 0.
+    assert_eq!(cancelled, [0x40]);
+    assert!(conn.close_reason().is_none());
+}
+
 /// RFC 9114 §6.2: a unidirectional stream of an unknown type is not read: the server stops
 /// it with H3_STREAM_CREATION_ERROR, so nothing of it is buffered, however much is sent.
 #[tokio::test]

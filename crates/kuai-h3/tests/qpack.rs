@@ -1444,3 +1444,33 @@ fn a_capped_encoder_counts_inserts_by_the_decoders_max_entries() {
     }
     assert!(enc.stats().inserts > 300, "{:?}", enc.stats());
 }
+
+/// The peer's decoder stream can bring part of an instruction before its SETTINGS are read
+/// (the two come on different streams): taking the SETTINGS keeps that part, so the rest
+/// completes it. Here a Stream Cancellation for stream 100 (0x7f, then 100 − 63) is cut
+/// after its first byte; read alone, the second byte would be an Insert Count Increment of
+/// 37 and fail the connection.
+#[test]
+fn a_decoder_instruction_cut_around_settings_is_read_whole() {
+    let mut enc = Encoder::new(0, 0);
+    enc.on_decoder_stream(&[0x7f]).unwrap();
+    enc.set_peer_settings(4096, 16, 4096);
+    enc.on_decoder_stream(&[37]).unwrap();
+    // The dynamic table is in use after the SETTINGS.
+    let mut dec = Decoder::new(4096, 16, 1 << 16);
+    let (mut block, mut enc_stream, mut dec_stream) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..2 {
+        block.clear();
+        let fields = [(
+            Bytes::from_static(b"x-name"),
+            Bytes::from_static(b"a value"),
+        )];
+        enc.encode(0, &fields, &mut block, &mut enc_stream).unwrap();
+    }
+    assert!(enc.insert_count() > 0, "the table was used");
+    dec.on_encoder_stream(&enc_stream, &mut dec_stream).unwrap();
+    assert!(matches!(
+        dec.decode(0, &block, &mut dec_stream).unwrap(),
+        Decoded::Fields(_)
+    ));
+}

@@ -333,6 +333,28 @@ impl Encoder {
         self
     }
 
+    /// Takes the decoder's SETTINGS (SETTINGS_QPACK_MAX_TABLE_CAPACITY and
+    /// SETTINGS_QPACK_BLOCKED_STREAMS) when they arrive after the encoder began without them
+    /// (a table of 0 until then, RFC 9204 §3.2.3), using at most `cap` bytes of the table.
+    /// What else the encoder holds stays: above all a decoder-stream instruction cut in two
+    /// around the SETTINGS, whose first part is buffered.
+    pub fn set_peer_settings(
+        &mut self,
+        max_table_capacity: u64,
+        max_blocked_streams: u64,
+        cap: u64,
+    ) {
+        if self.insert_count() > 0 {
+            // Entries made under a capacity the decoder already had: keep it (never the
+            // case here, where the capacity before SETTINGS is zero).
+            return;
+        }
+        self.max_blocked_streams = max_blocked_streams;
+        self.max_entries = max_table_capacity / 32;
+        self.capacity = max_table_capacity.min(ENCODER_CAPACITY_LIMIT).min(cap);
+        self.capacity_sent = false;
+    }
+
     /// Uses the Huffman code for strings when it is shorter (the default), or never.
     pub fn set_huffman(&mut self, on: bool) {
         self.huffman = on;
