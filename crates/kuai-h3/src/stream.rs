@@ -64,6 +64,7 @@ pub struct SendHalf {
 impl RequestStream {
     pub(crate) fn new(shared: Arc<Shared>, send: SendStream, recv: RecvStream) -> Self {
         let id = recv.id().0;
+        crate::datagram::register(&shared, id);
         let max = shared.config.max_field_section_size.max(16 * 1024);
         Self {
             send: SendHalf {
