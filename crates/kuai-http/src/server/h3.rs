@@ -123,18 +123,58 @@ async fn answer(
         }
     };
     log.response(&resp);
-    match send_response(send, resp, &method).await {
+    let send_timeout = shared.limits.send_timeout;
+    match send_response(send, resp, &method, send_timeout).await {
         Ok((bytes, mut send)) => {
             log.bytes = bytes;
             log.write();
             drop(log);
-            // The request is done; its stream stays until the client has it all.
-            let _ = send.finished().await;
+            // The request is done; its stream stays until the client has it all, or until
+            // it has taken nothing for the send timeout.
+            if tokio::time::timeout(send_timeout, send.finished())
+                .await
+                .is_err()
+            {
+                tracing::info!(%remote, %method, "h3 response not taken: stream reset");
+                send.reset(Code::REQUEST_CANCELLED);
+            }
         }
         Err(e) => {
             tracing::info!(%remote, %method, path = log.path(), error = %e, "h3 request failed")
         }
     }
+}
+
+/// Why a response was not sent whole.
+#[derive(Debug)]
+enum SendFailed {
+    /// The stream or connection failed.
+    H3(kuai_h3::Error),
+    /// The client took nothing for the send timeout: the stream was reset.
+    Stalled,
+}
+
+impl std::fmt::Display for SendFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendFailed::H3(e) => e.fmt(f),
+            SendFailed::Stalled => f.write_str("the client took nothing for the send timeout"),
+        }
+    }
+}
+
+impl From<kuai_h3::Error> for SendFailed {
+    fn from(e: kuai_h3::Error) -> Self {
+        SendFailed::H3(e)
+    }
+}
+
+/// The client took nothing for the send timeout (nginx's send_timeout, between two
+/// writes): the stream is reset with H3_REQUEST_CANCELLED, so a client that stops reading a
+/// response holds no task, stream or buffer past it.
+fn stalled(stream: &mut SendHalf) -> SendFailed {
+    stream.reset(Code::REQUEST_CANCELLED);
+    SendFailed::Stalled
 }
 
 /// Response bytes a stream takes ahead of what it has sent: two of `FileChunks`' 256 KiB
@@ -162,10 +202,15 @@ async fn send_response(
     mut stream: SendHalf,
     resp: Response<ReplyBody>,
     method: &Method,
-) -> Result<(u64, SendHalf), kuai_h3::Error> {
+    send_timeout: std::time::Duration,
+) -> Result<(u64, SendHalf), SendFailed> {
     let (head, mut body) = resp.into_parts();
     let status = head.status;
-    stream.send_response(Response::from_parts(head, ())).await?;
+    let limit = send_timeout;
+    match tokio::time::timeout(limit, stream.send_response(Response::from_parts(head, ()))).await {
+        Ok(r) => r?,
+        Err(_) => return Err(stalled(&mut stream)),
+    }
     // The body's next piece is made (a file read into fresh memory, often) when the last is
     // nearly sent, so it is still in the CPU's cache when copied into packets.
     stream.set_max_unsent(Some(MAX_UNSENT));
@@ -181,17 +226,23 @@ async fn send_response(
                     // The client must not take a cut body for a whole one.
                     tracing::info!(error = %e, "response body failed: stream reset");
                     stream.reset(Code::INTERNAL_ERROR);
-                    return Err(kuai_h3::Error::Malformed("response body failed"));
+                    return Err(kuai_h3::Error::Malformed("response body failed").into());
                 }
             };
             match frame.into_data() {
                 Ok(data) => {
                     sent += data.len() as u64;
-                    stream.send_data(data).await?;
+                    match tokio::time::timeout(limit, stream.send_data(data)).await {
+                        Ok(r) => r?,
+                        Err(_) => return Err(stalled(&mut stream)),
+                    }
                 }
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
-                        stream.send_trailers(&trailers).await?;
+                        match tokio::time::timeout(limit, stream.send_trailers(&trailers)).await {
+                            Ok(r) => r?,
+                            Err(_) => return Err(stalled(&mut stream)),
+                        }
                         break;
                     }
                 }

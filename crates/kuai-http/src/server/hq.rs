@@ -17,6 +17,8 @@ const MAX_REQUEST: usize = 8 * 1024;
 const NOT_FOUND: u64 = 0x10c;
 /// H3_REQUEST_REJECTED (RFC 9114 §8.1): the request was not processed.
 const REQUEST_REJECTED: u64 = 0x10b;
+/// H3_REQUEST_CANCELLED (RFC 9114 §8.1): a response given up.
+const REQUEST_CANCELLED: u64 = 0x10c;
 
 /// Serves every request of a connection; on shutdown, the requests in flight get the drain
 /// timeout to finish.
@@ -109,13 +111,27 @@ async fn serve_request(
         };
         if let Ok(data) = frame.into_data() {
             sent += data.len() as u64;
-            send.write_chunk(data).await?;
+            // The send timeout between two writes, as HTTP/3's: a client that stops
+            // reading holds nothing past it.
+            match tokio::time::timeout(shared.limits.send_timeout, send.write_chunk(data)).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    let _ = send.reset(REQUEST_CANCELLED);
+                    return Ok(());
+                }
+            }
         }
     }
     send.finish()?;
     log.bytes = sent;
     log.write();
-    let _ = send.stopped().await;
+    // The stream stays until the client has it all, or has taken nothing for the timeout.
+    if tokio::time::timeout(shared.limits.send_timeout, send.stopped())
+        .await
+        .is_err()
+    {
+        let _ = send.reset(REQUEST_CANCELLED);
+    }
     Ok(())
 }
 

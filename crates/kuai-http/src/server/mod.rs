@@ -94,7 +94,9 @@ pub struct Limits {
     /// a response the client stopped taking (nginx's send_timeout), or a request body a
     /// service reads that stopped coming (nginx's client_body_timeout). The time a service
     /// takes to answer, and a streaming response with nothing to send, do not count; nor
-    /// does the request body of an extended CONNECT tunnel.
+    /// does the request body of an extended CONNECT tunnel. HTTP/3 and HTTP/0.9: a
+    /// response whose next write (or, once all is written, whose delivery) waits this long
+    /// has its stream reset with H3_REQUEST_CANCELLED; the connection's other streams go on.
     pub send_timeout: Duration,
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (nginx's http2_max_concurrent_streams).
     /// HTTP/3's bound is QUIC's stream limit, in the endpoint's transport configuration.

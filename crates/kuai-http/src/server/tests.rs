@@ -850,3 +850,49 @@ async fn shutdown_lets_requests_in_flight_finish() {
     let e = tokio::time::timeout(Duration::from_secs(2), conn.closed()).await;
     assert!(e.is_ok(), "the HTTP/3 connection was closed");
 }
+
+/// HTTP/3: a response the client stops taking (it never reads, its stream window stays
+/// full) has its stream reset with H3_REQUEST_CANCELLED after the send timeout, instead of
+/// holding the server's task and buffers for as long as the connection lives; the
+/// connection's other requests go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h3_response_the_client_stops_taking_is_reset_after_the_send_timeout() {
+    let limits = Limits {
+        send_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let srv = start(limits, None).await;
+    let cep = client_endpoint();
+    let mut ccfg = kuai::ClientConfig::with_root(srv.cert.clone(), &[ALPN_H3]).unwrap();
+    ccfg.transport(kuai::TransportConfig {
+        stream_receive_window: 16 * 1024,
+        max_stream_receive_window: 16 * 1024,
+        ..Default::default()
+    });
+    let (_conn, client) = h3_client_with(&cep, ccfg, srv.addr).await;
+    let req = Request::get("https://localhost/bytes/10000000")
+        .body(())
+        .unwrap();
+    let mut s = client.send_request(req).await.unwrap();
+    s.finish().unwrap();
+    assert_eq!(s.recv_response().await.unwrap().status(), 200);
+    // Not read for three send timeouts.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let t = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match s.recv_data().await {
+                Ok(Some(_)) => {}
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the stream ended");
+    assert!(
+        matches!(ended, Err(kuai_h3::Error::StreamReset(c)) if c == kuai_h3::Code::REQUEST_CANCELLED),
+        "{ended:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(h3_status(&client, Method::GET).await, 200);
+}
