@@ -676,7 +676,20 @@ async fn read_control(shared: &Arc<Shared>, mut recv: RecvStream) -> Result<(), 
             Err(_) => return Err(closed_critical()),
         };
         reader.push_bytes(chunk);
-        while let Some(f) = reader.next_frame()? {
+        loop {
+            let f = match reader.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                // An HTTP/2 frame type first is first of all not SETTINGS (RFC 9114 §6.2.1;
+                // later it is H3_FRAME_UNEXPECTED, §7.2.8).
+                Err(e) if first && e.code == Code::FRAME_UNEXPECTED => {
+                    return Err(H3Error::new(
+                        Code::MISSING_SETTINGS,
+                        "control stream must start with SETTINGS",
+                    ));
+                }
+                Err(e) => return Err(e),
+            };
             if first && !matches!(f, Frame::Settings(_)) {
                 return Err(H3Error::new(
                     Code::MISSING_SETTINGS,

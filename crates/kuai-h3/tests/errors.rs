@@ -87,6 +87,15 @@ async fn control_stream_must_start_with_settings() {
     assert_eq!(closed_with(&conn).await, Code::MISSING_SETTINGS.0);
 }
 
+/// RFC 9114 §6.2.1: an HTTP/2 frame type (here PING, 0x06) as the control stream's first
+/// frame is first of all a missing SETTINGS.
+#[tokio::test]
+async fn an_http2_frame_first_on_the_control_stream_is_missing_settings() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x06, 0x00]).await;
+    assert_eq!(closed_with(&conn).await, Code::MISSING_SETTINGS.0);
+}
+
 #[tokio::test]
 async fn second_settings_is_frame_unexpected() {
     let (_ep, conn, _s) = raw_client().await;
