@@ -500,6 +500,28 @@ async fn serve(args: Args) -> Result<(), String> {
         std::io::ErrorKind::InvalidInput => e.to_string(),
         _ => format!("cannot bind {listen}: {e}"),
     })?;
+    // Started without the fleet's reset key (Redis away): take it up once Redis answers,
+    // so the other servers can reset the connections made from then on.
+    if let Some(f) = &fleet
+        && reset_key.is_none()
+    {
+        let (f, ep) = (f.clone(), ep.clone());
+        tokio::spawn(async move {
+            let mut pause = Duration::from_secs(1);
+            loop {
+                tokio::time::sleep(pause).await;
+                if let Ok(k) = f.reset_key().await {
+                    ep.set_reset_key(k);
+                    println!(
+                        "fleet reset key from redis: {} (for connections from now on)",
+                        kuai_fleet::key_id(&k)
+                    );
+                    return;
+                }
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+        });
+    }
     let local = ep.local_addr().map_err(|e| e.to_string())?;
     let port = local.port();
     println!(

@@ -647,7 +647,8 @@ fn the_balancer_reloads_its_backends_on_sighup() {
 }
 
 /// Servers pointed at one Redis share the stateless-reset key and the generation of their
-/// token keys; with Redis away a server still starts, with keys of its own, and serves.
+/// token keys; with Redis away a server still starts, with keys of its own, and serves, and
+/// takes up the fleet's reset key once Redis answers.
 #[test]
 fn servers_share_their_keys_through_redis() {
     if !redis_installed() {
@@ -692,6 +693,25 @@ fn servers_share_their_keys_through_redis() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "shared\n");
-    drop((a, b, c));
+    // Redis back (empty): the server that started without it takes up the fleet's reset
+    // key, the one a server started now reads.
+    let redis_back = redis(rport);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let taken = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let l = c
+            .lines
+            .recv_timeout(left)
+            .expect("no fleet reset key taken up");
+        if let Some(id) = l.strip_prefix("fleet reset key from redis: ") {
+            break id.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let (d, kd) = keys_line(&url);
+    assert!(
+        kd.starts_with(&format!("fleet keys from redis: reset key {taken},")),
+        "{kd} (taken up: {taken})"
+    );
+    drop((a, b, c, d, redis_back));
     let _ = std::fs::remove_dir_all(&dir);
 }

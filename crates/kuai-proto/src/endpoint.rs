@@ -310,6 +310,15 @@ impl Endpoint {
         self.server = server;
     }
 
+    /// Derives stateless reset tokens (RFC 9000 §10.3.2) from `key` from now on: for the
+    /// connection IDs issued next, and for the resets sent for IDs the endpoint does not
+    /// know. IDs already issued keep the tokens their peers hold. A fleet server that
+    /// started without the fleet's key (its store unreachable) takes it up this way, so
+    /// the other servers can reset its later connections.
+    pub fn set_reset_key(&mut self, key: [u8; 32]) {
+        Arc::make_mut(&mut self.config).reset_key = key;
+    }
+
     /// Statistics so far.
     pub fn stats(&self) -> &EndpointStats {
         &self.stats

@@ -625,6 +625,14 @@ impl Endpoint {
         }
     }
 
+    /// Derives stateless reset tokens from `key` from now on, in every worker (see
+    /// [`kuai_proto::Endpoint::set_reset_key`]).
+    pub fn set_reset_key(&self, key: [u8; 32]) {
+        for w in self.workers.all.iter() {
+            w.lock().ep.set_reset_key(key);
+        }
+    }
+
     /// The preferred address clients are offered, if the endpoint has one.
     pub fn preferred_address(&self) -> Option<SocketAddr> {
         self.first()
