@@ -32,6 +32,8 @@ struct Seen {
     live: AtomicUsize,
     requests: AtomicUsize,
     connections: AtomicUsize,
+    /// Connections the backend closed after its answer (`Say::Close`).
+    closed: AtomicUsize,
 }
 
 struct LiveGuard(Arc<Seen>);
@@ -982,6 +984,8 @@ async fn scripted(script: fn(&str) -> Say) -> (SocketAddr, Arc<Seen>) {
                         }
                         Say::Close(bytes) | Say::Early(bytes) => {
                             let _ = tcp.write_all(bytes).await;
+                            drop(tcp);
+                            s.closed.fetch_add(1, SeqCst);
                             return;
                         }
                     }
@@ -1080,6 +1084,17 @@ async fn connections_the_backend_closed_are_not_used() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let method = if i % 2 == 0 {
+            // The backend has closed the connection it answered on (on a loaded machine
+            // its close can come after the gateway pooled the connection and picked it
+            // for this request: then nothing can tell a POST may be sent again, RFC 9112
+            // §9.3.1).
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while seen.closed.load(SeqCst) < seen.requests.load(SeqCst)
+                && std::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
             Method::POST
         } else {
             Method::GET
