@@ -30,6 +30,16 @@ pub struct Body {
     on_end: Option<Box<dyn FnOnce() + Send>>,
     /// Counted while its reader waits for the sender (see [`Body::watched`]).
     waiting: Option<Waiting>,
+    /// Ends the body when a read waits too long for the sender (see [`Body::stall_limit`]).
+    stall: Option<Stall>,
+}
+
+/// A body's own timeout for a sender that stops: how long a read may wait, and the timer,
+/// made at the first read that waits and running only while reads wait.
+struct Stall {
+    limit: std::time::Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    armed: bool,
 }
 
 /// Counts a body in a shared tally while a read of it found nothing yet: a TCP
@@ -82,6 +92,7 @@ impl Body {
             received: 0,
             on_end: None,
             waiting: None,
+            stall: None,
         }
     }
 
@@ -95,6 +106,7 @@ impl Body {
             received: 0,
             on_end: None,
             waiting: None,
+            stall: None,
         }
     }
 
@@ -105,6 +117,7 @@ impl Body {
             received: 0,
             on_end: None,
             waiting: None,
+            stall: None,
         }
     }
 
@@ -119,6 +132,7 @@ impl Body {
             received: 0,
             on_end: None,
             waiting: None,
+            stall: None,
         }
     }
 
@@ -133,6 +147,18 @@ impl Body {
         self.waiting = Some(Waiting {
             tally,
             counted: false,
+        });
+        self
+    }
+
+    /// Ends the body in [`Error::Timeout`] once a read of it has waited `limit` for the
+    /// sender with nothing coming (nginx's client_body_timeout, for one stream): a stalled
+    /// upload on a multiplexed connection ends its own request, not the connection.
+    pub(crate) fn stall_limit(mut self, limit: std::time::Duration) -> Self {
+        self.stall = Some(Stall {
+            limit,
+            timer: None,
+            armed: false,
         });
         self
     }
@@ -194,6 +220,30 @@ impl http_body::Body for Body {
         let r = this.poll_body(cx);
         if let Some(w) = &mut this.waiting {
             w.set(r.is_pending());
+        }
+        if let Some(s) = &mut this.stall {
+            if !r.is_pending() {
+                s.armed = false;
+                return r;
+            }
+            let deadline = tokio::time::Instant::now() + s.limit;
+            let timer = s
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if !s.armed {
+                timer.as_mut().reset(deadline);
+                s.armed = true;
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                let after = s.limit;
+                // What is left of it is not wanted.
+                this.kind = Kind::Empty;
+                this.stall = None;
+                return Poll::Ready(Some(Err(Error::Timeout {
+                    what: "request body",
+                    after,
+                })));
+            }
         }
         r
     }

@@ -112,7 +112,13 @@ async fn answer(
     let mut log = AccessLog::new(shared, info, method.clone(), &parts.uri, early);
     let (mut send, recv) = stream.split();
     let limit = shared.limits.max_request_body;
-    let req = Request::from_parts(parts, Body::h3(recv, limit));
+    // A stalled upload ends its own request after the send timeout (not a tunnel's body,
+    // which may be quiet for as long as its ends like).
+    let mut body = Body::h3(recv, limit);
+    if method != Method::CONNECT {
+        body = body.stall_limit(shared.limits.send_timeout);
+    }
+    let req = Request::from_parts(parts, body);
     // A client that cancels the request (STOP_SENDING) or goes away drops the work
     // making its response: a proxied request's upstream exchange, for one.
     let resp = tokio::select! {

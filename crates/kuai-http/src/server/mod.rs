@@ -91,12 +91,15 @@ pub struct Limits {
     /// keepalive_timeout); HTTP/2 and HTTP/3 with a GOAWAY.
     pub idle_timeout: Duration,
     /// TCP: a connection that waits on its client this long without progress is closed:
-    /// a response the client stopped taking (nginx's send_timeout), or a request body a
-    /// service reads that stopped coming (nginx's client_body_timeout). The time a service
-    /// takes to answer, and a streaming response with nothing to send, do not count; nor
-    /// does the request body of an extended CONNECT tunnel. HTTP/3 and HTTP/0.9: a
-    /// response whose next write (or, once all is written, whose delivery) waits this long
-    /// has its stream reset with H3_REQUEST_CANCELLED; the connection's other streams go on.
+    /// a response the client stopped taking (nginx's send_timeout), or, over HTTP/1.1, a
+    /// request body a service reads that stopped coming (nginx's client_body_timeout). The
+    /// time a service takes to answer, and a streaming response with nothing to send, do
+    /// not count; nor does the request body of an extended CONNECT tunnel. HTTP/2 and
+    /// HTTP/3: a request body that stops coming for this long while the service reads it
+    /// ends that request alone (its body fails with [`Error::Timeout`](crate::Error)).
+    /// HTTP/3 and HTTP/0.9: a response whose next write (or, once all is written, whose
+    /// delivery) waits this long has its stream reset with H3_REQUEST_CANCELLED; the
+    /// connection's other streams go on.
     pub send_timeout: Duration,
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (nginx's http2_max_concurrent_streams).
     /// HTTP/3's bound is QUIC's stream limit, in the endpoint's transport configuration.

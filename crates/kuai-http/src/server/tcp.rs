@@ -642,11 +642,19 @@ async fn serve_connection(
             // A tunnel (extended CONNECT, RFC 8441) may be quiet both ways for as long as
             // its ends like: its request body is not one the client owes.
             let tunnel = req.method() == http::Method::CONNECT;
+            // HTTP/2: a stalled body ends its own request (the connection's other
+            // streams go on); HTTP/1.1: the connection waits on the client, and its
+            // watchdog closes it.
+            let stall = shared.limits.send_timeout;
             let resp = shared
                 .respond(
                     req.map(|b| {
                         let b = Body::hyper(b, limit);
-                        if tunnel { b } else { b.watched(waits) }
+                        match (tunnel, h2) {
+                            (true, _) => b,
+                            (false, true) => b.stall_limit(stall),
+                            (false, false) => b.watched(waits),
+                        }
                     }),
                     info,
                 )
@@ -775,7 +783,9 @@ mod tests {
     //! through the same settings `kuai server` takes from its flags.
 
     use super::*;
-    use crate::server::tests::{Sender, TestSite, Tls, empty, identity, request, tls_to};
+    use crate::server::tests::{
+        Sender, Stalled, TestBody, TestSite, Tls, empty, identity, request, tls_to,
+    };
     use crate::server::{ALPN_H1, Server};
     use http_body_util::BodyExt;
     use std::time::Instant;
@@ -1023,6 +1033,51 @@ mod tests {
         eprintln!("stalled upload closed after {t:?}");
         assert!(t >= Duration::from_millis(500), "closed after {t:?}");
         assert!(t < Duration::from_millis(2500), "closed after {t:?}");
+    }
+
+    /// HTTP/2: a request body that stops coming ends its own request after the send
+    /// timeout (600 ms here), not the connection: a request on another stream that takes
+    /// 1.5 s is answered.
+    #[tokio::test]
+    async fn an_h2_upload_that_stops_ends_only_its_stream() {
+        let srv = start(short_limits()).await;
+        let io = hyper_util::rt::TokioIo::new(tls_to(srv.addr, &srv.cert, ALPN_H2).await);
+        let (send, conn) = hyper::client::conn::http2::handshake::<_, _, TestBody>(
+            hyper_util::rt::TokioExecutor::new(),
+            io,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        let port = srv.addr.port();
+        let slow = {
+            let mut send = send.clone();
+            tokio::spawn(async move {
+                let req = request(ALPN_H2, port, "/wait/1500").body(empty()).unwrap();
+                let resp = send.send_request(req).await.unwrap();
+                resp.into_body().collect().await.map(|b| b.to_bytes().len())
+            })
+        };
+        let mut send = send;
+        let stalled = Stalled(Some(Bytes::from_static(b"some"))).boxed_unsync();
+        let req = request(ALPN_H2, port, "/echo")
+            .method(http::Method::POST)
+            .header("content-length", "1000")
+            .body(stalled)
+            .unwrap();
+        let t = Instant::now();
+        let resp = send.send_request(req).await.unwrap();
+        let body = tokio::time::timeout(Duration::from_secs(5), resp.into_body().collect())
+            .await
+            .expect("the stalled upload's stream still open after 5 s");
+        assert!(body.is_err(), "the echo ended normally");
+        assert!(
+            t.elapsed() < Duration::from_millis(1400),
+            "{:?}",
+            t.elapsed()
+        );
+        let n = slow.await.unwrap().expect("the other stream was cut");
+        assert_eq!(n, 7);
     }
 
     /// Header size and count limits: HTTP/1.1 answers 431 past them; HTTP/2 advertises

@@ -896,3 +896,59 @@ async fn an_h3_response_the_client_stops_taking_is_reset_after_the_send_timeout(
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     assert_eq!(h3_status(&client, Method::GET).await, 200);
 }
+
+/// A request body that sends `first` and then nothing more, its sender never finishing.
+pub(crate) struct Stalled(pub Option<Bytes>);
+
+impl http_body::Body for Stalled {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        match self.0.take() {
+            Some(b) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(b)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+/// HTTP/3: a request body that stops coming ends its own request after the send timeout
+/// (the echo's response stream is reset), and the connection serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h3_upload_that_stops_ends_only_its_request() {
+    let limits = Limits {
+        send_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let srv = start(limits, None).await;
+    let cep = client_endpoint();
+    let (_conn, client) = h3_client(&cep, &srv.cert, srv.addr).await;
+    let req = Request::post("https://localhost/echo")
+        .header("content-length", "1000")
+        .body(())
+        .unwrap();
+    let mut st = client.send_request(req).await.unwrap();
+    st.send_data(Bytes::from_static(b"some")).await.unwrap();
+    let t = Instant::now();
+    assert_eq!(st.recv_response().await.unwrap().status(), 200);
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match st.recv_data().await {
+                Ok(Some(_)) => {}
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the stalled upload's request still open after 5 s");
+    assert!(ended.is_err(), "{ended:?}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(400) && t.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(h3_status(&client, Method::GET).await, 200);
+}
