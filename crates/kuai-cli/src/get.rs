@@ -480,9 +480,18 @@ impl Progress {
 /// Where a body goes.
 enum Sink {
     File(Batched),
+    /// Standard output as the body comes (one URL).
+    Stdout,
+    /// Held until the responses before it are printed (several URLs to standard output),
+    /// [`MAX_HELD_BODY`] at most.
     Memory(Vec<u8>),
     Discard,
 }
+
+/// The most of one body held in memory for standard output: past it the transfer fails
+/// (`-o`, `-O` or `--output-dir` write any size), so an endless or huge response cannot
+/// take the machine's memory.
+const MAX_HELD_BODY: usize = 256 << 20;
 
 /// A file written in large pieces: received chunks (often a packet's worth each) are gathered
 /// into a 1 MiB buffer that goes out with one `write`. (Handing the chunks to `writev` as they
@@ -522,6 +531,14 @@ impl Batched {
 
 /// Fetches every URL in parallel (the first alone with --page); the outcome and the body
 /// kept for stdout, per URL.
+/// Writes `b` to standard output.
+fn to_stdout(b: &[u8]) -> Result<(), String> {
+    std::io::stdout()
+        .lock()
+        .write_all(b)
+        .map_err(|e| format!("stdout: {e}"))
+}
+
 async fn fetch_urls(
     args: &Args,
     plan: &Arc<Plan>,
@@ -536,6 +553,8 @@ async fn fetch_urls(
         && (args.output.is_some() || args.remote_name || args.output_dir.is_some()))
     .then(indicatif::MultiProgress::new);
     let print_head = args.head && args.repeat == 0;
+    // One URL's body goes to standard output as it comes; several are printed in turn.
+    let stream_stdout = urls.len() == 1 && !args.page;
     let mut tasks = Vec::new();
     let mut page_html = None;
     for (i, url) in urls.iter().enumerate() {
@@ -573,13 +592,18 @@ async fn fetch_urls(
                     std::fs::File::create(p)
                         .map_err(|e| format!("cannot create {}: {e}", p.display()))?,
                 )),
+                None if keep_bodies && stream_stdout => Sink::Stdout,
                 None if keep_bodies => Sink::Memory(Vec::new()),
                 None => Sink::Discard,
             };
             let resp = f.resp.as_mut().expect("a response");
             let _ = progress.protocol.set(resp.connection().protocol);
-            if print_head && let Sink::Memory(v) = &mut sink {
-                v.extend_from_slice(head_text(resp).as_bytes());
+            if print_head {
+                match &mut sink {
+                    Sink::Memory(v) => v.extend_from_slice(head_text(resp).as_bytes()),
+                    Sink::Stdout => to_stdout(head_text(resp).as_bytes())?,
+                    _ => {}
+                }
             }
             while let Some(chunk) = resp.chunk().await.map_err(|e| format!("{url}: {e}"))? {
                 f.bytes += chunk.len() as u64;
@@ -591,9 +615,22 @@ async fn fetch_urls(
                     Sink::File(file) => file
                         .write(chunk)
                         .map_err(|e| format!("write failed: {e}"))?,
-                    Sink::Memory(v) if !print_head => v.extend_from_slice(&chunk),
+                    Sink::Stdout if !print_head => to_stdout(&chunk)?,
+                    Sink::Memory(v) if !print_head => {
+                        if v.len() + chunk.len() > MAX_HELD_BODY {
+                            return Err(format!(
+                                "{url}: the body passed {} MiB held for standard output; \
+                                 write it with -o, -O or --output-dir",
+                                MAX_HELD_BODY >> 20
+                            ));
+                        }
+                        v.extend_from_slice(&chunk)
+                    }
                     _ => {}
                 }
+            }
+            if let Sink::Stdout = sink {
+                let _ = std::io::stdout().flush();
             }
             if let Sink::File(file) = &mut sink {
                 file.flush().map_err(|e| format!("write failed: {e}"))?;

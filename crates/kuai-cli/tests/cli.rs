@@ -458,3 +458,46 @@ fn fetches_go_through_the_quic_lb_balancer() {
     drop(servers);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// One URL's body goes to standard output as it comes: a reader that takes the first MiB of
+/// a 2 GiB file has it at once, and `kuai get` ends when the reader goes (before, the whole
+/// body was held in memory and printed at the end).
+#[test]
+fn a_body_to_stdout_is_written_as_it_comes() {
+    use std::io::Read;
+    let root = temp_dir("stream");
+    std::fs::File::create(root.join("big.bin"))
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let s = server(&root);
+    let url = format!("https://localhost:{}/big.bin", s.port);
+    let mut child = Command::new(KUAI)
+        .args(["get", "--insecure", "--http3", "--state-file", "none", &url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let t = Instant::now();
+    let mut first = vec![1u8; 1 << 20];
+    out.read_exact(&mut first).unwrap();
+    let took = t.elapsed();
+    assert!(first.iter().all(|&b| b == 0));
+    drop(out);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ended = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(took < Duration::from_secs(10), "first MiB after {took:?}");
+    assert!(ended.is_some(), "kuai get went on after its reader left");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&root);
+}
