@@ -204,6 +204,12 @@ pub(crate) struct H1Pool {
     idle: Arc<Mutex<Vec<hyper::client::conn::http1::SendRequest<RequestBody>>>>,
     slots: Arc<Semaphore>,
     pub info: TlsInfo,
+    /// How long a new connection may take (the client's connect timeout).
+    connect_timeout: std::time::Duration,
+    /// A new connection to `remote` failed: the pool is not used again, so the next request
+    /// makes a new connection the whole way (the name resolved again, every address, HTTP/3
+    /// raced) instead of knocking on this address for ever.
+    broken: std::sync::atomic::AtomicBool,
 }
 
 impl Conn {
@@ -214,7 +220,7 @@ impl Conn {
                 q.quic.close_reason().is_none() && !q.h3.as_ref().is_some_and(|h| h.is_going_away())
             }
             Conn::H2 { send, .. } => !send.is_closed(),
-            Conn::H1(_) => true,
+            Conn::H1(p) => !p.broken.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -469,6 +475,7 @@ pub(crate) async fn connect_tcp(
     tls: &Arc<rustls::ClientConfig>,
     alpn: &[&[u8]],
     h1_max: usize,
+    connect_timeout: std::time::Duration,
 ) -> Result<Conn, Error> {
     let mut cfg = (**tls).clone();
     cfg.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
@@ -499,6 +506,8 @@ pub(crate) async fn connect_tcp(
         idle: Arc::new(Mutex::new(vec![h1_handshake(stream).await?])),
         slots: Arc::new(Semaphore::new(h1_max.max(1))),
         info,
+        connect_timeout,
+        broken: std::sync::atomic::AtomicBool::new(false),
     };
     Ok(Conn::H1(pool))
 }
@@ -514,6 +523,30 @@ async fn h1_handshake(
 }
 
 impl H1Pool {
+    /// A new connection to the pool's address, within the connect timeout; a failure marks
+    /// the pool broken (see [`H1Pool::broken`]).
+    async fn connect(&self) -> Result<hyper::client::conn::http1::SendRequest<RequestBody>, Error> {
+        let made = tokio::time::timeout(self.connect_timeout, async {
+            let (stream, _, _) = connect_tls(self.remote, &self.host, &self.connector).await?;
+            h1_handshake(stream).await
+        })
+        .await
+        .unwrap_or(Err(Error::Timeout {
+            what: "connecting",
+            after: self.connect_timeout,
+        }));
+        // Never sent, so the request may go again on a new connection (`is_unprocessed`).
+        made.map_err(|e| {
+            self.broken
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            Error::Connect(Box::new(crate::error::ConnectError {
+                addr: self.remote,
+                http3: None,
+                tcp: Some(e),
+            }))
+        })
+    }
+
     async fn send(&self, req: Request<RequestBody>) -> Result<Response<Body>, Error> {
         let permit = self
             .slots
@@ -522,12 +555,9 @@ impl H1Pool {
             .await
             .map_err(|_| Error::Io(std::io::ErrorKind::BrokenPipe.into()))?;
         let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut send = match pooled {
-            Some(s) if !s.is_closed() => s,
-            _ => {
-                let (stream, _, _) = connect_tls(self.remote, &self.host, &self.connector).await?;
-                h1_handshake(stream).await?
-            }
+        let (mut send, fresh) = match pooled {
+            Some(s) if !s.is_closed() => (s, false),
+            _ => (self.connect().await?, true),
         };
         // HTTP/1.1 wants the path in the request line and the authority in Host.
         let (mut parts, body) = req.into_parts();
@@ -545,8 +575,30 @@ impl H1Pool {
             url: pq.clone(),
             reason: "not a path",
         })?;
-        send.ready().await?;
-        let resp = send.send_request(Request::from_parts(parts, body)).await?;
+        let req = Request::from_parts(parts, body);
+        let resp = match send.ready().await {
+            Ok(()) => send.try_send_request(req).await,
+            Err(e) if fresh => return Err(e.into()),
+            // The pooled connection closed while idle: a new one.
+            Err(_) => {
+                send = self.connect().await?;
+                send.ready().await?;
+                send.try_send_request(req).await
+            }
+        };
+        let resp = match resp {
+            Ok(r) => r,
+            // Closed by the server before any of the request went out (a keep-alive
+            // connection it had just given up): sent again on a new connection, whatever the
+            // method, since the server never saw it (RFC 9112 §9.3.1).
+            Err(mut e) if !fresh && e.message().is_some() => {
+                let req = e.take_message().expect("checked");
+                send = self.connect().await?;
+                send.ready().await?;
+                send.send_request(req).await?
+            }
+            Err(e) => return Err(e.into_error().into()),
+        };
         let idle = self.idle.clone();
         // The connection goes back to the pool once its response was read to the end (the
         // permit with it); dropped half-read, it is closed.

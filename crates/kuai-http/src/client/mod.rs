@@ -999,7 +999,15 @@ impl Client {
             Mode::Http11 => &[ALPN_H1],
             _ => &[ALPN_H2, ALPN_H1],
         };
-        conn::connect_tcp(addr, host, &self.inner.tcp_tls, alpn, self.inner.h1_max).await
+        conn::connect_tcp(
+            addr,
+            host,
+            &self.inner.tcp_tls,
+            alpn,
+            self.inner.h1_max,
+            self.inner.connect_timeout,
+        )
+        .await
     }
 
     /// A new connection to `origin`, to each of its addresses in turn in the manner of

@@ -849,3 +849,52 @@ async fn after_an_h2_goaway_requests_go_on_a_new_connection() {
     }
     assert_ne!(remotes[0], remotes[1]);
 }
+
+/// HTTP/1.1: when the server a pool's connections go to is gone (its pooled connection
+/// closed, new ones refused), the request goes on a new connection made the whole way,
+/// to the name's next address, and so do later ones (before, the pool knocked on the gone
+/// address for the rest of the client's life).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http11_pool_whose_server_is_gone_moves_to_the_next_address() {
+    let (cert, tls) = identity();
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls.clone())
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = Server::new(TestSite { dir: None });
+        let handle = server.handle();
+        servers.push((addr, handle, tokio::spawn(server.serve(listener))));
+    }
+    let (a, b) = (servers[0].0, servers[1].0);
+    let c = client(&cert)
+        .mode(Mode::Http11)
+        .resolve("localhost", a.port(), a)
+        .resolve("localhost", a.port(), b)
+        .build()
+        .unwrap();
+    let resp = c.get(&url(a, "/hello.txt")).send().await.unwrap();
+    assert_eq!(resp.remote_addr(), a);
+    resp.bytes().await.unwrap();
+    // The first server goes away: its connections close, its port refuses.
+    let (_, handle, served) = servers.remove(0);
+    handle.shutdown();
+    tokio::time::timeout(Duration::from_secs(5), served)
+        .await
+        .expect("the first server stopped")
+        .unwrap()
+        .unwrap();
+    for i in 0..3 {
+        let resp =
+            tokio::time::timeout(Duration::from_secs(5), c.get(&url(a, "/hello.txt")).send())
+                .await
+                .expect("answered within 5 s")
+                .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(resp.remote_addr(), b, "request {i}");
+        assert_eq!(
+            &resp.bytes().await.unwrap()[..],
+            b"hello from kuai over QUIC\n"
+        );
+    }
+}
