@@ -278,6 +278,7 @@ impl ClientBuilder {
                 state: Mutex::new(State::load(self.state_file.as_deref())),
                 resolve: self.resolve,
                 redirects: self.redirects,
+                insecure: self.insecure,
             }),
         })
     }
@@ -306,6 +307,8 @@ struct Inner {
     state: Mutex<State>,
     resolve: HashMap<Origin, Vec<SocketAddr>>,
     redirects: u32,
+    /// Certificates are not checked (`danger_accept_invalid_certs`).
+    insecure: bool,
 }
 
 /// HTTP/3 being set up beside a TCP connection: resolves to whether it came up. Requests
@@ -669,15 +672,29 @@ impl Client {
                     r.headers_mut().remove(h);
                 }
             }
-            // Credentials stay with the origin they were meant for.
+            // Credentials stay with the origin they were meant for, and so does a Host
+            // the caller set (the next origin's own authority goes instead, as curl does).
             if origin_of(r.uri()).ok() != origin_of(resp.url()).ok() {
                 r.headers_mut().remove(header::AUTHORIZATION);
                 r.headers_mut().remove(header::COOKIE);
+                r.headers_mut().remove(header::HOST);
             }
             drop(resp);
             redirects += 1;
             req = r;
         }
+    }
+
+    /// The HTTP/3 alternative learned for `origin`. For a name pinned to addresses
+    /// (`ClientBuilder::resolve`) only one on the same host: an advertisement from a test
+    /// server must not steer the pinned name to another host, nor outlive the pin for it.
+    fn alternative(&self, origin: &Origin) -> Option<state::AltSvc> {
+        let alt = lock(&self.inner.state).alt_svc(origin)?;
+        let other_host = !alt.host.is_empty() && !alt.host.eq_ignore_ascii_case(&origin.0);
+        if other_host && self.inner.resolve.contains_key(origin) {
+            return None;
+        }
+        Some(alt)
     }
 
     async fn execute_once(
@@ -738,7 +755,11 @@ impl Client {
     ) -> Response {
         timings.first_byte = start.elapsed();
         let protocol = conn.protocol();
+        // Alt-Svc is learned only from a server whose certificate was checked (it is kept
+        // on disk), and for a name pinned to addresses only on the same host (see
+        // `alternative`).
         if matches!(protocol, Protocol::Http2 | Protocol::Http11)
+            && !self.inner.insecure
             && let Some(v) = resp.headers().get(header::ALT_SVC)
             && let Ok(v) = v.to_str()
         {
@@ -797,7 +818,7 @@ impl Client {
         s.h3 = None;
         if s.tcp.as_ref().is_some_and(|c| c.is_usable()) {
             let advertised = if self.inner.mode == Mode::Auto {
-                lock(&self.inner.state).alt_svc(origin)
+                self.alternative(origin)
             } else {
                 None
             };
@@ -1125,7 +1146,7 @@ impl Client {
             Mode::Auto => {}
         }
         // HTTP/3 where the server said, or on the same port; unless broken on this network.
-        let alt = lock(&self.inner.state).alt_svc(origin);
+        let alt = self.alternative(origin);
         let h3_addr = match &alt {
             Some(a) if a.host.is_empty() => SocketAddr::new(addr.ip(), a.port),
             Some(a) => self.resolve(&a.host, a.port).await.unwrap_or(addr),

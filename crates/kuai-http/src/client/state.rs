@@ -14,6 +14,10 @@ const BROKEN_MAX: Duration = Duration::from_secs(48 * 3600);
 /// Entries kept at most, of each kind (the oldest go first).
 const MAX_ENTRIES: usize = 1000;
 
+/// The longest an Alt-Svc entry is kept, whatever its `ma` says (a week): a mistaken or
+/// hostile advertisement does not stay on disk for years.
+const MAX_ALT_SVC_AGE: u64 = 7 * 24 * 3600;
+
 /// An origin: `https://host:port`.
 pub(crate) type Origin = (String, u16);
 
@@ -81,8 +85,11 @@ impl State {
                     else {
                         continue;
                     };
-                    if expires > now {
+                    if expires > now && self.alt_svc.len() < MAX_ENTRIES {
                         let alt = if *alt_host == "-" { "" } else { alt_host };
+                        // What was written by hand or by another version is bounded as
+                        // what is learned.
+                        let expires = expires.min(now.saturating_add(MAX_ALT_SVC_AGE));
                         self.alt_svc.insert(
                             (host.to_string(), port),
                             AltSvc {
@@ -94,17 +101,27 @@ impl State {
                     }
                 }
                 ["broken", host, port, network, until, backoff] => {
-                    let (Ok(port), Ok(until), Ok(backoff)) =
-                        (port.parse(), until.parse(), backoff.parse())
-                    else {
+                    let (Ok(port), Ok(until), Ok(backoff)) = (
+                        port.parse::<u16>(),
+                        until.parse::<u64>(),
+                        backoff.parse::<u64>(),
+                    ) else {
                         continue;
                     };
+                    if self.broken.len() >= MAX_ENTRIES {
+                        continue;
+                    }
+                    let max = BROKEN_MAX.as_secs();
+                    let (until, backoff) = (until.min(now.saturating_add(max)), backoff.min(max));
                     self.broken.insert(
                         ((host.to_string(), port), network.to_string()),
                         Broken { until, backoff },
                     );
                 }
                 ["rtt", addr, us] => {
+                    if self.rtt.len() >= MAX_ENTRIES {
+                        continue;
+                    }
                     if let (Ok(a), Ok(us)) = (addr.parse(), us.parse()) {
                         self.rtt.insert(a, us);
                     }
@@ -136,8 +153,22 @@ impl State {
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let r = std::fs::write(&tmp, self.text()).and_then(|()| std::fs::rename(&tmp, path));
+        // A name no other writer uses (several clients in one process may share the file),
+        // made anew (never through a link someone left there), readable by its owner only
+        // (it tells which sites were visited).
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp{}.{n}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut o = std::fs::OpenOptions::new();
+            o.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+            o.open(&tmp)?.write_all(self.text().as_bytes())?;
+            std::fs::rename(&tmp, path)
+        };
+        let r = write();
         if let Err(e) = r {
             tracing::debug!(path = %path.display(), error = %e, "client state not saved");
             let _ = std::fs::remove_file(&tmp);
@@ -183,7 +214,7 @@ impl State {
                         AltSvc {
                             host,
                             port,
-                            expires: now().saturating_add(max_age),
+                            expires: now().saturating_add(max_age.min(MAX_ALT_SVC_AGE)),
                         },
                     );
                 }
@@ -217,7 +248,7 @@ impl State {
     pub fn mark_broken(&mut self, origin: &Origin, network: &str) {
         let key = (origin.clone(), network.to_string());
         let backoff = match self.broken.get(&key) {
-            Some(b) => (b.backoff * 2).min(BROKEN_MAX.as_secs()),
+            Some(b) => b.backoff.saturating_mul(2).min(BROKEN_MAX.as_secs()),
             None => BROKEN_FIRST.as_secs(),
         };
         if self.broken.len() >= MAX_ENTRIES {
@@ -493,6 +524,42 @@ mod tests {
         std::fs::write(&path, "alt-svc x\nbroken a b c d e\n\u{0}\nrtt nope 1\n").unwrap();
         let v = State::load(Some(&path));
         assert!(v.alt_svc.is_empty() && v.broken.is_empty() && v.rtt.is_empty());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A hostile or hand-edited file is bounded as what is learned: expiries and back-offs
+    /// clamped (a back-off that doubles cannot overflow), at most `MAX_ENTRIES` of each
+    /// kind; the file is written readable by its owner only.
+    #[test]
+    fn a_loaded_file_is_bounded_and_written_privately() {
+        let path = std::env::temp_dir().join(format!("kuai-client-state-b-{}", std::process::id()));
+        let mut text = format!(
+            "alt-svc a.example 443 - 8443 {m}\nbroken a.example 443 net {m} {m}\n",
+            m = u64::MAX
+        );
+        for i in 0..2 * MAX_ENTRIES {
+            text += &format!("rtt 192.0.2.1:{} 1000\n", 1000 + i);
+        }
+        std::fs::write(&path, text).unwrap();
+        let mut s = State::load(Some(&path));
+        let o: Origin = ("a.example".into(), 443);
+        let a = s.alt_svc(&o).unwrap();
+        assert!(a.expires <= now() + MAX_ALT_SVC_AGE);
+        let b = s.broken_entry(&o, "net").unwrap();
+        assert!(b.until <= now() + BROKEN_MAX.as_secs());
+        assert_eq!(b.backoff, BROKEN_MAX.as_secs());
+        assert_eq!(s.rtt.len(), MAX_ENTRIES);
+        s.mark_broken(&o, "net");
+        assert_eq!(
+            s.broken_entry(&o, "net").unwrap().backoff,
+            BROKEN_MAX.as_secs()
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{mode:o}");
+        }
         std::fs::remove_file(&path).unwrap();
     }
 

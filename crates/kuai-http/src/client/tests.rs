@@ -405,11 +405,13 @@ async fn redirects_are_followed_across_servers_and_protocols() {
             .unwrap()
     };
     let c = build(10);
+    // A Host the caller set is for the first origin only (as curl does).
     let resp = c
         .request(
             Method::POST,
             &url(a_addr, &format!("/to/{}/echo", b_addr.port())),
         )
+        .header("host", format!("localhost:{}", a_addr.port()))
         .body("again")
         .send()
         .await
@@ -417,6 +419,11 @@ async fn redirects_are_followed_across_servers_and_protocols() {
     assert_eq!(resp.redirects(), 1);
     assert_eq!(resp.protocol(), Protocol::Http2);
     assert_eq!(resp.url().port_u16(), Some(b_addr.port()));
+    assert_ne!(
+        resp.headers()["x-host"],
+        format!("localhost:{}", a_addr.port()).as_str(),
+        "the first origin's Host went to the second"
+    );
     assert_eq!(resp.text().await.unwrap(), "again");
     let c = build(0);
     let resp = c
@@ -896,5 +903,49 @@ async fn an_http11_pool_whose_server_is_gone_moves_to_the_next_address() {
             &resp.bytes().await.unwrap()[..],
             b"hello from kuai over QUIC\n"
         );
+    }
+}
+
+/// Alt-Svc for a name pinned to addresses (`resolve`) is used only on the same host (a test
+/// server's advertisement cannot steer the pinned name elsewhere); other names take any
+/// host; no entry lives past a week whatever its `ma`; and nothing is learned with
+/// certificates unchecked.
+#[tokio::test]
+async fn alternatives_are_bounded_by_the_pin_and_a_week() {
+    let c = Client::builder()
+        .system_roots(false)
+        .resolve("localhost", 4433, "127.0.0.1:4433".parse().unwrap())
+        .build()
+        .unwrap();
+    let pinned: state::Origin = ("localhost".into(), 4433);
+    lock(&c.inner.state).learn_alt_svc(&pinned, "h3=\"other.example:443\"; ma=100");
+    assert!(
+        c.alternative(&pinned).is_none(),
+        "another host for a pinned name"
+    );
+    lock(&c.inner.state).learn_alt_svc(&pinned, "h3=\":4434\"; ma=100");
+    assert_eq!(c.alternative(&pinned).map(|a| a.port), Some(4434));
+    let free: state::Origin = ("example.com".into(), 443);
+    lock(&c.inner.state).learn_alt_svc(&free, "h3=\"other.example:443\"; ma=2147483647");
+    let a = c
+        .alternative(&free)
+        .expect("another host for a name not pinned");
+    assert_eq!(a.host, "other.example");
+    assert!(a.expires <= state::now() + 7 * 24 * 3600, "{}", a.expires);
+    // With certificates unchecked, responses teach nothing; checked, they do.
+    let (tcp, _quic, cert) = split_server(true).await;
+    for insecure in [true, false] {
+        let c = client(&cert)
+            .danger_accept_invalid_certs(insecure)
+            .resolve("localhost", tcp.port(), tcp)
+            .build()
+            .unwrap();
+        let resp = c.get(&url(tcp, "/hello.txt")).send().await.unwrap();
+        assert_eq!(resp.protocol(), Protocol::Http2);
+        assert!(resp.headers().contains_key("alt-svc"));
+        resp.bytes().await.unwrap();
+        let origin: state::Origin = ("localhost".into(), tcp.port());
+        let learned = lock(&c.inner.state).alt_svc(&origin).is_some();
+        assert_eq!(learned, !insecure, "insecure {insecure}");
     }
 }

@@ -145,8 +145,14 @@ impl tower_service::Service<Request<Body>> for TestSite {
             } else if path == "/echo" {
                 let info = *req.extensions().get::<ConnInfo>().expect("ConnInfo");
                 let early = req.extensions().get::<EarlyData>().is_some();
+                let host = req
+                    .headers()
+                    .get("host")
+                    .cloned()
+                    .unwrap_or(http::HeaderValue::from_static("-"));
                 let mut r = Response::new(req.into_body().map_err(BoxError::from).boxed_unsync());
                 let h = r.headers_mut();
+                h.insert("x-host", host);
                 h.insert("x-protocol", info.protocol.alpn().parse().unwrap());
                 h.insert("x-early", early.to_string().parse().unwrap());
                 r
