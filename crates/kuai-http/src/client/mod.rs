@@ -642,7 +642,12 @@ impl Client {
             else {
                 return Ok(resp);
             };
-            let url = join(resp.url(), location)?;
+            // A target the client cannot fetch (not https: no downgrade; not a URL) is
+            // not followed: the redirect is the answer, as `curl --proto-redir https`.
+            let url = match join(resp.url(), location) {
+                Ok(u) if u.scheme_str() == Some("https") => u,
+                _ => return Ok(resp),
+            };
             // RFC 9110 §15.4: 303 (and, as browsers do, 301 and 302 after a POST) go on as
             // GET without a body; 307 and 308 repeat the request.
             let as_get = status == StatusCode::SEE_OTHER
@@ -1453,31 +1458,87 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `location` (a Location header) resolved against `base` (RFC 3986 §5.2, for the forms
-/// servers send: absolute, scheme-relative, absolute-path and relative-path references).
+/// `location` (a Location header) resolved against `base` (RFC 3986 §5.2): absolute (the
+/// scheme matched without regard to case), scheme-relative, absolute-path, relative-path
+/// (dot segments removed, §5.2.4) and query-only references; the fragment dropped.
 fn join(base: &Uri, location: &str) -> Result<Uri, Error> {
     let bad = |reason| Error::InvalidUrl {
         url: location.to_string(),
         reason,
     };
-    let s = if location.starts_with("https://") || location.starts_with("http://") {
-        location.to_string()
-    } else if let Some(rest) = location.strip_prefix("//") {
-        format!("https://{rest}")
-    } else {
-        let authority = base
-            .authority()
-            .ok_or_else(|| bad("no authority to resolve against"))?;
-        let path = if location.starts_with('/') {
-            location.to_string()
-        } else {
-            let p = base.path();
-            format!("{}{location}", &p[..=p.rfind('/').unwrap_or(0)])
-        };
-        format!("https://{authority}{path}")
+    let location = location.split('#').next().unwrap_or("");
+    // A scheme: letters, digits, "+", "-" or "." after a first letter, then ":" (§3.1).
+    if let Some((scheme, rest)) = location.split_once(':')
+        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    {
+        let s = format!("{}:{rest}", scheme.to_ascii_lowercase());
+        return s.parse().map_err(|_| bad("not a URL"));
+    }
+    if let Some(rest) = location.strip_prefix("//") {
+        let scheme = base.scheme_str().unwrap_or("https");
+        return format!("{scheme}://{rest}")
+            .parse()
+            .map_err(|_| bad("not a URL"));
+    }
+    let authority = base
+        .authority()
+        .ok_or_else(|| bad("no authority to resolve against"))?;
+    let scheme = base.scheme_str().unwrap_or("https");
+    let (loc_path, loc_query) = match location.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (location, None),
     };
-    let s = s.split('#').next().unwrap_or("");
+    let (path, query) = if loc_path.is_empty() {
+        // Same path; the reference's query, or the base's when it has none (§5.2.2).
+        (
+            base.path().to_string(),
+            loc_query.or(base.query()).map(str::to_string),
+        )
+    } else if loc_path.starts_with('/') {
+        (remove_dot_segments(loc_path), loc_query.map(str::to_string))
+    } else {
+        // Merged with the base path's directory (§5.2.3).
+        let p = base.path();
+        let dir = &p[..=p.rfind('/').unwrap_or(0)];
+        let merged = if dir.is_empty() {
+            format!("/{loc_path}")
+        } else {
+            format!("{dir}{loc_path}")
+        };
+        (remove_dot_segments(&merged), loc_query.map(str::to_string))
+    };
+    let s = match query {
+        Some(q) => format!("{scheme}://{authority}{path}?{q}"),
+        None => format!("{scheme}://{authority}{path}"),
+    };
     s.parse().map_err(|_| bad("not a URL"))
+}
+
+/// RFC 3986 §5.2.4: "." and ".." segments of an absolute path resolved; never above "/".
+fn remove_dot_segments(path: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    let last = segments.len().saturating_sub(1);
+    for (i, seg) in segments.iter().enumerate() {
+        match *seg {
+            "." => {
+                if i == last {
+                    out.push("");
+                }
+            }
+            ".." => {
+                out.pop();
+                if i == last {
+                    out.push("");
+                }
+            }
+            s => out.push(s),
+        }
+    }
+    format!("/{}", out.join("/"))
 }
 
 trait RetryClone {

@@ -949,3 +949,50 @@ async fn alternatives_are_bounded_by_the_pin_and_a_week() {
         assert_eq!(learned, !insecure, "insecure {insecure}");
     }
 }
+
+/// Location references resolved as RFC 3986 §5.2 says (its §5.4 examples that apply to a
+/// server's Location, on an https base).
+#[test]
+fn locations_resolve_as_rfc_3986_says() {
+    let base: http::Uri = "https://a/b/c/d;p?q".parse().unwrap();
+    for (reference, want) in [
+        ("g", "https://a/b/c/g"),
+        ("./g", "https://a/b/c/g"),
+        ("g/", "https://a/b/c/g/"),
+        ("/g", "https://a/g"),
+        ("//g", "https://g/"),
+        ("?y", "https://a/b/c/d;p?y"),
+        ("g?y", "https://a/b/c/g?y"),
+        ("#s", "https://a/b/c/d;p?q"),
+        ("g#s", "https://a/b/c/g"),
+        (";x", "https://a/b/c/;x"),
+        ("", "https://a/b/c/d;p?q"),
+        (".", "https://a/b/c/"),
+        ("./", "https://a/b/c/"),
+        ("..", "https://a/b/"),
+        ("../", "https://a/b/"),
+        ("../g", "https://a/b/g"),
+        ("../..", "https://a/"),
+        ("../../g", "https://a/g"),
+        ("../../../g", "https://a/g"),
+        ("/./g", "https://a/g"),
+        ("/../g", "https://a/g"),
+        ("g.", "https://a/b/c/g."),
+        ("..g", "https://a/b/c/..g"),
+        ("./../g", "https://a/b/g"),
+        ("g/./h", "https://a/b/c/g/h"),
+        ("g/../h", "https://a/b/c/h"),
+        ("HTTPS://b/x", "https://b/x"),
+    ] {
+        assert_eq!(
+            join(&base, reference).unwrap().to_string(),
+            want,
+            "{reference:?}"
+        );
+    }
+    assert_eq!(
+        join(&base, "http://b/x").unwrap().scheme_str(),
+        Some("http"),
+        "resolved, and then not followed"
+    );
+}
