@@ -1171,7 +1171,11 @@ impl Client {
         let h = host.clone();
         // 0-RTT only where this origin's HTTP/3 completed a handshake before.
         let early = lock(&self.inner.state).h3_worked(origin, h3_addr);
-        let mut quic = tokio::spawn(async move { this.connect_quic(h3_addr, &h, early).await });
+        // Aborted when this attempt is dropped (another address won, or the connect
+        // timeout ran out), unless handed on to go on in the background.
+        let mut quic = AbortOnDrop(tokio::spawn(async move {
+            this.connect_quic(h3_addr, &h, early).await
+        }));
         let mut refused: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(udp_refused(h3_addr));
         let delay = self.race_delay_for(Some(h3_addr));
         let quic_err = tokio::select! {
@@ -1515,6 +1519,32 @@ fn join(base: &Uri, location: &str) -> Result<Uri, Error> {
         None => format!("{scheme}://{authority}{path}"),
     };
     s.parse().map_err(|_| bad("not a URL"))
+}
+
+/// A task that ends when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> AbortOnDrop<T> {
+    fn abort(&self) {
+        self.0.abort();
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
 }
 
 /// RFC 3986 §5.2.4: "." and ".." segments of an absolute path resolved; never above "/".

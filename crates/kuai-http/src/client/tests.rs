@@ -588,6 +588,15 @@ async fn a_silent_address_is_joined_by_the_next_after_the_attempt_delay() {
     assert!(took >= ATTEMPT_DELAY, "{took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
     resp.bytes().await.unwrap();
+    // The losing attempt ended with the race: no more Initials to the silent address
+    // (its retransmissions would come within 1.5 s).
+    let after = swallowed.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        swallowed.load(Ordering::Relaxed),
+        after,
+        "the lost attempt went on"
+    );
 }
 
 #[test]
