@@ -52,6 +52,8 @@ pub(crate) struct State {
     /// time.
     answered: HashMap<Origin, SocketAddr>,
     path: Option<PathBuf>,
+    /// When a changed RTT last saved the file (see [`State::remember_rtt`]).
+    rtt_saved: Option<std::time::Instant>,
 }
 
 pub(crate) fn now() -> u64 {
@@ -324,7 +326,13 @@ impl State {
                 self.rtt.remove(&a);
             }
         }
-        if old.is_none_or(|o| us.abs_diff(o) * 4 >= o) {
+        // A new server's RTT is saved at once; a changed one (by a quarter) at most every
+        // 10 s: this runs on every HTTP/3 response, and a save is a file write.
+        let due = self
+            .rtt_saved
+            .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(10));
+        if old.is_none() || (due && old.is_some_and(|o| us.abs_diff(o) * 4 >= o)) {
+            self.rtt_saved = Some(std::time::Instant::now());
             self.save();
         }
     }
