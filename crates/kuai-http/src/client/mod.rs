@@ -89,6 +89,7 @@ pub struct ClientBuilder {
     qlog_dir: Option<PathBuf>,
     resolve: HashMap<Origin, Vec<SocketAddr>>,
     redirects: u32,
+    pool_idle: Duration,
 }
 
 impl Default for ClientBuilder {
@@ -112,6 +113,7 @@ impl Default for ClientBuilder {
             qlog_dir: None,
             resolve: HashMap::new(),
             redirects: 10,
+            pool_idle: Duration::from_secs(90),
         }
     }
 }
@@ -224,6 +226,14 @@ impl ClientBuilder {
         self
     }
 
+    /// How long an origin's connections stay open with no request (90 s, as reqwest's
+    /// pool): past it they are closed the next time the client connects anywhere, so a
+    /// client that talks to many origins over its life does not hold them all.
+    pub fn pool_idle_timeout(mut self, t: Duration) -> Self {
+        self.pool_idle = t;
+        self
+    }
+
     /// The client.
     pub fn build(self) -> Result<Client, Error> {
         let alpn: &[u8] = if self.mode == Mode::Http09 {
@@ -279,6 +289,8 @@ impl ClientBuilder {
                 resolve: self.resolve,
                 redirects: self.redirects,
                 insecure: self.insecure,
+                pool_idle: self.pool_idle,
+                swept: Mutex::new(Instant::now()),
             }),
         })
     }
@@ -309,6 +321,10 @@ struct Inner {
     redirects: u32,
     /// Certificates are not checked (`danger_accept_invalid_certs`).
     insecure: bool,
+    /// See [`ClientBuilder::pool_idle_timeout`].
+    pool_idle: Duration,
+    /// When idle origins were last closed.
+    swept: Mutex<Instant>,
 }
 
 /// HTTP/3 being set up beside a TCP connection: resolves to whether it came up. Requests
@@ -325,6 +341,8 @@ struct Upgrade {
 struct Slot {
     h3: Option<Arc<Conn>>,
     tcp: Option<Arc<Conn>>,
+    /// When a request last asked for a connection here.
+    last_used: Option<Instant>,
     /// HTTP/3 being set up beside a TCP connection (after an Alt-Svc, or a lost race):
     /// `Some(true)` once it is in `h3`.
     upgrade: Option<Upgrade>,
@@ -690,6 +708,30 @@ impl Client {
         }
     }
 
+    /// Closes the connections of origins that had no request for the pool's idle timeout
+    /// and none in flight (a response being read holds its connection), looked at most
+    /// every third of that timeout.
+    fn close_idle_origins(&self) {
+        let idle = self.inner.pool_idle;
+        let now = Instant::now();
+        {
+            let mut swept = lock(&self.inner.swept);
+            if now.duration_since(*swept) < idle / 3 {
+                return;
+            }
+            *swept = now;
+        }
+        let unused = |c: &Option<Arc<Conn>>| c.as_ref().is_none_or(|c| Arc::strong_count(c) == 1);
+        lock(&self.inner.slots).retain(|_, slot| {
+            if Arc::strong_count(slot) > 1 {
+                return true;
+            }
+            let Ok(s) = slot.try_lock() else { return true };
+            let quiet = s.last_used.is_none_or(|t| now.duration_since(t) >= idle);
+            !(quiet && s.upgrade.is_none() && unused(&s.h3) && unused(&s.tcp))
+        });
+    }
+
     /// The HTTP/3 alternative learned for `origin`. For a name pinned to addresses
     /// (`ClientBuilder::resolve`) only one on the same host: an advertisement from a test
     /// server must not steer the pinned name to another host, nor outlive the pin for it.
@@ -808,11 +850,13 @@ impl Client {
         origin: &Origin,
         start: Instant,
     ) -> Result<(Arc<Conn>, Timings), Error> {
+        self.close_idle_origins();
         let slot = lock(&self.inner.slots)
             .entry(origin.clone())
             .or_default()
             .clone();
         let mut s = slot.lock().await;
+        s.last_used = Some(Instant::now());
         let reused = Timings {
             reused: true,
             ..Timings::default()

@@ -1005,3 +1005,49 @@ fn locations_resolve_as_rfc_3986_says() {
         "resolved, and then not followed"
     );
 }
+
+/// An origin with no request for the pool's idle timeout has its connections closed the
+/// next time the client connects anywhere; one whose response is still being read keeps
+/// them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_origins_are_closed() {
+    let (a, cert) = site().await;
+    let (b, cert_b) = site().await;
+    let c = client(&cert)
+        .add_root_certificate(cert_b)
+        .mode(Mode::Http2)
+        .resolve("localhost", a.port(), a)
+        .resolve("localhost", b.port(), b)
+        .pool_idle_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let origin = |p: u16| -> state::Origin { ("localhost".into(), p) };
+    let held = c.get(&url(a, "/bytes/1000000")).send().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    c.get(&url(b, "/hello.txt"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert!(
+        lock(&c.inner.slots).contains_key(&origin(a.port())),
+        "closed while a response was read"
+    );
+    held.bytes().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    c.get(&url(b, "/hello.txt"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let slots = lock(&c.inner.slots);
+    assert!(
+        !slots.contains_key(&origin(a.port())),
+        "the idle origin kept"
+    );
+    assert!(slots.contains_key(&origin(b.port())));
+}
