@@ -100,6 +100,12 @@ impl Server {
         &self.shared.quic
     }
 
+    /// The client's HTTP/3 settings, once they arrived (HTTP datagrams, for one, may be
+    /// sent only after them: RFC 9297 §2.1.1).
+    pub async fn peer_settings(&self) -> Result<crate::frame::Settings, Error> {
+        self.shared.peer_settings().await
+    }
+
     /// Request streams the client opened that are not done with: their head still
     /// arriving, or (with [`with_handler`](Self::with_handler)) their handler running.
     /// After [`shutdown`](Self::shutdown), the connection is drained when this is zero:

@@ -95,9 +95,11 @@ async fn slow_return_relay(server: SocketAddr, delay: std::time::Duration) -> So
     addr
 }
 
-async fn setup() -> (Endpoint, Client) {
-    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
-    let (_server, addr) = start_server(scfg);
+/// A QUIC connection to the server at `addr`, trusting `cert`, and its endpoint.
+async fn connect(
+    cert: kuai::rustls::pki_types::CertificateDer<'static>,
+    addr: SocketAddr,
+) -> (Endpoint, kuai::Connection) {
     let client_ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let conn = client_ep
         .connect_with(
@@ -108,6 +110,13 @@ async fn setup() -> (Endpoint, Client) {
         .unwrap()
         .await
         .unwrap();
+    (client_ep, conn)
+}
+
+async fn setup() -> (Endpoint, Client) {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    let (_server, addr) = start_server(scfg);
+    let (client_ep, conn) = connect(cert, addr).await;
     let client = Client::new(conn, Config::default()).await.unwrap();
     (client_ep, client)
 }
@@ -384,18 +393,10 @@ async fn a_head_past_the_peers_field_section_limit_is_not_sent() {
             });
         }
     });
-    let client_ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    let conn = client_ep
-        .connect_with(
-            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let (_client_ep, conn) = connect(cert, addr).await;
     let client = Client::new(conn.clone(), Config::default()).await.unwrap();
-    // A first exchange: the server's SETTINGS, sent before any response, are in.
+    // The server's SETTINGS (its field-section limit) are in.
+    client.peer_settings().await.unwrap();
     let r = client
         .get("https://localhost/bytes/10", 1024)
         .await
@@ -431,6 +432,8 @@ async fn http_datagrams_are_echoed_per_stream() {
     tokio::spawn(async move {
         let conn = ep.accept().await.unwrap().await.unwrap();
         let mut h3 = kuai_h3::Server::new(conn, Config::default()).await.unwrap();
+        // Datagrams go only after the peer's SETTINGS (RFC 9297 §2.1.1).
+        h3.peer_settings().await.unwrap();
         while let Some((_req, mut stream)) = h3.accept().await {
             tokio::spawn(async move {
                 stream.send_response(Response::new(())).await.unwrap();
@@ -442,17 +445,9 @@ async fn http_datagrams_are_echoed_per_stream() {
             });
         }
     });
-    let client_ep = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    let conn = client_ep
-        .connect_with(
-            ClientConfig::with_root(cert, &[kuai_h3::ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let (_client_ep, conn) = connect(cert, addr).await;
     let client = Client::new(conn, Config::default()).await.unwrap();
+    client.peer_settings().await.unwrap();
     let mut streams = Vec::new();
     for _ in 0..2 {
         let req = Request::get("https://localhost/tunnel").body(()).unwrap();
