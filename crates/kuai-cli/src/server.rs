@@ -200,7 +200,11 @@ impl std::str::FromStr for Timeout {
         if !(secs > 0.0 && secs < 1e9) {
             return Err(format!("{s:?}: must be above zero"));
         }
-        Ok(Timeout(Duration::from_secs_f64(secs)))
+        let d = Duration::from_secs_f64(secs);
+        if d < Duration::from_millis(1) {
+            return Err(format!("{s:?}: must be at least 1ms"));
+        }
+        Ok(Timeout(d))
     }
 }
 
@@ -643,7 +647,9 @@ mod tests {
         assert_eq!(t("10"), Ok(Duration::from_secs(10)));
         assert_eq!(t("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(t("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["", "0", "-1s", "10h", "s", "1e99", "NaN", "inf"] {
+        for bad in [
+            "", "0", "-1s", "10h", "s", "1e99", "NaN", "inf", "0.0001ms", "1e-12",
+        ] {
             assert!(t(bad).is_err(), "{bad:?}");
         }
         assert_eq!(Timeout(Duration::from_secs(75)).to_string(), "75s");

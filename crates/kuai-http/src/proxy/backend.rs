@@ -21,6 +21,27 @@ use super::{Options, Upstream, UpstreamProtocol, body::UpBody};
 pub(crate) enum Received {
     H1(h1::Body),
     Hyper(Incoming),
+    /// From an HTTP/2 connection, holding its place there until dropped.
+    H2(
+        Incoming,
+        #[allow(dead_code, reason = "held for its drop")] StreamSlot,
+    ),
+}
+
+/// A request's place on one of a backend's HTTP/2 connections, given up when its response
+/// is dropped.
+pub(crate) struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+/// An HTTP/2 connection to a backend and the requests on it.
+struct H2Conn {
+    sender: http2::SendRequest<UpBody>,
+    streams: Arc<AtomicUsize>,
 }
 
 /// Why an exchange with a backend failed.
@@ -93,7 +114,9 @@ pub(crate) struct Backend {
     /// `host:port` as given, for the log and the statistics.
     pub(crate) name: Arc<str>,
     idle: Mutex<Vec<Idle>>,
-    h2: tokio::sync::Mutex<Option<http2::SendRequest<UpBody>>>,
+    /// HTTP/2 connections, oldest first; one more is made when each carries
+    /// [`H2_STREAMS_PER_CONNECTION`](super::H2_STREAMS_PER_CONNECTION) requests.
+    h2: tokio::sync::Mutex<Vec<H2Conn>>,
     /// Requests sent and not yet answered to their last byte.
     pub(crate) outstanding: AtomicUsize,
     /// Failures in a row (passive health).
@@ -113,7 +136,7 @@ impl Backend {
             name: upstream.authority().into(),
             upstream,
             idle: Mutex::new(Vec::new()),
-            h2: tokio::sync::Mutex::new(None),
+            h2: tokio::sync::Mutex::new(Vec::new()),
             outstanding: AtomicUsize::new(0),
             fails: AtomicU32::new(0),
             down_until: AtomicU64::new(0),
@@ -179,7 +202,7 @@ impl Backend {
     ) -> Result<Response<Received>, Failure> {
         match self.upstream.protocol() {
             UpstreamProtocol::Http1 => self.send_h1(req, o).await.map(|r| r.map(Received::H1)),
-            UpstreamProtocol::H2c => self.send_h2(req, o).await.map(|r| r.map(Received::Hyper)),
+            UpstreamProtocol::H2c => self.send_h2(req, o).await,
         }
     }
 
@@ -242,10 +265,10 @@ impl Backend {
         &self,
         mut req: Request<UpBody>,
         o: &Options,
-    ) -> Result<Response<Incoming>, Failure> {
+    ) -> Result<Response<Received>, Failure> {
         // A connection found closed is replaced once.
         for attempt in 0..2 {
-            let mut sender = match self.h2_sender(o).await {
+            let (mut sender, slot) = match self.h2_sender(o).await {
                 Ok(s) => s,
                 Err(r) => return Err(Failure::NotSent(Box::new(req), r)),
             };
@@ -262,14 +285,16 @@ impl Backend {
             })
             .await;
             match sent {
-                Ok(Ok(resp)) => return Ok(resp),
+                Ok(Ok(resp)) => return Ok(resp.map(|b| Received::H2(b, slot))),
                 Ok(Err((back, e))) => match back {
-                    Some(back) if attempt == 0 => {
-                        *self.h2.lock().await = None;
-                        req = back;
-                    }
+                    Some(back) if attempt == 0 => req = back,
                     Some(back) => {
                         return Err(Failure::NotSent(Box::new(back), Reason::Exchange(e)));
+                    }
+                    // The client's body broke off (the stream was reset for it): not the
+                    // backend's fault.
+                    None if watch.client_failed() => {
+                        return Err(Failure::Client(Reason::Exchange(e)));
                     }
                     None => return Err(Failure::Sent(Reason::Exchange(e))),
                 },
@@ -279,13 +304,24 @@ impl Backend {
         unreachable!("the second attempt returns")
     }
 
-    /// The shared HTTP/2 connection, made when there is none (or it closed).
-    async fn h2_sender(&self, o: &Options) -> Result<http2::SendRequest<UpBody>, Reason> {
-        let mut slot = self.h2.lock().await;
-        if let Some(s) = slot.as_ref()
-            && !s.is_closed()
-        {
-            return Ok(s.clone());
+    /// An HTTP/2 connection with room for one more request, and the request's place on
+    /// it: the oldest open one with room, else a new one. Connections left without requests
+    /// go while another is kept.
+    async fn h2_sender(
+        &self,
+        o: &Options,
+    ) -> Result<(http2::SendRequest<UpBody>, StreamSlot), Reason> {
+        let mut conns = self.h2.lock().await;
+        conns.retain(|c| !c.sender.is_closed());
+        while conns.len() > 1 && conns.last().is_some_and(|c| c.streams.load(Relaxed) == 0) {
+            conns.pop();
+        }
+        let room = conns
+            .iter()
+            .find(|c| c.streams.load(Relaxed) < super::H2_STREAMS_PER_CONNECTION);
+        if let Some(c) = room {
+            c.streams.fetch_add(1, Relaxed);
+            return Ok((c.sender.clone(), StreamSlot(c.streams.clone())));
         }
         let io = self.connect_tcp(o).await?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
@@ -300,8 +336,12 @@ impl Backend {
                 tracing::debug!(target: "kuai_http::proxy", backend = %name, error = %e, "upstream connection ended");
             }
         });
-        *slot = Some(sender.clone());
-        Ok(sender)
+        let streams = Arc::new(AtomicUsize::new(1));
+        conns.push(H2Conn {
+            sender: sender.clone(),
+            streams: streams.clone(),
+        });
+        Ok((sender, StreamSlot(streams)))
     }
 
     pub(super) async fn connect_tcp(

@@ -49,6 +49,7 @@ impl UpBody {
             epoch: tokio::time::Instant::now(),
             last: AtomicU64::new(0),
             waiting: AtomicBool::new(false),
+            client_failed: AtomicU8::new(CLIENT_OK),
         });
         (
             Self {
@@ -95,7 +96,10 @@ impl UpBody {
                     Poll::Pending => break,
                     Poll::Ready(None) => self.ended = true,
                     Poll::Ready(Some(Ok(f))) => self.back.push(f),
-                    Poll::Ready(Some(Err(e))) => self.failed = Some(e),
+                    Poll::Ready(Some(Err(e))) => {
+                        self.seen.client_failed(&e);
+                        self.failed = Some(e);
+                    }
                 }
             }
             Poll::Ready(())
@@ -128,7 +132,17 @@ struct Progress {
     last: AtomicU64,
     /// The body's last read from the client found nothing yet: it waits for the client.
     waiting: AtomicBool,
+    /// Whether reading the client's body failed ([`CLIENT_OK`], [`CLIENT_FAILED`],
+    /// [`CLIENT_TOO_LARGE`]).
+    client_failed: AtomicU8,
 }
+
+/// The client's body has not failed.
+const CLIENT_OK: u8 = 0;
+/// The client's body failed (its stream broke, or it stopped coming).
+const CLIENT_FAILED: u8 = 1;
+/// The client's body went past the server's limit on request bodies.
+const CLIENT_TOO_LARGE: u8 = 2;
 
 impl Progress {
     /// A read of the client's body came back `ready` (or not).
@@ -138,6 +152,15 @@ impl Progress {
             self.last.store(ms, Relaxed);
         }
         self.waiting.store(!ready, Relaxed);
+    }
+
+    /// Reading the client's body gave `e`.
+    fn client_failed(&self, e: &Error) {
+        let kind = match e {
+            Error::BodyTooLarge { .. } => CLIENT_TOO_LARGE,
+            _ => CLIENT_FAILED,
+        };
+        self.client_failed.store(kind, Relaxed);
     }
 }
 
@@ -159,6 +182,17 @@ impl BodyWatch {
     /// The body is waiting for the client to send more.
     pub(crate) fn waiting_for_client(&self) -> bool {
         self.0.waiting.load(Relaxed)
+    }
+
+    /// Reading the client's body failed: an exchange that broke after it is not the
+    /// backend's fault.
+    pub(crate) fn client_failed(&self) -> bool {
+        self.0.client_failed.load(Relaxed) != CLIENT_OK
+    }
+
+    /// The client's body went past the server's limit (413 rather than 400).
+    pub(crate) fn client_too_large(&self) -> bool {
+        self.0.client_failed.load(Relaxed) == CLIENT_TOO_LARGE
     }
 }
 
@@ -183,8 +217,10 @@ impl http_body::Body for UpBody {
             let r = Pin::new(&mut this.inner).poll_frame(cx);
             this.seen.progress(r.is_ready());
             let f = ready!(r);
-            if f.is_none() {
-                this.ended = true;
+            match &f {
+                None => this.ended = true,
+                Some(Err(e)) => this.seen.client_failed(e),
+                Some(Ok(_)) => {}
             }
             f
         };
@@ -379,21 +415,23 @@ impl http_body::Body for Received {
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         match self.get_mut() {
             Received::H1(b) => Pin::new(b).poll_frame(cx),
-            Received::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Error::Hyper),
+            Received::Hyper(b) | Received::H2(b, _) => {
+                Pin::new(b).poll_frame(cx).map_err(Error::Hyper)
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             Received::H1(b) => b.is_end_stream(),
-            Received::Hyper(b) => b.is_end_stream(),
+            Received::Hyper(b) | Received::H2(b, _) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             Received::H1(b) => b.size_hint(),
-            Received::Hyper(b) => b.size_hint(),
+            Received::Hyper(b) | Received::H2(b, _) => b.size_hint(),
         }
     }
 }

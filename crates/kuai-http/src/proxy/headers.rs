@@ -39,6 +39,20 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether the request's `TE` has `trailers`: the client takes trailer fields.
+pub(crate) fn asks_for_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|c| c.trim().eq_ignore_ascii_case("trailers"))
+        })
+}
+
 /// Whether `name` belongs to one connection, not to the message (RFC 9110 §7.6.1, with the
 /// non-standard `Keep-Alive` and `Proxy-Connection`); `Proxy-Authorization` is meant for
 /// this proxy and goes no further. By length first: no hashing, nothing built.

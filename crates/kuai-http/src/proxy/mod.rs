@@ -60,9 +60,14 @@ pub use self::body::ProxyBody;
 use self::body::{Outstanding, UpBody};
 use crate::{Body, ConnInfo, EarlyData, Error};
 
-/// HTTP/2 windows toward a backend: as the server's own toward clients.
+/// HTTP/2 windows toward a backend: a stream's as the server's own toward clients.
 const H2_STREAM_WINDOW: u32 = 256 * 1024;
-const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// Requests at once on one HTTP/2 connection to a backend; more open another connection.
+const H2_STREAMS_PER_CONNECTION: usize = 64;
+/// The connection's window holds every stream's whole window: responses a slow client
+/// has not read yet (each up to a stream's window, held by the proxy) cannot use up the
+/// connection's window and stop the responses of every other client on it.
+const H2_CONNECTION_WINDOW: u32 = H2_STREAM_WINDOW * H2_STREAMS_PER_CONNECTION as u32;
 
 /// How the proxy talks to a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -454,6 +459,9 @@ struct Head {
     headers: http::HeaderMap,
     /// Another attempt may need the fields again, so the first gets a copy.
     keep: bool,
+    /// The client sent `TE: trailers`: it goes on to an HTTP/2 backend, where it is the one
+    /// TE allowed (RFC 9113 §8.2.2) and gRPC servers require it.
+    te_trailers: bool,
 }
 
 impl Head {
@@ -490,6 +498,8 @@ impl Head {
                 if let Some(h) = host {
                     r.headers_mut().insert(header::HOST, h);
                 }
+                // Hop-by-hop on HTTP/1.1, where it would need a `Connection: te` too.
+                r.headers_mut().remove(header::TE);
             }
             UpstreamProtocol::H2c => {
                 let mut parts = http::uri::Parts::default();
@@ -504,6 +514,10 @@ impl Head {
                     *r.uri_mut() = u;
                 }
                 *r.version_mut() = http::Version::HTTP_2;
+                if self.te_trailers {
+                    r.headers_mut()
+                        .insert(header::TE, HeaderValue::from_static("trailers"));
+                }
                 if let Some(h) = r.headers_mut().remove(header::HOST)
                     && self.host.is_none()
                 {
@@ -600,6 +614,12 @@ impl Inner {
                             "the request body stopped coming",
                         );
                     }
+                    if watch.client_too_large() {
+                        return local(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            "the request body is larger than allowed",
+                        );
+                    }
                     return local(StatusCode::BAD_REQUEST, "the request body failed");
                 }
             }
@@ -680,13 +700,25 @@ impl Inner {
             version,
             ..
         } = parts;
-        headers::strip_hop_by_hop(&mut headers);
+        // Read before the hop-by-hop fields go (a `Connection: host` would take it). More
+        // than one Host, or one that is no authority, is refused (RFC 9112 §3.2), and so is
+        // an authority with userinfo (RFC 9110 §4.2.4): a backend could read either its own
+        // way.
+        let mut hosts = headers.get_all(header::HOST).iter();
+        let host_field = match (hosts.next(), hosts.next()) {
+            (None, _) => None,
+            (Some(h), None) => Some(http::uri::Authority::try_from(h.as_bytes()).ok()?),
+            (Some(_), Some(_)) => return None,
+        };
         let authority = match uri.authority() {
             Some(a) => Some(a.clone()),
-            None => headers
-                .get(header::HOST)
-                .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok()),
+            None => host_field,
         };
+        if authority.as_ref().is_some_and(|a| a.as_str().contains('@')) {
+            return None;
+        }
+        let te_trailers = headers::asks_for_trailers(&headers);
+        headers::strip_hop_by_hop(&mut headers);
         let host = match &authority {
             Some(a) => Some(HeaderValue::from_str(a.as_str()).ok()?),
             None => None,
@@ -743,6 +775,7 @@ impl Inner {
             host,
             headers,
             keep,
+            te_trailers,
         })
     }
 
@@ -800,7 +833,9 @@ fn local(status: StatusCode, text: &'static str) -> Response<ProxyBody> {
 
 /// Checks `b` every `h.interval` while the proxy lives.
 async fn health_checks(proxy: std::sync::Weak<Inner>, b: Arc<Backend>, h: HealthCheck) {
-    let mut tick = tokio::time::interval(h.interval);
+    // A zero period would make the timer panic; a check every millisecond is as often as
+    // anything reasonable asks.
+    let mut tick = tokio::time::interval(h.interval.max(Duration::from_millis(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -829,14 +864,25 @@ async fn health_checks(proxy: std::sync::Weak<Inner>, b: Arc<Backend>, h: Health
             authority: Some(authority),
             headers,
             keep: false,
+            te_trailers: false,
         };
         let req = head.request(UpBody::new(Body::empty()).0, b.upstream.protocol());
         drop(inner);
         let ok = match b.send(req, &options).await {
             Ok(resp) => {
                 let ok = resp.status().is_success() || resp.status().is_redirection();
-                // Read the answer out so the connection goes back to the pool.
-                let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+                // Read the answer out so the connection goes back to the pool: within the
+                // check's time and up to 64 KiB, or the connection is dropped with it.
+                let mut body = resp.into_body();
+                let read_out = async {
+                    let mut left = 64 * 1024usize;
+                    while let Some(Ok(f)) = http_body_util::BodyExt::frame(&mut body).await {
+                        let n = f.data_ref().map_or(0, |d| d.len());
+                        left = left.checked_sub(n)?;
+                    }
+                    Some(())
+                };
+                let _ = tokio::time::timeout(h.timeout, read_out).await;
                 ok
             }
             Err(_) => false,

@@ -48,7 +48,7 @@ impl Drop for LiveGuard {
 /// `/echo` sends the request body back as it comes; `/headers` lists the request line and
 /// fields; `/slow` sends a line, waits 400 ms, sends another; `/hang` answers after 10 s;
 /// `/early` answers 425 to a request marked `Early-Data: 1`; `/whoami` the backend's
-/// name; `/healthz` 200, or 503 for a backend named "sick".
+/// name; `/big` 8 MiB; `/healthz` 200, or 503 for a backend named "sick".
 async fn backend(name: &'static str, h2c: bool) -> (SocketAddr, Arc<Seen>) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -130,6 +130,7 @@ async fn answer(
             r
         }
         "/whoami" => Response::new(full(name)),
+        "/big" => Response::new(full(vec![b'x'; 8 << 20])),
         "/healthz" if name == "sick" => {
             let mut r = Response::new(full("sick"));
             *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
@@ -1407,4 +1408,211 @@ async fn a_plain_connect_is_refused() {
     let resp = proxy.call(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(seen.requests.load(SeqCst), 0);
+}
+
+/// Clients that stop reading large responses from an HTTP/2 backend hold at most their own
+/// streams' windows: the other requests on the backend's connection still get through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stop_reading_do_not_stall_an_h2_backend() {
+    let (b, _) = backend("b", true).await;
+    let gw = Gateway::start(proxy_to(&[(b, true)]).build().unwrap()).await;
+    // Each on a client of its own, so that no client's connection window is the limit.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let client = gw.client(Mode::Http2);
+        let r = client.get(&gw.url("/big")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        held.push((client, r));
+    }
+    // Let the stalled responses fill every buffer on their way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for mode in [Mode::Http3, Mode::Http2] {
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            gw.client(mode).get(&gw.url("/whoami")).send(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{mode:?}: no answer while 8 responses wait for readers"))
+        .unwrap();
+        assert_eq!(r.text().await.unwrap(), "b", "{mode:?}");
+    }
+    // The held ones still come whole once read.
+    let (_, r) = held.pop().unwrap();
+    assert_eq!(r.bytes().await.unwrap().len(), 8 << 20);
+}
+
+/// A request body that breaks off on its way to a backend (here: past the server's limit
+/// on bodies, which only shows as it streams) is the client's fault: 413, and the backend
+/// is not rested for it (one backend, which a failure would rest: its next answer comes
+/// from a rest that the proxy must break through; the metrics count no upstream error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_that_fails_is_not_the_backends_fault() {
+    for h2c in [false, true] {
+        let (b, _) = backend("b", h2c).await;
+        let metrics = crate::metrics::Metrics::new();
+        let proxy = proxy_to(&[(b, h2c)])
+            .metrics(metrics.clone())
+            .build()
+            .unwrap();
+        let (cert, tls) = identity();
+        let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = crate::Limits {
+            max_request_body: Some(100_000),
+            ..crate::Limits::default()
+        };
+        tokio::spawn(Server::new(proxy).limits(limits).serve(listener));
+        let gw = Gateway {
+            port: addr.port(),
+            addr,
+            cert,
+        };
+        for mode in [Mode::Http3, Mode::Http2] {
+            let client = gw.client(mode);
+            // No declared length: the limit shows part-way.
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            let req = client
+                .request(Method::POST, &gw.url("/count"))
+                .body(crate::RequestBody::wrap(Channel(rx)));
+            let response = tokio::spawn(req.send());
+            for _ in 0..30 {
+                if tx.send(Bytes::from(vec![b'x'; 10_000])).await.is_err() {
+                    break;
+                }
+            }
+            drop(tx);
+            let r = tokio::time::timeout(Duration::from_secs(10), response)
+                .await
+                .expect("an answer")
+                .unwrap();
+            if let Ok(r) = r {
+                assert_eq!(
+                    r.status(),
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "{mode:?} h2c {h2c}"
+                );
+            }
+            let text = metrics.render();
+            let errors = text
+                .lines()
+                .filter(|l| l.starts_with("kuai_upstream_errors_total{") && !l.ends_with(" 0"))
+                .collect::<Vec<_>>();
+            assert!(
+                errors.is_empty(),
+                "{mode:?} h2c {h2c}: counted as the backend's failure: {errors:?}"
+            );
+        }
+    }
+}
+
+/// The client's Host as the gateway reads it: read before `Connection` takes hop-by-hop
+/// fields away; two of them, one that is no authority, or userinfo, refused (400) and not
+/// forwarded. `TE: trailers` goes on to an HTTP/2 backend (gRPC needs it), not to an
+/// HTTP/1.1 one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
+    use tower_service::Service;
+    for h2c in [false, true] {
+        let (b, seen) = backend("b", h2c).await;
+        let mut proxy = proxy_to(&[(b, h2c)]).build().unwrap();
+        let request = |fields: &[(&'static str, &'static str)]| {
+            let mut req = Request::new(crate::Body::empty());
+            *req.uri_mut() = "/headers".parse().unwrap();
+            for (k, v) in fields {
+                req.headers_mut().append(*k, v.parse().unwrap());
+            }
+            req
+        };
+        let refused: [&[(&str, &str)]; 3] = [
+            &[("host", "a.example"), ("host", "b.example")],
+            &[("host", "a b")],
+            &[("host", "user@a.example")],
+        ];
+        for fields in refused {
+            let resp = proxy.call(request(fields)).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{fields:?}");
+        }
+        assert_eq!(seen.requests.load(SeqCst), 0, "h2c {h2c}");
+        let resp = proxy
+            .call(request(&[
+                ("host", "a.example"),
+                ("connection", "host, te"),
+                ("te", "trailers"),
+            ]))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let text = String::from_utf8(
+            resp.into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .to_vec(),
+        )
+        .unwrap();
+        if h2c {
+            assert!(text.contains("http://a.example/headers"), "{text}");
+            assert!(text.contains("\nte: trailers\n"), "{text}");
+        } else {
+            assert!(text.contains("\nhost: a.example\n"), "{text}");
+            assert!(!text.contains("\nte:"), "{text}");
+        }
+    }
+}
+
+/// Opens an HTTP/3 extended CONNECT for a WebSocket to `path` through `gw`.
+async fn h3_websocket(
+    gw: &Gateway,
+    path: &str,
+) -> (
+    (kuai::Connection, kuai_h3::Client),
+    kuai_h3::RequestStream,
+    Response<()>,
+) {
+    let cep = client_endpoint();
+    let ccfg = kuai::ClientConfig::with_root(gw.cert.clone(), &[crate::server::ALPN_H3]).unwrap();
+    let (conn, client) = h3_client_with(&cep, ccfg, gw.addr).await;
+    let mut req = Request::builder()
+        .method(Method::CONNECT)
+        .uri(format!("https://localhost{path}"))
+        .header("sec-websocket-version", "13")
+        .body(())
+        .unwrap();
+    req.extensions_mut()
+        .insert(kuai_h3::Protocol("websocket".into()));
+    let mut stream = client.send_request(req).await.unwrap();
+    let resp = stream.recv_response().await.unwrap();
+    ((conn, client), stream, resp)
+}
+
+/// An HTTP/3 WebSocket tunnel that idles past the response timeout is closed on both
+/// sides: the client's response stream ends too (it stayed open for the connection's life).
+/// A backend that answers an extended CONNECT with a 2xx of its own (no 101) has not
+/// switched: 502, not a tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_websocket_tunnels_end_when_idle() {
+    let (b, _) = websocket_backend().await;
+    let gw = Gateway::start(
+        proxy_to(&[(b, false)])
+            .response_timeout(Duration::from_millis(400))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let (_conn, stream, resp) = h3_websocket(&gw, "/ws").await;
+    assert_eq!(resp.status(), 200);
+    let (_send, mut recv) = stream.split();
+    let end = tokio::time::timeout(Duration::from_secs(5), recv.recv_data()).await;
+    assert!(
+        matches!(end, Ok(Ok(None) | Err(_))),
+        "the idle tunnel is still open: {end:?}"
+    );
+
+    let (plain, _) = backend("b", false).await;
+    let gw = Gateway::start(proxy_to(&[(plain, false)]).build().unwrap()).await;
+    let (_conn, _stream, resp) = h3_websocket(&gw, "/whoami").await;
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
 }

@@ -157,6 +157,16 @@ impl Inner {
             m.answered(start.elapsed());
         }
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            // A 2xx to an extended CONNECT opens the tunnel (RFC 8441 §5, RFC 9220 §3): a
+            // backend that answered the upgrade with one did not switch, and the client must
+            // not take it for a tunnel.
+            if resp.status().is_success() && !matches!(ask, Ask::Http11(_)) {
+                tracing::warn!(target: "kuai_http::proxy", backend = %b.name, status = %resp.status(), "WebSocket upgrade answered without switching");
+                return local(
+                    StatusCode::BAD_GATEWAY,
+                    "the upstream did not switch to WebSocket",
+                );
+            }
             // A refusal (403, 404, 426...) goes back as it is.
             let outstanding = super::body::Outstanding::new(&b);
             return self.downstream(
@@ -249,10 +259,13 @@ impl Backend {
     }
 }
 
-/// When a tunnel last moved a byte (milliseconds since its start).
+/// When a tunnel last moved a byte (milliseconds since its start), and whether it is over.
 pub(crate) struct Activity {
     start: Instant,
     last_ms: AtomicU64,
+    /// Either side ended the tunnel: an HTTP/3 tunnel's two halves (a task and a response
+    /// body) end together.
+    over: tokio_util::sync::CancellationToken,
 }
 
 impl Activity {
@@ -260,6 +273,7 @@ impl Activity {
         Self {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
+            over: tokio_util::sync::CancellationToken::new(),
         }
     }
 
@@ -281,8 +295,9 @@ impl Activity {
     }
 }
 
-/// The client's bytes (an HTTP/3 request body) to the backend, until either ends or the
-/// tunnel idles.
+/// The client's bytes (an HTTP/3 request body) to the backend; after the client's end (a
+/// half-close, passed on), the backend's side may go on. The tunnel ends when the client's
+/// side fails, the backend's side ends (see [`TunnelRead`]), it idles, or the drain ends.
 async fn pump_body<W: AsyncWrite + Unpin>(
     mut body: Body,
     mut to: W,
@@ -301,10 +316,16 @@ async fn pump_body<W: AsyncWrite + Unpin>(
         }
         to.shutdown().await.map_err(|e| e.to_string())
     };
-    tokio::select! {
-        r = copy => if let Err(e) = r {
+    let copy = async {
+        if let Err(e) = copy.await {
             tracing::debug!(target: "kuai_http::proxy", %backend, error = e, "WebSocket tunnel ended");
-        },
+            return;
+        }
+        std::future::pending().await
+    };
+    tokio::select! {
+        () = copy => {}
+        () = activity.over.cancelled() => {}
         _ = activity.idle(idle) => {
             tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel idle: closed");
         }
@@ -312,6 +333,8 @@ async fn pump_body<W: AsyncWrite + Unpin>(
             tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel closed at the end of the drain");
         }
     }
+    // The backend's side (the response body) ends too.
+    activity.over.cancel();
 }
 
 /// When the server's drain is over (never for a tunnel outside a server's drain).
@@ -399,11 +422,19 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     }
 }
 
-/// The backend's side of an HTTP/3 tunnel, as a response body.
+/// The backend's side of an HTTP/3 tunnel, as a response body: it ends when the backend's
+/// side ends, or when the client's side ([`pump_body`]) ends the tunnel.
 pub(crate) struct TunnelRead {
     read: tokio::io::ReadHalf<TokioIo<Upgraded>>,
     activity: Arc<Activity>,
     buf: BytesMut,
+    over: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl Drop for TunnelRead {
+    fn drop(&mut self) {
+        self.activity.over.cancel();
+    }
 }
 
 impl TunnelRead {
@@ -411,10 +442,12 @@ impl TunnelRead {
         read: tokio::io::ReadHalf<TokioIo<Upgraded>>,
         activity: Arc<Activity>,
     ) -> Self {
+        let over = Box::pin(activity.over.clone().cancelled_owned());
         Self {
             read,
             activity,
             buf: BytesMut::new(),
+            over,
         }
     }
 
@@ -422,6 +455,13 @@ impl TunnelRead {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        if self.over.as_mut().poll(cx).is_ready() {
+            // Ended from the client's side: the stream is reset, not finished, since the
+            // backend did not end it.
+            return Poll::Ready(Some(Err(Error::Io(
+                std::io::ErrorKind::ConnectionAborted.into(),
+            ))));
+        }
         if self.buf.capacity() < 4096 {
             self.buf.reserve(16 * 1024);
         }
@@ -431,7 +471,10 @@ impl TunnelRead {
             &mut self.buf
         ));
         Poll::Ready(match n {
-            Ok(0) => None,
+            Ok(0) => {
+                self.activity.over.cancel();
+                None
+            }
             Ok(_) => {
                 self.activity.touch();
                 Some(Ok(Frame::data(self.buf.split().freeze())))
