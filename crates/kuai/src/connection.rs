@@ -88,6 +88,14 @@ impl Connecting {
         Ok((conn, ZeroRttAccepted { inner }))
     }
 
+    /// Transport statistics so far: whether any datagram came back
+    /// ([`udp_rx_datagrams`](ConnectionStats::udp_rx_datagrams)), how many Initials went
+    /// out, ...
+    pub fn stats(&self) -> ConnectionStats {
+        let inner = self.inner.as_ref().expect("not consumed");
+        inner.with(|s, h| s.ep.connection(h).map(|c| c.stats()).unwrap_or_default())
+    }
+
     /// The server address the handshake goes to.
     pub fn remote_address(&self) -> SocketAddr {
         let inner = self.inner.as_ref().expect("not consumed");

@@ -40,6 +40,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -959,7 +960,7 @@ impl Client {
         }
         let r = tokio::time::timeout(
             self.inner.connect_timeout,
-            self.connect_quic(addr, &origin.0, false),
+            self.connect_quic(addr, &origin.0, false, None),
         )
         .await;
         match r {
@@ -1046,7 +1047,15 @@ impl Client {
     /// `early`: a session is looked up by server name, so one from another server of the same
     /// name would make a "connection" to an address where nothing may listen, and win the
     /// race against TCP with nothing behind it.
-    async fn connect_quic(&self, addr: SocketAddr, host: &str, early: bool) -> Result<Conn, Error> {
+    /// A QUIC connection to `addr`; `heard` is set once any datagram came back during
+    /// the handshake (a race that TCP won tells a silent UDP path from a slow one by it).
+    async fn connect_quic(
+        &self,
+        addr: SocketAddr,
+        host: &str,
+        early: bool,
+        heard: Option<Arc<AtomicBool>>,
+    ) -> Result<Conn, Error> {
         let ep = self.endpoint(addr)?;
         let connecting = ep
             .connect_with(self.inner.quic.clone(), addr, host)
@@ -1057,6 +1066,8 @@ impl Client {
                 Ok((c, a)) => (c, Some(a)),
                 Err(c) => (c.await.map_err(Error::Quic)?, None),
             }
+        } else if let Some(heard) = heard {
+            (handshake_noting_answers(connecting, &heard).await?, None)
         } else {
             (connecting.await.map_err(Error::Quic)?, None)
         };
@@ -1173,7 +1184,7 @@ impl Client {
                 // A host that refuses the UDP port fails the attempt at once (the next
                 // address, or the error), not after the connect timeout.
                 let c = tokio::select! {
-                    r = self.connect_quic(addr, host, early) => r,
+                    r = self.connect_quic(addr, host, early, None) => r,
                     _ = udp_refused(addr) => {
                         Err(Error::Io(std::io::ErrorKind::ConnectionRefused.into()))
                     }
@@ -1215,10 +1226,14 @@ impl Client {
         let h = host.clone();
         // 0-RTT only where this origin's HTTP/3 completed a handshake before.
         let early = lock(&self.inner.state).h3_worked(origin, h3_addr);
+        let heard = Arc::new(AtomicBool::new(false));
+        let heard_by_quic = heard.clone();
+        let quic_start = tokio::time::Instant::now();
         // Aborted when this attempt is dropped (another address won, or the connect
         // timeout ran out), unless handed on to go on in the background.
         let mut quic = AbortOnDrop(tokio::spawn(async move {
-            this.connect_quic(h3_addr, &h, early).await
+            this.connect_quic(h3_addr, &h, early, Some(heard_by_quic))
+                .await
         }));
         let mut refused: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(udp_refused(h3_addr));
         let delay = self.race_delay_for(Some(h3_addr));
@@ -1265,14 +1280,38 @@ impl Client {
             r = &mut tcp => match r {
                 Ok(c) => {
                     t.connect = start.elapsed();
-                    // HTTP/3 goes on in the background: up, it takes the next requests;
-                    // failed, it is marked broken here.
+                    // Not one datagram back while TCP connected: UDP looks blocked. Marked
+                    // now, not at the attempt's timeout, which a short-lived client (one
+                    // `kuai get`) never lives to see.
+                    let silent = || !heard.load(Relaxed);
+                    let mut marked = false;
+                    if quic_start.elapsed() >= SILENT_AFTER && silent() {
+                        tracing::info!(origin = %origin.0, "HTTP/3 silent where TCP connected: marked broken");
+                        lock(&self.inner.state).mark_broken(origin, &network);
+                        marked = true;
+                    }
+                    // HTTP/3 goes on in the background: up, it takes the next requests
+                    // (and clears the mark); failed, it is marked broken here.
                     let this = self.clone();
                     let origin = origin.clone();
                     let slot = slot.clone();
                     let (tx, rx) = tokio::sync::watch::channel(None);
                     tokio::spawn(async move {
-                        let r = tokio::time::timeout(this.inner.connect_timeout, &mut quic).await;
+                        let attempt = async {
+                            if !marked {
+                                tokio::select! {
+                                    r = &mut quic => return r,
+                                    () = tokio::time::sleep_until(quic_start + SILENT_AFTER) => {}
+                                }
+                                if !heard.load(Relaxed) {
+                                    tracing::info!(origin = %origin.0, "HTTP/3 silent where TCP connected: marked broken");
+                                    lock(&this.inner.state).mark_broken(&origin, &network);
+                                    marked = true;
+                                }
+                            }
+                            (&mut quic).await
+                        };
+                        let r = tokio::time::timeout(this.inner.connect_timeout, attempt).await;
                         let ok = match r {
                             Ok(r) => match flatten(r) {
                                 Ok(c) => {
@@ -1281,15 +1320,19 @@ impl Client {
                                     true
                                 }
                                 Err(e) => {
-                                    tracing::info!(origin = %origin.0, error = %e, "HTTP/3 failed where TCP worked: marked broken");
-                                    lock(&this.inner.state).mark_broken(&origin, &network);
+                                    if !marked {
+                                        tracing::info!(origin = %origin.0, error = %e, "HTTP/3 failed where TCP worked: marked broken");
+                                        lock(&this.inner.state).mark_broken(&origin, &network);
+                                    }
                                     false
                                 }
                             },
                             Err(_) => {
                                 quic.abort();
-                                tracing::info!(origin = %origin.0, "HTTP/3 did not connect where TCP did: marked broken");
-                                lock(&this.inner.state).mark_broken(&origin, &network);
+                                if !marked {
+                                    tracing::info!(origin = %origin.0, "HTTP/3 did not connect where TCP did: marked broken");
+                                    lock(&this.inner.state).mark_broken(&origin, &network);
+                                }
                                 false
                             }
                         };
@@ -1563,6 +1606,34 @@ fn join(base: &Uri, location: &str) -> Result<Uri, Error> {
         None => format!("{scheme}://{authority}{path}"),
     };
     s.parse().map_err(|_| bad("not a URL"))
+}
+
+/// How long an HTTP/3 attempt may hear nothing at all from the server while TCP connects
+/// before HTTP/3 counts as blocked on this network: longer than the race delay when no RTT
+/// is known (so TCP has connected in the meantime), and many round trips of any path that
+/// has one. A server that answers later clears the mark when its handshake completes.
+const SILENT_AFTER: Duration = Duration::from_millis(250);
+
+/// Awaits `connecting`, setting `heard` once any datagram has come back.
+async fn handshake_noting_answers(
+    mut connecting: kuai::Connecting,
+    heard: &AtomicBool,
+) -> Result<kuai::Connection, Error> {
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            r = &mut connecting => {
+                heard.store(true, Relaxed);
+                return r.map_err(Error::Quic);
+            }
+            _ = tick.tick(), if !heard.load(Relaxed) => {
+                if connecting.stats().udp_rx_datagrams > 0 {
+                    heard.store(true, Relaxed);
+                }
+            }
+        }
+    }
 }
 
 /// A task that ends when its handle is dropped.

@@ -239,7 +239,8 @@ async fn blocked_udp_is_marked_broken_and_skipped_next_time() {
         let took = t.elapsed();
         assert!(took < Duration::from_millis(150), "waited again: {took:?}");
     }
-    // The HTTP/3 attempt times out (1.5 s) and marks the network broken, on disk too.
+    // The HTTP/3 attempt, silent, marks the network broken, on disk too; it ends at its
+    // timeout (1.5 s).
     let t = Instant::now();
     loop {
         let text = std::fs::read_to_string(&state).unwrap_or_default();
@@ -253,6 +254,7 @@ async fn blocked_udp_is_marked_broken_and_skipped_next_time() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(c);
+    tokio::time::sleep(Duration::from_millis(1600)).await;
     let before = swallowed.load(Ordering::Relaxed);
     let c = build();
     let t = Instant::now();
@@ -267,6 +269,63 @@ async fn blocked_udp_is_marked_broken_and_skipped_next_time() {
         swallowed.load(Ordering::Relaxed),
         before,
         "no HTTP/3 attempt on a network where it is broken"
+    );
+    std::fs::remove_file(&state).unwrap();
+}
+
+/// A short-lived client (one `kuai get`) never sees its HTTP/3 attempt time out: when not
+/// one datagram came back while TCP connected, HTTP/3 is marked broken at once, so the
+/// next process goes straight to TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_udp_is_marked_broken_before_the_attempt_times_out() {
+    let (tcp, _, cert) = split_server(false).await;
+    let swallowed = udp_sink(tcp).await;
+    let state = std::env::temp_dir().join(format!("kuai-client-silent-{}", std::process::id()));
+    let _ = std::fs::remove_file(&state);
+    let build = || {
+        client(&cert)
+            .resolve("localhost", tcp.port(), tcp)
+            .state_file(&state)
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    let c = build();
+    let start = Instant::now();
+    let resp = c.get(&url(tcp, "/hello.txt")).send().await.unwrap();
+    assert_eq!(resp.protocol(), Protocol::Http2);
+    resp.bytes().await.unwrap();
+    drop(c);
+    let text = std::fs::read_to_string(&state).unwrap_or_default();
+    assert!(
+        text.contains("broken localhost"),
+        "not marked broken: {text}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    // The first client's attempt goes on in the background until its timeout (a late
+    // answer would clear the mark): the next client is counted after it.
+    tokio::time::sleep_until((start + Duration::from_millis(2300)).into()).await;
+    let before = swallowed.load(Ordering::Relaxed);
+    assert!(before > 0, "HTTP/3 was tried");
+    let c = build();
+    let t = Instant::now();
+    let resp = c.get(&url(tcp, "/hello.txt")).send().await.unwrap();
+    assert_eq!(resp.protocol(), Protocol::Http2);
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    resp.bytes().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        swallowed.load(Ordering::Relaxed),
+        before,
+        "HTTP/3 tried again"
     );
     std::fs::remove_file(&state).unwrap();
 }
