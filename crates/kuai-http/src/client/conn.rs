@@ -476,17 +476,23 @@ pub(crate) async fn connect_tcp(
     alpn: &[&[u8]],
     h1_max: usize,
     connect_timeout: std::time::Duration,
+    h2_keep_alive: Option<(std::time::Duration, std::time::Duration)>,
 ) -> Result<Conn, Error> {
     let mut cfg = (**tls).clone();
     cfg.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
     let (stream, chosen, info) = connect_tls(addr, host, &connector).await?;
     if chosen == ALPN_H2 {
-        let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .initial_stream_window_size(4 << 20)
-            .initial_connection_window_size(16 << 20)
-            .handshake(TokioIo::new(stream))
-            .await?;
+        let mut h2 = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        h2.initial_stream_window_size(4 << 20)
+            .initial_connection_window_size(16 << 20);
+        if let Some((interval, timeout)) = h2_keep_alive {
+            h2.timer(hyper_util::rt::TokioTimer::new())
+                .keep_alive_interval(interval)
+                .keep_alive_timeout(timeout)
+                .keep_alive_while_idle(true);
+        }
+        let (send, conn) = h2.handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
             let _ = conn.await;
         });

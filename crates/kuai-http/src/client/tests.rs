@@ -1112,3 +1112,38 @@ async fn idle_origins_are_closed() {
     );
     assert!(slots.contains_key(&origin(b.port())));
 }
+
+/// A server that goes silent on an HTTP/2 connection (here: it takes the TLS handshake,
+/// then never reads or writes again) is found by an unanswered PING: the request fails
+/// instead of waiting for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_server_gone_silent_is_found_by_pings() {
+    let (cert, mut tls) = identity();
+    tls.alpn_protocols = vec![ALPN_H2.to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = l.accept().await {
+            if let Ok(tls) = acceptor.accept(tcp).await {
+                held.push(tls);
+            }
+        }
+    });
+    let c = client(&cert)
+        .mode(Mode::Http2)
+        .resolve("localhost", addr.port(), addr)
+        .http2_keep_alive(Some((
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        )))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(5), c.get(&url(addr, "/x")).send())
+        .await
+        .expect("the request still waits");
+    assert!(r.is_err(), "answered?");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}

@@ -327,6 +327,12 @@ impl Backend {
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .initial_stream_window_size(super::H2_STREAM_WINDOW)
             .initial_connection_window_size(super::H2_CONNECTION_WINDOW)
+            // A backend host that went away is found by an unanswered PING, not by the
+            // next requests' timeouts.
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
             .handshake(io)
             .await
             .map_err(Reason::Handshake)?;
