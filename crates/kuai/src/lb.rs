@@ -27,9 +27,12 @@
 //! opens a flow; a flow the backend has not answered closes after
 //! [`LbConfig::unanswered_idle`]; a
 //! waiting flow holds a socket and a task but no buffer (buffers are lent while it reads);
-//! and only the backend's own datagrams keep a flow alive.
+//! and only the backend's own datagrams keep a flow alive. When the flows are at their
+//! limit, a new one takes the place of the flow whose client has been quiet longest: spoofed
+//! sources, which send once and never hear the answer, go first, so a flood of them cannot
+//! lock real clients out.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
@@ -68,8 +71,10 @@ pub struct LbConfig {
     /// its client (or after `flow_idle` when shorter): what a spoofed source makes the
     /// balancer hold, it holds briefly. A backend answers a client's Initial at once.
     pub unanswered_idle: Duration,
-    /// Most flows (each a socket) at once: datagrams that would open another are dropped.
-    /// Source addresses can be spoofed, so this bounds what a flood of them costs.
+    /// Most flows (each a socket) at once. Source addresses can be spoofed, so this bounds
+    /// what a flood of them costs; at the limit a new flow takes the place of the one whose
+    /// client has been quiet longest (found among the oldest 64; when each of those spoke
+    /// since, the datagram is dropped).
     pub max_flows: usize,
     /// How often each backend is probed (`None`: never; every backend counts as up).
     pub health_interval: Option<Duration>,
@@ -114,6 +119,12 @@ struct Flow {
     last: AtomicU64,
     /// The backend has sent something back.
     answered: AtomicBool,
+    /// Milliseconds since the balancer started, at the client's last datagram.
+    client_last: AtomicU64,
+    /// Which flow of its key this is (see [`State::order`]).
+    id: u64,
+    /// Ended to make room for another: its task stops at once.
+    evicted: tokio::sync::Notify,
 }
 
 impl Flow {
@@ -127,9 +138,55 @@ impl Flow {
     }
 }
 
+type FlowKey = (SocketAddr, SocketAddr);
+
 struct State {
     backends: Vec<BackendInfo>,
-    flows: HashMap<(SocketAddr, SocketAddr), Arc<Flow>>,
+    flows: HashMap<FlowKey, Arc<Flow>>,
+    /// The flows, roughly by their client's last datagram, oldest first: each with its id
+    /// and the time it was queued at. A flow whose client spoke since goes to the back
+    /// when it reaches the front (a second chance, as the clock algorithm gives); entries of
+    /// flows gone are dropped there.
+    order: VecDeque<(FlowKey, u64, u64)>,
+    /// The next flow's id.
+    next_id: u64,
+}
+
+/// Flows looked at, at most, to find one to end for a new one.
+const EVICT_SCAN: usize = 64;
+
+impl State {
+    /// Ends the flow whose client has been quiet longest (approximately) to make room;
+    /// `false` if every flow looked at was active since it was queued.
+    fn evict_one(&mut self) -> bool {
+        for _ in 0..EVICT_SCAN {
+            let Some((key, id, queued)) = self.order.pop_front() else {
+                return false;
+            };
+            let Some(f) = self.flows.get(&key).filter(|f| f.id == id) else {
+                continue; // gone already
+            };
+            let spoke = f.client_last.load(Relaxed);
+            if spoke > queued {
+                self.order.push_back((key, id, spoke));
+                continue;
+            }
+            if let Some(f) = self.flows.remove(&key) {
+                f.evicted.notify_one();
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Drops the entries of flows gone when they outnumber the live ones.
+    fn compact_order(&mut self) {
+        if self.order.len() > 2 * self.flows.len() + 1024 {
+            let flows = &self.flows;
+            self.order
+                .retain(|(key, id, _)| flows.get(key).is_some_and(|f| f.id == *id));
+        }
+    }
 }
 
 struct Shared {
@@ -286,6 +343,8 @@ impl LoadBalancer {
                     })
                     .collect(),
                 flows: HashMap::new(),
+                order: VecDeque::new(),
+                next_id: 0,
             }),
             start: Instant::now(),
             forwarded: AtomicU64::new(0),
@@ -393,13 +452,18 @@ impl LoadBalancer {
         let mut st = lock(&s.state);
         let (backend, by_id) = route(&s.config, &st.backends, datagram)?;
         if let Some(f) = st.flows.get(&(client, backend)) {
-            f.last.store(s.now_ms(), Relaxed);
+            let now = s.now_ms();
+            f.last.store(now, Relaxed);
+            f.client_last.store(now, Relaxed);
             return Some(f.clone());
         }
         // A new flow: for a connection ID a backend issued (a migrated or rebound client),
         // or what can be a client's first datagram.
         let opens = by_id || (datagram[0] & 0x80 != 0 && datagram.len() >= MIN_OPENING_DATAGRAM);
-        if !opens || st.flows.len() >= s.config.max_flows {
+        if !opens {
+            return None;
+        }
+        if st.flows.len() >= s.config.max_flows && !st.evict_one() {
             return None;
         }
         let sock = match flow_socket(backend) {
@@ -412,13 +476,21 @@ impl LoadBalancer {
                 return None;
             }
         };
+        let now = s.now_ms();
+        let id = st.next_id;
+        st.next_id += 1;
         let flow = Arc::new(Flow {
             sock,
             backend,
-            last: AtomicU64::new(s.now_ms()),
+            last: AtomicU64::new(now),
             answered: AtomicBool::new(false),
+            client_last: AtomicU64::new(now),
+            id,
+            evicted: tokio::sync::Notify::new(),
         });
         st.flows.insert((client, backend), flow.clone());
+        st.order.push_back(((client, backend), id, now));
+        st.compact_order();
         tokio::spawn(back_to_client(s.clone(), flow.clone(), client));
         Some(flow)
     }
@@ -644,10 +716,14 @@ async fn back_to_client(s: Arc<Shared>, flow: Arc<Flow>, client: SocketAddr) {
             }
             continue;
         }
-        match tokio::time::timeout(left, flow.sock.readable()).await {
-            Err(_) => continue, // re-check: the client may have sent meanwhile
-            Ok(Err(_)) => break,
-            Ok(Ok(())) => {}
+        tokio::select! {
+            r = tokio::time::timeout(left, flow.sock.readable()) => match r {
+                Err(_) => continue, // re-check: the client may have sent meanwhile
+                Ok(Err(_)) => break,
+                Ok(Ok(())) => {}
+            },
+            // Out of the table already: the socket closes with the task.
+            () = flow.evicted.notified() => return,
         }
         // Buffers only while there is something to read.
         let mut bufs = s.take_bufs();
