@@ -723,6 +723,14 @@ impl Inner {
             Some(a) => Some(HeaderValue::from_str(a.as_str()).ok()?),
             None => None,
         };
+        // Fields a backend may take for the gateway's word, which a client could set: the
+        // client's X-Real-IP goes (the gateway sets its own when it knows the address), and
+        // so do X-Forwarded-Host and -Port (the Host field and Forwarded's host say where
+        // the request was sent). Also when the proxy runs without the connection's facts
+        // (a service of the caller's own server): nothing the client made up passes then.
+        headers.remove(X_REAL_IP);
+        headers.remove(X_FORWARDED_HOST);
+        headers.remove(X_FORWARDED_PORT);
         if let Some(info) = info {
             let ip = info.remote.ip().to_canonical();
             if headers
@@ -734,11 +742,6 @@ impl Inner {
             }
             let addr = headers::forwarded_for(ip);
             headers::append_list(&mut headers, X_FORWARDED_FOR, addr.clone());
-            // Fields a backend may take for the gateway's word, which a client could set:
-            // X-Real-IP is the address this request came from; the client's X-Forwarded-Host
-            // and -Port go (the Host field and Forwarded's host say where it was sent).
-            headers.remove(X_FORWARDED_HOST);
-            headers.remove(X_FORWARDED_PORT);
             headers.insert(X_REAL_IP, addr);
             headers::append_list(
                 &mut headers,

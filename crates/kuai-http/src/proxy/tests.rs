@@ -1510,7 +1510,7 @@ async fn a_request_body_that_fails_is_not_the_backends_fault() {
 /// The client's Host as the gateway reads it: read before `Connection` takes hop-by-hop
 /// fields away; two of them, one that is no authority, or userinfo, refused (400) and not
 /// forwarded. `TE: trailers` goes on to an HTTP/2 backend (gRPC needs it), not to an
-/// HTTP/1.1 one.
+/// HTTP/1.1 one. The client's X-Real-IP and X-Forwarded-Host go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
     use tower_service::Service;
@@ -1540,6 +1540,8 @@ async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
                 ("host", "a.example"),
                 ("connection", "host, te"),
                 ("te", "trailers"),
+                ("x-real-ip", "6.6.6.6"),
+                ("x-forwarded-host", "evil.example"),
             ]))
             .await
             .unwrap();
@@ -1553,6 +1555,10 @@ async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
                 .to_vec(),
         )
         .unwrap();
+        // Without the connection's facts (a service in the caller's own server) the
+        // client's claims still do not pass.
+        assert!(!text.contains("6.6.6.6"), "{text}");
+        assert!(!text.contains("evil.example"), "{text}");
         if h2c {
             assert!(text.contains("http://a.example/headers"), "{text}");
             assert!(text.contains("\nte: trailers\n"), "{text}");
