@@ -81,6 +81,14 @@ impl Reason {
         }
     }
 
+    /// Nothing of a request went out: the connection was never made.
+    pub(crate) fn is_unsent(&self) -> bool {
+        matches!(
+            self,
+            Reason::Connect(_) | Reason::ConnectTimeout(_) | Reason::Handshake(_)
+        )
+    }
+
     /// A timeout (504) rather than a failure (502).
     pub(crate) fn is_timeout(&self) -> bool {
         matches!(self, Reason::ConnectTimeout(_) | Reason::ResponseTimeout(_))

@@ -1622,3 +1622,31 @@ async fn http3_websocket_tunnels_end_when_idle() {
     let (_conn, _stream, resp) = h3_websocket(&gw, "/whoami").await;
     assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
 }
+
+/// A WebSocket upgrade whose backend cannot be reached goes to the next backend, as other
+/// requests do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_goes_to_the_next_backend_when_one_is_down() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let (b, _) = websocket_backend().await;
+    let gw = Gateway::start(
+        proxy_to(&[(dead, false), (b, false)])
+            .fail_timeout(Duration::from_millis(1))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    // Round robin starts at either backend: two upgrades meet the dead one at least once.
+    for i in 0..2 {
+        let tls = crate::server::tests::tls_to(gw.addr, &gw.cert, crate::server::ALPN_H1).await;
+        let (ws, resp) =
+            tokio_tungstenite::client_async(format!("wss://localhost:{}/ws", gw.port), tls)
+                .await
+                .unwrap_or_else(|e| panic!("upgrade {i}: {e}"));
+        assert_eq!(resp.status(), 101);
+        echo_over(ws, "HTTP/1.1").await;
+    }
+}

@@ -100,12 +100,16 @@ impl Inner {
         ask: Ask,
         drain: Option<crate::server::Drain>,
     ) -> Response<ProxyBody> {
-        let Some(b) = self.pick_where(|b| b.upstream.protocol() == UpstreamProtocol::Http1) else {
+        if !self
+            .backends
+            .iter()
+            .any(|b| b.upstream.protocol() == UpstreamProtocol::Http1)
+        {
             return local(
                 StatusCode::BAD_GATEWAY,
                 "WebSockets need an http:// upstream",
             );
-        };
+        }
         let h = &mut head.headers;
         // The client's own key when it sent one (HTTP/1.1); otherwise ours (extended
         // CONNECT has none, RFC 8441 §5), checked against the backend's answer.
@@ -135,21 +139,37 @@ impl Inner {
             super::body::UpBody::new(Body::empty()).0,
             UpstreamProtocol::Http1,
         );
-        // Upgrades take a connection for themselves: a new one, never pooled.
-        let start = Instant::now();
-        let resp = match b.upgrade(&mut req, &self.options).await {
-            Ok(r) => r,
-            Err(why) => {
-                b.on_failure(&self.options);
-                self.log_failure(&b, &why, &head, false);
-                return if why.is_timeout() {
-                    local(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "the upstream did not answer in time",
-                    )
-                } else {
-                    local(StatusCode::BAD_GATEWAY, "the upstream failed")
-                };
+        // Upgrades take a connection for themselves: a new one, never pooled. A backend
+        // that cannot be reached (nothing of the request went out) leaves the request to
+        // the next one, as other requests do.
+        let mut tried: Vec<Arc<Backend>> = Vec::new();
+        let (b, resp, start) = loop {
+            let Some(b) = self.pick_where(|b| {
+                b.upstream.protocol() == UpstreamProtocol::Http1
+                    && !tried.iter().any(|t| std::ptr::eq(&**t, b))
+            }) else {
+                return local(StatusCode::BAD_GATEWAY, "the upstream failed");
+            };
+            tried.push(b.clone());
+            let start = Instant::now();
+            match b.upgrade(&mut req, &self.options).await {
+                Ok(r) => break (b, r, start),
+                Err(why) => {
+                    b.on_failure(&self.options);
+                    let unsent = why.is_unsent();
+                    self.log_failure(&b, &why, &head, unsent);
+                    if unsent && tried.len() < super::MAX_ATTEMPTS {
+                        continue;
+                    }
+                    return if why.is_timeout() {
+                        local(
+                            StatusCode::GATEWAY_TIMEOUT,
+                            "the upstream did not answer in time",
+                        )
+                    } else {
+                        local(StatusCode::BAD_GATEWAY, "the upstream failed")
+                    };
+                }
             }
         };
         b.on_success();
@@ -251,6 +271,8 @@ impl Backend {
             .await
             .map_err(Reason::Handshake)?;
         tokio::spawn(conn.with_upgrades());
+        // Taken only once connected: a backend that could not be reached leaves it for the
+        // next.
         let req = std::mem::replace(req, Request::new(super::body::UpBody::new(Body::empty()).0));
         tokio::time::timeout(o.response_timeout, sender.send_request(req))
             .await
