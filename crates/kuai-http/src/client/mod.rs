@@ -1223,21 +1223,34 @@ impl Client {
         }
         // HTTP/3 where the server said, or on the same port; unless broken on this network.
         let alt = self.alternative(origin);
+        // An alternative on another host is looked up within the race delay: TCP does not
+        // wait longer than that for a name HTTP/3 may not even need.
         let h3_addr = match &alt {
-            Some(a) if a.host.is_empty() => SocketAddr::new(addr.ip(), a.port),
-            Some(a) => self.resolve(&a.host, a.port).await.unwrap_or(addr),
-            None => addr,
+            Some(a) if a.host.is_empty() => Some(SocketAddr::new(addr.ip(), a.port)),
+            Some(a) => {
+                let within = self.race_delay_for(None);
+                match tokio::time::timeout(within, self.resolve(&a.host, a.port)).await {
+                    Ok(r) => Some(r.unwrap_or(addr)),
+                    Err(_) => {
+                        tracing::debug!(origin = %host, alternative = %a.host, "the alternative's name took too long: TCP");
+                        None
+                    }
+                }
+            }
+            None => Some(addr),
         };
-        let network = state::network_id(h3_addr);
-        if lock(&self.inner.state).is_broken(origin, &network) {
-            tracing::debug!(origin = %host, "HTTP/3 marked broken on this network: TCP");
+        let network = state::network_id(h3_addr.unwrap_or(addr));
+        let Some(h3_addr) =
+            h3_addr.filter(|_| !lock(&self.inner.state).is_broken(origin, &network))
+        else {
+            tracing::debug!(origin = %host, "HTTP/3 marked broken on this network or not at hand: TCP");
             let c = self
                 .connect_tcp(addr, host)
                 .await
                 .map_err(|e| fail(None, Some(e)))?;
             t.connect = start.elapsed();
             return Ok((Arc::new(c), t, None));
-        }
+        };
         let this = self.clone();
         let h = host.clone();
         // 0-RTT only where this origin's HTTP/3 completed a handshake before.
