@@ -87,6 +87,7 @@ pub struct RouteFile {
     health_interval: Option<Timeout>,
     connect_timeout: Option<Timeout>,
     response_timeout: Option<Timeout>,
+    max_connections: Option<usize>,
 }
 
 impl<'de> Deserialize<'de> for Timeout {
@@ -293,6 +294,7 @@ impl RouteFile {
             response_timeout: self.response_timeout,
             health_check: self.health_check.as_deref(),
             health_interval: self.health_interval,
+            max_connections: self.max_connections,
         }
         .proxy(metrics)
     }
@@ -306,6 +308,7 @@ pub struct Pool<'a> {
     pub response_timeout: Option<Timeout>,
     pub health_check: Option<&'a str>,
     pub health_interval: Option<Timeout>,
+    pub max_connections: Option<usize>,
 }
 
 impl Pool<'_> {
@@ -320,6 +323,12 @@ impl Pool<'_> {
         }
         if let Some(t) = self.response_timeout {
             b = b.response_timeout(t.0);
+        }
+        if let Some(n) = self.max_connections {
+            if n == 0 {
+                return Err("max_connections: at least 1".into());
+            }
+            b = b.max_connections_per_backend(n);
         }
         if let Some(path) = self.health_check {
             if !path.starts_with('/') {
@@ -357,6 +366,7 @@ mod tests {
             prefix = "/api/"
             upstreams = ["http://127.0.0.1:8080", "h2c://127.0.0.1:8081"]
             balance = "least-outstanding"
+            max_connections = 64
             strip_prefix = true
             [[host.route]]
             prefix = "/"

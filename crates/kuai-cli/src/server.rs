@@ -49,6 +49,10 @@ pub struct Args {
     /// pieces of its body (then the response is cut off).
     #[arg(long, default_value = "60s", requires = "upstream")]
     upstream_timeout: Timeout,
+    /// Gateway: connections open to one backend at most; a request that finds them all
+    /// busy waits for one within the connect timeout, then gets 503.
+    #[arg(long, default_value_t = 1024, requires = "upstream", value_parser = clap::value_parser!(u32).range(1..))]
+    upstream_max_connections: u32,
     /// UDP address to listen on.
     #[arg(long, default_value = "[::]:4433")]
     listen: SocketAddr,
@@ -631,6 +635,7 @@ fn proxy(args: &Args, metrics: Option<&Arc<Metrics>>) -> Result<Proxy, String> {
         response_timeout: Some(args.upstream_timeout),
         health_check: args.health_check.as_deref(),
         health_interval: Some(args.health_interval),
+        max_connections: Some(args.upstream_max_connections as usize),
     }
     .proxy(metrics)
 }

@@ -38,6 +38,23 @@ impl Drop for StreamSlot {
     }
 }
 
+/// The connections a backend has open (HTTP/1.1 ones, idle or busy, and HTTP/2 ones; not
+/// WebSocket tunnels), and a wake-up for requests waiting for room under the cap.
+pub(crate) struct ConnCount {
+    open: AtomicUsize,
+    freed: tokio::sync::Notify,
+}
+
+/// One of a backend's connections, counted until dropped.
+pub(crate) struct ConnSlot(Arc<ConnCount>);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Relaxed);
+        self.0.freed.notify_one();
+    }
+}
+
 /// An HTTP/2 connection to a backend and the requests on it.
 struct H2Conn {
     sender: http2::SendRequest<UpBody>,
@@ -67,6 +84,9 @@ pub(crate) enum Reason {
     ResponseTimeout(Duration),
     /// The client sent nothing more of its request body for this long.
     ClientBodyTimeout(Duration),
+    /// The backend had its most connections open, none came free within the connect
+    /// timeout: not the backend's failure.
+    Saturated(usize),
 }
 
 impl Reason {
@@ -76,7 +96,7 @@ impl Reason {
             Reason::ConnectTimeout(_)
             | Reason::ResponseTimeout(_)
             | Reason::ClientBodyTimeout(_) => "timeout",
-            Reason::Connect(_) | Reason::Handshake(_) => "connect",
+            Reason::Connect(_) | Reason::Handshake(_) | Reason::Saturated(_) => "connect",
             Reason::Exchange(_) | Reason::H1(_) => "exchange",
         }
     }
@@ -85,8 +105,16 @@ impl Reason {
     pub(crate) fn is_unsent(&self) -> bool {
         matches!(
             self,
-            Reason::Connect(_) | Reason::ConnectTimeout(_) | Reason::Handshake(_)
+            Reason::Connect(_)
+                | Reason::ConnectTimeout(_)
+                | Reason::Handshake(_)
+                | Reason::Saturated(_)
         )
+    }
+
+    /// The backend is busy, not failing.
+    pub(crate) fn is_saturation(&self) -> bool {
+        matches!(self, Reason::Saturated(_))
     }
 
     /// A timeout (504) rather than a failure (502).
@@ -106,6 +134,9 @@ impl std::fmt::Display for Reason {
             Reason::ResponseTimeout(d) => write!(f, "no response head within {d:?}"),
             Reason::ClientBodyTimeout(d) => {
                 write!(f, "the client sent nothing of its body for {d:?}")
+            }
+            Reason::Saturated(n) => {
+                write!(f, "all {n} connections busy for the connect timeout")
             }
         }
     }
@@ -133,6 +164,8 @@ pub(crate) struct Backend {
     down_until: AtomicU64,
     /// The last active health check failed.
     check_failed: AtomicBool,
+    /// The connections open to it.
+    conns: Arc<ConnCount>,
     epoch: Instant,
     /// Response times and errors, when the proxy keeps statistics.
     pub(crate) metrics: Option<Arc<crate::metrics::Upstream>>,
@@ -149,6 +182,10 @@ impl Backend {
             fails: AtomicU32::new(0),
             down_until: AtomicU64::new(0),
             check_failed: AtomicBool::new(false),
+            conns: Arc::new(ConnCount {
+                open: AtomicUsize::new(0),
+                freed: tokio::sync::Notify::new(),
+            }),
             epoch,
             metrics: None,
         }
@@ -224,12 +261,9 @@ impl Backend {
         let wait = h1::wait_for_body_end(&req);
         let _ = tokio::time::timeout(o.response_timeout, req.body_mut().read_ahead(wait)).await;
         loop {
-            let (conn, pooled) = match self.take_idle(o) {
-                Some(c) => (c, true),
-                None => match self.connect_raw(o).await {
-                    Ok(s) => (h1::Conn::new(s), false),
-                    Err(r) => return Err(Failure::NotSent(Box::new(req), r)),
-                },
+            let (conn, pooled) = match self.h1_conn(o).await {
+                Ok(c) => c,
+                Err(r) => return Err(Failure::NotSent(Box::new(req), r)),
             };
             let home = h1::Home {
                 backend: self.clone(),
@@ -312,6 +346,36 @@ impl Backend {
         unreachable!("the second attempt returns")
     }
 
+    /// A place for one more connection, if the backend has fewer than its most open.
+    fn try_slot(&self, o: &Options) -> Option<ConnSlot> {
+        self.conns
+            .open
+            .fetch_update(Relaxed, Relaxed, |n| (n < o.max_conns).then_some(n + 1))
+            .ok()
+            .map(|_| ConnSlot(self.conns.clone()))
+    }
+
+    /// An HTTP/1.1 connection for a request, and whether it was pooled: an idle one, or a
+    /// new one while the backend has room; at its most connections, the first to come free
+    /// within the connect timeout.
+    async fn h1_conn(&self, o: &Options) -> Result<(h1::Conn, bool), Reason> {
+        let deadline = tokio::time::Instant::now() + o.connect_timeout;
+        loop {
+            // Registered before looking, so a connection freed in between wakes it.
+            let freed = self.conns.freed.notified();
+            if let Some(c) = self.take_idle(o) {
+                return Ok((c, true));
+            }
+            if let Some(slot) = self.try_slot(o) {
+                let s = self.connect_raw(o).await?;
+                return Ok((h1::Conn::new(s, slot), false));
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Err(Reason::Saturated(o.max_conns));
+            }
+        }
+    }
+
     /// An HTTP/2 connection with room for one more request, and the request's place on
     /// it: the oldest open one with room, else a new one. Connections left without requests
     /// go while another is kept.
@@ -331,6 +395,15 @@ impl Backend {
             c.streams.fetch_add(1, Relaxed);
             return Ok((c.sender.clone(), StreamSlot(c.streams.clone())));
         }
+        let Some(conn_slot) = self.try_slot(o) else {
+            // At the most connections: the least busy one takes more than its share.
+            let c = conns
+                .iter()
+                .min_by_key(|c| c.streams.load(Relaxed))
+                .ok_or(Reason::Saturated(o.max_conns))?;
+            c.streams.fetch_add(1, Relaxed);
+            return Ok((c.sender.clone(), StreamSlot(c.streams.clone())));
+        };
         let io = self.connect_tcp(o).await?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .initial_stream_window_size(super::H2_STREAM_WINDOW)
@@ -346,6 +419,8 @@ impl Backend {
             .map_err(Reason::Handshake)?;
         let name = self.name.clone();
         tokio::spawn(async move {
+            // Counted while the connection lives.
+            let _slot = conn_slot;
             if let Err(e) = conn.await {
                 tracing::debug!(target: "kuai_http::proxy", backend = %name, error = %e, "upstream connection ended");
             }
@@ -400,6 +475,9 @@ impl Backend {
             conn,
             since: Instant::now(),
         });
+        drop(idle);
+        // A request waiting for room may take it.
+        self.conns.freed.notify_one();
     }
 }
 

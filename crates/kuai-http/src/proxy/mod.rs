@@ -233,6 +233,7 @@ pub(crate) struct Options {
     idle_timeout: Duration,
     max_fails: u32,
     fail_timeout: Duration,
+    max_conns: usize,
 }
 
 /// Builds a [`Proxy`].
@@ -280,6 +281,16 @@ impl ProxyBuilder {
     /// Idle HTTP/1.1 connections kept per backend (128 by default).
     pub fn max_idle_per_backend(mut self, n: usize) -> Self {
         self.options.max_idle = n;
+        self
+    }
+
+    /// Connections open to one backend at most (1024 by default): HTTP/1.1 ones, idle or
+    /// busy, and HTTP/2 ones (WebSocket tunnels not counted). A request that finds them all
+    /// busy waits for one within the connect timeout, then goes to the next backend, or is
+    /// answered 503; a busy backend is not counted as failing. HTTP/2 connections past the
+    /// cap carry more than their share of requests instead.
+    pub fn max_connections_per_backend(mut self, n: usize) -> Self {
+        self.options.max_conns = n.max(1);
         self
     }
 
@@ -401,6 +412,7 @@ impl Proxy {
                 idle_timeout: Duration::from_secs(50),
                 max_fails: 1,
                 fail_timeout: Duration::from_secs(10),
+                max_conns: 1024,
             },
             health: None,
             via: "kuai".into(),
@@ -592,6 +604,14 @@ impl Inner {
                     }
                     return self.downstream(resp, b, start.elapsed(), outstanding);
                 }
+                Err(Failure::NotSent(back, why)) if why.is_saturation() => {
+                    tracing::debug!(
+                        target: "kuai_http::proxy", backend = %b.name, reason = %why,
+                        "backend busy"
+                    );
+                    returned = Some(*back);
+                    last = Some(why);
+                }
                 Err(Failure::NotSent(back, why)) => {
                     b.on_failure(&self.options);
                     self.log_failure(b, &why, &head, true);
@@ -625,6 +645,10 @@ impl Inner {
             }
         }
         match last {
+            Some(why) if why.is_saturation() => local(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "every upstream connection is busy",
+            ),
             Some(why) if why.is_timeout() => local(
                 StatusCode::GATEWAY_TIMEOUT,
                 "the upstream did not answer in time",
@@ -888,6 +912,8 @@ async fn health_checks(proxy: std::sync::Weak<Inner>, b: Arc<Backend>, h: Health
                 let _ = tokio::time::timeout(h.timeout, read_out).await;
                 ok
             }
+            // Every connection busy with requests: the backend is working.
+            Err(Failure::NotSent(_, why)) if why.is_saturation() => continue,
             Err(_) => false,
         };
         b.set_check(ok);

@@ -1650,3 +1650,57 @@ async fn a_websocket_goes_to_the_next_backend_when_one_is_down() {
         echo_over(ws, "HTTP/1.1").await;
     }
 }
+
+/// At its most connections a backend gets no more: a request that finds them all busy
+/// waits for one within the connect timeout, then is answered 503, and the busy backend is
+/// not counted as failing; once a connection is free the next request uses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_gets_no_more_than_its_most_connections() {
+    let (b, seen) = backend("b", false).await;
+    let metrics = crate::metrics::Metrics::new();
+    let gw = Gateway::start_with(
+        proxy_to(&[(b, false)])
+            .max_connections_per_backend(2)
+            .connect_timeout(Duration::from_millis(300))
+            .metrics(metrics.clone())
+            .build()
+            .unwrap(),
+        Some(metrics.clone()),
+    )
+    .await;
+    let client = gw.client(Mode::Http3);
+    let hanging: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(client.get(&gw.url("/hang")).send()))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while seen.live.load(SeqCst) != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the two requests reach the backend"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t = Instant::now();
+    let r = client.get(&gw.url("/whoami")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(seen.connections.load(SeqCst), 2);
+    let text = metrics.render();
+    let errors: Vec<_> = text
+        .lines()
+        .filter(|l| l.starts_with("kuai_upstream_errors_total{") && !l.ends_with(" 0"))
+        .collect();
+    assert!(errors.is_empty(), "counted as failures: {errors:?}");
+    // One of the hanging requests given up: its connection closes and the next request
+    // takes its place.
+    hanging[0].abort();
+    client.close_connections();
+    let client = gw.client(Mode::Http3);
+    let r = client.get(&gw.url("/whoami")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "b");
+    assert!(seen.connections.load(SeqCst) <= 4);
+}

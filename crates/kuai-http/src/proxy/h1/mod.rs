@@ -95,11 +95,15 @@ pub(crate) struct Conn {
     wrote: bool,
     /// The next read buffer's size.
     read_size: usize,
+    /// Counted among the backend's connections while it lives (the upload task's
+    /// writer, sharing the socket, is not counted again).
+    _slot: Option<super::backend::ConnSlot>,
 }
 
 impl Conn {
-    pub(crate) fn new(io: TcpStream) -> Self {
+    pub(crate) fn new(io: TcpStream, slot: super::backend::ConnSlot) -> Self {
         Self {
+            _slot: Some(slot),
             io: Arc::new(io),
             rbuf: BytesMut::new(),
             wbuf: Vec::with_capacity(1024),
@@ -380,6 +384,7 @@ impl Duplex {
             data: std::mem::take(&mut conn.data),
             wrote: conn.wrote,
             read_size: 0,
+            _slot: None,
         };
         let (done_tx, done) = oneshot::channel();
         let (over, mut over_rx) = oneshot::channel::<()>();
