@@ -1037,7 +1037,10 @@ impl Endpoint {
         let mut retire = Vec::new();
         while let Some(ev) = entry.conn.poll_endpoint_event() {
             match ev {
-                EndpointEvent::NeedCids(n) => need += n,
+                // Each says how many short the connection was when it was made: two in one
+                // batch (two retirements in one packet) overlap, so the largest is the need.
+                // Adding them issued more than the peer's active_connection_id_limit.
+                EndpointEvent::NeedCids(n) => need = need.max(n),
                 EndpointEvent::RetireCid(cid) => retire.push(cid),
                 EndpointEvent::ResetToken(t) => {
                     if let Some(old) = entry.reset_token.replace(t) {

@@ -1071,6 +1071,28 @@ fn unacknowledged_retirements_are_bounded() {
     );
 }
 
+/// Two RETIRE_CONNECTION_ID frames in one packet: the server issues as many new IDs as
+/// it retired, never more than the peer's active_connection_id_limit (it issued one more,
+/// which a compliant peer closes the connection for, RFC 9000 §5.1.1).
+#[test]
+fn retiring_two_ids_at_once_does_not_issue_one_too_many() {
+    let mut h = Hostile::connect(TransportConfig::default(), TransportConfig::default());
+    for _ in 0..5 {
+        h.advance(std::time::Duration::from_millis(5));
+        h.drain_server();
+    }
+    let limit = TransportConfig::default().active_connection_id_limit as usize;
+    let before = h.server_conn().local_cids().count();
+    assert_eq!(before, limit.min(8), "the server issued its IDs");
+    // Sequence numbers 1 and 2: not the ID this packet is sent to (0).
+    let p = h.packet(&[0x19, 1, 0x19, 2]);
+    h.inject(h.caddr, &p);
+    h.drain_server();
+    assert!(!h.server_conn().is_closed());
+    let after = h.server_conn().local_cids().count();
+    assert_eq!(after, before, "{after} IDs active after two retirements");
+}
+
 /// RFC 9000 §21.4: the server leaves a packet number unused now and then; a peer that
 /// acknowledges it is acknowledging packets it never received (to make the server send
 /// faster than the path allows), and is closed with PROTOCOL_VIOLATION. Honest

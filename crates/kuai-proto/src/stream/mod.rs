@@ -719,6 +719,14 @@ impl Streams {
 
     fn stop_with(&mut self, id: StreamId, code: u64, defer: bool) -> Result<(), StreamError> {
         let s = self.recv.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        if let RecvState::ResetRecvd { .. } = s.state {
+            // The peer reset it and the application gives up reading: the reset needs no
+            // delivery, and the stream may close (and its credit go back to the peer) once
+            // its sending half is done. Left here, it waited for a read that never comes.
+            s.state = RecvState::Done;
+            self.maybe_cleanup(id);
+            return Ok(());
+        }
         if s.stop_code.is_some() || s.state != RecvState::Open {
             return Ok(());
         }
@@ -1683,6 +1691,23 @@ mod tests {
         s.read(d, usize::MAX).unwrap();
         s.stop(d, 0x100).unwrap();
         assert_eq!(stops(&mut s), vec![d]);
+    }
+
+    /// A stream the peer reset after its head was read, which the application then stops
+    /// instead of reading again (a request its client cancelled), closes and gives its
+    /// credit back: it waited for a read that never came, and after `max_concurrent` such
+    /// cancellations the peer could open no more streams.
+    #[test]
+    fn a_reset_stream_the_application_stops_gives_its_credit_back() {
+        let mut s = Streams::new(Side::Server, config(1 << 20));
+        let id = StreamId(2); // the client's first unidirectional stream
+        s.on_stream_frame(id, 0, Bytes::from_static(b"head"), false, 1200, false)
+            .unwrap();
+        assert_eq!(s.read(id, usize::MAX).unwrap(), Some(Bytes::from_static(b"head")));
+        s.on_reset_stream(id, 0x10c, 4).unwrap();
+        s.stop(id, 0x10c).unwrap();
+        assert!(!s.recv.contains_key(&id), "the stream is gone");
+        assert_eq!(s.max_remote[1], 101, "its credit went back");
     }
 
     /// A STREAM frame that fills the packet carries no Length field (RFC 9000 §19.8), one
