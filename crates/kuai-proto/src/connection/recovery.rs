@@ -501,19 +501,21 @@ impl Connection {
         let mut spurious = 0u64;
         let mut max_distance = 0u64;
         let active = self.path.id;
-        // One walk down both, largest first (the records are in packet-number order, the
-        // ranges come largest first): O(records + ranges), where checking every range
-        // against every record let an ACK frame of many ranges cost 256 times as much.
+        // Per range, largest first, the records it covers found by binary search (the
+        // records are in packet-number order): O(ranges × log records) plus what matches. A
+        // walk of the records for each frame let a packet of many tiny ACK frames spanning
+        // them (duplicates, acknowledging nothing new) cost a walk of all 256 records each.
         let rl = &mut self.spaces[si].recently_lost;
-        let mut ranges = ack.iter();
-        let mut range = ranges.next();
         let mut found = false;
-        for l in rl.iter_mut().rev() {
-            while range.as_ref().is_some_and(|r| *r.start() > l.pn) {
-                range = ranges.next();
+        for r in ack.iter() {
+            // Records marked below (`pn = u64::MAX`) lie above this range, where the
+            // searches' answers are false anyway: the order they rely on holds.
+            let hi = rl.partition_point(|l| l.pn <= *r.end());
+            if hi == 0 {
+                break; // no record this low: nor in the ranges below
             }
-            let Some(r) = range.as_ref() else { break };
-            if r.contains(&l.pn) {
+            let lo = rl.partition_point(|l| l.pn < *r.start());
+            for l in rl.range_mut(lo..hi) {
                 if l.path == active {
                     spurious += 1;
                     max_distance = max_distance.max(l.reorder_distance);
