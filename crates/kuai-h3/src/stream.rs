@@ -12,6 +12,10 @@ use crate::error::{Code, Error, H3Error};
 use crate::frame::{self, Frame, FrameReader};
 use crate::message::{self, Fields};
 
+/// What a request stream may hold read ahead while its head waits for the QPACK encoder
+/// stream (RFC 9204 §2.1.2): past it, the stream is left unread until the head decodes.
+const BLOCKED_READ_AHEAD: usize = 64 * 1024;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RecvState {
     /// Waiting for the (next) header section.
@@ -292,6 +296,20 @@ impl RecvHalf {
             loop {
                 if *fin {
                     std::future::pending::<()>().await;
+                }
+                // Past a few frames' worth held, nothing more is read (flow control then
+                // holds the peer back): a reset is still seen. A peer that kept streaming
+                // behind a blocked head made us hold all it sent.
+                if reader.buffered() >= BLOCKED_READ_AHEAD {
+                    return match recv.reset_received().await {
+                        Ok(code) => Error::StreamReset(Code(code)),
+                        Err(kuai::ReadError::ConnectionLost(e)) => match shared.error() {
+                            Some(h3) => Error::Protocol(h3),
+                            None => Error::Connection(e),
+                        },
+                        Err(kuai::ReadError::ZeroRttRejected) => Error::ZeroRttRejected,
+                        Err(_) => Error::StreamReset(Code::REQUEST_CANCELLED),
+                    };
                 }
                 match recv.read_chunk(64 * 1024).await {
                     Ok(Some(chunk)) => reader.push_bytes(chunk),

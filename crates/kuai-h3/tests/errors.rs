@@ -463,6 +463,57 @@ async fn a_blocked_head_whose_stream_is_reset_is_cancelled() {
     assert!(conn.close_reason().is_none());
 }
 
+/// A request head waiting on QPACK behind which the client goes on sending (4 MiB of DATA
+/// frames) does not make the server hold all of it: past 64 KiB read ahead the stream is
+/// left unread, so flow control stops the client; its reset is still seen and the head
+/// cancelled.
+#[tokio::test]
+async fn a_blocked_head_does_not_buffer_what_follows_it() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let mut block = vec![0x02, 0x00];
+    block.extend_from_slice(&GET_HTTPS_ROOT);
+    block.push(0x80);
+    let mut frame = vec![0x01, block.len() as u8];
+    frame.extend_from_slice(&block);
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    send.write_all(&frame).await.unwrap();
+    // DATA frames of 16 KiB (type 0, length 0x4000 as a two-byte varint).
+    let mut data = vec![0x00, 0x40 | 0x40, 0x00];
+    data.resize(3 + 16 * 1024, 0x61);
+    let pushed = tokio::time::timeout(Duration::from_secs(2), async {
+        for _ in 0..256 {
+            send.write_all(&data).await.unwrap();
+        }
+    })
+    .await;
+    assert!(
+        pushed.is_err(),
+        "4 MiB went into a stream whose head is blocked"
+    );
+    send.reset(Code::REQUEST_CANCELLED.0).unwrap();
+    let cancelled = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            let mut uni = conn.accept_uni().await.unwrap();
+            let first = uni.read_chunk(1).await.unwrap().unwrap();
+            if first[0] != 0x03 {
+                std::mem::forget(uni);
+                continue;
+            }
+            let mut got = Vec::new();
+            while got.is_empty() {
+                got.extend_from_slice(&uni.read_chunk(64).await.unwrap().unwrap());
+            }
+            std::mem::forget(uni);
+            return got;
+        }
+    })
+    .await
+    .expect("a decoder instruction within 3 s");
+    assert_eq!(cancelled, [0x40]);
+    assert!(conn.close_reason().is_none());
+}
+
 /// RFC 9114 §6.2: a unidirectional stream of an unknown type is not read: the server stops
 /// it with H3_STREAM_CREATION_ERROR, so nothing of it is buffered, however much is sent.
 #[tokio::test]

@@ -915,6 +915,43 @@ impl RecvStream {
         r
     }
 
+    /// Resolves with the peer's RESET_STREAM code once it resets the stream, without
+    /// reading any of its data (a later read still reports the reset); an error when the
+    /// connection is lost or the stream is over. Uses the same wake-up as reads: not to be
+    /// polled beside them.
+    pub fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<u64, ReadError>> {
+        let id = self.id;
+        let early = self.early;
+        self.inner.with(|s, h| {
+            if voided(early, &s.conns, h) {
+                return Poll::Ready(Err(ReadError::ZeroRttRejected));
+            }
+            let Some(c) = s.ep.connection(h) else {
+                return Poll::Ready(Err(ReadError::ConnectionLost(conn_error(
+                    s.conns.get(&h).map(Box::as_ref),
+                ))));
+            };
+            if let Some(code) = c.stream_reset_received(id) {
+                return Poll::Ready(Ok(code));
+            }
+            match s.conns.get_mut(&h) {
+                Some(st) => {
+                    if let Some(e) = st.error.clone() {
+                        return Poll::Ready(Err(ReadError::ConnectionLost(e)));
+                    }
+                    st.stream(id).read = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+                None => Poll::Ready(Err(ReadError::ClosedStream)),
+            }
+        })
+    }
+
+    /// See [`poll_reset`](Self::poll_reset).
+    pub async fn reset_received(&mut self) -> Result<u64, ReadError> {
+        poll_fn(|cx| self.poll_reset(cx)).await
+    }
+
     /// The next chunk, without copying; `None` at the end of the stream.
     pub async fn read_chunk(&mut self, max: usize) -> Result<Option<Bytes>, ReadError> {
         poll_fn(|cx| self.poll_read_chunk(cx, max)).await

@@ -1138,6 +1138,13 @@ impl Connection {
         self.streams.received_in_0rtt(id)
     }
 
+    /// Whether the peer reset `id`'s sending side (its RESET_STREAM code), before a read
+    /// has delivered that: for a reader that waits on something else and must not take the
+    /// stream's data meanwhile.
+    pub fn stream_reset_received(&self, id: StreamId) -> Option<u64> {
+        self.streams.reset_received(id)
+    }
+
     /// Memory the connection holds on the peer's behalf: see [`MemoryUse`].
     pub fn memory(&self) -> MemoryUse {
         let crypto: usize = self.spaces.iter().map(|s| s.crypto_recv.charge()).sum();

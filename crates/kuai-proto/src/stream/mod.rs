@@ -579,6 +579,15 @@ impl Streams {
         self.recv.get(&id).is_some_and(|s| s.early)
     }
 
+    /// The peer's RESET_STREAM code for `id`, received and not yet delivered by a read
+    /// (which still delivers it).
+    pub fn reset_received(&self, id: StreamId) -> Option<u64> {
+        match self.recv.get(&id)?.state {
+            RecvState::ResetRecvd { code } => Some(code),
+            _ => None,
+        }
+    }
+
     /// Memory charged for received stream data not yet read.
     pub fn recv_charge(&self) -> usize {
         self.recv_charge
