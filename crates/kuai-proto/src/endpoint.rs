@@ -713,7 +713,14 @@ impl Endpoint {
                 server.retry_token_lifetime,
                 server.new_token_lifetime,
             ) {
-                Ok(ValidToken::Retry { odcid }) => {
+                // RFC 9000 §17.2.5.2: after a Retry the client sends to the Retry's source
+                // ID. A token presented with any other ID is a copy reused for another
+                // connection: one Retry validates one handshake.
+                Ok(ValidToken::Retry { retry_scid, .. }) if retry_scid != dcid => {
+                    self.stats.invalid_tokens += 1;
+                    self.notify(EndpointTraceEvent::InvalidToken { remote });
+                }
+                Ok(ValidToken::Retry { odcid, .. }) => {
                     original_dcid = odcid;
                     retry_scid = Some(dcid);
                     validated = true;
@@ -901,7 +908,7 @@ impl Endpoint {
     ) {
         let server = self.server.as_ref().expect("server");
         let new_scid = self.cid_gen.generate();
-        let tok = token::retry_token(&server.token_key, remote, dcid, unix_ms);
+        let tok = token::retry_token(&server.token_key, remote, dcid, &new_scid, unix_ms);
         let pkt = packet::build_retry(version, scid, &new_scid, dcid, &tok);
         self.stats.retries_sent += 1;
         self.notify(EndpointTraceEvent::RetrySent { remote });

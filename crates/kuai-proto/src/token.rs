@@ -7,7 +7,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut};
+use bytes::BufMut;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::hmac;
 
@@ -158,27 +158,37 @@ const KIND_NEW_TOKEN: u8 = 1;
 /// What a valid token says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ValidToken {
-    /// From a Retry: the original destination CID of the client's first Initial.
-    Retry { odcid: ConnectionId },
+    /// From a Retry: the original destination CID of the client's first Initial, and the
+    /// source CID of the Retry, which the client's next Initial must be sent to.
+    Retry {
+        odcid: ConnectionId,
+        retry_scid: ConnectionId,
+    },
     /// From NEW_TOKEN: when it was issued (unix ms) and its nonce, which tells it from
     /// every other token (see [`TokenLog`]).
     NewToken { issued_ms: u64, id: [u8; NONCE_LEN] },
 }
 
-/// Seals a Retry token for `client` (address and port must match on return).
+/// Seals a Retry token for `client` (address and port must match on return), sent in a
+/// Retry whose source CID is `retry_scid`: the token validates only the Initial sent to
+/// that ID, so one Retry validates one connection, not as many as the client opens with the
+/// token within its lifetime.
 pub fn retry_token(
     key: &TokenKey,
     client: SocketAddr,
     odcid: &ConnectionId,
+    retry_scid: &ConnectionId,
     unix_ms: u64,
 ) -> Vec<u8> {
-    let mut p = Vec::with_capacity(64);
+    let mut p = Vec::with_capacity(80);
     p.put_u8(KIND_RETRY);
     p.put_u64(unix_ms);
     put_addr(&mut p, client.ip());
     p.put_u16(client.port());
     p.put_u8(odcid.len() as u8);
     p.put_slice(odcid);
+    p.put_u8(retry_scid.len() as u8);
+    p.put_slice(retry_scid);
     key.seal(p)
 }
 
@@ -307,15 +317,22 @@ pub fn validate(
     match kind {
         KIND_RETRY => {
             let port = b.get_u16_checked().map_err(|_| TokenError::Invalid)?;
-            let len = b.get_u8_checked().map_err(|_| TokenError::Invalid)? as usize;
-            if b.remaining() != len {
+            let mut cid = || {
+                let len = b.get_u8_checked().ok()? as usize;
+                let bytes = b.get(..len)?;
+                let id = ConnectionId::try_from_slice(bytes)?;
+                b = &b[len..];
+                Some(id)
+            };
+            let odcid = cid().ok_or(TokenError::Invalid)?;
+            let retry_scid = cid().ok_or(TokenError::Invalid)?;
+            if !b.is_empty() {
                 return Err(TokenError::Invalid);
             }
-            let odcid = ConnectionId::try_from_slice(b).ok_or(TokenError::Invalid)?;
             if port != client.port() || age > retry_lifetime {
                 return Err(TokenError::Stale);
             }
-            Ok(ValidToken::Retry { odcid })
+            Ok(ValidToken::Retry { odcid, retry_scid })
         }
         KIND_NEW_TOKEN => {
             if age > new_token_lifetime {
@@ -397,11 +414,12 @@ mod tests {
         let key = TokenKey::random();
         let addr: SocketAddr = "192.0.2.1:4433".parse().unwrap();
         let odcid = ConnectionId::new(&[1, 2, 3, 4, 5, 6, 7, 8]);
-        let t = retry_token(&key, addr, &odcid, 1000);
+        let retry_scid = ConnectionId::new(&[9; 8]);
+        let t = retry_token(&key, addr, &odcid, &retry_scid, 1000);
         let life = Duration::from_secs(10);
         assert_eq!(
             validate(&key, &t, addr, 2000, life, life),
-            Ok(ValidToken::Retry { odcid })
+            Ok(ValidToken::Retry { odcid, retry_scid })
         );
         let other_port: SocketAddr = "192.0.2.1:4434".parse().unwrap();
         assert_eq!(

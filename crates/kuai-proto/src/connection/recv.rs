@@ -747,8 +747,16 @@ impl Connection {
             );
         }
         recv.insert(offset, data, self.rx_datagram_len);
-        // Tiny fragments between gaps cost more memory than their bytes: bounded too.
-        if recv.charge() as u64 > 2 * super::spaces::MAX_CRYPTO_BUFFER {
+        // Tiny fragments between gaps cost more memory than their bytes: bounded too; more
+        // tightly before a server has the whole ClientHello, when the peer is not known
+        // at all (its address perhaps spoofed) and the state is multiplied by every
+        // half-open handshake. A ClientHello is a few kilobytes, its pieces a handful.
+        let most = if self.tls.is_none() && self.side == Side::Server {
+            super::spaces::MAX_CRYPTO_CHARGE_BEFORE_HELLO
+        } else {
+            2 * super::spaces::MAX_CRYPTO_BUFFER
+        };
+        if recv.charge() as u64 > most {
             return Err(TransportError::CRYPTO_BUFFER_EXCEEDED(
                 "CRYPTO data too fragmented to buffer",
             )

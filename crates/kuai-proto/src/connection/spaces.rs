@@ -14,6 +14,8 @@ use crate::stream::{Assembler, SendBuffer};
 pub const MAX_ACK_RANGES: usize = 64;
 /// Largest amount of out-of-order CRYPTO data buffered per space (RFC 9000 §7.5).
 pub const MAX_CRYPTO_BUFFER: u64 = 64 * 1024;
+/// Memory out-of-order CRYPTO data may hold at a server before the ClientHello is whole.
+pub const MAX_CRYPTO_CHARGE_BEFORE_HELLO: u64 = 32 * 1024;
 
 #[derive(Default)]
 pub struct PacketSpace {
