@@ -323,6 +323,9 @@ async fn server(
             cfg.transport(transport_config(&cc));
             cfg.proto_mut().max_connections = 200_000;
             cfg.proto_mut().max_handshakes = 200_000;
+            // Its load generator opens them all from one address.
+            cfg.proto_mut().max_connections_per_ip = u32::MAX;
+            cfg.proto_mut().max_validated_handshakes_per_ip = u32::MAX;
             let ep = Endpoint::builder()
                 .server(cfg)
                 .workers(workers)

@@ -290,6 +290,11 @@ pub struct ServerConfig {
     pub accept_0rtt: bool,
     /// Refuse new connections above this many.
     pub max_connections: usize,
+    /// Refuse new connections from one IP (an IPv4 address or an IPv6 /64) holding this
+    /// many (4096 by default: a large NAT still gets thousands, and one host cannot fill
+    /// the table of `max_connections`). A load generator opening more from one address
+    /// raises it.
+    pub max_connections_per_ip: u32,
     /// Refuse (or Retry, per `retry`) new handshakes above this many in flight; clients whose
     /// address was validated (a Retry or NEW_TOKEN token) are refused only above twice this.
     pub max_handshakes: usize,
@@ -331,6 +336,7 @@ impl ServerConfig {
             versions: vec![Version::V1, Version::V2],
             accept_0rtt: true,
             max_connections: 100_000,
+            max_connections_per_ip: 4096,
             max_handshakes: 10_000,
             max_validated_handshakes_per_ip: 10_000,
             handshake_timeout: Duration::from_secs(10),

@@ -72,6 +72,9 @@ struct Entry {
     /// `ServerConfig::max_validated_handshakes_per_ip`; its [`address_key`]) until it
     /// completes or goes.
     validated_ip: Option<IpAddr>,
+    /// A server's connection, counted for its client's IP (`address_key`) until it goes
+    /// (see `ServerConfig::max_connections_per_ip`).
+    client_ip: Option<IpAddr>,
 }
 
 /// The key per-address limits count a client by: its IPv4 address, or the /64 its IPv6
@@ -216,6 +219,8 @@ pub struct Endpoint {
     handshakes: usize,
     /// Handshakes in flight begun with a validated address, per client IP.
     validated_by_ip: HashMap<IpAddr, u32>,
+    /// A server's connections per client IP ([`address_key`]).
+    conns_by_ip: HashMap<IpAddr, u32>,
     timeout_epoch: u64,
     rng: StdRng,
     anchor: (Instant, u64),
@@ -295,6 +300,7 @@ impl Endpoint {
             incoming: VecDeque::new(),
             handshakes: 0,
             validated_by_ip: HashMap::new(),
+            conns_by_ip: HashMap::new(),
             timeout_epoch: 0,
             rng,
             anchor: (now, unix_ms),
@@ -465,6 +471,7 @@ impl Endpoint {
             scheduled: None,
             memory: 0,
             validated_ip: None,
+            client_ip: None,
         });
         if !cid.is_empty() {
             self.route_cid(cid, h);
@@ -764,7 +771,13 @@ impl Endpoint {
                 }
             }
         }
-        let busy = self.connection_count() >= server.max_connections;
+        // One host (an IPv4 address, an IPv6 /64) holds a share of the table at most, so it
+        // cannot push every other client out by opening connections it keeps idle.
+        let busy = self.connection_count() >= server.max_connections
+            || self
+                .conns_by_ip
+                .get(&address_key(remote.ip()))
+                .is_some_and(|&n| n >= server.max_connections_per_ip);
         if busy {
             self.refuse(
                 remote,
@@ -860,7 +873,12 @@ impl Endpoint {
             scheduled: None,
             memory: 0,
             validated_ip: validated.then_some(address_key(remote.ip())),
+            client_ip: Some(address_key(remote.ip())),
         });
+        *self
+            .conns_by_ip
+            .entry(address_key(remote.ip()))
+            .or_insert(0) += 1;
         self.handshakes += 1;
         if validated {
             *self
@@ -1154,6 +1172,9 @@ impl Endpoint {
             if let Some(ip) = entry.validated_ip {
                 uncount_ip(&mut self.validated_by_ip, ip);
             }
+        }
+        if let Some(ip) = entry.client_ip {
+            uncount_ip(&mut self.conns_by_ip, ip);
         }
         self.config.memory_budget.update(entry.memory, 0);
         if !entry.hinted {

@@ -554,6 +554,46 @@ fn a_retry_token_validates_only_the_connection_it_was_given_for() {
     assert_eq!(server.connection_count(), 1);
 }
 
+/// One host holds `max_connections_per_ip` connections at most (counted by its IPv4
+/// address): past it its new ones are refused before any handshake work, another host
+/// still gets in, and one of its connections closing makes room again.
+#[test]
+fn one_host_holds_a_share_of_the_connections_at_most() {
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let mut scfg = support::server_config(&certs, TransportConfig::default());
+    scfg.max_connections_per_ip = 3;
+    let mut server = server_endpoint(now, scfg);
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let open = |server: &mut Endpoint, now: Instant, caddr: SocketAddr, seed: u64| -> bool {
+        let mut client = client_endpoint(now, seed);
+        client.connect(now, &ccfg, saddr, "localhost").unwrap();
+        let before = server.connection_count();
+        pump(now, &mut client, caddr, server);
+        let mut buf = Vec::new();
+        while server.poll_transmit(now, 1, &mut buf).is_some() {}
+        server.connection_count() > before
+    };
+    let accepted: Vec<bool> = (0..5u16)
+        .map(|i| {
+            open(
+                &mut server,
+                now,
+                SocketAddr::from(([10, 0, 0, 5], 5000 + i)),
+                u64::from(i),
+            )
+        })
+        .collect();
+    assert_eq!(accepted, [true, true, true, false, false]);
+    assert_eq!(server.stats().refused, 2);
+    assert!(open(&mut server, now, "10.0.0.6:5000".parse().unwrap(), 50));
+    // The host's half-open connections time out: it may open new ones.
+    now += Duration::from_secs(30);
+    server.handle_timeout(now);
+    assert!(open(&mut server, now, "10.0.0.5:6000".parse().unwrap(), 60));
+}
+
 /// The path a server learnt from a client's connection is kept per host, as the handshake
 /// limit counts: over IPv6 by the /64, so the client's next temporary address starts from it
 /// and a host rotating through its /64 fills one entry, not one per address.

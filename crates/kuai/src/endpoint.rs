@@ -922,6 +922,7 @@ fn worker_server_config(c: &kuai_proto::ServerConfig, n: usize) -> kuai_proto::S
         c.max_connections = c.max_connections.div_ceil(n);
         c.max_handshakes = c.max_handshakes.div_ceil(n);
         c.max_validated_handshakes_per_ip = c.max_validated_handshakes_per_ip.div_ceil(n as u32);
+        c.max_connections_per_ip = c.max_connections_per_ip.div_ceil(n as u32);
         if let kuai_proto::RetryPolicy::AboveHandshakes(k) = c.retry {
             c.retry = kuai_proto::RetryPolicy::AboveHandshakes(k.div_ceil(n));
         }
