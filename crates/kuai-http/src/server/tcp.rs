@@ -8,7 +8,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -124,6 +124,13 @@ struct ConnState {
     changed: Notify,
     /// Closed to make room for a new connection.
     evict: Notify,
+    /// HTTP/2: bytes either way are not a response's progress (the server's keep-alive
+    /// PINGs and the client's answers pass while a client lets no response through).
+    h2: AtomicBool,
+    /// Response bodies whose last poll gave data and that have not been polled since:
+    /// hyper's HTTP/2 polls a body only when its stream's window has room, so a body that
+    /// stays here waits on the client's WINDOW_UPDATE.
+    awaiting_window: AtomicUsize,
 }
 
 /// Why the watchdog closes a connection.
@@ -157,6 +164,8 @@ impl ConnState {
             drained: Mutex::new(Vec::new()),
             changed: Notify::new(),
             evict: Notify::new(),
+            h2: AtomicBool::new(false),
+            awaiting_window: AtomicUsize::new(0),
         }
     }
 
@@ -191,7 +200,9 @@ impl ConnState {
     /// close it; a service taking its time to answer, or a stream with nothing to send
     /// (a long poll, a quiet event stream), is not the client's stall.
     fn waits_on_client(&self) -> bool {
-        self.buffered() > 0 || self.body_waits.load(Relaxed) > 0
+        self.buffered() > 0
+            || self.body_waits.load(Relaxed) > 0
+            || self.awaiting_window.load(Relaxed) > 0
     }
 
     /// Response bytes produced and not yet written out.
@@ -203,7 +214,7 @@ impl ConnState {
 
     /// `n` bytes went to the TLS stream: wakes the bodies waiting for room.
     fn on_written(&self, n: usize) {
-        if self.active.load(Relaxed) > 0 {
+        if self.active.load(Relaxed) > 0 && !self.h2.load(Relaxed) {
             self.progress.store(self.clock.now(), Relaxed);
         }
         let produced = self.produced.load(Relaxed);
@@ -236,7 +247,9 @@ impl ConnState {
     /// Bytes arrived from the client.
     fn on_read(&self) {
         if self.active.load(Relaxed) > 0 {
-            self.progress.store(self.clock.now(), Relaxed);
+            if !self.h2.load(Relaxed) {
+                self.progress.store(self.clock.now(), Relaxed);
+            }
         } else if self.head_started.load(Relaxed) == NEVER {
             self.head_started.store(self.clock.now(), Relaxed);
             self.changed.notify_one();
@@ -276,10 +289,15 @@ struct Tracked {
     body: ReplyBody,
     request: InFlight,
     log: AccessLog,
+    /// Counted in [`ConnState::awaiting_window`]: its last poll gave data.
+    gave: bool,
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
+        if self.gave {
+            self.request.0.awaiting_window.fetch_sub(1, Relaxed);
+        }
         self.log.write();
     }
 }
@@ -294,6 +312,9 @@ impl http_body::Body for Tracked {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         let s = &this.request.0;
+        if std::mem::take(&mut this.gave) {
+            s.awaiting_window.fetch_sub(1, Relaxed);
+        }
         // Past its response buffer the connection's responses wait for the client to read (and
         // make no progress, for the send timeout).
         if !s.room(cx) {
@@ -310,6 +331,10 @@ impl http_body::Body for Tracked {
         {
             s.produced.fetch_add(data.len() as u64, Relaxed);
             this.log.bytes += data.len() as u64;
+            if !data.is_empty() {
+                this.gave = true;
+                s.awaiting_window.fetch_add(1, Relaxed);
+            }
         }
         r
     }
@@ -616,6 +641,7 @@ async fn serve_connection(
     };
     state.idle_since.store(state.clock.now(), Relaxed);
     let h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
+    state.h2.store(h2, Relaxed);
     let (grant, _granted) = conns.grant(limits.tcp_memory_budget, h2);
     state.response_buffer.store(grant.response_buffer, Relaxed);
     if h2 {
@@ -660,7 +686,12 @@ async fn serve_connection(
                 )
                 .await;
             log.response(&resp);
-            Ok::<_, Infallible>(resp.map(|body| Tracked { body, request, log }))
+            Ok::<_, Infallible>(resp.map(|body| Tracked {
+                body,
+                request,
+                log,
+                gave: false,
+            }))
         }
     });
     let io = TokioIo::new(Watched {
@@ -999,6 +1030,43 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(20));
         }
         eprintln!("{total} bytes after the stall, then the end");
+    }
+
+    /// HTTP/2: a client that stops reading (no WINDOW_UPDATE) but answers the server's
+    /// keep-alive PINGs, as every HTTP/2 stack does, is cut off after the send timeout:
+    /// control frames either way are not a response's progress. (Counted as progress, the
+    /// PINGs every 200 ms here kept it open for good.)
+    #[tokio::test]
+    async fn an_h2_client_that_stops_reading_but_answers_pings_is_cut_off() {
+        let srv = start(Limits {
+            h2_keepalive_interval: Some(Duration::from_millis(200)),
+            ..short_limits()
+        })
+        .await;
+        let io = hyper_util::rt::TokioIo::new(tls_to(srv.addr, &srv.cert, ALPN_H2).await);
+        let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, TestBody>(
+            hyper_util::rt::TokioExecutor::new(),
+            io,
+        )
+        .await
+        .unwrap();
+        let conn = tokio::spawn(conn);
+        let req = request(ALPN_H2, srv.addr.port(), "/bytes/10000000000")
+            .body(empty())
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        // The body is never read: its window stays shut.
+        let t = Instant::now();
+        let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+        assert!(ended.is_ok(), "still open after 5 s");
+        eprintln!("closed after {:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
+        drop(resp);
     }
 
     /// The send timeout (600 ms here) counts only while the connection waits on its
