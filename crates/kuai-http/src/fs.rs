@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// A directory whose regular files are served.
@@ -44,7 +43,75 @@ pub struct StaticDir {
     resolved: Option<Arc<(PathBuf, bool)>>,
     /// The resolved root's directory, for [`open_beneath`] (Linux).
     #[cfg(target_os = "linux")]
-    root_fd: Option<Arc<std::os::fd::OwnedFd>>,
+    root_fd: Option<Arc<RootDir>>,
+}
+
+/// The root directory held open, and checked again (at most once a second) to still be
+/// what its path names: a deploy that moves a new tree into the root's place
+/// (`mv www www.old && mv www.new www`) is served from the next check on, not the old
+/// tree for good.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+struct RootDir {
+    path: PathBuf,
+    fd: std::sync::RwLock<Arc<std::os::fd::OwnedFd>>,
+    epoch: std::time::Instant,
+    /// When the path was last compared with the descriptor (ms since `epoch`).
+    checked: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(target_os = "linux")]
+impl RootDir {
+    fn open(path: &Path) -> Option<Self> {
+        Some(Self {
+            fd: std::sync::RwLock::new(Arc::new(open_directory(path)?)),
+            path: path.to_owned(),
+            epoch: std::time::Instant::now(),
+            checked: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// The root's directory as its path names it now.
+    fn current(&self) -> Arc<std::os::fd::OwnedFd> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let last = self.checked.load(Relaxed);
+        let held = self.fd.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if now < last + 1000
+            || self
+                .checked
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_err()
+        {
+            return held;
+        }
+        let same = match (rustix::fs::stat(&self.path), rustix::fs::fstat(&*held)) {
+            (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+            _ => false,
+        };
+        if same {
+            return held;
+        }
+        match open_directory(&self.path) {
+            Some(fd) => {
+                let fd = Arc::new(fd);
+                *self.fd.write().unwrap_or_else(|e| e.into_inner()) = fd.clone();
+                fd
+            }
+            None => held,
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn open_directory(path: &Path) -> Option<std::os::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(
+        path,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
 }
 
 /// A request path as a path below a root ([`RelativePath::parse`]).
@@ -95,16 +162,9 @@ impl StaticDir {
                 Arc::new((real, memory))
             });
         #[cfg(target_os = "linux")]
-        let root_fd = resolved.as_ref().and_then(|r| {
-            use rustix::fs::{Mode, OFlags};
-            rustix::fs::open(
-                &r.0,
-                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .ok()
-            .map(Arc::new)
-        });
+        let root_fd = resolved
+            .as_ref()
+            .and_then(|r| RootDir::open(&r.0).map(Arc::new));
         Self {
             root,
             resolved,
@@ -116,8 +176,8 @@ impl StaticDir {
     /// [`open_beneath`] where it can decide, else [`open_below`].
     fn open_resolved(&self, root: &Path, rel: &RelativePath) -> Option<Opened> {
         #[cfg(target_os = "linux")]
-        if let Some(fd) = &self.root_fd
-            && let Ok(found) = open_beneath(fd, rel)
+        if let Some(dir) = &self.root_fd
+            && let Ok(found) = open_beneath(&dir.current(), rel)
         {
             return found;
         }
@@ -388,14 +448,10 @@ fn checked_real_path(root: &Path, path: &Path) -> Option<PathBuf> {
     (!dotted).then_some(real)
 }
 
-/// Bytes per read: large enough that the hand-over costs little per byte, small enough that
-/// the chunks waiting (the channel's two and the one being read) stay under a megabyte.
+/// Bytes per read: large enough that the hand-over to a blocking task costs little per byte.
 const CHUNK: usize = 256 * 1024;
-/// Chunks read ahead of the sender by the blocking reader.
-const AHEAD: usize = 2;
 
-/// A file's contents as a stream of chunks. Reading starts on the first `next`; a blocking
-/// reader stops when this is dropped (its next hand-over fails).
+/// A file's contents as a stream of chunks. Reading starts on the first `next`.
 pub struct FileChunks {
     file: Arc<std::fs::File>,
     len: u64,
@@ -404,10 +460,9 @@ pub struct FileChunks {
 
 enum State {
     Idle(u64),
-    /// Read by the task that polls: page-cache hits, or a memory filesystem.
+    /// Read by the task that polls (page-cache hits, or a memory filesystem), or a chunk
+    /// at a time by a blocking task.
     Direct(Direct),
-    /// Read ahead by a blocking task.
-    Reading(mpsc::Receiver<io::Result<Bytes>>),
     Done,
 }
 
@@ -416,6 +471,10 @@ struct Direct {
     left: u64,
     /// tmpfs or ramfs: plain reads never wait for a disk.
     memory: bool,
+    /// The filesystem cannot tell whether a read would wait (no `RWF_NOWAIT`: NFS, FUSE;
+    /// every system but Linux): each chunk is read by a blocking task of its own, so a
+    /// slow client holds no thread while it takes its time.
+    blocking: bool,
     /// A chunk the page cache did not hold, being read by a blocking task.
     pending: Option<JoinHandle<io::Result<Vec<u8>>>>,
     /// Chunks handed to the sender, oldest first: once the sender has let go of one (its
@@ -434,6 +493,8 @@ struct Spent(std::collections::VecDeque<Bytes>);
 /// Chunks whose buffers are kept: enough for what a sender holds unacknowledged on a fast
 /// path (the send-ahead limit and a loopback flight).
 const SPENT: usize = 6;
+/// Of those, the most whose buffers only this pool holds.
+const SPENT_FREE: usize = 2;
 
 impl Spent {
     /// A buffer of `want` initialised bytes: the oldest chunk the sender has let go of, or a
@@ -454,12 +515,22 @@ impl Spent {
     }
 
     /// Keeps a handle on `chunk`'s buffer (dropping the oldest when full: the sender still
-    /// holds it, and frees it itself).
+    /// holds it, and frees it itself). Of the buffers the sender has let go of by now, two
+    /// are kept, enough for the next reads. (Those it lets go of later stay until the next
+    /// read or the body's end: at most `SPENT` chunks for a response that stalls, which the
+    /// server's send timeout ends.)
     fn keep(&mut self, chunk: &Bytes) {
         if self.0.len() == SPENT {
             self.0.pop_front();
         }
         self.0.push_back(chunk.clone());
+        let mut free = self.0.iter().filter(|b| b.is_unique()).count();
+        while free > SPENT_FREE {
+            if let Some(i) = self.0.iter().position(Bytes::is_unique) {
+                self.0.remove(i);
+            }
+            free -= 1;
+        }
     }
 }
 
@@ -543,29 +614,17 @@ impl FileChunks {
                 return Poll::Ready(None);
             }
             let file = self.file.clone();
-            self.state = if cfg!(target_os = "linux") {
-                State::Direct(Direct {
-                    memory: memory_filesystem(&file),
-                    file,
-                    left: len,
-                    pending: None,
-                    spent: Spent::default(),
-                })
-            } else {
-                read_ahead(file, len)
-            };
+            self.state = State::Direct(Direct {
+                memory: memory_filesystem(&file),
+                blocking: !cfg!(target_os = "linux"),
+                file,
+                left: len,
+                pending: None,
+                spent: Spent::default(),
+            });
         }
         let item = match &mut self.state {
-            State::Direct(d) => match ready!(d.poll_next(cx)) {
-                Ok(item) => item,
-                Err(NoWaitUnsupported) => {
-                    // This filesystem cannot say whether a read would wait: read ahead on
-                    // a blocking task from here on.
-                    self.state = read_ahead(d.file.clone(), d.left);
-                    return self.poll_next(cx);
-                }
-            },
-            State::Reading(rx) => ready!(rx.poll_recv(cx)),
+            State::Direct(d) => ready!(d.poll_next(cx)),
             State::Idle(..) | State::Done => None,
         };
         if !matches!(item, Some(Ok(_))) {
@@ -575,38 +634,39 @@ impl FileChunks {
     }
 }
 
-/// `RWF_NOWAIT` is not supported for this file.
-struct NoWaitUnsupported;
-
 impl Direct {
-    fn poll_next(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<io::Result<Bytes>>, NoWaitUnsupported>> {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
         if let Some(read) = &mut self.pending {
             let done = ready!(Pin::new(read).poll(cx));
             self.pending = None;
             let chunk = done.unwrap_or_else(|e| Err(io::Error::other(e)));
-            return Poll::Ready(Ok(Some(self.take(chunk))));
+            return Poll::Ready(Some(self.take(chunk)));
         }
         if self.left == 0 {
-            return Poll::Ready(Ok(None));
+            return Poll::Ready(None);
         }
         let want = self.left.min(CHUNK as u64);
         let buf = self.spent.buffer(want as usize);
         if self.memory {
             let chunk = read_chunk(&self.file, buf);
-            return Poll::Ready(Ok(Some(self.take(chunk))));
+            return Poll::Ready(Some(self.take(chunk)));
         }
-        match read_cached(&self.file, buf) {
-            Cached::Hit(chunk) => Poll::Ready(Ok(Some(self.take(chunk)))),
-            Cached::Unsupported => Poll::Ready(Err(NoWaitUnsupported)),
-            Cached::Miss(buf) => {
-                let file = self.file.clone();
-                self.pending = Some(tokio::task::spawn_blocking(move || read_chunk(&file, buf)));
-                self.poll_next(cx)
+        let buf = if self.blocking {
+            buf
+        } else {
+            match read_cached(&self.file, buf) {
+                Cached::Hit(chunk) => return Poll::Ready(Some(self.take(chunk))),
+                Cached::Miss(buf) => buf,
+                Cached::Unsupported(buf) => {
+                    // This filesystem cannot say whether a read would wait.
+                    self.blocking = true;
+                    buf
+                }
             }
-        }
+        };
+        let file = self.file.clone();
+        self.pending = Some(tokio::task::spawn_blocking(move || read_chunk(&file, buf)));
+        self.poll_next(cx)
     }
 
     /// Counts a chunk read; an empty one means the file ended early.
@@ -641,7 +701,8 @@ enum Cached {
     Hit(io::Result<Vec<u8>>),
     /// The page cache lacks the next bytes; the buffer is handed back.
     Miss(Vec<u8>),
-    Unsupported,
+    /// `RWF_NOWAIT` is not supported for this file; the buffer is handed back.
+    Unsupported(Vec<u8>),
 }
 
 /// A read into `buf` from the file's position that never waits for the disk (`preadv2` with
@@ -657,15 +718,15 @@ fn read_cached(file: &std::fs::File, mut buf: Vec<u8>) -> Cached {
             Cached::Hit(Ok(buf))
         }
         Err(Errno::AGAIN) => Cached::Miss(buf),
-        Err(Errno::OPNOTSUPP | Errno::INVAL | Errno::NOSYS) => Cached::Unsupported,
+        Err(Errno::OPNOTSUPP | Errno::INVAL | Errno::NOSYS) => Cached::Unsupported(buf),
         Err(Errno::INTR) => read_cached(file, buf),
         Err(e) => Cached::Hit(Err(e.into())),
     }
 }
 
 #[cfg(not(target_os = "linux"))]
-fn read_cached(_: &std::fs::File, _: Vec<u8>) -> Cached {
-    Cached::Unsupported
+fn read_cached(_: &std::fs::File, buf: Vec<u8>) -> Cached {
+    Cached::Unsupported(buf)
 }
 
 /// Whether the file lives on tmpfs or ramfs (statfs(2) `f_type`), whose pages are memory.
@@ -683,32 +744,6 @@ fn memory_filesystem(file: &std::fs::File) -> bool {
 #[cfg(not(target_os = "linux"))]
 fn memory_filesystem(_: &std::fs::File) -> bool {
     false
-}
-
-/// Starts a blocking task that reads the next `len` bytes ahead of the sender.
-fn read_ahead(file: Arc<std::fs::File>, len: u64) -> State {
-    let (tx, rx) = mpsc::channel(AHEAD);
-    tokio::task::spawn_blocking(move || read_into(&file, len, &tx));
-    State::Reading(rx)
-}
-
-/// Reads `len` bytes of `file` in chunks into `tx`; returns when done, on an error (sent on),
-/// or when the receiver is gone.
-fn read_into(file: &std::fs::File, len: u64, tx: &mpsc::Sender<io::Result<Bytes>>) {
-    let mut left = len;
-    while left > 0 {
-        let want = left.min(CHUNK as u64);
-        let chunk = match read_chunk(file, vec![0; want as usize]) {
-            Ok(buf) if buf.len() as u64 == want => Ok(Bytes::from(buf)),
-            Ok(_) => Err(io::ErrorKind::UnexpectedEof.into()),
-            Err(e) => Err(e),
-        };
-        let failed = chunk.is_err();
-        if tx.blocking_send(chunk).is_err() || failed {
-            return; // the response was dropped, or the read failed
-        }
-        left -= want;
-    }
 }
 
 #[cfg(test)]
@@ -789,7 +824,7 @@ mod tests {
             .status()
             .is_ok_and(|s| s.success());
         let dir = StaticDir::new(&root);
-        let fd = dir.root_fd.clone().expect("root opened");
+        let fd = dir.root_fd.as_ref().expect("root opened").current();
         let beneath = |p: &str| open_beneath(&fd, &RelativePath::parse(p).unwrap());
         // A file's length; `DIR` for a directory named without its `/`.
         const DIR: u64 = u64::MAX;
@@ -856,14 +891,14 @@ mod tests {
     }
 
     /// The direct reads (from the page cache, from a memory filesystem, and a miss handed to
-    /// a blocking task) and the blocking reader ahead of the sender give the same bytes.
+    /// a blocking task) and the reads of a blocking task per chunk give the same bytes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_way_of_reading_gives_the_same_bytes() {
         let data: Vec<u8> = (0..CHUNK * 2 + 99).map(|i| (i * 13 % 253) as u8).collect();
         let len = data.len() as u64;
         let (path, _) = temp_file("ways", &data);
         let open = || std::fs::File::open(&path).unwrap();
-        let direct = |file: std::fs::File, memory: bool| {
+        let direct = |file: std::fs::File, memory: bool, blocking: bool| {
             let file = Arc::new(file);
             FileChunks {
                 file: file.clone(),
@@ -872,13 +907,22 @@ mod tests {
                     file,
                     left: len,
                     memory,
+                    blocking,
                     pending: None,
                     spent: Spent::default(),
                 }),
             }
         };
-        assert_eq!(collect(direct(open(), false)).await.0, data, "page cache");
-        assert_eq!(collect(direct(open(), true)).await.0, data, "plain reads");
+        assert_eq!(
+            collect(direct(open(), false, false)).await.0,
+            data,
+            "page cache"
+        );
+        assert_eq!(
+            collect(direct(open(), true, false)).await.0,
+            data,
+            "plain reads"
+        );
         #[cfg(target_os = "linux")]
         {
             // Evicted from the page cache, the first RWF_NOWAIT read misses (on filesystems
@@ -886,15 +930,60 @@ mod tests {
             let f = open();
             f.sync_all().unwrap();
             rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
-            assert_eq!(collect(direct(f, false)).await.0, data, "after eviction");
+            assert_eq!(
+                collect(direct(f, false, false)).await.0,
+                data,
+                "after eviction"
+            );
         }
-        let file = Arc::new(open());
-        let ahead = FileChunks {
-            file: file.clone(),
-            len,
-            state: read_ahead(file, len),
+        assert_eq!(
+            collect(direct(open(), false, true)).await.0,
+            data,
+            "a blocking task per chunk"
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// A new tree moved into the root's place (`mv www www.old && mv www.new www`) is served
+    /// from the next check of the root (a second at most), not the old tree for good.
+    #[tokio::test]
+    async fn a_root_replaced_by_a_deploy_is_served_anew() {
+        let base = std::env::temp_dir().join(format!("kuai-files-{}-deploy", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let root = base.join("www");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("a.txt"), b"old").unwrap();
+        let dir = StaticDir::new(&root);
+        let read = |dir: StaticDir| async move {
+            let mut f = dir.open("/a.txt").await.expect("found");
+            f.next().await.unwrap().unwrap()
         };
-        assert_eq!(collect(ahead).await.0, data, "read ahead");
+        assert_eq!(&read(dir.clone()).await[..], b"old");
+        let next = base.join("www.new");
+        std::fs::create_dir_all(&next).unwrap();
+        std::fs::write(next.join("a.txt"), b"new").unwrap();
+        std::fs::rename(&root, base.join("www.old")).unwrap();
+        std::fs::rename(&next, &root).unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        assert_eq!(&read(dir.clone()).await[..], b"new");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// At each read, the buffers of chunks the sender has let go of are kept two at most
+    /// (all six were).
+    #[tokio::test]
+    async fn few_let_go_buffers_are_kept() {
+        let data = vec![7u8; CHUNK * 8];
+        let (path, f) = temp_file("keep", &data);
+        let mut chunks = FileChunks::new(f, data.len() as u64);
+        for _ in 0..6 {
+            drop(chunks.next().await.unwrap().unwrap());
+        }
+        let State::Direct(d) = &chunks.state else {
+            panic!("read directly")
+        };
+        let free = d.spent.0.iter().filter(|b| b.is_unique()).count();
+        assert!(free <= SPENT_FREE, "{free} buffers kept for nothing");
         std::fs::remove_file(path).unwrap();
     }
 
