@@ -42,7 +42,10 @@ impl FileInfo {
 
     /// The modification time at HTTP's resolution (whole seconds).
     fn modified_secs(&self) -> Option<SystemTime> {
-        let since = self.modified?.duration_since(UNIX_EPOCH).ok()?;
+        // A modification time in the future (a clock set wrong when the file was written)
+        // is sent as now (RFC 9110 §8.8.2.1).
+        let modified = self.modified?.min(SystemTime::now());
+        let since = modified.duration_since(UNIX_EPOCH).ok()?;
         Some(UNIX_EPOCH + Duration::from_secs(since.as_secs()))
     }
 }
@@ -243,8 +246,13 @@ fn parse_range(value: &HeaderValue, len: u64) -> Range {
     match (first, last) {
         // bytes=-N: the last N bytes.
         (None, Some(n)) => {
-            if n == 0 || len == 0 {
+            if n == 0 {
                 return Range::Unsatisfiable;
+            }
+            // RFC 9110 §14.1.1: a non-zero suffix is satisfiable even for an empty
+            // representation, which is then sent whole (a 206 cannot describe no bytes).
+            if len == 0 {
+                return Range::Ignored;
             }
             let n = n.min(len);
             Range::One(len - n, n)
@@ -384,6 +392,28 @@ mod tests {
         }
         // HEAD never gets a range (§14.2: GET only).
         assert_eq!(ask(Method::HEAD, &[("range", "bytes=0-1")]).status, 200);
+        // A suffix of an empty file is satisfiable (§14.1.1): the whole, empty, file.
+        let mut h = HeaderMap::new();
+        h.insert(header::RANGE, HeaderValue::from_static("bytes=-10"));
+        let empty = FileInfo {
+            len: 0,
+            modified: None,
+        };
+        let a = answer(&Method::GET, &h, &empty, "text/plain");
+        assert_eq!((a.status, a.body), (StatusCode::OK, Some((0, 0))));
+    }
+
+    /// A modification time in the future is sent as now (RFC 9110 §8.8.2.1).
+    #[test]
+    fn a_future_modification_time_is_sent_as_now() {
+        let future = FileInfo {
+            len: 1,
+            modified: Some(SystemTime::now() + Duration::from_secs(86_400)),
+        };
+        let a = answer(&Method::GET, &HeaderMap::new(), &future, "text/plain");
+        let sent =
+            httpdate::parse_http_date(a.headers[header::LAST_MODIFIED].to_str().unwrap()).unwrap();
+        assert!(sent <= SystemTime::now());
     }
 
     #[test]

@@ -210,7 +210,11 @@ async fn send_response(
     method: &Method,
     send_timeout: std::time::Duration,
 ) -> Result<(u64, SendHalf), SendFailed> {
-    let (head, mut body) = resp.into_parts();
+    let (mut head, mut body) = resp.into_parts();
+    // RFC 9110 §6.6.1: an origin server with a clock sends Date (hyper adds it over TCP).
+    head.headers
+        .entry(http::header::DATE)
+        .or_insert_with(super::date_now);
     let status = head.status;
     let limit = send_timeout;
     match tokio::time::timeout(limit, stream.send_response(Response::from_parts(head, ()))).await {

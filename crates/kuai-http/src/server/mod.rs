@@ -526,6 +526,25 @@ async fn quic_connection(connecting: kuai::Connecting, shared: Arc<Shared>, _gua
     }
 }
 
+/// The `Date` field for now (RFC 9110 §5.6.7), formatted once a second per thread.
+pub(crate) fn date_now() -> HeaderValue {
+    use std::cell::RefCell;
+    thread_local! {
+        static DATE: RefCell<(u64, Option<HeaderValue>)> = const { RefCell::new((0, None)) };
+    }
+    let now = std::time::SystemTime::now();
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with_borrow_mut(|(at, value)| {
+        if *at != secs || value.is_none() {
+            *at = secs;
+            *value = HeaderValue::from_str(&httpdate::fmt_http_date(now)).ok();
+        }
+        value.clone().unwrap_or(HeaderValue::from_static(""))
+    })
+}
+
 /// What the protocol fronts share: the service, the limits, the shutdown signal.
 pub(crate) struct Shared {
     handler: Box<Handler>,

@@ -612,6 +612,30 @@ async fn request_bodies_over_the_limit_are_refused() {
     );
 }
 
+/// An HTTP/3 response carries Date (RFC 9110 §6.6.1), as hyper's over TCP do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_responses_carry_a_date() {
+    let srv = start(Limits::default(), None).await;
+    let cep = client_endpoint();
+    let (_conn, client) = h3_client(&cep, &srv.cert, srv.addr).await;
+    let req = Request::builder()
+        .uri("https://localhost/hello.txt")
+        .body(())
+        .unwrap();
+    let mut stream = client.send_request(req).await.unwrap();
+    stream.finish().unwrap();
+    let resp = stream.recv_response().await.unwrap();
+    let date = resp
+        .headers()
+        .get(http::header::DATE)
+        .expect("a Date field");
+    let at = httpdate::parse_http_date(date.to_str().unwrap()).unwrap();
+    let off = std::time::SystemTime::now()
+        .duration_since(at)
+        .unwrap_or_default();
+    assert!(off < Duration::from_secs(5), "{date:?}");
+}
+
 /// RFC 8470: a POST that came in 0-RTT is answered 425 Too Early, a GET in the same flight
 /// 200, and the POST sent again after the handshake reaches the service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
