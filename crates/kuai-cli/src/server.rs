@@ -398,9 +398,19 @@ async fn serve(args: Args) -> Result<(), String> {
         cfg.retry(kuai::RetryPolicy::Always);
     }
     cfg.proto_mut().new_tokens = !args.no_new_tokens;
+    // The fleet's stateless-reset key only with a QUIC-LB server ID: then a server answers
+    // with a reset only the IDs it issued itself (`issued_here`). Without one, a packet of a
+    // live connection that reaches another server (a 4-tuple balancer after a NAT
+    // rebinding, or a packet sent there on purpose) would draw a reset that ends it (RFC
+    // 9000 §21.11): each server keeps a key of its own.
+    let shares_reset = args.server_id.is_some();
     let reset_key = match &fleet {
         Some(f) => {
-            let reset = f.reset_key().await;
+            let reset = if shares_reset {
+                Some(f.reset_key().await)
+            } else {
+                None
+            };
             // The token keys rotate with the fleet's whether Redis answers now or later:
             // until it does, this process seals with keys of its own. Not faster than a
             // NEW_TOKEN token lives (24 h), or a client's token would die with its key
@@ -414,7 +424,7 @@ async fn serve(args: Args) -> Result<(), String> {
                 .map_or("none".into(), |g| g.to_string());
             rotations.push(token_keys);
             match reset {
-                Ok(k) => {
+                Some(Ok(k)) => {
                     println!(
                         "fleet keys from redis: reset key {}, token keys of generation {generation} (every {} s)",
                         kuai_fleet::key_id(&k),
@@ -422,7 +432,14 @@ async fn serve(args: Args) -> Result<(), String> {
                     );
                     Some(k)
                 }
-                Err(e) => {
+                None => {
+                    println!(
+                        "fleet keys from redis: token keys of generation {generation} (every {} s); this process's own reset key (shared only with --server-id)",
+                        token_period.as_secs()
+                    );
+                    None
+                }
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, "redis unreachable: serving with this process's own keys");
                     println!(
                         "fleet keys: redis unreachable ({e}); this process's own reset key, token keys from redis once it answers"
@@ -512,6 +529,7 @@ async fn serve(args: Args) -> Result<(), String> {
     // so the other servers can reset the connections made from then on.
     if let Some(f) = &fleet
         && reset_key.is_none()
+        && shares_reset
     {
         let (f, ep) = (f.clone(), ep.clone());
         tokio::spawn(async move {

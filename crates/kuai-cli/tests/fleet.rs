@@ -646,9 +646,10 @@ fn the_balancer_reloads_its_backends_on_sighup() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Servers pointed at one Redis share the stateless-reset key and the generation of their
-/// token keys; with Redis away a server still starts, with keys of its own, and serves, and
-/// takes up the fleet's reset key once Redis answers.
+/// Servers pointed at one Redis (with QUIC-LB server IDs) share the stateless-reset key and
+/// the generation of their token keys; with Redis away a server still starts, with keys of
+/// its own, and serves, and takes up the fleet's reset key once Redis answers. Without a
+/// server ID a server shares the token keys but keeps a reset key of its own.
 #[test]
 fn servers_share_their_keys_through_redis() {
     if !redis_installed() {
@@ -660,7 +661,7 @@ fn servers_share_their_keys_through_redis() {
     let redis_proc = redis(rport);
     let url = format!("redis://127.0.0.1:{rport}");
     // A server started against `url`, and the line it printed about the fleet's keys.
-    let keys_line = |url: &str| -> (Proc, String) {
+    let keys_line_of = |url: &str, id: Option<&str>| -> (Proc, String) {
         let mut cmd = Command::new(KUAI);
         cmd.args([
             "server",
@@ -672,6 +673,9 @@ fn servers_share_their_keys_through_redis() {
         ])
         .arg("--root")
         .arg(&dir);
+        if let Some(id) = id {
+            cmd.args(["--server-id", id, "--quic-lb-key", KEY]);
+        }
         let p = spawn(
             cmd,
             "kuai server listening on udp ",
@@ -680,12 +684,19 @@ fn servers_share_their_keys_through_redis() {
         let keys = p.seen.iter().find(|l| l.starts_with("fleet keys")).cloned();
         (p, keys.unwrap_or_default())
     };
-    let (a, ka) = keys_line(&url);
-    let (b, kb) = keys_line(&url);
+    let keys_line = |url: &str, id: &str| keys_line_of(url, Some(id));
+    let (a, ka) = keys_line(&url, "01");
+    let (b, kb) = keys_line(&url, "02");
     assert!(ka.starts_with("fleet keys from redis: reset key "), "{ka}");
     assert_eq!(ka, kb, "the second server read the first one's keys");
+    let (lone, kl) = keys_line_of(&url, None);
+    assert!(
+        kl.contains("token keys of generation") && kl.contains("own reset key"),
+        "{kl}"
+    );
+    drop(lone);
     drop(redis_proc);
-    let (c, kc) = keys_line(&url);
+    let (c, kc) = keys_line(&url, "03");
     assert!(kc.contains("redis unreachable"), "{kc}");
     let out = Command::new(KUAI)
         .args(["get", "--insecure", "--http3", "--state-file", "none"])
@@ -707,7 +718,7 @@ fn servers_share_their_keys_through_redis() {
             break id.split_whitespace().next().unwrap().to_owned();
         }
     };
-    let (d, kd) = keys_line(&url);
+    let (d, kd) = keys_line(&url, "04");
     assert!(
         kd.starts_with(&format!("fleet keys from redis: reset key {taken},")),
         "{kd} (taken up: {taken})"

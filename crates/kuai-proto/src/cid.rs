@@ -137,6 +137,15 @@ pub trait ConnectionIdGenerator: Send + Sync {
     fn validate(&self, cid: &ConnectionId) -> bool {
         cid.len() == self.cid_len()
     }
+
+    /// For an ID no connection here knows: `Some(false)` when it cannot be one this
+    /// endpoint issued (a fleet's server ID names another server), so no stateless reset
+    /// answers it: servers that share a reset key would otherwise reset each other's live
+    /// connections for anyone who sends them such a packet (RFC 9000 §21.11). `None`: this
+    /// generator cannot tell.
+    fn issued_here(&self, _cid: &ConnectionId) -> Option<bool> {
+        None
+    }
 }
 
 /// The default generator: uniformly random IDs of a fixed length (8 bytes unless told).

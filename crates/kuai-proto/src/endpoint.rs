@@ -1027,7 +1027,11 @@ impl Endpoint {
         // other drew 23 resets, 736 bytes. So a reset answers only a datagram longer
         // than `RESET_ANSWERS_ABOVE` and is no longer than that itself: one of ours never
         // draws another, and whatever a peer answers it with (shorter still) draws none.
-        if !self.config.stateless_reset || received <= RESET_ANSWERS_ABOVE || dcid.is_empty() {
+        if !self.config.stateless_reset
+            || received <= RESET_ANSWERS_ABOVE
+            || dcid.is_empty()
+            || self.cid_gen.issued_here(dcid) == Some(false)
+        {
             self.drop_datagram(remote, received, EndpointDropReason::UnknownConnection);
             return;
         }

@@ -358,6 +358,19 @@ impl ConnectionIdGenerator for QuicLbCids {
     fn validate(&self, cid: &ConnectionId) -> bool {
         cid.len() == self.cid_len() && cid.first().is_some_and(|b| b >> 5 == self.config.config_id)
     }
+
+    /// Only an ID carrying this server's ID can be ours; any other (another server's, or
+    /// one that does not decode) is not answered with a reset.
+    fn issued_here(&self, cid: &ConnectionId) -> Option<bool> {
+        let mut body = [0u8; 19];
+        Some(
+            self.validate(cid)
+                && self
+                    .config
+                    .decode_into(cid, &mut body)
+                    .is_some_and(|b| b.get(..self.server_id.len()) == Some(&self.server_id[..])),
+        )
+    }
 }
 
 /// A load balancer's view: the configurations in use by codepoint, and the server ID in a

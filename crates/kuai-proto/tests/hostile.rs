@@ -594,6 +594,46 @@ fn one_host_holds_a_share_of_the_connections_at_most() {
     assert!(open(&mut server, now, "10.0.0.5:6000".parse().unwrap(), 60));
 }
 
+/// A server of a QUIC-LB fleet answers with a stateless reset only the connection IDs that
+/// carry its own server ID: one naming another server (whose live connection it would end
+/// for whoever sent the packet here, as the servers share a reset key, RFC 9000 §21.11) or
+/// not decoding at all gets nothing.
+#[test]
+fn a_fleet_server_resets_only_its_own_connection_ids() {
+    use kuai_proto::quic_lb::{QuicLbCids, QuicLbConfig};
+    let now = Instant::now();
+    let lb = QuicLbConfig::new(0, 1, 6, Some([5; 16])).unwrap();
+    let cfg = lb.clone();
+    let econfig = Arc::new(kuai_proto::config::EndpointConfig {
+        cid_generator: Arc::new(move || Box::new(QuicLbCids::new(cfg.clone(), &[1]).unwrap())),
+        ..kuai_proto::config::EndpointConfig::default()
+    });
+    let certs = support::certs();
+    let scfg = Arc::new(support::server_config(&certs, TransportConfig::default()));
+    let mut server = Endpoint::new(econfig, Some(scfg), now, 0, Some(1));
+    let from: SocketAddr = "10.0.0.7:4000".parse().unwrap();
+    let short = |cid: &[u8]| {
+        let mut d = vec![0x40];
+        d.extend_from_slice(cid);
+        d.resize(100, 0x33);
+        BytesMut::from(&d[..])
+    };
+    let resets = |server: &mut Endpoint| server.stats().stateless_resets_sent;
+    let other = lb.encode(&[2], &[9; 6]).unwrap();
+    server.handle_datagram(now, from, None, None, short(&other));
+    let mut junk = other.to_vec();
+    junk[0] = 0xe0; // codepoint 7: decodes to no server
+    server.handle_datagram(now, from, None, None, short(&junk));
+    assert_eq!(
+        resets(&mut server),
+        0,
+        "another server's ID, or none, is not reset"
+    );
+    let mine = lb.encode(&[1], &[9; 6]).unwrap();
+    server.handle_datagram(now, from, None, None, short(&mine));
+    assert_eq!(resets(&mut server), 1, "this server's own ID is reset");
+}
+
 /// The path a server learnt from a client's connection is kept per host, as the handshake
 /// limit counts: over IPv6 by the /64, so the client's next temporary address starts from it
 /// and a host rotating through its /64 fills one entry, not one per address.
