@@ -36,7 +36,10 @@
 //! delay, so the first use of each ticket is also recorded in Redis
 //! (`SET kuai:0rtt:<hash> NX PX <window>`, [`RedisAntiReplay`]): a connection whose 0-RTT
 //! data a server accepted reaches its application only once Redis said first use; a replay
-//! is refused (see [`kuai::replay`]). rustls accepts early data only from a ClientHello whose
+//! is refused (see [`kuai::replay`]). A ticket offered with 0-RTT data that a server did not
+//! take is recorded as used too (its requests come again in 1-RTT at that server, so a
+//! copy of the flight at another must not run them). rustls accepts early data only from a
+//! ClientHello whose
 //! ticket age is within 60 s of the age the server computes (RFC 8446 §8.3), so a record
 //! kept 120 s covers every replay it would accept, with up to 60 s of clock difference
 //! between the server that issued a ticket and the one that checks it.

@@ -49,6 +49,21 @@ impl RedisAntiReplay {
 }
 
 impl AntiReplay for RedisAntiReplay {
+    fn record(&self, ticket: &[u8]) {
+        let ticket = ticket.to_vec();
+        let me = Self {
+            link: self.link.clone(),
+            window: self.window,
+            runtime: self.runtime.clone(),
+        };
+        self.runtime.spawn(async move {
+            if let Err(e) = me.first_use(&ticket).await {
+                tracing::info!(target: "kuai::fleet", error = %e,
+                    "a ticket offered with 0-RTT, refused here, could not be recorded as used");
+            }
+        });
+    }
+
     fn check(&self, ticket: &[u8], verdict: Verdict) {
         let ticket = ticket.to_vec();
         let me = Self {

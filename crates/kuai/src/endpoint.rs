@@ -1177,7 +1177,10 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
         }
         // Outside the lock: a guard may answer at once, and its answer takes the lock.
         for (guard, ticket, verdict) in checks.drain(..) {
-            guard.check(&ticket, verdict);
+            match verdict {
+                Some(v) => guard.check(&ticket, v),
+                None => guard.record(&ticket),
+            }
         }
         if route.workers > 1 {
             route.hand_on(&workers, &mut away);
@@ -1563,7 +1566,8 @@ fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
 }
 
 /// A ticket for the anti-replay guard to check, asked once the worker's lock is released.
-type Check = (Arc<dyn AntiReplay>, Box<[u8]>, Verdict);
+/// A ticket to check (with the verdict to give), or only to record as used (`None`).
+type Check = (Arc<dyn AntiReplay>, Box<[u8]>, Option<Verdict>);
 
 /// Moves held connections (see [`crate::replay`]) on: to the guard once their ClientHello is
 /// read and they accepted 0-RTT, to `accept` once it answered first use (or at once without
@@ -1598,13 +1602,20 @@ fn release_held(
             }
             Some(c) if !c.client_hello_read() => None,
             Some(c) => match c.accepted_0rtt_ticket() {
-                None => Some(true),
+                None => {
+                    // 0-RTT offered and not taken here: used all the same (see
+                    // `AntiReplay::record`).
+                    if let (Some(g), Some(t)) = (&s.anti_replay, c.offered_0rtt_ticket()) {
+                        checks.push((g.clone(), Box::from(t), None));
+                    }
+                    Some(true)
+                }
                 Some(_) if hd.asked => None,
                 Some(t) => {
                     hd.asked = true;
                     if let Some(g) = &s.anti_replay {
                         let v = Verdict::new(shared, hd.handle, hd.seq);
-                        checks.push((g.clone(), Box::from(t), v));
+                        checks.push((g.clone(), Box::from(t), Some(v)));
                     }
                     None
                 }

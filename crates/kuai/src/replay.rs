@@ -29,6 +29,13 @@ pub trait AntiReplay: Send + Sync + 'static {
     /// Whether `ticket` (the first PSK identity of the ClientHello, RFC 8446 §4.2.10) is used
     /// for the first time; answer through `verdict`.
     fn check(&self, ticket: &[u8], verdict: Verdict);
+
+    /// Records `ticket` as used, with no answer awaited: a client offered 0-RTT data with it
+    /// and this server did not take the data (its requests come again in 1-RTT, here), so a
+    /// copy of that first flight at another server must count as a replay. Must not block.
+    fn record(&self, ticket: &[u8]) {
+        let _ = ticket;
+    }
 }
 
 /// The answer for one held connection; see [`AntiReplay::check`].

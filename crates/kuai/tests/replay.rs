@@ -54,6 +54,10 @@ impl StoresServerSessions for Replicating {
 struct SeenTickets(Mutex<HashSet<Vec<u8>>>);
 
 impl AntiReplay for SeenTickets {
+    fn record(&self, ticket: &[u8]) {
+        self.0.lock().unwrap().insert(ticket.to_vec());
+    }
+
     fn check(&self, ticket: &[u8], verdict: Verdict) {
         let first = self.0.lock().unwrap().insert(ticket.to_vec());
         tokio::spawn(async move {
@@ -108,6 +112,16 @@ fn start(
     store: Arc<dyn StoresServerSessions>,
     guard: Option<Arc<SeenTickets>>,
 ) -> Server {
+    start_with(cert, store, guard, true)
+}
+
+/// [`start`], taking 0-RTT data or not.
+fn start_with(
+    cert: &rcgen::CertifiedKey,
+    store: Arc<dyn StoresServerSessions>,
+    guard: Option<Arc<SeenTickets>>,
+    accept_0rtt: bool,
+) -> Server {
     let mut tls = rustls::ServerConfig::builder_with_provider(kuai::crypto_provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
@@ -120,6 +134,7 @@ fn start(
     tls.alpn_protocols = vec![ALPN.to_vec()];
     tls.session_storage = store;
     let mut cfg = ServerConfig::from_rustls(tls);
+    cfg.accept_0rtt(accept_0rtt);
     if let Some(g) = guard {
         cfg.anti_replay(g);
     }
@@ -294,4 +309,71 @@ async fn a_replayed_0rtt_flight_is_refused_by_another_server() {
         "subscribers hear of it"
     );
     assert_eq!(a.refusals.0.load(Ordering::SeqCst), 0);
+}
+
+/// A server that does not take a client's 0-RTT data (it resumes the session, the client
+/// sends its request again in 1-RTT and the server serves it) still records the ticket as
+/// used: the captured first flight, replayed to another server that holds the session, is
+/// refused there, where it ran the request a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0rtt_flight_refused_by_one_server_is_not_served_by_another() {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (ca, cb) = (SessionCache::with_defaults(), SessionCache::with_defaults());
+    let guard = Arc::new(SeenTickets::default());
+    let store = Arc::new(Replicating {
+        own: ca,
+        replicas: vec![cb.clone()],
+    });
+    let a = start_with(&cert, store.clone(), Some(guard.clone()), true);
+    let client = Endpoint::client(localhost()).unwrap();
+    let ccfg = ClientConfig::with_root(cert.cert.der().clone(), &[ALPN]).unwrap();
+    let first = client
+        .connect_with(ccfg.clone(), a.addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(get(&first).await, b"ok");
+    let ticket = tokio::time::timeout(Duration::from_secs(5), first.session_ticket());
+    assert!(ticket.await.unwrap());
+    first.close(0, b"");
+    // A now refuses 0-RTT data (a rollout, say): its next connection resumes without it.
+    drop(a);
+    let a = start_with(&cert, store, Some(guard.clone()), false);
+    let b = start(&cert, cb.clone(), Some(guard.clone()));
+
+    let (relay, sent) = recording_relay(a.addr).await;
+    let (conn, accepted) = client
+        .connect_with(ccfg, relay, "localhost")
+        .unwrap()
+        .into_0rtt()
+        .map_err(|_| "no 0-RTT")
+        .unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    let _ = send.write_all(b"GET /").await;
+    let _ = send.finish();
+    assert!(!accepted.await, "A refused the 0-RTT data");
+    assert_eq!(get(&conn).await, b"ok", "the request again, in 1-RTT");
+    assert_eq!(a.requests.load(Ordering::SeqCst), 1);
+    conn.close(0, b"");
+    let flight = sent.lock().unwrap().clone();
+
+    let attacker = UdpSocket::bind(localhost()).await.unwrap();
+    for d in &flight {
+        attacker.send_to(d, b.addr).await.unwrap();
+    }
+    let t = std::time::Instant::now();
+    while b.refusals.0.load(Ordering::SeqCst) == 0 && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        b.requests.load(Ordering::SeqCst),
+        0,
+        "B did not run it again"
+    );
+    assert_eq!(
+        b.refusals.0.load(Ordering::SeqCst),
+        1,
+        "B refused the replay"
+    );
 }

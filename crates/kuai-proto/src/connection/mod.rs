@@ -1031,6 +1031,18 @@ impl Connection {
         }
     }
 
+    /// Server: the session ticket whose 0-RTT data the client offered, whether or not this
+    /// connection accepted it. One offered and refused here must still count as used across
+    /// a fleet: the client sends its early requests again in 1-RTT, here, and a copy of its
+    /// first flight must not run them a second time at another server.
+    pub fn offered_0rtt_ticket(&self) -> Option<&[u8]> {
+        if self.side.is_server() {
+            self.early_data_identity.as_deref()
+        } else {
+            None
+        }
+    }
+
     /// Client: whether the server accepted our 0-RTT data (`None` while unknown or not tried).
     pub fn zero_rtt_accepted(&self) -> Option<bool> {
         match self.zero_rtt {
