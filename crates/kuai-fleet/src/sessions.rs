@@ -219,7 +219,14 @@ async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
                 }
             };
             backoff = Duration::from_millis(100);
-            link.succeeded();
+            // Reads work; whether writes do (the anti-replay record a resumption needs) only a
+            // write tells: Redis out of memory, or a user who may read but not write, answers
+            // XREAD and refuses SET. A write probe while the link counts as down.
+            if !link.is_up() {
+                let mut probe = redis::cmd("SET");
+                probe.arg("kuai:probe").arg(1).arg("PX").arg(10_000);
+                let _ = link.run::<()>(crate::Query::Cmd(&probe)).await;
+            }
             let Some(s) = sessions.upgrade() else { return };
             for_each_entry(&v, |id, fields| {
                 last = id.to_string();

@@ -198,6 +198,47 @@ async fn with_redis_away_no_session_resumes() {
     assert!(a.anti_replay().first_use(b"own-1").await.unwrap());
 }
 
+/// A Redis that answers reads but refuses writes (out of memory with `noeviction`, or a user
+/// who may read and not write) counts as away: no session resumes, since its first use
+/// could not be recorded (the session reader's successful reads made it count as up, and
+/// every resumption's 0-RTT was then refused as a replay, its ticket used up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_refuses_writes_counts_as_away() {
+    if !installed() {
+        return;
+    }
+    let port = free_port();
+    let _r = start(
+        &[
+            "--port",
+            &port.to_string(),
+            "--maxmemory",
+            "1",
+            "--maxmemory-policy",
+            "noeviction",
+        ],
+        port,
+    );
+    let url = format!("redis://127.0.0.1:{port}");
+    let a = Fleet::start(&url, Default::default()).unwrap();
+    a.sessions().put(b"own-1".to_vec(), b"session".to_vec());
+    // The session reader reads the stream (a read returns every 2 s) twice over meanwhile.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        assert!(
+            !a.is_redis_up(),
+            "redis counted as up after {:?}",
+            t.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        a.sessions().take(b"own-1"),
+        None,
+        "resumed without a record"
+    );
+}
+
 /// A Redis that accepts connections and never answers (a hung server, a black-holed
 /// route): a burst of first-use checks all fail within the timeout (1 s) from their start,
 /// not one connection attempt after another (the last of 32 would wait 32 s).
