@@ -127,6 +127,12 @@ pub struct Args {
     /// PEM certificate(s) to trust for a `rediss://` Redis instead of the system's roots.
     #[arg(long, value_name = "FILE", requires = "redis")]
     redis_ca: Option<PathBuf>,
+    /// The fleet's secret (a file holding 64 hex digits, the same on every server, e.g.
+    /// from `openssl rand -hex 32`): the keys and sessions kept in Redis are sealed under
+    /// it, so whoever reads Redis learns none of them and whoever writes it plants none.
+    /// Without it they are stored in clear.
+    #[arg(long, value_name = "FILE", requires = "redis")]
+    fleet_secret_file: Option<PathBuf>,
     /// TLS session tickets: `replicated` (the server keeps sessions; with --redis, every
     /// server keeps the fleet's; resumption and 0-RTT) or `stateless` (each session sealed
     /// into its ticket under keys that rotate, shared through --redis; resumption, no 0-RTT:
@@ -343,8 +349,18 @@ async fn serve(args: Args) -> Result<(), String> {
                 ),
                 None => None,
             };
+            let secret = match &args.fleet_secret_file {
+                Some(p) => Some(read_fleet_secret(p)?),
+                None => {
+                    println!(
+                        "fleet: keys and sessions are stored in redis in clear (--fleet-secret-file seals them)"
+                    );
+                    None
+                }
+            };
             let options = kuai_fleet::FleetOptions {
                 ca_pem,
+                secret,
                 ..Default::default()
             };
             let fleet = kuai_fleet::Fleet::start(url, options).map_err(|e| e.to_string())?;
@@ -642,6 +658,23 @@ async fn serve(args: Args) -> Result<(), String> {
         server.serve_with_shutdown(listener, shutdown).await
     };
     served.map_err(|e| e.to_string())
+}
+
+/// The fleet's secret from `path`: 64 hex digits (surrounding whitespace ignored).
+fn read_fleet_secret(path: &std::path::Path) -> Result<[u8; 32], String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let hex = text.trim();
+    let bad = || format!("{}: the fleet secret is 64 hex digits", path.display());
+    if hex.len() != 64 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        let pair = std::str::from_utf8(pair).map_err(|_| bad())?;
+        *o = u8::from_str_radix(pair, 16).map_err(|_| bad())?;
+    }
+    Ok(out)
 }
 
 /// The gateway's proxy from the flags.

@@ -152,6 +152,26 @@ fn redis(port: u16) -> Proc {
 }
 
 /// A value from Redis (inline command, bulk string answer).
+/// `GET key` as bytes (a sealed value is not text).
+fn redis_get_bytes(port: u16, key: &str) -> Vec<u8> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {key}\r\n").unwrap();
+    let mut r = BufReader::new(s);
+    let mut head = String::new();
+    r.read_line(&mut head).unwrap();
+    let Some(len) = head
+        .trim_end()
+        .strip_prefix('$')
+        .and_then(|n| n.parse::<usize>().ok())
+    else {
+        return Vec::new();
+    };
+    let mut v = vec![0; len];
+    r.read_exact(&mut v).unwrap();
+    v
+}
+
 fn redis_get(port: u16, key: &str) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(s, "GET {key}\r\n").unwrap();
@@ -660,6 +680,8 @@ fn servers_share_their_keys_through_redis() {
     let rport = free_port();
     let redis_proc = redis(rport);
     let url = format!("redis://127.0.0.1:{rport}");
+    let secret = dir.join("fleet-secret");
+    std::fs::write(&secret, format!("{}\n", "ab".repeat(32))).unwrap();
     // A server started against `url`, and the line it printed about the fleet's keys.
     let keys_line_of = |url: &str, id: Option<&str>| -> (Proc, String) {
         let mut cmd = Command::new(KUAI);
@@ -675,6 +697,7 @@ fn servers_share_their_keys_through_redis() {
         .arg(&dir);
         if let Some(id) = id {
             cmd.args(["--server-id", id, "--quic-lb-key", KEY]);
+            cmd.arg("--fleet-secret-file").arg(&secret);
         }
         let p = spawn(
             cmd,
@@ -689,6 +712,11 @@ fn servers_share_their_keys_through_redis() {
     let (b, kb) = keys_line(&url, "02");
     assert!(ka.starts_with("fleet keys from redis: reset key "), "{ka}");
     assert_eq!(ka, kb, "the second server read the first one's keys");
+    // Sealed with the fleet's secret in Redis, not the key's hex.
+    assert!(
+        redis_get_bytes(rport, "kuai:keys:stateless-reset").starts_with(b"k1:"),
+        "the reset key is sealed"
+    );
     let (lone, kl) = keys_line_of(&url, None);
     assert!(
         kl.contains("token keys of generation") && kl.contains("own reset key"),

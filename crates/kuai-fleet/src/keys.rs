@@ -27,6 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kuai::kuai_proto::TokenKey;
 
+use crate::seal::Sealer;
 use crate::{FleetError, Link};
 
 /// The Redis key of the stateless-reset key.
@@ -82,23 +83,39 @@ impl KeyStore for RedisKeyStore {
         ttl: Option<Duration>,
     ) -> KeyFuture<'a> {
         Box::pin(async move {
-            let pipe = set_nx_then_get(name, &fresh, ttl);
+            let sealer = self.link.sealer.as_deref();
+            let pipe = set_nx_then_get(name, &stored_form(sealer, name, &fresh), ttl);
             let (stored,): (Vec<u8>,) = self.link.run(crate::Query::Pipe(&pipe)).await?;
-            let k = parse_hex32(&stored).ok_or(FleetError::Corrupt("key (not 64 hex digits)"))?;
+            let k = read_form(sealer, name, &stored).ok_or(FleetError::Corrupt(match sealer {
+                Some(_) => "key (not sealed with this fleet's secret)",
+                None => "key (not 64 hex digits: sealed by servers with a fleet secret?)",
+            }))?;
             self.link.remember(name, k, ttl);
             Ok(k)
         })
     }
 }
 
-/// `SET name hex(key) NX [PX ttl]`, then `GET name`: the key that holds, whoever set it.
-pub(crate) fn set_nx_then_get(
-    name: &str,
-    key: &[u8; 32],
-    ttl: Option<Duration>,
-) -> redis::Pipeline {
+/// A key as stored under `name`: sealed with the fleet's secret, or (without one) as hex.
+pub(crate) fn stored_form(sealer: Option<&Sealer>, name: &str, key: &[u8; 32]) -> Vec<u8> {
+    match sealer {
+        Some(s) => s.seal(name.as_bytes(), key),
+        None => hex(key).into_bytes(),
+    }
+}
+
+/// The key `stored` under `name` holds, if it is in the form this server uses.
+pub(crate) fn read_form(sealer: Option<&Sealer>, name: &str, stored: &[u8]) -> Option<[u8; 32]> {
+    match sealer {
+        Some(s) => s.open(name.as_bytes(), stored)?.try_into().ok(),
+        None => parse_hex32(stored),
+    }
+}
+
+/// `SET name value NX [PX ttl]`, then `GET name`: the value that holds, whoever set it.
+pub(crate) fn set_nx_then_get(name: &str, value: &[u8], ttl: Option<Duration>) -> redis::Pipeline {
     let mut pipe = redis::pipe();
-    let set = pipe.cmd("SET").arg(name).arg(hex(key)).arg("NX");
+    let set = pipe.cmd("SET").arg(name).arg(value).arg("NX");
     if let Some(t) = ttl {
         set.arg("PX").arg(t.as_millis().max(1) as u64);
     }

@@ -62,6 +62,7 @@
 
 mod keys;
 mod replay;
+mod seal;
 mod sessions;
 mod tickets;
 
@@ -95,6 +96,13 @@ pub struct FleetOptions {
     pub timeout: Duration,
     /// PEM certificates to trust for `rediss://` instead of the system's roots.
     pub ca_pem: Option<Vec<u8>>,
+    /// The fleet's secret, the same on every server and never in Redis: every key and
+    /// session stored there is sealed under it (AES-256-GCM, HKDF-derived, the Redis name as
+    /// associated data), so whoever can read Redis, or the traffic to it, learns none of
+    /// them, and whoever can write it cannot plant one. Without it they are stored in clear
+    /// and Redis must be as trusted as the servers. A server with another secret (or none)
+    /// takes nothing from the others: give it to all at once.
+    pub secret: Option<[u8; 32]>,
 }
 
 impl Default for FleetOptions {
@@ -105,6 +113,7 @@ impl Default for FleetOptions {
             replay_window: Duration::from_secs(120),
             timeout: Duration::from_secs(1),
             ca_pem: None,
+            secret: None,
         }
     }
 }
@@ -260,6 +269,8 @@ pub(crate) struct Link {
     connect_after: std::sync::Mutex<Option<(tokio::time::Instant, String)>>,
     /// Keys read from Redis, to put back if it restarts empty: name, key, expiry, lifetime.
     remembered: std::sync::Mutex<Remembered>,
+    /// Seals what goes into Redis (see [`FleetOptions::secret`]).
+    pub(crate) sealer: Option<Arc<seal::Sealer>>,
 }
 
 impl Link {
@@ -288,6 +299,10 @@ impl Link {
             timeout: options.timeout,
             connect_after: std::sync::Mutex::new(None),
             remembered: Default::default(),
+            sealer: options
+                .secret
+                .as_ref()
+                .map(|s| Arc::new(seal::Sealer::new(s))),
         })
     }
 
@@ -440,12 +455,14 @@ impl Link {
             .map(|(n, (k, until))| (n.clone(), *k, until.map(|u| u - now)))
             .collect();
         let timeout = self.timeout;
+        let sealer = self.sealer.clone();
         tokio::spawn(async move {
             for (name, key, left) in keys {
-                let pipe = keys::set_nx_then_get(&name, &key, left);
+                let value = keys::stored_form(sealer.as_deref(), &name, &key);
+                let pipe = keys::set_nx_then_get(&name, &value, left);
                 let put = tokio::time::timeout(timeout, pipe.query_async::<(Vec<u8>,)>(&mut c));
                 if let Ok(Ok((stored,))) = put.await
-                    && stored != keys::hex(&key).into_bytes()
+                    && keys::read_form(sealer.as_deref(), &name, &stored) != Some(key)
                 {
                     tracing::warn!(target: "kuai::fleet", key = %name,
                         "redis holds another key than this server: restart this server to share it");

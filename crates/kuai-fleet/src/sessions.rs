@@ -89,7 +89,21 @@ impl FleetSessions {
             return;
         }
         match kind {
-            b"i" => self.cache.insert_replica(id, value, age),
+            b"i" => {
+                // Sealed under the fleet's secret when there is one: a session another
+                // server did not seal (or that a writer to Redis made up) is not taken.
+                let value = match &self.link.sealer {
+                    Some(s) => match s.open(&session_name(&id), &value) {
+                        Some(v) => v,
+                        None => {
+                            tracing::debug!(target: "kuai::fleet", "a session not sealed with this fleet's secret: ignored");
+                            return;
+                        }
+                    },
+                    None => value,
+                };
+                self.cache.insert_replica(id, value, age)
+            }
             b"u" => {
                 self.cache.remove(&id);
             }
@@ -144,7 +158,13 @@ async fn write(
         let mut pipe = redis::pipe();
         for n in batch.drain(..) {
             let (kind, id, value) = match n {
-                Note::Issued(id, value) => ("i", id, value),
+                Note::Issued(id, value) => {
+                    let value = match &s.link.sealer {
+                        Some(sealer) => sealer.seal(&session_name(&id), &value),
+                        None => value,
+                    };
+                    ("i", id, value)
+                }
                 Note::Used(id) => ("u", id, Vec::new()),
             };
             pipe.cmd("XADD")
@@ -174,6 +194,16 @@ async fn write(
             }
         }
     }
+}
+
+/// The name a session is sealed for: the stream and its ticket ID, so that a sealed session
+/// cannot be passed off under another ticket.
+fn session_name(id: &[u8]) -> Vec<u8> {
+    let mut n = Vec::with_capacity(STREAM.len() + 1 + id.len());
+    n.extend_from_slice(STREAM.as_bytes());
+    n.push(b'/');
+    n.extend_from_slice(id);
+    n
 }
 
 /// Tails the stream from its start, applying the other servers' notes.

@@ -62,10 +62,17 @@ fn start(args: &[&str], port: u16) -> Redis {
 /// Two members of one fleet: the same keys, a session one issues is the other's replica,
 /// its first use is recorded once.
 async fn two_members(url: &str, ca: Option<Vec<u8>>) {
-    let options = FleetOptions {
-        ca_pem: ca,
-        ..Default::default()
-    };
+    two_members_with(
+        url,
+        FleetOptions {
+            ca_pem: ca,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+async fn two_members_with(url: &str, options: FleetOptions) {
     let a = Fleet::start(url, options.clone()).unwrap();
     let b = Fleet::start(url, options).unwrap();
     assert_eq!(a.reset_key().await.unwrap(), b.reset_key().await.unwrap());
@@ -116,6 +123,66 @@ async fn members_share_through_redis_with_a_password() {
     let e = wrong.reset_key().await.unwrap_err();
     println!("wrong password: {e}");
     assert!(!wrong.is_redis_up());
+}
+
+/// With a fleet secret the members share as before, and Redis holds none of the keys nor
+/// any session in clear (the reset key's value is not its hex, a session's bytes are not in
+/// the stream); a member with another secret takes nothing from them: not their keys, not
+/// their sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_fleet_secret_redis_holds_only_sealed_values() {
+    if !installed() {
+        return;
+    }
+    let port = free_port();
+    let _r = start(&["--port", &port.to_string()], port);
+    let url = format!("redis://127.0.0.1:{port}");
+    let sealed = FleetOptions {
+        secret: Some([9; 32]),
+        ..Default::default()
+    };
+    two_members_with(&url, sealed.clone()).await;
+    let a = Fleet::start(&url, sealed).unwrap();
+    let key = a.reset_key().await.unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let stored: Vec<u8> = redis::cmd("GET")
+        .arg("kuai:keys:stateless-reset")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    assert!(stored.starts_with(b"k1:"), "sealed");
+    assert!(!stored.windows(8).any(|w| key.windows(8).any(|k| k == w)));
+    assert!(!String::from_utf8_lossy(&stored).contains(&hex[..16]));
+    let stream: redis::Value = redis::cmd("XRANGE")
+        .arg("kuai:sessions")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let dump = format!("{stream:?}");
+    assert!(
+        dump.contains("ticket-1"),
+        "the stream has the session's entry"
+    );
+    assert!(!dump.contains("\"session\""), "a session in clear: {dump}");
+    // Another secret: nothing of theirs is taken.
+    let other = Fleet::start(
+        &url,
+        FleetOptions {
+            secret: Some([10; 32]),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(other.reset_key().await.is_err(), "their key taken");
+    a.sessions()
+        .put(b"ticket-3".to_vec(), b"session 3".to_vec());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(other.sessions().get(b"ticket-1"), None);
+    assert_eq!(other.sessions().get(b"ticket-3"), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
