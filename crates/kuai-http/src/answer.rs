@@ -77,7 +77,9 @@ pub fn answer(
 ) -> FileAnswer {
     let etag = info.etag();
     let modified = info.modified_secs();
-    let mut headers = HeaderMap::new();
+    // Room for the file's fields and those the server adds (Date, Alt-Svc) without the map
+    // growing: a reallocation and rehash per response.
+    let mut headers = HeaderMap::with_capacity(12);
     if let Ok(v) = HeaderValue::from_str(&etag) {
         headers.insert(header::ETAG, v);
     }
