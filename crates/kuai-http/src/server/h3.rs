@@ -22,6 +22,7 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
         ..kuai_h3::Config::default()
     };
     let in_flight = InFlight::new();
+    let cancels = Arc::new(Cancels::new(conn.clone()));
     // Each request is answered in the task that read its head.
     let handler = {
         let shared = shared.clone();
@@ -29,9 +30,10 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
         move |req: Request<()>, stream: kuai_h3::RequestStream| {
             let request = RequestGuard::new(&in_flight);
             let shared = shared.clone();
+            let cancels = cancels.clone();
             async move {
                 let _request = request;
-                answer(req, stream, &shared, remote).await;
+                answer(req, stream, &shared, remote, &cancels).await;
             }
         }
     };
@@ -99,6 +101,7 @@ async fn answer(
     stream: kuai_h3::RequestStream,
     shared: &Arc<Shared>,
     remote: std::net::SocketAddr,
+    cancels: &Cancels,
 ) {
     let (parts, ()) = req.into_parts();
     let method = parts.method.clone();
@@ -125,6 +128,7 @@ async fn answer(
         r = shared.respond(req, info) => r,
         e = send.cancelled() => {
             tracing::debug!(%remote, %method, path = log.path(), error = %e, "h3 request cancelled");
+            cancels.note(remote);
             return;
         }
     };
@@ -147,6 +151,51 @@ async fn answer(
         }
         Err(e) => {
             tracing::info!(%remote, %method, path = log.path(), error = %e, "h3 request failed")
+        }
+    }
+}
+
+/// Requests a client cancels before their answer, budgeted per connection: the HTTP/3 form
+/// of HTTP/2's "rapid reset" (CVE-2023-44487), where a client opens a request and cancels it
+/// at once, over and over, each one starting the service's work (a proxied request, a file
+/// opened) for the price of a few bytes, faster than any limit on requests in flight can
+/// hold. A budget of [`CANCEL_BURST`], refilled at [`CANCEL_RATE`] a second, covers what
+/// browsers do (cancelling the rest of a page when the user moves on); past it the
+/// connection is closed with H3_EXCESSIVE_LOAD (RFC 9114 §8.1), so each burst costs the
+/// client a new handshake.
+struct Cancels {
+    quic: kuai::Connection,
+    /// Tokens left, and when they were last counted.
+    budget: std::sync::Mutex<(f64, std::time::Instant)>,
+}
+
+/// Cancelled requests a connection may have at once ...
+const CANCEL_BURST: f64 = 200.0;
+/// ... and more a second.
+const CANCEL_RATE: f64 = 20.0;
+
+impl Cancels {
+    fn new(quic: kuai::Connection) -> Self {
+        Self {
+            quic,
+            budget: std::sync::Mutex::new((CANCEL_BURST, std::time::Instant::now())),
+        }
+    }
+
+    /// A request was cancelled before its answer: closes the connection past the budget.
+    fn note(&self, remote: std::net::SocketAddr) {
+        let over = {
+            let mut b = self.budget.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            let refill = now.duration_since(b.1).as_secs_f64() * CANCEL_RATE;
+            b.0 = (b.0 + refill).min(CANCEL_BURST) - 1.0;
+            b.1 = now;
+            b.0 < 0.0
+        };
+        if over && self.quic.close_reason().is_none() {
+            tracing::info!(%remote, "HTTP/3 client cancels requests faster than allowed: connection closed");
+            self.quic
+                .close(Code::EXCESSIVE_LOAD.0, b"too many requests cancelled");
         }
     }
 }

@@ -612,6 +612,44 @@ async fn request_bodies_over_the_limit_are_refused() {
     );
 }
 
+/// HTTP/3 "rapid reset": a client that opens requests and cancels each at once (STOP_SENDING
+/// and a reset after its head) is cut off with H3_EXCESSIVE_LOAD once it passes the budget
+/// of cancellations (200 at once): every request started the service's work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_cancels_requests_without_end_is_cut_off() {
+    let srv = start(Limits::default(), None).await;
+    let cep = client_endpoint();
+    let (conn, client) = h3_client(&cep, &srv.cert, srv.addr).await;
+    let mut cancelled = 0;
+    for _ in 0..400 {
+        let req = Request::builder()
+            .uri("https://localhost/wait/10000")
+            .body(())
+            .unwrap();
+        let Ok(stream) = client.send_request(req).await else {
+            break;
+        };
+        let (mut send, mut recv) = stream.split();
+        // Let the server read the head and start on it.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        recv.stop(kuai_h3::Code::REQUEST_CANCELLED);
+        send.reset(kuai_h3::Code::REQUEST_CANCELLED);
+        cancelled += 1;
+        if conn.close_reason().is_some() {
+            break;
+        }
+    }
+    let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+        .await
+        .expect("still open after 400 cancelled requests");
+    eprintln!("closed after {cancelled} cancelled requests: {closed}");
+    assert!(
+        format!("{closed:?}").contains("263"),
+        "H3_EXCESSIVE_LOAD (0x107): {closed:?}"
+    );
+    assert!(cancelled > 150, "closed after {cancelled} cancellations");
+}
+
 /// An HTTP/3 response carries Date (RFC 9110 §6.6.1), as hyper's over TCP do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http3_responses_carry_a_date() {
