@@ -439,6 +439,11 @@ async fn serve(args: Args) -> Result<(), String> {
                 .sealing()
                 .map_or("none".into(), |g| g.to_string());
             rotations.push(token_keys);
+            // A NEW_TOKEN token validates once in the fleet, not once per server.
+            f.share_token_log(
+                cfg.proto_mut().token_log.clone(),
+                cfg.proto_mut().new_token_lifetime,
+            );
             match reset {
                 Some(Ok(k)) => {
                     println!(

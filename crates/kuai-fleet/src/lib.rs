@@ -239,6 +239,13 @@ impl Fleet {
         (t, r)
     }
 
+    /// Shares the transport's NEW_TOKEN log (`kuai_proto::ServerConfig::token_log`, tokens
+    /// of `lifetime`) through the session stream: a token used at one server validates no
+    /// address at the others (RFC 9000 §8.1.4), as it does at the server itself.
+    pub fn share_token_log(&self, log: Arc<kuai::kuai_proto::TokenLog>, lifetime: Duration) {
+        self.sessions.share_token_log(log, lifetime);
+    }
+
     /// Whether the last exchange with Redis went well.
     pub fn is_redis_up(&self) -> bool {
         self.link.is_up()

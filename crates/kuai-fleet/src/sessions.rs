@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use kuai::kuai_proto::TokenLog;
 use kuai::session::SessionCache;
 use redis::Value;
 use tokio::sync::mpsc;
@@ -28,7 +29,12 @@ enum Note {
     Issued(Vec<u8>, Vec<u8>),
     /// A session used here (the replicas drop it).
     Used(Vec<u8>),
+    /// A NEW_TOKEN token used here: its ID and issue time (unix ms).
+    TokenUsed([u8; TOKEN_ID_LEN], u64),
 }
+
+/// The length of a NEW_TOKEN token's ID (its nonce).
+const TOKEN_ID_LEN: usize = 12;
 
 /// The fleet's session store: this server's sessions and replicas of the others', for
 /// rustls (`ServerConfig::session_storage`). See the [crate](crate) docs.
@@ -39,6 +45,8 @@ pub struct FleetSessions {
     origin: u64,
     notes: mpsc::Sender<Note>,
     dropped_notes: std::sync::atomic::AtomicU64,
+    /// The transport's NEW_TOKEN log and the tokens' lifetime, once shared.
+    token_log: std::sync::OnceLock<(Arc<TokenLog>, Duration)>,
 }
 
 impl std::fmt::Debug for FleetSessions {
@@ -60,6 +68,7 @@ impl FleetSessions {
             origin: u64::from_le_bytes(origin),
             notes: tx,
             dropped_notes: Default::default(),
+            token_log: std::sync::OnceLock::new(),
         });
         tokio::spawn(write(Arc::downgrade(&s), rx, options.capacity));
         tokio::spawn(read(Arc::downgrade(&s), options.lifetime));
@@ -74,6 +83,22 @@ impl FleetSessions {
     /// Whether none is held.
     pub fn is_empty(&self) -> bool {
         self.cache.is_empty()
+    }
+
+    /// Shares `log` with the fleet: each token's first use here goes on the stream, and the
+    /// others' uses are recorded in it, so a NEW_TOKEN token validates an address once in the
+    /// fleet, not once per server (RFC 9000 §8.1.4). Within the stream's delay a copy may
+    /// still pass at a second server.
+    pub(crate) fn share_token_log(self: &Arc<Self>, log: Arc<TokenLog>, lifetime: Duration) {
+        if self.token_log.set((log.clone(), lifetime)).is_err() {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        log.on_first_use(move |id, issued_ms| {
+            if let Some(s) = me.upgrade() {
+                s.note(Note::TokenUsed(*id, issued_ms));
+            }
+        });
     }
 
     fn note(&self, n: Note) {
@@ -106,6 +131,19 @@ impl FleetSessions {
             }
             b"u" => {
                 self.cache.remove(&id);
+            }
+            b"t" => {
+                let (Some((log, lifetime)), Ok(id), Ok(issued)) = (
+                    self.token_log.get(),
+                    <[u8; TOKEN_ID_LEN]>::try_from(&id[..]),
+                    <[u8; 8]>::try_from(&value[..]),
+                ) else {
+                    return;
+                };
+                let now_ms = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                log.mark_used(&id, u64::from_le_bytes(issued), now_ms, *lifetime);
             }
             _ => {}
         }
@@ -166,6 +204,7 @@ async fn write(
                     ("i", id, value)
                 }
                 Note::Used(id) => ("u", id, Vec::new()),
+                Note::TokenUsed(id, issued) => ("t", id.to_vec(), issued.to_le_bytes().to_vec()),
             };
             pipe.cmd("XADD")
                 .arg(STREAM)

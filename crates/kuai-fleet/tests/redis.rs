@@ -265,6 +265,41 @@ async fn with_redis_away_no_session_resumes() {
     assert!(a.anti_replay().first_use(b"own-1").await.unwrap());
 }
 
+/// A NEW_TOKEN token used at one member validates no address at another: the members
+/// share their token logs through the stream (RFC 9000 §8.1.4: a token once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_token_used_at_one_member_is_used_at_all() {
+    if !installed() {
+        return;
+    }
+    let port = free_port();
+    let _r = start(&["--port", &port.to_string()], port);
+    let url = format!("redis://127.0.0.1:{port}");
+    let a = Fleet::start(&url, Default::default()).unwrap();
+    let b = Fleet::start(&url, Default::default()).unwrap();
+    let day = Duration::from_secs(86_400);
+    let (la, lb) = (
+        Arc::new(kuai::kuai_proto::TokenLog::new()),
+        Arc::new(kuai::kuai_proto::TokenLog::new()),
+    );
+    a.share_token_log(la.clone(), day);
+    b.share_token_log(lb.clone(), day);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let id = [7u8; 12];
+    assert!(la.first_use(&id, now - 1000, now, day), "first use at a");
+    // The note goes through the stream (b's reader wakes as it arrives).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !lb.first_use(&id, now - 1000, now, day),
+        "the token validated at b after its use at a"
+    );
+    // A token never used still validates at b.
+    assert!(lb.first_use(&[8u8; 12], now - 1000, now, day));
+}
+
 /// A Redis that answers reads but refuses writes (out of memory with `noeviction`, or a user
 /// who may read and not write) counts as away: no session resumes, since its first use
 /// could not be recorded (the session reader's successful reads made it count as up, and

@@ -58,6 +58,6 @@ pub use endpoint::{ConnectionHandle, Endpoint, EndpointStats, address_key};
 pub use error::{TransportError, TransportErrorCode};
 pub use recovery::PathId;
 pub use stream::{Priority, StreamError, StreamEvent};
-pub use token::TokenKey;
+pub use token::{TokenKey, TokenLog};
 pub use types::{Dir, IdMap, Side, SpaceId, StreamId, Version};
 pub use varint::VarInt;

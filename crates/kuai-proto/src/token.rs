@@ -214,7 +214,12 @@ pub fn new_token(key: &TokenKey, client: IpAddr, unix_ms: u64) -> Vec<u8> {
 #[derive(Default)]
 pub struct TokenLog {
     state: std::sync::Mutex<TokenLogState>,
+    /// Told of each first use here (see [`TokenLog::on_first_use`]).
+    listener: std::sync::OnceLock<TokenListener>,
 }
+
+/// What [`TokenLog::on_first_use`] calls: a token's ID and issue time (unix ms).
+type TokenListener = Box<dyn Fn(&[u8; NONCE_LEN], u64) + Send + Sync>;
 
 struct TokenLogState {
     hasher: std::hash::RandomState,
@@ -235,12 +240,13 @@ const TOKEN_LOG_BITS: usize = 1 << 20;
 const TOKEN_LOG_HASHES: u64 = 4;
 
 impl TokenLog {
+    /// An empty log.
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Records the token `id` issued at `issued_ms` with this lifetime; false if it was
-    /// (probably) used before.
+    /// (probably) used before. A first use is told to the listener, if one is set.
     pub fn first_use(
         &self,
         id: &[u8; NONCE_LEN],
@@ -248,6 +254,27 @@ impl TokenLog {
         now_ms: u64,
         lifetime: Duration,
     ) -> bool {
+        let first = self.record(id, issued_ms, now_ms, lifetime);
+        if first && let Some(tell) = self.listener.get() {
+            tell(id, issued_ms);
+        }
+        first
+    }
+
+    /// Records a use of `id` made elsewhere (another server of a fleet that shares the
+    /// token key), so that the token validates no address here either.
+    pub fn mark_used(&self, id: &[u8; NONCE_LEN], issued_ms: u64, now_ms: u64, lifetime: Duration) {
+        self.record(id, issued_ms, now_ms, lifetime);
+    }
+
+    /// Calls `tell` with each token's ID and issue time (unix ms) at its first use here
+    /// (from the packet path: it must not block), for a fleet to pass on; one listener at
+    /// most (false when one was set already).
+    pub fn on_first_use(&self, tell: impl Fn(&[u8; NONCE_LEN], u64) + Send + Sync + 'static) -> bool {
+        self.listener.set(Box::new(tell)).is_ok()
+    }
+
+    fn record(&self, id: &[u8; NONCE_LEN], issued_ms: u64, now_ms: u64, lifetime: Duration) -> bool {
         use std::hash::BuildHasher;
         let slot_ms = (lifetime.as_millis() as u64 / 2).max(1);
         // A token from the future (another server's clock ahead of ours) is logged as issued
