@@ -38,13 +38,23 @@ impl ConnectionInner {
 impl Drop for ConnectionInner {
     fn drop(&mut self) {
         let mut s = self.shared.lock();
-        match s.ep.connection_mut(self.handle) {
-            Some(c) if !c.is_closed() => c.close(Instant::now(), 0, b""),
-            Some(_) => {}
-            // Already gone from the transport: forget the wake state too.
-            None => {
-                s.conns.remove(&self.handle);
+        let held = match s.ep.connection_mut(self.handle) {
+            Some(c) => {
+                if !c.is_closed() {
+                    c.close(Instant::now(), 0, b"");
+                }
+                true
             }
+            None => false,
+        };
+        if held {
+            // Its wake state goes when the transport forgets the connection.
+            if let Some(st) = s.conns.get_mut(&self.handle) {
+                st.released = true;
+            }
+        } else {
+            // Already gone from the transport: forget the wake state too.
+            s.conns.remove(&self.handle);
         }
         drop(s);
         self.shared.kick();
@@ -92,8 +102,12 @@ impl Connecting {
     /// ([`udp_rx_datagrams`](ConnectionStats::udp_rx_datagrams)), how many Initials went
     /// out, ...
     pub fn stats(&self) -> ConnectionStats {
-        let inner = self.inner.as_ref().expect("not consumed");
-        inner.with(|s, h| s.ep.connection(h).map(|c| c.stats()).unwrap_or_default())
+        // After the handshake completed (polled through `&mut`) the connection went on.
+        self.inner
+            .as_ref()
+            .map_or_else(ConnectionStats::default, |inner| {
+                inner.with(|s, h| s.ep.connection(h).map(|c| c.stats()).unwrap_or_default())
+            })
     }
 
     /// The server address the handshake goes to.
@@ -335,19 +349,27 @@ impl Connection {
 
     /// Waits until the connection is closed, and says why.
     pub async fn closed(&self) -> ConnectionError {
-        poll_fn(|cx| {
-            self.inner.with(|s, h| match s.conns.get_mut(&h) {
-                Some(st) => match st.error.clone() {
-                    Some(e) => Poll::Ready(e),
-                    None => {
-                        register(&mut st.closed, cx);
-                        Poll::Pending
-                    }
-                },
-                None => Poll::Ready(ConnectionError::LocallyClosed),
-            })
-        })
-        .await
+        let state = |s: &mut crate::endpoint::State, h| match s.conns.get(&h) {
+            Some(st) => match &st.error {
+                Some(e) => Err(e.clone()),
+                None => Ok(st.closed.clone()),
+            },
+            None => Err(ConnectionError::LocallyClosed),
+        };
+        loop {
+            let notify = match self.inner.with(state) {
+                Ok(n) => n,
+                Err(e) => return e,
+            };
+            let notified = notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Waiting from here on; then looked at again, so a close in between is seen.
+            notified.as_mut().enable();
+            if let Err(e) = self.inner.with(state) {
+                return e;
+            }
+            notified.await;
+        }
     }
 
     /// Why the connection closed, if it has.
@@ -931,8 +953,11 @@ impl RecvStream {
                     s.conns.get(&h).map(Box::as_ref),
                 ))));
             };
-            if let Some(code) = c.stream_reset_received(id) {
-                return Poll::Ready(Ok(code));
+            match c.stream_reset_received(id) {
+                Ok(Some(code)) => return Poll::Ready(Ok(code)),
+                Ok(None) => {}
+                // Its receiving side is over (read to its end): no reset will come.
+                Err(_) => return Poll::Ready(Err(ReadError::ClosedStream)),
             }
             match s.conns.get_mut(&h) {
                 Some(st) => {

@@ -68,7 +68,10 @@ pub(crate) struct ConnState {
     pub accept: [Vec<Waker>; 2],
     pub open: [Vec<Waker>; 2],
     pub datagram: Vec<Waker>,
-    pub closed: Vec<Waker>,
+    /// Those waiting in `Connection::closed`: a `Notify`, whose waiters leave when their
+    /// future is dropped (a waker list kept one for every task that ever asked, which
+    /// per-request code does, until the connection ended).
+    pub closed: Arc<tokio::sync::Notify>,
     /// Client: session tickets received, and the tasks waiting for one.
     pub session_tickets: u32,
     pub ticket: Vec<Waker>,
@@ -76,6 +79,9 @@ pub(crate) struct ConnState {
     pub server_name: Option<String>,
     /// The transport forgot the connection; only the error remains.
     pub drained: bool,
+    /// The application dropped its last handle while the transport still held the
+    /// connection: the entry goes when the transport forgets it.
+    pub released: bool,
 }
 
 impl ConnState {
@@ -143,9 +149,10 @@ impl ConnState {
                 woken.push(w);
             }
         }
-        for w in self.datagram.drain(..).chain(self.closed.drain(..)) {
+        for w in self.datagram.drain(..) {
             woken.push(w);
         }
+        self.closed.notify_waiters();
         woken.append(&mut self.ticket);
     }
 }
@@ -867,6 +874,13 @@ impl Endpoint {
             .collect()
     }
 
+    /// Connections whose wake state this endpoint still keeps (live ones, and closed ones
+    /// an application handle may still ask about): for tests that check nothing leaks.
+    #[doc(hidden)]
+    pub fn tracked_connections(&self) -> usize {
+        self.workers.all.iter().map(|w| w.lock().conns.len()).sum()
+    }
+
     /// Live connections, closing ones included.
     pub fn connection_count(&self) -> usize {
         self.workers
@@ -1545,6 +1559,11 @@ fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
     while let Some(h) = s.ep.poll_removed() {
         if let Some(k) = s.orphans.iter().position(|&o| o == h) {
             s.orphans.swap_remove(k);
+            s.conns.remove(&h);
+            continue;
+        }
+        // No handle is left to learn why: nothing to keep (it stayed for good before).
+        if s.conns.get(&h).is_some_and(|st| st.released) {
             s.conns.remove(&h);
             continue;
         }

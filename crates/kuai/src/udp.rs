@@ -240,6 +240,13 @@ impl UdpSocket {
         let gro_segments = if opts.gro {
             state.gro_segments().max(1)
         } else {
+            // quinn-udp turned the kernel's GRO on: off again, or the kernel would hand
+            // coalesced batches of up to 64 KiB to receive slots of one datagram, and cut
+            // them short without a word.
+            #[cfg(target_os = "linux")]
+            if state.gro_segments() > 1 {
+                disable_gro(&sock)?;
+            }
             1
         };
         let local = sock.local_addr()?;
@@ -704,7 +711,8 @@ mod recv_pool {
 }
 
 /// `sendmmsg(2)` with one destination and one set of control messages for the whole batch.
-/// The only unsafe code of the crate: the system call and its C structures.
+/// Unsafe code of the UDP layer (with `recv_pool`, `disable_gro` and `steer`): the system
+/// call and its C structures.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 mod mmsg {
@@ -852,6 +860,30 @@ pub fn worker_of(datagram: &[u8], workers: usize, cid_len: usize) -> usize {
         None => None,
     };
     last.map_or(0, |&b| b as usize % workers)
+}
+
+/// Turns the kernel's UDP GRO off on `sock` (Linux 5.0's `UDP_GRO` option): a socket
+/// option, unsafe code of the UDP layer.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn disable_gro(sock: &std::net::UdpSocket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let off: libc::c_int = 0;
+    // SAFETY: `sock` is an open socket for the duration of the call; the option value
+    // points at `off`, which outlives the call, and its size is given exactly.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            (&raw const off).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The steering program (`SO_ATTACH_REUSEPORT_CBPF`); the socket option and its C structure

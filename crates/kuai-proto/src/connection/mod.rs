@@ -1153,7 +1153,7 @@ impl Connection {
     /// Whether the peer reset `id`'s sending side (its RESET_STREAM code), before a read
     /// has delivered that: for a reader that waits on something else and must not take the
     /// stream's data meanwhile.
-    pub fn stream_reset_received(&self, id: StreamId) -> Option<u64> {
+    pub fn stream_reset_received(&self, id: StreamId) -> Result<Option<u64>, StreamError> {
         self.streams.reset_received(id)
     }
 

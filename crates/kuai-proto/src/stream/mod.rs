@@ -580,11 +580,11 @@ impl Streams {
     }
 
     /// The peer's RESET_STREAM code for `id`, received and not yet delivered by a read
-    /// (which still delivers it).
-    pub fn reset_received(&self, id: StreamId) -> Option<u64> {
-        match self.recv.get(&id)?.state {
-            RecvState::ResetRecvd { code } => Some(code),
-            _ => None,
+    /// (which still delivers it); `UnknownStream` once the receiving side is over.
+    pub fn reset_received(&self, id: StreamId) -> Result<Option<u64>, StreamError> {
+        match self.recv.get(&id).ok_or(StreamError::UnknownStream)?.state {
+            RecvState::ResetRecvd { code } => Ok(Some(code)),
+            _ => Ok(None),
         }
     }
 
