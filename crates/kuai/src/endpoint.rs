@@ -173,6 +173,8 @@ pub(crate) struct State {
     /// workers: the next connection to a server may start on another).
     tokens: Arc<Mutex<HashMap<String, Bytes>>>,
     closed: bool,
+    /// Every `Endpoint` handle is gone: the driver stops once no connection is left.
+    abandoned: bool,
     max_segments: usize,
     idle_wakers: Vec<Waker>,
     /// Server: the guard that must see each accepted 0-RTT ticket before the application
@@ -447,10 +449,42 @@ impl EndpointBuilder {
     }
 }
 
-/// A QUIC endpoint on a UDP port. Cheap to clone; all clones share the sockets.
+/// A QUIC endpoint on a UDP port. Cheap to clone; all clones share the sockets. Once every
+/// clone is dropped (without [`close`](Endpoint::close)), the endpoint takes no new
+/// connection, and its drivers, sockets and buffers go when its last connection has.
 #[derive(Clone)]
 pub struct Endpoint {
     workers: Arc<Workers>,
+    _handles: Arc<Handles>,
+}
+
+/// Alive while an [`Endpoint`] handle is: the drivers hold the workers themselves, so
+/// without this they ran, with their sockets and buffers, for the process's life.
+struct Handles(Arc<Workers>);
+
+impl Drop for Handles {
+    fn drop(&mut self) {
+        for w in self.0.all.iter() {
+            let mut s = w.lock();
+            s.abandoned = true;
+            // Nobody can accept any more: new connections are not taken, and those queued
+            // for `accept` are closed.
+            s.ep.set_server_config(None);
+            let now = Instant::now();
+            let queued: Vec<_> = s.incoming.drain(..).collect();
+            for h in queued {
+                if let Some(c) = s.ep.connection_mut(h) {
+                    c.close(now, 0, b"");
+                }
+                // No handle will ask about it: its state goes when it drains.
+                if let Some(st) = s.conns.get_mut(&h) {
+                    st.released = true;
+                }
+            }
+            drop(s);
+            w.kick();
+        }
+    }
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -556,6 +590,7 @@ impl Endpoint {
                     client_config: b.client.clone(),
                     tokens: tokens.clone(),
                     closed: false,
+                    abandoned: false,
                     max_segments,
                     idle_wakers: Vec::new(),
                     anti_replay: server.as_ref().and_then(|s| s.anti_replay.clone()),
@@ -588,7 +623,11 @@ impl Endpoint {
                 }
             });
         }
-        Ok(Self { workers })
+        let handles = Arc::new(Handles(workers.clone()));
+        Ok(Self {
+            workers,
+            _handles: handles,
+        })
     }
 
     fn first(&self) -> &Shared {
@@ -1227,7 +1266,7 @@ impl View {
             socket: s.socket.clone(),
             preferred: s.preferred.clone(),
             deadline: s.ep.poll_timeout(),
-            finished: s.closed && s.ep.connection_count() == 0,
+            finished: (s.closed || s.abandoned) && s.ep.connection_count() == 0,
         }
     }
 

@@ -663,14 +663,15 @@ async fn a_stateless_reset_finds_its_connection_on_any_worker() {
         },
     };
     // The first server runs on a runtime of its own, so that dropping the runtime drops
-    // it with all its state and frees the port. It never accepts: no connection handle
+    // it with all its state and frees the port (a crash: its handle goes after the
+    // runtime, when nothing can be sent any more). It never accepts: no connection handle
     // closes anything when it goes.
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let (ecfg, scfg2) = (endpoint_config.clone(), scfg.clone());
     let first = std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async {
+        let server = rt.block_on(async {
             let server = Endpoint::builder()
                 .server(scfg2)
                 .endpoint_config(ecfg)
@@ -680,9 +681,11 @@ async fn a_stateless_reset_finds_its_connection_on_any_worker() {
             tokio::task::spawn_blocking(move || stop_rx.recv())
                 .await
                 .unwrap()
-        })
-        .unwrap();
+                .unwrap();
+            server
+        });
         drop(rt);
+        drop(server);
     });
     let addr = rx.recv().unwrap();
     let client = client_with_workers(2);
@@ -1061,6 +1064,28 @@ async fn closed_connections_leave_no_state_behind() {
              ({} and {} live)",
             client.connection_count(),
             server.connection_count()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// An endpoint all of whose handles are dropped (without `close`) stops once its last
+/// connection has drained: its driver ends and its socket closes (the port can be bound
+/// again). Its drivers ran for the process's life before, each with its socket and buffers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_endpoint_lets_its_socket_go() {
+    let (scfg, cert) = server_config();
+    let (_server, addr) = start_server(scfg).await;
+    let (client, conn) = connect(cert, addr).await;
+    assert_eq!(fetch(&conn, 1000).await, 1000);
+    let local = client.local_addr().unwrap();
+    drop(conn);
+    drop(client);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::UdpSocket::bind(local).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dropped endpoint still holds {local}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
