@@ -881,15 +881,28 @@ impl Endpoint {
     /// application that outlives the process saves it and gives it back with
     /// [`Endpoint::remember_path`].
     pub fn path_hint(&self, server: SocketAddr) -> Option<kuai_proto::PathHint> {
+        let server = self.peer_form(server);
         self.workers
             .all
             .iter()
             .find_map(|w| w.lock().ep.path_hint(server))
     }
 
+    /// `addr` as this endpoint's connections know their peer: an IPv4 address IPv4-mapped
+    /// on a dual-stack (IPv6) socket, as [`connect_with`](Self::connect_with) makes it.
+    fn peer_form(&self, addr: SocketAddr) -> SocketAddr {
+        match (self.first().lock().socket.local_addr(), addr) {
+            (SocketAddr::V6(_), SocketAddr::V4(a)) => {
+                SocketAddr::new(a.ip().to_ipv6_mapped().into(), a.port())
+            }
+            _ => addr,
+        }
+    }
+
     /// Gives the endpoint a path hint for `server`, as one of its own connections would when
     /// it ends (every worker gets it).
     pub fn remember_path(&self, server: SocketAddr, hint: kuai_proto::PathHint) {
+        let server = self.peer_form(server);
         for w in self.workers.all.iter() {
             w.lock().ep.remember_path(server, hint);
         }
@@ -1283,6 +1296,9 @@ impl View {
 /// Transmits per driver turn.
 const OUTBOX: usize = 8;
 
+/// Servers whose NEW_TOKEN tokens a client endpoint keeps (RFC 9000 §8.1.3).
+const MAX_TOKENS: usize = 4096;
+
 /// Transmits made under the worker's lock and sent after it is released.
 struct Outbox {
     /// One buffer per transmit, kept from turn to turn.
@@ -1573,7 +1589,16 @@ fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
             }
             Event::NewToken(t) => {
                 if let Some(name) = st.server_name.clone() {
-                    lock(&s.tokens).insert(name, t);
+                    let mut tokens = lock(&s.tokens);
+                    // A client of many servers keeps tokens for the last few thousand: one
+                    // goes (any: they are all single-use hints) to make room.
+                    if tokens.len() >= MAX_TOKENS
+                        && !tokens.contains_key(&name)
+                        && let Some(k) = tokens.keys().next().cloned()
+                    {
+                        tokens.remove(&k);
+                    }
+                    tokens.insert(name, t);
                 }
             }
             Event::ConnectionLost(e) => {

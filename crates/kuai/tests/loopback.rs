@@ -227,6 +227,42 @@ async fn a_client_endpoint_remembers_its_servers_path() {
     assert_eq!(client.path_hint(elsewhere), Some(saved));
 }
 
+/// On a dual-stack endpoint an IPv4 server's hint is found by its IPv4 address (the
+/// connection knew it IPv4-mapped, and the hint was kept under that form).
+#[tokio::test]
+async fn a_dual_stack_endpoint_finds_an_ipv4_servers_hint() {
+    let Ok(client) = Endpoint::client("[::]:0".parse().unwrap()) else {
+        eprintln!("no IPv6 here: skipped");
+        return;
+    };
+    let (scfg, cert) = server_config();
+    let (_server, addr) = start_server(scfg).await;
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(fetch(&conn, 10_000).await, 10_000);
+    conn.close(0, b"");
+    drop(conn);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while client.path_hint(addr).is_none() {
+        assert!(std::time::Instant::now() < deadline, "no hint for {addr}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let saved = kuai::PathHint {
+        rtt: std::time::Duration::from_millis(80),
+        ..Default::default()
+    };
+    let elsewhere: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    client.remember_path(elsewhere, saved);
+    assert_eq!(client.path_hint(elsewhere), Some(saved));
+}
+
 #[tokio::test]
 async fn zero_rtt_on_the_second_connection() {
     let (scfg, cert) = server_config();
