@@ -228,6 +228,8 @@ pub(crate) struct Workers {
     next_accept: AtomicUsize,
     /// How a datagram finds the worker its connection ID names.
     steering: Steering,
+    /// The sockets' options, for a rebind to keep them (GSO or GRO turned off, say).
+    socket_options: SocketOptions,
 }
 
 /// How the workers of one endpoint tell whose a connection ID is.
@@ -614,6 +616,7 @@ impl Endpoint {
             next_connect: AtomicUsize::new(0),
             next_accept: AtomicUsize::new(0),
             steering,
+            socket_options: b.socket,
         });
         for i in 0..n {
             let w = workers.clone();
@@ -837,7 +840,7 @@ impl Endpoint {
         let all = &self.workers.all;
         let cid_len = self.first().lock().ep.cid_len();
         let steer = self.workers.steering.kernel_steers().then_some(cid_len);
-        let sockets = UdpSocket::bind_workers(addr, SocketOptions::default(), all.len(), steer)?;
+        let sockets = UdpSocket::bind_workers(addr, self.workers.socket_options, all.len(), steer)?;
         for (w, socket) in all.iter().zip(sockets) {
             let mut s = w.lock();
             let local_ip = Some(socket.local_addr().ip()).filter(|ip| !ip.is_unspecified());

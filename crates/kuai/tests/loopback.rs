@@ -192,6 +192,32 @@ async fn without_gro_a_gso_sender_is_received_whole() {
     assert!(dropped < 10, "{dropped} packets dropped as undecryptable");
 }
 
+/// A rebind keeps the endpoint's socket options: without GRO before, without GRO after (a
+/// rebind made its sockets with the defaults, GRO on, into one-datagram receive slots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebind_keeps_the_socket_options() {
+    let (scfg, cert) = server_config();
+    let (_server, addr) = start_server(scfg).await;
+    let client = Endpoint::builder().gro(false).bind(localhost()).unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            addr,
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(fetch(&conn, 1000).await, 1000);
+    client.rebind(localhost()).unwrap();
+    let got = tokio::time::timeout(std::time::Duration::from_secs(30), fetch(&conn, 20 << 20))
+        .await
+        .expect("the transfer stalled");
+    assert_eq!(got, 20 << 20);
+    let dropped = conn.stats().packets_dropped;
+    assert!(dropped < 10, "{dropped} packets dropped as undecryptable");
+}
+
 /// A client endpoint keeps what a finished connection learnt of its server's path, and takes
 /// a hint saved by an earlier process.
 #[tokio::test]
