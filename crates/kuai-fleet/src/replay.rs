@@ -48,14 +48,21 @@ impl RedisAntiReplay {
     }
 }
 
-impl AntiReplay for RedisAntiReplay {
-    fn record(&self, ticket: &[u8]) {
-        let ticket = ticket.to_vec();
-        let me = Self {
+impl RedisAntiReplay {
+    /// A copy for a task of its own.
+    fn detached(&self) -> Self {
+        Self {
             link: self.link.clone(),
             window: self.window,
             runtime: self.runtime.clone(),
-        };
+        }
+    }
+}
+
+impl AntiReplay for RedisAntiReplay {
+    fn record(&self, ticket: &[u8]) {
+        let ticket = ticket.to_vec();
+        let me = self.detached();
         self.runtime.spawn(async move {
             if let Err(e) = me.first_use(&ticket).await {
                 tracing::info!(target: "kuai::fleet", error = %e,
@@ -66,11 +73,7 @@ impl AntiReplay for RedisAntiReplay {
 
     fn check(&self, ticket: &[u8], verdict: Verdict) {
         let ticket = ticket.to_vec();
-        let me = Self {
-            link: self.link.clone(),
-            window: self.window,
-            runtime: self.runtime.clone(),
-        };
+        let me = self.detached();
         self.runtime.spawn(async move {
             match me.first_use(&ticket).await {
                 Ok(true) => verdict.first_use(),

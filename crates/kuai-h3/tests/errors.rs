@@ -418,29 +418,21 @@ async fn an_oversized_headers_frame_resets_only_its_stream() {
     assert!(conn.close_reason().is_none());
 }
 
-/// A request head waiting on QPACK (its section names a dynamic entry the encoder stream
-/// has not brought) whose stream the client then resets is given up: the server's decoder
-/// stream carries a Stream Cancellation for it (RFC 9204 §2.2.2.2, §4.4.2), instead of the
-/// server waiting on the entry for as long as the connection lives.
-#[tokio::test]
-async fn a_blocked_head_whose_stream_is_reset_is_cancelled() {
-    let (_ep, conn, _s) = raw_client().await;
-    control_stream(&conn, &[0x04, 0x00]).await;
-    // Required Insert Count 1 (encoded 2), Base 1 (delta 0), GET https /, then dynamic
-    // entry 0 (indexed, relative index 0): blocked until the first insert, which never comes.
+/// A GET whose HEADERS frame names dynamic entry 0: Required Insert Count 1 (encoded 2),
+/// Base 1 (delta 0), GET https /, then entry 0 (indexed, relative index 0).
+fn dynamic_entry_headers_frame() -> Vec<u8> {
     let mut block = vec![0x02, 0x00];
     block.extend_from_slice(&GET_HTTPS_ROOT);
     block.push(0x80);
     let mut frame = vec![0x01, block.len() as u8];
     frame.extend_from_slice(&block);
-    let (mut send, _recv) = conn.open_bi().await.unwrap();
-    assert_eq!(send.id().0, 0);
-    send.write_all(&frame).await.unwrap();
-    // Let the server read the head and block on it, then reset the stream.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    send.reset(Code::REQUEST_CANCELLED.0).unwrap();
-    // The server's uni streams: control, QPACK encoder, QPACK decoder (type 0x03).
-    let cancelled = tokio::time::timeout(Duration::from_secs(3), async {
+    frame
+}
+
+/// The first instruction on the server's QPACK decoder stream (of its uni streams: control,
+/// QPACK encoder, QPACK decoder, type 0x03), within 3 s.
+async fn first_decoder_instruction(conn: &kuai::Connection) -> Vec<u8> {
+    tokio::time::timeout(Duration::from_secs(3), async {
         loop {
             let mut uni = conn.accept_uni().await.unwrap();
             let first = uni.read_chunk(1).await.unwrap().unwrap();
@@ -457,7 +449,26 @@ async fn a_blocked_head_whose_stream_is_reset_is_cancelled() {
         }
     })
     .await
-    .expect("a decoder instruction within 3 s");
+    .expect("a decoder instruction within 3 s")
+}
+
+/// A request head waiting on QPACK (its section names a dynamic entry the encoder stream
+/// has not brought) whose stream the client then resets is given up: the server's decoder
+/// stream carries a Stream Cancellation for it (RFC 9204 §2.2.2.2, §4.4.2), instead of the
+/// server waiting on the entry for as long as the connection lives.
+#[tokio::test]
+async fn a_blocked_head_whose_stream_is_reset_is_cancelled() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    // Blocked until the first insert, which never comes.
+    let frame = dynamic_entry_headers_frame();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    assert_eq!(send.id().0, 0);
+    send.write_all(&frame).await.unwrap();
+    // Let the server read the head and block on it, then reset the stream.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send.reset(Code::REQUEST_CANCELLED.0).unwrap();
+    let cancelled = first_decoder_instruction(&conn).await;
     // Stream Cancellation (01xxxxxx) for stream 0.
     assert_eq!(cancelled, [0x40]);
     assert!(conn.close_reason().is_none());
@@ -471,11 +482,7 @@ async fn a_blocked_head_whose_stream_is_reset_is_cancelled() {
 async fn a_blocked_head_does_not_buffer_what_follows_it() {
     let (_ep, conn, _s) = raw_client().await;
     control_stream(&conn, &[0x04, 0x00]).await;
-    let mut block = vec![0x02, 0x00];
-    block.extend_from_slice(&GET_HTTPS_ROOT);
-    block.push(0x80);
-    let mut frame = vec![0x01, block.len() as u8];
-    frame.extend_from_slice(&block);
+    let frame = dynamic_entry_headers_frame();
     let (mut send, _recv) = conn.open_bi().await.unwrap();
     send.write_all(&frame).await.unwrap();
     // DATA frames of 16 KiB (type 0, length 0x4000 as a two-byte varint).
@@ -492,24 +499,7 @@ async fn a_blocked_head_does_not_buffer_what_follows_it() {
         "4 MiB went into a stream whose head is blocked"
     );
     send.reset(Code::REQUEST_CANCELLED.0).unwrap();
-    let cancelled = tokio::time::timeout(Duration::from_secs(3), async {
-        loop {
-            let mut uni = conn.accept_uni().await.unwrap();
-            let first = uni.read_chunk(1).await.unwrap().unwrap();
-            if first[0] != 0x03 {
-                std::mem::forget(uni);
-                continue;
-            }
-            let mut got = Vec::new();
-            while got.is_empty() {
-                got.extend_from_slice(&uni.read_chunk(64).await.unwrap().unwrap());
-            }
-            std::mem::forget(uni);
-            return got;
-        }
-    })
-    .await
-    .expect("a decoder instruction within 3 s");
+    let cancelled = first_decoder_instruction(&conn).await;
     assert_eq!(cancelled, [0x40]);
     assert!(conn.close_reason().is_none());
 }
@@ -590,11 +580,7 @@ async fn unread_decoder_stream_is_bounded() {
     enc.write_all(&ins).await.unwrap();
     // Each request references dynamic entry 0 (Required Insert Count 1, encoded 2), so the
     // server acknowledges each section on its decoder stream.
-    let mut block = vec![0x02, 0x00];
-    block.extend_from_slice(&GET_HTTPS_ROOT);
-    block.push(0x80);
-    let mut frame = vec![0x01, block.len() as u8];
-    frame.extend_from_slice(&block);
+    let frame = dynamic_entry_headers_frame();
     let mut sent = 0;
     let closed = 'outer: {
         for _ in 0..200 {

@@ -74,7 +74,17 @@ async fn connect(
     addr: SocketAddr,
 ) -> (Endpoint, kuai::Connection) {
     let client = Endpoint::client(localhost()).unwrap();
-    let conn = client
+    let conn = connect_from(&client, cert, addr).await;
+    (client, conn)
+}
+
+/// A connection from `client` to `addr`, trusting `cert`.
+async fn connect_from(
+    client: &Endpoint,
+    cert: rustls::pki_types::CertificateDer<'static>,
+    addr: SocketAddr,
+) -> kuai::Connection {
+    client
         .connect_with(
             ClientConfig::with_root(cert, &[ALPN]).unwrap(),
             addr,
@@ -82,8 +92,7 @@ async fn connect(
         )
         .unwrap()
         .await
-        .unwrap();
-    (client, conn)
+        .unwrap()
 }
 
 async fn fetch(conn: &kuai::Connection, n: u64) -> u64 {
@@ -174,15 +183,7 @@ async fn without_gro_a_gso_sender_is_received_whole() {
     let (scfg, cert) = server_config();
     let (_server, addr) = start_server(scfg).await;
     let client = Endpoint::builder().gro(false).bind(localhost()).unwrap();
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let conn = connect_from(&client, cert, addr).await;
     let got = tokio::time::timeout(std::time::Duration::from_secs(30), fetch(&conn, 20 << 20))
         .await
         .expect("the transfer stalled");
@@ -199,15 +200,7 @@ async fn a_rebind_keeps_the_socket_options() {
     let (scfg, cert) = server_config();
     let (_server, addr) = start_server(scfg).await;
     let client = Endpoint::builder().gro(false).bind(localhost()).unwrap();
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let conn = connect_from(&client, cert, addr).await;
     assert_eq!(fetch(&conn, 1000).await, 1000);
     client.rebind(localhost()).unwrap();
     let got = tokio::time::timeout(std::time::Duration::from_secs(30), fetch(&conn, 20 << 20))
@@ -263,15 +256,7 @@ async fn a_dual_stack_endpoint_finds_an_ipv4_servers_hint() {
     };
     let (scfg, cert) = server_config();
     let (_server, addr) = start_server(scfg).await;
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let conn = connect_from(&client, cert, addr).await;
     assert_eq!(fetch(&conn, 10_000).await, 10_000);
     conn.close(0, b"");
     drop(conn);
@@ -435,15 +420,7 @@ async fn qlog_traces_are_written() {
         .qlog_dir(&dir)
         .bind(localhost())
         .unwrap();
-    let conn = client
-        .connect_with(
-            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
-            addr,
-            "localhost",
-        )
-        .unwrap()
-        .await
-        .unwrap();
+    let conn = connect_from(&client, cert, addr).await;
     assert_eq!(fetch(&conn, 10_000).await, 10_000);
     conn.close(0, b"");
     drop(conn);
