@@ -4,7 +4,7 @@
 
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use quinn_udp::{RecvMeta, UdpSockRef, UdpSocketState};
 use tokio::io::Interest;
@@ -109,7 +109,8 @@ pub struct UdpSocket {
     state: UdpSocketState,
     /// Datagrams per send call: GSO segments, or a `sendmmsg` batch without GSO.
     max_segments: usize,
-    gso: bool,
+    /// Cleared for good when the kernel refuses a GSO send (see [`UdpSocket::send_gso`]).
+    gso: AtomicBool,
     gro_segments: usize,
     local: SocketAddr,
 }
@@ -255,7 +256,7 @@ impl UdpSocket {
             io,
             state,
             max_segments,
-            gso,
+            gso: AtomicBool::new(gso),
             gro_segments,
             local,
         })
@@ -271,9 +272,9 @@ impl UdpSocket {
         self.max_segments
     }
 
-    /// Whether sends use GSO.
+    /// Whether sends use GSO (false from the first GSO send the kernel refused).
     pub fn gso(&self) -> bool {
-        self.gso
+        self.gso.load(Ordering::Relaxed)
     }
 
     /// Datagrams the kernel may coalesce into one received buffer (1 without GRO).
@@ -297,7 +298,7 @@ impl UdpSocket {
         let ecn_cp = ecn.and_then(quinn_udp::EcnCodepoint::from_bits);
         let seg = segment_size.filter(|&s| s > 0 && s < contents.len());
         if let Some(seg) = seg {
-            if self.gso {
+            if self.gso() {
                 let t = quinn_udp::Transmit {
                     destination,
                     ecn: ecn_cp,
@@ -305,8 +306,10 @@ impl UdpSocket {
                     segment_size: Some(seg),
                     src_ip,
                 };
-                self.send_one(stats, &t, contents.len().div_ceil(seg))?;
-                return Ok(contents.len());
+                if self.send_gso(stats, &t, contents.len().div_ceil(seg))? {
+                    return Ok(contents.len());
+                }
+                // Refused: the same datagrams go out without GSO, below.
             }
             #[cfg(target_os = "linux")]
             return self.send_mmsg(stats, destination, ecn, src_ip, contents, seg);
@@ -387,6 +390,37 @@ impl UdpSocket {
         Ok(sent)
     }
 
+    /// [`send_one`](Self::send_one) for a GSO transmit; `Ok(false)` when the kernel refused
+    /// GSO itself, which then stays off on this socket. Linux gives no way to ask whether a
+    /// route can take GSO: a device without checksum offload answers EIO, an IPsec (xfrm)
+    /// route or a segment above the route's MTU EINVAL (`udp_send_skb`). quinn-udp lowers its
+    /// segment count on the same errors but leaves the transmit to its caller.
+    fn send_gso(
+        &self,
+        stats: &UdpStats,
+        t: &quinn_udp::Transmit<'_>,
+        datagrams: usize,
+    ) -> io::Result<bool> {
+        let r = self.io.try_io(Interest::WRITABLE, || {
+            self.state.try_send(UdpSockRef::from(&self.io), t)
+        });
+        match r {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
+                stats.send_errors.fetch_add(1, Ordering::Relaxed);
+                if self.gso.swap(false, Ordering::Relaxed) {
+                    tracing::info!(
+                        error = %e,
+                        dst = %t.destination,
+                        "UDP segmentation offload refused; sending without it on {}",
+                        self.local
+                    );
+                }
+                Ok(false)
+            }
+            r => self.sent(stats, t, datagrams, r).map(|()| true),
+        }
+    }
+
     fn send_one(
         &self,
         stats: &UdpStats,
@@ -396,6 +430,17 @@ impl UdpSocket {
         let r = self.io.try_io(Interest::WRITABLE, || {
             self.state.try_send(UdpSockRef::from(&self.io), t)
         });
+        self.sent(stats, t, datagrams, r)
+    }
+
+    /// Counts a send's outcome: `WouldBlock` is returned, other errors counted and swallowed.
+    fn sent(
+        &self,
+        stats: &UdpStats,
+        t: &quinn_udp::Transmit<'_>,
+        datagrams: usize,
+        r: io::Result<()>,
+    ) -> io::Result<()> {
         match r {
             Ok(()) => {
                 stats.send_calls.fetch_add(1, Ordering::Relaxed);
@@ -1017,6 +1062,70 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A socket whose GSO sends the kernel refuses: with `SO_NO_CHECK` (no UDP checksum)
+    /// `udp_send_skb` answers every segmented send EINVAL, as it does on an IPsec route.
+    #[allow(unsafe_code)]
+    fn refuse_gso(sock: &UdpSocket) {
+        use std::os::fd::AsRawFd;
+        let on: libc::c_int = 1;
+        // SAFETY: the socket is open for the call; the value points at `on`, which outlives
+        // it, and its size is given exactly.
+        let r = unsafe {
+            libc::setsockopt(
+                sock.io.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_NO_CHECK,
+                (&raw const on).cast::<libc::c_void>(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+    }
+
+    #[tokio::test]
+    async fn a_refused_gso_send_goes_out_without_gso() {
+        let sock =
+            UdpSocket::bind("127.0.0.1:0".parse().unwrap(), SocketOptions::default()).unwrap();
+        if !sock.gso() {
+            eprintln!("no GSO on this kernel: nothing to fall back from");
+            return;
+        }
+        refuse_gso(&sock);
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let stats = UdpStats::default();
+        let contents: Vec<u8> = (0..10 * 1200 + 300).map(|i| i as u8).collect();
+        let dst = peer.local_addr().unwrap();
+        let sent = loop {
+            match sock.try_send(&stats, dst, None, None, &contents, Some(1200)) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => sock.writable().await.unwrap(),
+                r => break r.unwrap(),
+            }
+        };
+        assert_eq!(sent, contents.len());
+        assert!(!sock.gso(), "GSO stays off after the kernel refused it");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        while got.len() < contents.len() {
+            let n = peer
+                .recv(&mut buf)
+                .expect("every datagram of the refused send arrives");
+            assert!(n == 1200 || n == 300, "datagram of {n} bytes");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, contents);
+        let snap = stats.snapshot();
+        assert_eq!(snap.sent_datagrams, 11);
+        assert_eq!(snap.send_errors, 1);
+        // The next send goes without GSO at once.
+        sock.try_send(&stats, dst, None, None, &contents[..2400], Some(1200))
+            .unwrap();
+        assert_eq!(stats.snapshot().send_errors, 1);
+        assert_eq!(peer.recv(&mut buf).unwrap(), 1200);
+        assert_eq!(peer.recv(&mut buf).unwrap(), 1200);
     }
 
     #[test]
