@@ -419,7 +419,11 @@ pub struct EndpointConfig {
     /// Secret from which stateless reset tokens are derived (RFC 9000 §10.3.2); share it
     /// across a fleet so any server can reset any connection.
     pub reset_key: [u8; 32],
-    /// Largest UDP payload we are willing to receive (max_udp_payload_size).
+    /// Largest UDP payload the endpoint can receive, sent to peers as the
+    /// max_udp_payload_size transport parameter (RFC 9000 §18.2; at least 1200). An I/O
+    /// layer that receives into smaller buffers sets it to their size, or a peer whose path
+    /// takes larger datagrams would send packets that arrive cut. The default, 65527, is the
+    /// largest a UDP datagram carries.
     pub max_udp_payload_size: u16,
     /// Also answer unknown short-header packets with a stateless reset.
     pub stateless_reset: bool,
@@ -436,7 +440,7 @@ impl Default for EndpointConfig {
         Self {
             cid_generator: Arc::new(|| Box::new(RandomCidGenerator::default())),
             reset_key,
-            max_udp_payload_size: 1500,
+            max_udp_payload_size: 65_527,
             stateless_reset: true,
             memory_budget: MemoryBudget::new(DEFAULT_MEMORY_BUDGET),
             subscribers: crate::trace::Subscribers::default(),

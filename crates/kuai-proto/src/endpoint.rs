@@ -456,8 +456,17 @@ impl Endpoint {
         let seed = self.rng.random();
         let hint = self.path_hints.get(&remote);
         self.now = now;
-        let mut conn =
-            Connection::new_client(config, server_name, remote, cid, token, now, seed, hint)?;
+        let mut conn = Connection::new_client(
+            config,
+            server_name,
+            remote,
+            cid,
+            token,
+            now,
+            seed,
+            hint,
+            self.config.max_udp_payload_size,
+        )?;
         self.attach_tracer(&mut conn, Side::Client, remote, now);
         let h = self.insert(Entry {
             conn,
@@ -856,6 +865,7 @@ impl Endpoint {
                 seed,
                 memory_pressure: self.config.memory_budget.under_pressure(),
                 hint: self.client_hints.get(&address_key(remote.ip())),
+                max_udp_payload_size: self.config.max_udp_payload_size,
             },
             now,
         );

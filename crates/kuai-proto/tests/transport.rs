@@ -2220,3 +2220,28 @@ fn the_end_of_startup_is_traced() {
         "{v:?}"
     );
 }
+
+/// The endpoint's receive limit is what it tells peers (RFC 9000 §18.2 max_udp_payload_size):
+/// an I/O layer that receives into 2048-byte buffers must not invite 9 KB datagrams.
+#[test]
+fn max_udp_payload_size_comes_from_the_endpoint() {
+    let ecfg = EndpointConfig {
+        max_udp_payload_size: 2048,
+        ..Default::default()
+    };
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = quic::pair_with_endpoint(
+        86,
+        ecfg,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([1000]),
+        |_| {},
+    );
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    let seen_by_client = p.client_conn().peer_params().unwrap().max_udp_payload_size;
+    assert_eq!(seen_by_client, 2048);
+    // The client's endpoint has the default: the largest a UDP datagram carries.
+    let seen_by_server = p.server_conn().unwrap().peer_params().unwrap();
+    assert_eq!(seen_by_server.max_udp_payload_size, 65_527);
+}

@@ -24,6 +24,19 @@ use crate::{ClientConfig, EndpointConfig, ServerConfig};
 
 /// Largest UDP payload (a GRO batch) one receive buffer takes.
 const RECV_BUF: usize = 64 * 1024;
+/// A receive slot without GRO: one datagram of up to the 1500-byte Ethernet MTU and then
+/// some. Advertised to peers as our max_udp_payload_size (see [`recv_slot`]).
+const RECV_SLOT: usize = 2048;
+
+/// The largest datagram a worker's receive slot takes whole. A GRO buffer holds up to 64 KiB
+/// of coalesced datagrams (any single datagram fits); without GRO a slot is one datagram.
+fn recv_slot(socket: &UdpSocket) -> usize {
+    if socket.gro_segments() > 1 {
+        65_527
+    } else {
+        RECV_SLOT
+    }
+}
 /// Datagrams per receive call.
 const RECV_BATCH: usize = 32;
 /// Bytes a driver receives, after waking tasks, before it lets them run.
@@ -567,8 +580,11 @@ impl Endpoint {
         let tokens = Arc::new(Mutex::new(HashMap::new()));
         let mut all = Vec::with_capacity(n);
         for (i, (socket, preferred)) in sockets.into_iter().zip(preferred).enumerate() {
+            let mut wc = worker_config(&config, i, n, &steering);
+            // Peers may send datagrams up to this size: no larger than a receive slot.
+            wc.max_udp_payload_size = wc.max_udp_payload_size.min(recv_slot(&socket) as u16);
             let ep = kuai_proto::Endpoint::new(
-                Arc::new(worker_config(&config, i, n, &steering)),
+                Arc::new(wc),
                 server
                     .as_ref()
                     .map(|s| Arc::new(worker_server_config(&s.proto, n))),
@@ -1103,8 +1119,7 @@ async fn drive(workers: Arc<Workers>, me: usize) -> io::Result<()> {
     let mut away: Vec<Vec<Received>> = (0..route.workers).map(|_| Vec::new()).collect();
     let mut inbox = Vec::new();
     let mut received = Vec::new();
-    // A GRO buffer holds up to 64 KiB of coalesced datagrams; without GRO one datagram.
-    let slot = if gro { RECV_BUF } else { 2048 };
+    let slot = if gro { RECV_BUF } else { RECV_SLOT };
     // The first message of each batch goes to the pool (below), the others here.
     let mut rx = vec![0u8; slot * (RECV_BATCH - 1)];
     let mut pool = RecvPool::new();

@@ -564,6 +564,8 @@ pub(crate) struct ServerConnectionParams {
     pub memory_pressure: bool,
     /// What the last connection from this client's IP learnt about the path.
     pub hint: Option<PathHint>,
+    /// The endpoint's receive limit, for the transport parameter.
+    pub max_udp_payload_size: u16,
 }
 
 /// Why a client connection could not be started.
@@ -603,10 +605,15 @@ fn stream_config(c: &TransportConfig) -> StreamConfig {
     }
 }
 
-fn local_transport_params(c: &TransportConfig, streams: &Streams) -> TransportParameters {
+fn local_transport_params(
+    c: &TransportConfig,
+    streams: &Streams,
+    max_udp_payload_size: u16,
+) -> TransportParameters {
     let mut tp = TransportParameters {
         max_idle_timeout: c.max_idle_timeout.as_millis() as u64,
-        max_udp_payload_size: 65_527,
+        // RFC 9000 §18.2: values below 1200 are invalid.
+        max_udp_payload_size: u64::from(max_udp_payload_size.max(1200)),
         ack_delay_exponent: u64::from(c.ack_delay_exponent),
         max_ack_delay: c.max_ack_delay.as_millis() as u64,
         disable_active_migration: c.disable_active_migration,
@@ -633,6 +640,7 @@ impl Connection {
         now: Instant,
         seed: u64,
         hint: Option<PathHint>,
+        max_udp_payload_size: u16,
     ) -> Result<Self, ConnectError> {
         let mut rng = StdRng::seed_from_u64(seed);
         let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
@@ -640,7 +648,7 @@ impl Connection {
         let dcid = ConnectionId::random(&mut rng, 8);
         let config = cfg.transport.clone();
         let streams = Streams::new(Side::Client, stream_config(&config));
-        let mut tp = local_transport_params(&config, &streams);
+        let mut tp = local_transport_params(&config, &streams, max_udp_payload_size);
         tp.initial_source_connection_id = Some(local_cid);
         tp.version_information = Some(VersionInformation {
             chosen: cfg.version.wire(),
@@ -710,7 +718,7 @@ impl Connection {
         }
         let mut streams = Streams::new(Side::Server, scfg);
         streams.set_memory_pressure(p.memory_pressure);
-        let mut tp = local_transport_params(&config, &streams);
+        let mut tp = local_transport_params(&config, &streams, p.max_udp_payload_size);
         tp.original_destination_connection_id = Some(p.original_dcid);
         tp.initial_source_connection_id = Some(p.local_cid);
         tp.retry_source_connection_id = p.retry_scid;
