@@ -42,7 +42,11 @@
 //! ClientHello whose
 //! ticket age is within 60 s of the age the server computes (RFC 8446 §8.3), so a record
 //! kept 120 s covers every replay it would accept, with up to 60 s of clock difference
-//! between the server that issued a ticket and the one that checks it.
+//! between the server that issued a ticket and the one that checks it. That difference is
+//! checked, not assumed: each first-use record reads Redis's clock in the same round trip
+//! (`TIME`), and a server more than [`FleetOptions::max_clock_skew`] (30 s) from it accepts
+//! no 0-RTT until its clock is back (it says so in its log). Any two servers that accept
+//! are then within 60 s of each other.
 //!
 //! # When Redis is away
 //!
@@ -94,6 +98,10 @@ pub struct FleetOptions {
     pub replay_window: Duration,
     /// How long a Redis command may take before the server goes on without it.
     pub timeout: Duration,
+    /// How far this server's clock may be from Redis's while it accepts 0-RTT: half the
+    /// difference between two servers that the replay window covers (see the
+    /// [crate](crate) docs). Past it 0-RTT is refused (clients resume in 1-RTT).
+    pub max_clock_skew: Duration,
     /// PEM certificates to trust for `rediss://` instead of the system's roots.
     pub ca_pem: Option<Vec<u8>>,
     /// The fleet's secret, the same on every server and never in Redis: every key and
@@ -112,6 +120,7 @@ impl Default for FleetOptions {
             lifetime: kuai::session::DEFAULT_LIFETIME,
             replay_window: Duration::from_secs(120),
             timeout: Duration::from_secs(1),
+            max_clock_skew: Duration::from_secs(30),
             ca_pem: None,
             secret: None,
         }
@@ -133,6 +142,12 @@ pub enum FleetError {
     Unreachable(String),
     /// A value in Redis is not what kuai puts there.
     Corrupt(&'static str),
+    /// This server's clock is this far ahead of Redis's (behind when negative), past
+    /// [`FleetOptions::max_clock_skew`].
+    ClockSkew {
+        /// Milliseconds; the sign says which way.
+        ahead_ms: i64,
+    },
 }
 
 impl fmt::Display for FleetError {
@@ -145,6 +160,12 @@ impl fmt::Display for FleetError {
                 write!(f, "redis unreachable ({last}); connecting again shortly")
             }
             Self::Corrupt(what) => write!(f, "redis holds a malformed {what}"),
+            Self::ClockSkew { ahead_ms } => write!(
+                f,
+                "this server's clock is {:.1} s {} redis's: too far for the 0-RTT replay window",
+                ahead_ms.unsigned_abs() as f64 / 1000.0,
+                if *ahead_ms >= 0 { "ahead of" } else { "behind" }
+            ),
         }
     }
 }
@@ -189,7 +210,11 @@ impl Fleet {
     pub fn start(url: &str, options: FleetOptions) -> Result<Self, FleetError> {
         let link = Arc::new(Link::new(url, &options)?);
         let sessions = FleetSessions::start(link.clone(), &options);
-        let anti_replay = Arc::new(RedisAntiReplay::new(link.clone(), options.replay_window));
+        let anti_replay = Arc::new(RedisAntiReplay::new(
+            link.clone(),
+            options.replay_window,
+            options.max_clock_skew,
+        ));
         Ok(Self {
             link,
             sessions,

@@ -364,3 +364,38 @@ async fn a_silent_redis_fails_a_burst_of_checks_within_the_timeout() {
     assert!(took < Duration::from_secs(3), "{took:?}");
     drop(silent);
 }
+
+/// A server whose clock is further from Redis's than `max_clock_skew` accepts no 0-RTT
+/// (every first use reads Redis's `TIME`): here no difference at all is allowed, and the
+/// microseconds of the round trip are already too many. The use is still recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_too_far_from_redis_refuses_0rtt() {
+    if !installed() {
+        return;
+    }
+    let port = free_port();
+    let _redis = start(&["--port", &port.to_string()], port);
+    let url = format!("redis://127.0.0.1:{port}");
+    let strict = Fleet::start(
+        &url,
+        FleetOptions {
+            max_clock_skew: Duration::ZERO,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let usual = Fleet::start(&url, Default::default()).unwrap();
+    let e = strict
+        .anti_replay()
+        .first_use(b"ticket-1")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, kuai_fleet::FleetError::ClockSkew { ahead_ms } if ahead_ms.abs() < 1000),
+        "{e}"
+    );
+    assert!(strict.is_redis_up(), "a clock difference is not Redis away");
+    // Recorded all the same; a server within the default 30 s goes on as usual.
+    assert!(!usual.anti_replay().first_use(b"ticket-1").await.unwrap());
+    assert!(usual.anti_replay().first_use(b"ticket-2").await.unwrap());
+}
