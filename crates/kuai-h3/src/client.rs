@@ -126,10 +126,14 @@ impl RequestStream {
     }
 }
 
+/// Informational (1xx) responses a client reads before the final one.
+const MAX_INTERIM: usize = 32;
+
 impl RecvHalf {
     /// Client: reads the response head, skipping informational (1xx) responses (for a
     /// request whose body is still being sent from the [`SendHalf`](crate::SendHalf)).
     pub async fn recv_response(&mut self) -> Result<Response<()>, Error> {
+        let mut interim = 0;
         loop {
             let Some(fields) = self.recv_fields().await? else {
                 return Err(Error::StreamReset(Code::REQUEST_INCOMPLETE));
@@ -143,6 +147,12 @@ impl RecvHalf {
                 return Err(self.malformed("101 Switching Protocols"));
             }
             if parts.status.is_informational() {
+                // A server may send several (103 then 100, say), not without end: each is
+                // work for nothing, and the request would never be answered.
+                interim += 1;
+                if interim > MAX_INTERIM {
+                    return Err(self.malformed("too many informational (1xx) responses"));
+                }
                 continue;
             }
             self.set_response_head(&parts.status, &parts.headers)?;

@@ -467,3 +467,46 @@ async fn http_datagrams_are_echoed_per_stream() {
         }
     }
 }
+
+/// Informational responses before the final one are read past (103, then 100), but not
+/// without end: a server that sends nothing else does not keep a request waiting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reads_some_informational_responses_not_endless_ones() {
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
+    let server = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = server.local_addr().unwrap();
+    let ep = server.clone();
+    tokio::spawn(async move {
+        let conn = ep.accept().await.unwrap().await.unwrap();
+        let mut h3 = kuai_h3::Server::new(conn, Config::default()).await.unwrap();
+        while let Some((req, mut stream)) = h3.accept().await {
+            tokio::spawn(async move {
+                let n: usize = req.uri().path()[1..].parse().unwrap();
+                for i in 0..n {
+                    let status = if i % 2 == 0 { 103 } else { 100 };
+                    let interim = Response::builder().status(status).body(()).unwrap();
+                    if stream.send_informational(interim).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = stream.send_response(Response::new(())).await;
+                let _ = stream.finish();
+            });
+        }
+    });
+    let (_client_ep, conn) = connect(cert, addr).await;
+    let client = Client::new(conn, Config::default()).await.unwrap();
+    for (n, ok) in [(2, true), (32, true), (33, false), (10_000, false)] {
+        let req = Request::get(format!("https://localhost/{n}"))
+            .body(())
+            .unwrap();
+        let mut s = client.send_request(req).await.unwrap();
+        let r = tokio::time::timeout(std::time::Duration::from_secs(10), s.recv_response())
+            .await
+            .expect("an answer or an error within 10 s");
+        assert_eq!(r.is_ok(), ok, "{n} informational responses: {r:?}");
+        if ok {
+            assert_eq!(r.unwrap().status(), 200);
+        }
+    }
+}
