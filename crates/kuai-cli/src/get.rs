@@ -773,7 +773,16 @@ async fn fetch_all(args: Args) -> Result<(), String> {
     let failed: Vec<String> = results
         .iter()
         .filter_map(|(f, _)| f.resp.as_ref())
-        .filter(|r| r.status().is_client_error() || r.status().is_server_error())
+        .filter(|r| {
+            r.status().is_client_error()
+                || r.status().is_server_error()
+                // With -L a redirect that is still the answer was not followed (an
+                // upload streamed from a file cannot be sent again): not the download.
+                || (args.location
+                    && r.status().is_redirection()
+                    && r.status() != http::StatusCode::NOT_MODIFIED
+                    && r.headers().contains_key(http::header::LOCATION))
+        })
         .map(|r| format!("{}: {}", r.url(), r.status()))
         .collect();
     client.close_connections();

@@ -64,6 +64,14 @@ pub enum Error {
     Read(kuai::ReadError),
     /// A backend's response broke off (see [`proxy`](crate::proxy)).
     Upstream(crate::proxy::UpstreamError),
+    /// A redirect the client was asked to follow could not be: one past the limit, or to
+    /// a URL it cannot fetch (not `https`: no downgrade).
+    Redirect {
+        /// Where the last response pointed.
+        location: String,
+        /// Why it was not followed.
+        reason: &'static str,
+    },
 }
 
 /// Why the client could not connect to a server.
@@ -138,6 +146,9 @@ impl fmt::Display for Error {
             }
             Error::Quic(e) => write!(f, "QUIC: {e}"),
             Error::Config(why) => write!(f, "configuration: {why}"),
+            Error::Redirect { location, reason } => {
+                write!(f, "redirect to {location} not followed: {reason}")
+            }
             Error::Read(e) => write!(f, "QUIC stream: {e}"),
             Error::Upstream(e) => write!(f, "{e}"),
         }
@@ -160,7 +171,8 @@ impl std::error::Error for Error {
             | Error::InvalidUrl { .. }
             | Error::Connect(_)
             | Error::Config(_)
-            | Error::Timeout { .. } => None,
+            | Error::Timeout { .. }
+            | Error::Redirect { .. } => None,
         }
     }
 }

@@ -223,7 +223,8 @@ impl ClientBuilder {
     /// Follows at most `n` redirects (10 by default; 0: none), to other servers and
     /// protocols too: 303, and 301 or 302 after a POST, go on as GET without the body; 307
     /// and 308 send the request again as it was, when its body is in memory (a streamed
-    /// body cannot be sent twice: the redirect is the answer then).
+    /// body cannot be sent twice: the redirect is the answer then). A redirect past the
+    /// limit, or to a URL that is not `https`, is [`Error::Redirect`].
     pub fn redirects(mut self, n: u32) -> Self {
         self.redirects = n;
         self
@@ -662,25 +663,45 @@ impl Client {
             let next = (redirects < self.inner.redirects)
                 .then(|| req.try_clone_for_redirect())
                 .flatten();
+            let limited = self.inner.redirects > 0 && redirects == self.inner.redirects;
             let mut resp = self.execute_once(req, start).await?;
             resp.redirects = redirects;
-            let Some((method, headers, body)) = next else {
-                return Ok(resp);
-            };
             let status = resp.status();
-            let Some(location) = resp
+            let location = resp
                 .headers()
                 .get(header::LOCATION)
                 .and_then(|l| l.to_str().ok())
-                .filter(|_| status.is_redirection() && status != StatusCode::NOT_MODIFIED)
-            else {
+                .filter(|_| status.is_redirection() && status != StatusCode::NOT_MODIFIED);
+            let Some((method, headers, body)) = next else {
+                // One more to follow, past the limit: a loop, most likely (as curl's
+                // --max-redirs, an error rather than the redirect as the answer).
+                if let Some(location) = location.filter(|_| limited) {
+                    return Err(Error::Redirect {
+                        location: location.to_owned(),
+                        reason: "too many redirects",
+                    });
+                }
+                return Ok(resp);
+            };
+            let Some(location) = location else {
                 return Ok(resp);
             };
             // A target the client cannot fetch (not https: no downgrade; not a URL) is
-            // not followed: the redirect is the answer, as `curl --proto-redir https`.
+            // an error, as with `curl --proto-redir https`.
             let url = match join(resp.url(), location) {
                 Ok(u) if u.scheme_str() == Some("https") => u,
-                _ => return Ok(resp),
+                Ok(_) => {
+                    return Err(Error::Redirect {
+                        location: location.to_owned(),
+                        reason: "not https",
+                    });
+                }
+                Err(_) => {
+                    return Err(Error::Redirect {
+                        location: location.to_owned(),
+                        reason: "not a URL",
+                    });
+                }
             };
             // RFC 9110 §15.4: 303 (and, as browsers do, 301 and 302 after a POST) go on as
             // GET without a body; 307 and 308 repeat the request.

@@ -492,6 +492,42 @@ async fn redirects_are_followed_across_servers_and_protocols() {
         .unwrap();
     assert_eq!(resp.status(), 307);
     assert_eq!(resp.protocol(), Protocol::Http3);
+    // Asked to follow: one past the limit (a loop), or to plain http, is an error, not the
+    // redirect as if it were the answer.
+    let c = build(2);
+    let a = a_addr.port();
+    let e = c
+        .get(&url(a_addr, &format!("/to/{a}/to/{a}/to/{a}/hello.txt")))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Redirect {
+                reason: "too many redirects",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let ok = c
+        .get(&url(a_addr, &format!("/to/{a}/to/{a}/hello.txt")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((ok.status().as_u16(), ok.redirects()), (200, 2));
+    let e = c.get(&url(a_addr, "/insecure")).send().await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Redirect {
+                reason: "not https",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 /// HTTP/3 worked at an address, then its UDP port went silent (a socket swallows every

@@ -142,6 +142,15 @@ impl tower_service::Service<Request<Body>> for TestSite {
                 let loc = format!("https://localhost:{port}/{rest}");
                 r.headers_mut().insert("location", loc.parse().unwrap());
                 r
+            } else if path == "/insecure" {
+                // 301 to plain http (a downgrade).
+                let mut r = Response::new(full(""));
+                *r.status_mut() = StatusCode::MOVED_PERMANENTLY;
+                r.headers_mut().insert(
+                    "location",
+                    http::HeaderValue::from_static("http://localhost/hello.txt"),
+                );
+                r
             } else if path == "/echo" {
                 let info = *req.extensions().get::<ConnInfo>().expect("ConnInfo");
                 let early = req.extensions().get::<EarlyData>().is_some();
