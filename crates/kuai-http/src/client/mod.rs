@@ -986,11 +986,28 @@ impl Client {
         } else {
             &alt.host
         };
+        // Checked before any lookup: a broken mark saves the alternative's DNS query too.
+        let known = tcp_remote.map(state::network_id);
+        if let Some(n) = &known
+            && lock(&self.inner.state).is_broken(origin, n)
+        {
+            return None;
+        }
         let addr = match tcp_remote {
             Some(a) if alt.host.is_empty() => SocketAddr::new(a.ip(), alt.port),
-            _ => self.resolve(host, alt.port).await.ok()?,
+            _ => match self.resolve(host, alt.port).await {
+                Ok(a) => a,
+                Err(e) => {
+                    // Marked like any other failure: not looked up again per request.
+                    tracing::info!(origin = %origin.0, alternative = %host, error = %e, "HTTP/3 alternative not found: marked broken");
+                    if let Some(n) = &known {
+                        lock(&self.inner.state).mark_broken(origin, n);
+                    }
+                    return None;
+                }
+            },
         };
-        let network = state::network_id(addr);
+        let network = known.unwrap_or_else(|| state::network_id(addr));
         if lock(&self.inner.state).is_broken(origin, &network) {
             return None;
         }
@@ -1242,28 +1259,32 @@ impl Client {
             }
             Mode::Auto => {}
         }
-        // HTTP/3 where the server said, or on the same port; unless broken on this network.
+        // HTTP/3 where the server said, or on the same port; unless broken on this network
+        // (the network as the route to the origin shows it; checked before any lookup).
         let alt = self.alternative(origin);
+        let network = state::network_id(addr);
+        let broken = lock(&self.inner.state).is_broken(origin, &network);
         // An alternative on another host is looked up within the race delay: TCP does not
-        // wait longer than that for a name HTTP/3 may not even need.
+        // wait longer than that for a name HTTP/3 may not even need. One that does not
+        // resolve, or not in time, marks HTTP/3 broken like any failure to reach it, so
+        // that the next connections do not wait for it again.
         let h3_addr = match &alt {
+            _ if broken => None,
             Some(a) if a.host.is_empty() => Some(SocketAddr::new(addr.ip(), a.port)),
             Some(a) => {
                 let within = self.race_delay_for(None);
                 match tokio::time::timeout(within, self.resolve(&a.host, a.port)).await {
-                    Ok(r) => Some(r.unwrap_or(addr)),
-                    Err(_) => {
-                        tracing::debug!(origin = %host, alternative = %a.host, "the alternative's name took too long: TCP");
+                    Ok(Ok(r)) => Some(r),
+                    r => {
+                        tracing::info!(origin = %host, alternative = %a.host, timed_out = r.is_err(), "HTTP/3 alternative not found: marked broken, TCP");
+                        lock(&self.inner.state).mark_broken(origin, &network);
                         None
                     }
                 }
             }
             None => Some(addr),
         };
-        let network = state::network_id(h3_addr.unwrap_or(addr));
-        let Some(h3_addr) =
-            h3_addr.filter(|_| !lock(&self.inner.state).is_broken(origin, &network))
-        else {
+        let Some(h3_addr) = h3_addr else {
             tracing::debug!(origin = %host, "HTTP/3 marked broken on this network or not at hand: TCP");
             let c = self
                 .connect_tcp(addr, host)

@@ -1056,6 +1056,26 @@ async fn alternatives_are_bounded_by_the_pin_and_a_week() {
     }
 }
 
+/// An alternative on another host whose name does not resolve (or not within the race
+/// delay) marks HTTP/3 broken, as any failure to reach it does: the next connections go
+/// straight to TCP without looking the name up again. (It was tried on the origin's own
+/// port instead, where this server has HTTP/3 too, and looked up again every time.)
+#[tokio::test]
+async fn an_alternative_that_does_not_resolve_marks_http3_broken() {
+    let (tcp, cert) = site().await;
+    // Not pinned: an alternative on another host is taken.
+    let c = client(&cert).build().unwrap();
+    let origin: state::Origin = ("localhost".into(), tcp.port());
+    lock(&c.inner.state).learn_alt_svc(&origin, "h3=\"nowhere.invalid:443\"; ma=600");
+    assert_eq!(c.alternative(&origin).unwrap().host, "nowhere.invalid");
+    let network = state::network_id(tcp);
+    assert!(!lock(&c.inner.state).is_broken(&origin, &network));
+    let resp = c.get(&url(tcp, "/hello.txt")).send().await.unwrap();
+    assert_eq!(resp.protocol(), Protocol::Http2);
+    resp.bytes().await.unwrap();
+    assert!(lock(&c.inner.state).is_broken(&origin, &network));
+}
+
 /// Location references resolved as RFC 3986 §5.2 says (its §5.4 examples that apply to a
 /// server's Location, on an https base).
 #[test]
