@@ -772,10 +772,18 @@ impl Client {
     /// The HTTP/3 alternative learned for `origin`. For a name pinned to addresses
     /// (`ClientBuilder::resolve`) only one on the same host: an advertisement from a test
     /// server must not steer the pinned name to another host, nor outlive the pin for it.
+    ///
+    /// Nor one that moves a server on an unprivileged port to a privileged one (RFC 7838
+    /// §9.1 worries about the reverse as well, but a move to a system port is what would let
+    /// a page's server aim its visitors' QUIC packets at other services of a host: Chromium
+    /// refuses the same).
     fn alternative(&self, origin: &Origin) -> Option<state::AltSvc> {
         let alt = lock(&self.inner.state).alt_svc(origin)?;
         let other_host = !alt.host.is_empty() && !alt.host.eq_ignore_ascii_case(&origin.0);
         if other_host && self.inner.resolve.contains_key(origin) {
+            return None;
+        }
+        if origin.1 >= 1024 && alt.port < 1024 {
             return None;
         }
         Some(alt)
@@ -1007,6 +1015,11 @@ impl Client {
                 }
             },
         };
+        if let Some(tcp) = tcp_remote
+            && !alternative_in_scope(tcp, addr)
+        {
+            return None;
+        }
         let network = known.unwrap_or_else(|| state::network_id(addr));
         if lock(&self.inner.state).is_broken(origin, &network) {
             return None;
@@ -1274,6 +1287,12 @@ impl Client {
             Some(a) => {
                 let within = self.race_delay_for(None);
                 match tokio::time::timeout(within, self.resolve(&a.host, a.port)).await {
+                    // Not this host's loopback for a server elsewhere, nor "any": the
+                    // server would aim this client's packets at its own machine.
+                    Ok(Ok(r)) if !alternative_in_scope(addr, r) => {
+                        tracing::info!(origin = %host, alternative = %a.host, address = %r, "HTTP/3 alternative on this machine for a server elsewhere: not used");
+                        None
+                    }
                     Ok(Ok(r)) => Some(r),
                     r => {
                         tracing::info!(origin = %host, alternative = %a.host, timed_out = r.is_err(), "HTTP/3 alternative not found: marked broken, TCP");
@@ -1596,6 +1615,12 @@ async fn udp_refused(addr: SocketAddr) {
     if probe.await.is_none() {
         std::future::pending::<()>().await;
     }
+}
+
+/// Whether an alternative at `alt` may stand for a server reached at `origin`: not at an
+/// unspecified address, and on loopback only for a server on loopback.
+fn alternative_in_scope(origin: SocketAddr, alt: SocketAddr) -> bool {
+    !alt.ip().is_unspecified() && (!alt.ip().is_loopback() || origin.ip().is_loopback())
 }
 
 fn origin_of(uri: &Uri) -> Result<Origin, Error> {

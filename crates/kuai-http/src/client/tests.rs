@@ -1038,6 +1038,29 @@ async fn alternatives_are_bounded_by_the_pin_and_a_week() {
         .expect("another host for a name not pinned");
     assert_eq!(a.host, "other.example");
     assert!(a.expires <= state::now() + 7 * 24 * 3600, "{}", a.expires);
+    // A server on an unprivileged port cannot move its clients to a system port; the other
+    // way is allowed.
+    let high: state::Origin = ("example.com".into(), 8443);
+    lock(&c.inner.state).learn_alt_svc(&high, "h3=\":53\"; ma=100");
+    assert!(c.alternative(&high).is_none());
+    lock(&c.inner.state).learn_alt_svc(&free, "h3=\":8443\"; ma=100");
+    assert_eq!(c.alternative(&free).map(|a| a.port), Some(8443));
+    // Nor to this machine, for a server elsewhere.
+    let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
+    for (origin, alt, ok) in [
+        ("192.0.2.1:443", "192.0.2.7:443", true),
+        ("192.0.2.1:443", "127.0.0.1:5353", false),
+        ("192.0.2.1:443", "[::1]:443", false),
+        ("192.0.2.1:443", "0.0.0.0:443", false),
+        ("127.0.0.1:8443", "127.0.0.1:4433", true),
+        ("[::1]:8443", "127.0.0.1:4433", true),
+    ] {
+        assert_eq!(
+            alternative_in_scope(sa(origin), sa(alt)),
+            ok,
+            "{origin} -> {alt}"
+        );
+    }
     // With certificates unchecked, responses teach nothing; checked, they do.
     let (tcp, _quic, cert) = split_server(true).await;
     for insecure in [true, false] {
@@ -1066,7 +1089,7 @@ async fn an_alternative_that_does_not_resolve_marks_http3_broken() {
     // Not pinned: an alternative on another host is taken.
     let c = client(&cert).build().unwrap();
     let origin: state::Origin = ("localhost".into(), tcp.port());
-    lock(&c.inner.state).learn_alt_svc(&origin, "h3=\"nowhere.invalid:443\"; ma=600");
+    lock(&c.inner.state).learn_alt_svc(&origin, "h3=\"nowhere.invalid:8443\"; ma=600");
     assert_eq!(c.alternative(&origin).unwrap().host, "nowhere.invalid");
     let network = state::network_id(tcp);
     assert!(!lock(&c.inner.state).is_broken(&origin, &network));
