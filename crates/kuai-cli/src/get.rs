@@ -529,6 +529,14 @@ impl Batched {
     }
 }
 
+/// A transfer that fails or runs out of time leaves in the file every byte it received
+/// (and reported), as curl does; the error is what the command says.
+impl Drop for Batched {
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
 /// Fetches every URL in parallel (the first alone with --page); the outcome and the body
 /// kept for stdout, per URL.
 /// Writes `b` to standard output.

@@ -42,6 +42,38 @@ fn app() -> Router {
         .route("/echo", any(echo))
         .route("/moved", any(|| async { Redirect::temporary("/echo") }))
         .route("/see-other", any(|| async { Redirect::to("/echo") }))
+        .route("/loop", any(|| async { Redirect::temporary("/loop") }))
+        .route("/broken", any(|| async { Body::new(Broken::default()) }))
+}
+
+/// 300 KB, then (a moment later, so that they have arrived) the body fails: the response
+/// breaks off.
+#[derive(Default)]
+struct Broken {
+    sent: usize,
+    pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl http_body::Body for Broken {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>> {
+        use std::future::Future;
+        if self.sent < 3 {
+            self.sent += 1;
+            let chunk = bytes::Bytes::from(vec![7u8; 100_000]);
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))));
+        }
+        let pause = self
+            .pause
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_millis(300))));
+        std::task::ready!(pause.as_mut().poll(cx));
+        std::task::Poll::Ready(Some(Err(std::io::Error::other("broken on purpose"))))
+    }
 }
 
 struct Running {
@@ -176,6 +208,19 @@ fn curl_flags_work_on_every_protocol() {
         );
         let total: f64 = f[4].parse().unwrap();
         assert!(total > 0.0 && total < 10.0, "{flag}: {out}");
+        // -L into a loop fails (it exited 0 with the last redirect as the answer).
+        let (ok, _, err) = get(&r, &[flag, "-L", &url("/loop")]);
+        assert!(!ok, "{flag}: a redirect loop succeeded");
+        assert!(err.contains("too many redirects"), "{flag}: {err}");
+        // A response that breaks off fails, and what arrived of it is in the file.
+        let partial = std::env::temp_dir().join(format!("kuai-get-partial-{}", std::process::id()));
+        let out_path = partial.to_str().unwrap();
+        let (ok, _, err) = get(&r, &[flag, "-o", out_path, &url("/broken")]);
+        assert!(!ok, "{flag}: a broken response succeeded");
+        let kept = std::fs::read(&partial).unwrap();
+        assert_eq!(kept.len(), 300_000, "{flag}: {err}");
+        assert!(kept.iter().all(|&b| b == 7));
+        std::fs::remove_file(&partial).unwrap();
     }
     std::fs::remove_file(&upload).unwrap();
 }
