@@ -619,8 +619,10 @@ impl Client {
     }
 
     /// Closes every connection (the next request opens new ones; sessions stay for
-    /// resumption and 0-RTT).
+    /// resumption and 0-RTT), and writes a change to the state file that waits (changes
+    /// are written at most once a second, and when the client goes).
     pub fn close_connections(&self) {
+        lock(&self.inner.state).flush();
         let slots = std::mem::take(&mut *lock(&self.inner.slots));
         for s in slots.into_values() {
             if let Ok(s) = s.try_lock() {

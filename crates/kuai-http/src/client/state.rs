@@ -54,6 +54,21 @@ pub(crate) struct State {
     path: Option<PathBuf>,
     /// When a changed RTT last saved the file (see [`State::remember_rtt`]).
     rtt_saved: Option<std::time::Instant>,
+    /// When the file was last written, and whether a change waits for the next write.
+    saved_at: Option<std::time::Instant>,
+    dirty: bool,
+}
+
+/// Writes of the state file at most this often: a server that changes its Alt-Svc on
+/// every response (or many origins at once) would otherwise have the file rewritten per
+/// response, under the lock every connection attempt takes. A change within it waits for
+/// the next write, or for [`State::flush`] (when the client closes or goes).
+const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Drop for State {
+    fn drop(&mut self) {
+        self.flush();
+    }
 }
 
 pub(crate) fn now() -> u64 {
@@ -66,10 +81,8 @@ impl State {
     /// The state kept at `path` (empty if there is none or it does not parse), saved there
     /// on change.
     pub fn load(path: Option<&Path>) -> Self {
-        let mut s = State {
-            path: path.map(Path::to_path_buf),
-            ..State::default()
-        };
+        let mut s = State::default();
+        s.path = path.map(Path::to_path_buf);
         if let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) {
             s.parse(&text);
         }
@@ -149,8 +162,26 @@ impl State {
         out
     }
 
+    /// Saves a change: now, or within [`SAVE_EVERY`] of the last write.
+    fn save(&mut self) {
+        if self.saved_at.is_some_and(|t| t.elapsed() < SAVE_EVERY) {
+            self.dirty = true;
+            return;
+        }
+        self.write();
+    }
+
+    /// Writes a change still waiting (see [`SAVE_EVERY`]).
+    pub fn flush(&mut self) {
+        if self.dirty {
+            self.write();
+        }
+    }
+
     /// Writes the state to its file (atomically: a temporary file renamed over it).
-    fn save(&self) {
+    fn write(&mut self) {
+        self.saved_at = Some(std::time::Instant::now());
+        self.dirty = false;
         let Some(path) = &self.path else { return };
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
@@ -515,6 +546,7 @@ mod tests {
         assert_eq!(s.broken_entry(&o, "net-a").unwrap().backoff, 48 * 3600);
         s.learn_alt_svc(&o, r#"h3=":8443"; ma=3600"#);
         s.remember_rtt("192.0.2.1:443".parse().unwrap(), Duration::from_millis(42));
+        s.flush();
         let t = State::load(Some(&path));
         assert!(t.is_broken(&o, "net-a"));
         assert_eq!(t.alt_svc(&o).map(|a| a.port), Some(8443));
@@ -525,6 +557,7 @@ mod tests {
         let mut t = t;
         t.mark_working(&o, "net-a", "192.0.2.1:443".parse().unwrap());
         t.learn_alt_svc(&o, "clear");
+        t.flush();
         let u = State::load(Some(&path));
         assert!(!u.is_broken(&o, "net-a"));
         assert_eq!(u.alt_svc(&o), None);
@@ -568,6 +601,27 @@ mod tests {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o077, 0, "{mode:o}");
         }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A server that changes its Alt-Svc on every response gets one write a second, not
+    /// one per response; what changed since is written when the state goes.
+    #[test]
+    fn changes_are_written_at_most_once_a_second() {
+        let path = std::env::temp_dir().join(format!("kuai-client-state-c-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let o: Origin = ("example.com".into(), 443);
+        let mut s = State::load(Some(&path));
+        let written = |p: &Path| std::fs::metadata(p).map(|m| m.modified().unwrap()).ok();
+        s.learn_alt_svc(&o, r#"h3=":8443"; ma=3600"#);
+        let first = written(&path).expect("the first change is written at once");
+        for i in 0..200 {
+            s.learn_alt_svc(&o, &format!(r#"h3=":{}"; ma=3600"#, 9000 + i % 2));
+        }
+        assert_eq!(written(&path), Some(first), "rewritten within the second");
+        assert_eq!(State::load(Some(&path)).alt_svc(&o).unwrap().port, 8443);
+        drop(s);
+        assert_eq!(State::load(Some(&path)).alt_svc(&o).unwrap().port, 9001);
         std::fs::remove_file(&path).unwrap();
     }
 
