@@ -189,7 +189,10 @@ fn date(request: &HeaderMap, name: header::HeaderName) -> Option<SystemTime> {
 }
 
 /// If-Range (RFC 9110 §13.1.5): a range applies only while the file is the one the client
-/// has part of — the same strong entity tag, or exactly the Last-Modified date.
+/// has part of — the same strong entity tag, or exactly the Last-Modified date when that
+/// date is a strong validator: the file last changed at least a second before now (§8.8.2.2;
+/// two seconds from the date sent, which drops the fraction), or a change within the same
+/// second would pass for the same file.
 fn if_range_holds(request: &HeaderMap, etag: &str, modified: Option<SystemTime>) -> bool {
     let Some(v) = request.get(header::IF_RANGE) else {
         return true;
@@ -201,7 +204,12 @@ fn if_range_holds(request: &HeaderMap, etag: &str, modified: Option<SystemTime>)
     if v.starts_with('"') {
         return v == etag;
     }
-    httpdate::parse_http_date(v).is_ok_and(|d| Some(d) == modified)
+    httpdate::parse_http_date(v).is_ok_and(|d| {
+        Some(d) == modified
+            && SystemTime::now()
+                .duration_since(d)
+                .is_ok_and(|age| age >= std::time::Duration::from_secs(2))
+    })
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -428,5 +436,29 @@ mod tests {
         assert_eq!(ranged("\"other\"").status, 200);
         assert_eq!(ranged(&format!("W/{tag}")).status, 200, "strong comparison");
         assert_eq!(ranged("Tue, 14 Nov 2023 22:13:21 GMT").status, 200);
+    }
+
+    /// A Last-Modified of this very second is a weak validator (RFC 9110 §8.8.2.2): the file
+    /// may change again within it. If-Range with that date serves the whole file.
+    #[test]
+    fn if_range_with_a_date_of_this_second_is_weak() {
+        let now = SystemTime::now();
+        let fresh = FileInfo {
+            len: 1000,
+            modified: Some(now),
+        };
+        let date = httpdate::fmt_http_date(now);
+        let mut h = HeaderMap::new();
+        h.insert(header::RANGE, "bytes=0-9".parse().unwrap());
+        h.insert(header::IF_RANGE, date.parse().unwrap());
+        assert_eq!(answer(&Method::GET, &h, &fresh, "text/plain").status, 200);
+        // The same file, a minute later: strong, the range applies.
+        let older = FileInfo {
+            len: 1000,
+            modified: Some(now - std::time::Duration::from_secs(60)),
+        };
+        let date = httpdate::fmt_http_date(now - std::time::Duration::from_secs(60));
+        h.insert(header::IF_RANGE, date.parse().unwrap());
+        assert_eq!(answer(&Method::GET, &h, &older, "text/plain").status, 206);
     }
 }
