@@ -60,6 +60,10 @@ pub struct TransportConfig {
     /// Advertise min_ack_delay and ask the peer, with ACK_FREQUENCY, to acknowledge less often
     /// (draft-ietf-quic-ack-frequency).
     pub ack_frequency: bool,
+    /// The shortest ACK delay this endpoint can keep to, advertised as min_ack_delay when
+    /// `ack_frequency` is on (at most `max_ack_delay`); a peer's ACK_FREQUENCY asking for
+    /// less is a PROTOCOL_VIOLATION. 1 ms.
+    pub min_ack_delay: Duration,
     /// UDP payload size every path starts with; 1200 is always safe.
     pub initial_mtu: u16,
     /// Largest UDP payload DPLPMTUD will probe for over IPv4; over IPv6, 20 bytes less (its
@@ -157,6 +161,7 @@ impl Default for TransportConfig {
             ack_delay_exponent: 3,
             ack_eliciting_threshold: 2,
             ack_frequency: true,
+            min_ack_delay: Duration::from_millis(1),
             initial_mtu: 1200,
             max_mtu: 1472,
             ecn: true,

@@ -94,9 +94,14 @@ impl FrameType {
         matches!(self.0, 0x00..=0x03 | 0x06 | 0x1c)
     }
 
-    /// Whether the frame may appear in 0-RTT packets (RFC 9000 §12.4, Table 3).
+    /// Whether the frame may appear in 0-RTT packets (RFC 9000 §12.4, Table 3; ACK_FREQUENCY
+    /// and IMMEDIATE_ACK neither, draft-ietf-quic-ack-frequency §3: min_ack_delay is not
+    /// remembered for 0-RTT).
     pub fn allowed_in_0rtt(self) -> bool {
-        !matches!(self.0, 0x02 | 0x03 | 0x06 | 0x07 | 0x1b | 0x1e)
+        !matches!(
+            self.0,
+            0x02 | 0x03 | 0x06 | 0x07 | 0x1b | 0x1e | 0x1f | 0xaf
+        )
     }
 
     /// Whether the frame counts toward bytes in flight (everything but ACK, PADDING counts;

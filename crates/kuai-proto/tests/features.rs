@@ -1913,6 +1913,30 @@ fn ack_frequency_reduces_acknowledgements() {
     assert!(on < off / 2.5);
 }
 
+/// A peer whose min_ack_delay (30 ms) is above our own max_ack_delay (25 ms), both within
+/// the draft's bounds: the ACK_FREQUENCY we ask of it goes no lower than it can do (the
+/// request's bounds crossed, which panicked the endpoint at the first ACK after the
+/// handshake), and the transfer completes with our PTO counting that delay.
+#[test]
+fn a_peer_min_ack_delay_above_our_max_ack_delay() {
+    let slow = transport(|t| {
+        t.max_ack_delay = Duration::from_millis(100);
+        t.min_ack_delay = Duration::from_millis(30);
+    });
+    for (server, client) in [(transport(|_| {}), slow.clone()), (slow, transport(|_| {}))] {
+        let ccfg = client_config(client);
+        let mut p = quic::pair_with(
+            1802,
+            server_config(server),
+            &ccfg,
+            Client::with_requests([2 << 20]),
+            |n| n.set_default_link(link(20, 0.0)),
+        );
+        assert!(p.run_until_done(Duration::from_secs(30)));
+        p.client_app().assert_all_intact();
+    }
+}
+
 /// RFC 9000 §13.2.1: an ACK goes out at once when a packet arrives out of order or opens a new
 /// gap; otherwise every second ack-eliciting packet (or the delayed-ACK timer) triggers it. A
 /// gap that was already reported must not make later in-order packets trigger immediate ACKs.

@@ -289,7 +289,11 @@ impl Timers {
 
 /// The min_ack_delay we advertise with ACK_FREQUENCY, in microseconds
 /// (draft-ietf-quic-ack-frequency §3).
-const LOCAL_MIN_ACK_DELAY_US: u64 = 1000;
+/// The min_ack_delay we advertise, in microseconds: no more than our max_ack_delay (peers
+/// refuse it otherwise, draft-ietf-quic-ack-frequency §3).
+pub(super) fn local_min_ack_delay_us(c: &TransportConfig) -> u64 {
+    c.min_ack_delay.min(c.max_ack_delay).as_micros().min(u128::from(u64::MAX)) as u64
+}
 
 /// Peer's request about how we acknowledge (ACK_FREQUENCY), or the defaults.
 #[derive(Debug, Clone, Copy)]
@@ -620,7 +624,7 @@ fn local_transport_params(
         active_connection_id_limit: c.active_connection_id_limit.max(2),
         max_datagram_frame_size: c.max_datagram_frame_size,
         grease_quic_bit: c.grease_quic_bit,
-        min_ack_delay: c.ack_frequency.then_some(LOCAL_MIN_ACK_DELAY_US),
+        min_ack_delay: c.ack_frequency.then(|| local_min_ack_delay_us(c)),
         ..TransportParameters::default()
     };
     streams.local_params(&mut tp);
@@ -1711,7 +1715,11 @@ impl Connection {
         // default of acknowledging every second packet.
         let threshold = (packets / 4).clamp(2, 10) - 1;
         let srtt = self.path.rtt.smoothed();
-        let delay = (srtt / 4).clamp(min.max(Duration::from_millis(1)), self.config.max_ack_delay);
+        // Never below what the peer can do (its min_ack_delay, §4), which may be above our
+        // own max_ack_delay: the peer's word wins then (a clamp with its bounds crossed
+        // would panic).
+        let lo = min.max(Duration::from_millis(1));
+        let delay = (srtt / 4).clamp(lo, self.config.max_ack_delay.max(lo));
         Some((threshold, delay))
     }
 
@@ -2447,9 +2455,15 @@ impl Connection {
         if !self.handshake_confirmed {
             return Duration::ZERO;
         }
-        self.peer_params
+        let param = self
+            .peer_params
             .as_ref()
-            .map_or(Duration::from_millis(25), |p| p.max_ack_delay_duration())
+            .map_or(Duration::from_millis(25), |p| p.max_ack_delay_duration());
+        // An ACK_FREQUENCY we sent may have asked for a longer delay than the peer's own
+        // (draft-ietf-quic-ack-frequency §4, §6: the PTO counts the larger while the request
+        // may be in force).
+        self.ack_frequency_sent
+            .map_or(param, |(_, requested, _)| param.max(requested))
     }
 
     /// Moves packets in flight on a path we are leaving out of its congestion accounting.

@@ -678,10 +678,17 @@ impl Connection {
                     )
                     .with_frame(ty));
                 }
-                let min = super::LOCAL_MIN_ACK_DELAY_US;
+                let min = super::local_min_ack_delay_us(&self.config);
                 if af.request_max_ack_delay < min {
                     return Err(TransportError::PROTOCOL_VIOLATION(
                         "requested max ack delay below min_ack_delay",
+                    )
+                    .with_frame(ty));
+                }
+                // §4: 2^14 ms or more is invalid, as for max_ack_delay (RFC 9000 §18.2).
+                if af.request_max_ack_delay >= (1 << 14) * 1000 {
+                    return Err(TransportError::PROTOCOL_VIOLATION(
+                        "requested max ack delay of 2^14 ms or more",
                     )
                     .with_frame(ty));
                 }
@@ -694,6 +701,13 @@ impl Connection {
                 }
             }
             Frame::ImmediateAck => {
+                // Not offered (no min_ack_delay): as for ACK_FREQUENCY above.
+                if !self.config.ack_frequency {
+                    return Err(TransportError::PROTOCOL_VIOLATION(
+                        "IMMEDIATE_ACK without min_ack_delay",
+                    )
+                    .with_frame(ty));
+                }
                 self.spaces[space.index()].ack.immediate = true;
                 self.immediate_ack_pending = true;
             }
