@@ -107,9 +107,16 @@ impl Histogram {
         };
         let sum = f64::from_bits(self.sum.load(Relaxed));
         let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        let _ = writeln!(out, "{name}_count{braces} {}", self.count.load(Relaxed));
+        // The count is the +Inf bucket as rendered: an observation landing during the
+        // render would otherwise make the two disagree.
+        let _ = writeln!(out, "{name}_count{braces} {cumulative}");
     }
 }
+
+/// Scrapers served at once by [`Metrics::serve`].
+const METRICS_CONNECTIONS: usize = 16;
+/// How long a scraper has to send its request (and twice that for the whole exchange).
+const METRICS_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Counters keyed by label values, for label sets that are few and known only at run time
 /// (versions, cipher suites, ALPNs, drop reasons); updated per connection, not per packet.
@@ -550,19 +557,37 @@ impl Metrics {
     }
 
     /// Answers `GET /metrics` (the text format) on `listener` until the task is dropped;
-    /// other paths get 404.
+    /// other paths get 404. At most [`METRICS_CONNECTIONS`] scrapers at once (more wait to
+    /// be accepted), each with [`METRICS_TIMEOUT`] to send its request and one request per
+    /// connection; an accept error (out of descriptors) is logged and the loop goes on.
     pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        let slots = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
         loop {
-            let (tcp, _) = listener.accept().await?;
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return Ok(());
+            };
+            let tcp = match listener.accept().await {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics: accept failed; trying again in 100 ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
             let m = self.clone();
             let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let m = m.clone();
                 async move { Ok::<_, Infallible>(m.answer(&req)) }
             });
             tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                    .await;
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(METRICS_TIMEOUT)
+                    .keep_alive(false)
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc);
+                // A scraper that stops reading its answer: the same bound, whole.
+                let _ = tokio::time::timeout(METRICS_TIMEOUT * 2, conn).await;
+                drop(slot);
             });
         }
     }
@@ -710,4 +735,54 @@ impl Subscriber for MetricsSubscriber {
 
 fn drop_name(r: EndpointDropReason) -> &'static str {
     r.name()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A connection that sends no request is closed after the timeout (it held a task and a
+    /// descriptor for good), and a scrape is answered beside it.
+    #[tokio::test]
+    async fn an_idle_scraper_is_let_go() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(Metrics::new().serve(listener));
+        let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut scrape = tokio::net::TcpStream::connect(addr).await.unwrap();
+        scrape
+            .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        // One request per connection: closed once answered.
+        tokio::time::timeout(Duration::from_secs(5), scrape.read_to_end(&mut got))
+            .await
+            .expect("the scrape is answered and closed")
+            .unwrap();
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.contains("kuai_uptime_seconds"), "{text}");
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(METRICS_TIMEOUT * 2, idle.read(&mut buf))
+            .await
+            .expect("the idle connection is closed within the timeout");
+        // Closed, or answered 408 and closed (hyper's choice).
+        assert!(n.is_ok());
+    }
+
+    /// A histogram's count is its +Inf bucket.
+    #[test]
+    fn a_histograms_count_is_its_last_bucket() {
+        let h = Histogram::new(&[1.0, 2.0]);
+        for v in [0.5, 1.5, 3.0, 3.0] {
+            h.observe(v);
+        }
+        let mut out = String::new();
+        h.render(&mut out, "x", "");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 4\n"), "{out}");
+        assert!(out.contains("x_count 4\n"), "{out}");
+        assert!(out.contains("x_sum 8\n"), "{out}");
+    }
 }

@@ -144,11 +144,35 @@ impl fmt::Debug for TransportError {
             write!(f, " in {frame:?}")?;
         }
         if !self.reason.is_empty() {
-            write!(f, ": {}", self.reason)?;
+            f.write_str(": ")?;
+            write_reason(f, &self.reason)?;
         }
         Ok(())
     }
 }
+
+/// A reason phrase as it may go into a log: a peer chooses it (CONNECTION_CLOSE), so control
+/// characters (line breaks, terminal escapes) are escaped and at most [`REASON_SHOWN`]
+/// characters shown.
+fn write_reason(f: &mut fmt::Formatter<'_>, reason: &str) -> fmt::Result {
+    use fmt::Write;
+    for (i, c) in reason.chars().enumerate() {
+        if i == REASON_SHOWN {
+            return write!(f, "… ({} bytes)", reason.len());
+        }
+        if c.is_control() {
+            for e in c.escape_default() {
+                f.write_char(e)?;
+            }
+        } else {
+            f.write_char(c)?;
+        }
+    }
+    Ok(())
+}
+
+/// Characters of a reason phrase shown (see [`write_reason`]).
+const REASON_SHOWN: usize = 256;
 
 impl fmt::Display for TransportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -157,3 +181,24 @@ impl fmt::Display for TransportError {
 }
 
 impl std::error::Error for TransportError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer's reason phrase cannot forge log lines or send terminal escapes, nor make a
+    /// line as long as its packet.
+    #[test]
+    fn a_peers_reason_is_escaped_and_cut() {
+        let e = TransportError::new(
+            TransportErrorCode::PROTOCOL_VIOLATION,
+            "bad\r\nINFO forged line \u{1b}[31mred",
+        );
+        let shown = e.to_string();
+        assert!(!shown.contains('\n') && !shown.contains('\r') && !shown.contains('\u{1b}'));
+        assert!(shown.contains("bad\\r\\nINFO forged line \\u{1b}[31mred"), "{shown}");
+        let long = TransportError::new(TransportErrorCode::PROTOCOL_VIOLATION, "x".repeat(1100));
+        let shown = long.to_string();
+        assert!(shown.len() < 320 && shown.ends_with("… (1100 bytes)"), "{shown}");
+    }
+}

@@ -522,7 +522,9 @@ async fn quic_connection(connecting: kuai::Connecting, shared: Arc<Shared>, _gua
     match conn {
         Ok(conn) if conn.alpn().as_deref() == Some(ALPN_HQ) => hq::serve(conn, &shared).await,
         Ok(conn) => h3::serve(conn, &shared).await,
-        Err(e) => tracing::info!(%remote, error = %e, "handshake failed"),
+        // Debug, as over TCP: one Initial from any (spoofed) address can make a handshake
+        // fail, so at info a flood would be as many log lines (the metrics count them).
+        Err(e) => tracing::debug!(%remote, error = %e, "handshake failed"),
     }
 }
 
@@ -680,12 +682,25 @@ impl AccessLog {
             .cloned();
     }
 
-    /// The request's path.
+    /// The request's path, its first [`LOGGED_PATH`] bytes: a client can put a path of
+    /// the whole header limit in the compression table once and name it in a byte per
+    /// request, so the log would take 64 KiB for each request of a few bytes.
     pub(crate) fn path(&self) -> &str {
-        self.target.as_ref().map_or("/", |t| t.path())
+        let p = self.target.as_ref().map_or("/", |t| t.path());
+        if p.len() <= LOGGED_PATH {
+            return p;
+        }
+        // A path is ASCII once parsed as a URI; the boundary check keeps this safe anyway.
+        let mut end = LOGGED_PATH;
+        while !p.is_char_boundary(end) {
+            end -= 1;
+        }
+        &p[..end]
     }
 
     pub(crate) fn write(&self) {
+        let full = self.target.as_ref().map_or(1, |t| t.path().len());
+        let path_bytes = (full > LOGGED_PATH).then_some(full);
         let (upstream, upstream_ms) = match &self.upstream {
             Some(u) => (Some(&*u.backend), Some(u.elapsed.as_millis() as u64)),
             None => (None, None),
@@ -693,12 +708,16 @@ impl AccessLog {
         tracing::info!(
             target: "kuai_http::access",
             remote = %self.info.remote, proto = self.info.protocol.alpn(), method = %self.method,
-            path = self.path(), status = self.status, bytes = self.bytes,
+            path = self.path(), path_bytes, status = self.status, bytes = self.bytes,
             ms = self.start.elapsed().as_millis() as u64, early_data = self.early,
             upstream, upstream_ms, "request"
         );
     }
 }
+
+/// Bytes of a request's path the access log keeps (with `path_bytes`, the whole length,
+/// when it was cut).
+const LOGGED_PATH: usize = 1024;
 
 impl Drop for AccessLog {
     fn drop(&mut self) {
