@@ -10,11 +10,24 @@ use std::sync::Mutex;
 pub struct FileKeyLog(Mutex<File>);
 
 impl FileKeyLog {
+    /// Opens `path` to append to, made readable by its owner only (it holds every
+    /// connection's traffic secrets); an existing file that others can read is warned of.
     pub fn create(path: &Path) -> std::io::Result<Self> {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        let mut o = std::fs::OpenOptions::new();
+        o.create(true).append(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+        let f = o.open(path)?;
+        #[cfg(unix)]
+        if let Ok(m) = f.metadata() {
+            use std::os::unix::fs::PermissionsExt;
+            if m.permissions().mode() & 0o077 != 0 {
+                tracing::warn!(
+                    path = %path.display(),
+                    "the key log is readable by others: it decrypts every connection"
+                );
+            }
+        }
         Ok(Self(Mutex::new(f)))
     }
 }

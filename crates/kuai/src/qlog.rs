@@ -48,12 +48,38 @@ use kuai_proto::{ConnectionId, Side};
 /// 10,000 half-open handshakes (the server's default limit) this is at most 160 MiB.
 const PENDING_MAX: usize = 16 * 1024;
 
+/// Trace files open at once in the process; a connection past it is not traced (a flood of
+/// connections would otherwise hold a descriptor and a buffer each, and fill the disk).
+pub const MAX_OPEN_TRACES: usize = 1024;
+/// Bytes one trace file takes at most; the trace stops there (a long transfer's events
+/// are a few hundred bytes per packet).
+pub const MAX_TRACE_BYTES: u64 = 512 << 20;
+
+static OPEN_TRACES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// When a qlog warning was last given (seconds since the Unix epoch): one a minute at most.
+static WARNED_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether a warning may be given now (see [`WARNED_AT`]).
+fn may_warn() -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = WARNED_AT.load(Relaxed);
+    now >= last + 60
+        && WARNED_AT
+            .compare_exchange(last, now, Relaxed, Relaxed)
+            .is_ok()
+}
+
 /// Writes one connection's trace to a file.
 ///
 /// A server opens the file only once the client has proved its address (a Handshake or
 /// 1-RTT packet from it arrived, RFC 9000 §8.1): until then the events wait in memory (16 KiB
 /// at most), so Initials from spoofed addresses, which never get that far, create no files.
-/// Files are never overwritten: a name in use gets a numbered suffix.
+/// Files are never overwritten: a name in use gets a numbered suffix. They are readable by
+/// their owner only (a trace holds addresses and the connection's stateless reset token).
+/// At most [`MAX_OPEN_TRACES`] are open at once and each stops at [`MAX_TRACE_BYTES`].
 pub struct QlogWriter {
     out: Out,
     start: Instant,
@@ -61,7 +87,8 @@ pub struct QlogWriter {
 }
 
 enum Out {
-    File(BufWriter<File>),
+    /// The file, and the bytes written to it.
+    File(BufWriter<File>, u64),
     /// Not opened yet: where it will be, and what it will start with.
     Pending {
         dir: PathBuf,
@@ -126,7 +153,40 @@ impl QlogWriter {
         else {
             return Ok(());
         };
-        std::fs::create_dir_all(&dir)?;
+        use std::sync::atomic::Ordering::Relaxed;
+        if OPEN_TRACES.fetch_add(1, Relaxed) >= MAX_OPEN_TRACES {
+            OPEN_TRACES.fetch_sub(1, Relaxed);
+            return Err(std::io::Error::other(format!(
+                "{MAX_OPEN_TRACES} traces open: this connection is not traced"
+            )));
+        }
+        // Counted from here: the decrement comes with the writer's drop once a file is open.
+        let opened = (|| {
+            std::fs::create_dir_all(&dir)?;
+            Self::create_file(&dir, &name)
+        })();
+        let file = match opened {
+            Ok(f) => f,
+            Err(e) => {
+                OPEN_TRACES.fetch_sub(1, Relaxed);
+                return Err(e);
+            }
+        };
+        let mut out = BufWriter::new(file);
+        let written = buf.len() as u64;
+        let r = out.write_all(&buf);
+        if dropped > 0 {
+            tracing::debug!(
+                dropped,
+                "qlog events dropped before the address was validated"
+            );
+        }
+        self.out = Out::File(out, written);
+        r
+    }
+
+    /// A new file for `name` in `dir` (a numbered suffix when the name is taken).
+    fn create_file(dir: &Path, name: &str) -> std::io::Result<File> {
         let mut file = None;
         for n in 0..100 {
             let path = if n == 0 {
@@ -134,7 +194,11 @@ impl QlogWriter {
             } else {
                 dir.join(format!("{name}_{n}.sqlog"))
             };
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
+            let mut o = OpenOptions::new();
+            o.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+            match o.open(&path) {
                 Ok(f) => {
                     file = Some(f);
                     break;
@@ -143,19 +207,9 @@ impl QlogWriter {
                 Err(e) => return Err(e),
             }
         }
-        let file = file.ok_or_else(|| {
+        file.ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 traces of that name")
-        })?;
-        let mut out = BufWriter::new(file);
-        out.write_all(&buf)?;
-        if dropped > 0 {
-            tracing::debug!(
-                dropped,
-                "qlog events dropped before the address was validated"
-            );
-        }
-        self.out = Out::File(out);
-        Ok(())
+        })
     }
 }
 
@@ -445,7 +499,19 @@ impl Tracer for QlogWriter {
             }
         );
         match &mut self.out {
-            Out::File(f) => {
+            Out::File(f, written) => {
+                *written += l.len() as u64;
+                if *written > MAX_TRACE_BYTES {
+                    if may_warn() {
+                        tracing::warn!(
+                            "a qlog trace reached {MAX_TRACE_BYTES} bytes: stopped there (said once a minute)"
+                        );
+                    }
+                    // Flushed as it goes; the count of open traces with it.
+                    self.out = Out::Failed;
+                    OPEN_TRACES.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
                 let _ = f.write_all(l.as_bytes());
             }
             Out::Pending { buf, dropped, .. } => {
@@ -454,8 +520,11 @@ impl Tracer for QlogWriter {
                 } else {
                     *dropped += 1;
                 }
-                if validated && let Err(e) = self.open() {
-                    tracing::warn!(error = %e, "cannot write qlog");
+                if validated
+                    && let Err(e) = self.open()
+                    && may_warn()
+                {
+                    tracing::warn!(error = %e, "cannot write qlog (said once a minute)");
                 }
             }
             Out::Failed => {}
@@ -505,8 +574,9 @@ impl Subscriber for QlogDir {
 
 impl Drop for QlogWriter {
     fn drop(&mut self) {
-        if let Out::File(f) = &mut self.out {
+        if let Out::File(f, _) = &mut self.out {
             let _ = f.flush();
+            OPEN_TRACES.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
@@ -514,6 +584,9 @@ impl Drop for QlogWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tests that open traces, one at a time: the count of open traces is the process's.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn received(w: &mut QlogWriter, kind: PacketKind) {
         w.event(
@@ -527,10 +600,49 @@ mod tests {
         );
     }
 
+    /// At most `MAX_OPEN_TRACES` files are open at once (a connection past it is not
+    /// traced), and each is readable by its owner only.
+    #[test]
+    fn open_traces_are_capped_and_private() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = std::env::temp_dir().join(format!("kuai-qlog-cap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut open = Vec::new();
+        let mut refused = 0;
+        for i in 0..MAX_OPEN_TRACES as u32 + 5 {
+            let odcid = ConnectionId::new(&i.to_be_bytes());
+            match QlogWriter::create(&dir, &odcid, Side::Client, Instant::now()) {
+                Ok(w) => open.push(w),
+                Err(_) => refused += 1,
+            }
+        }
+        assert_eq!(open.len(), MAX_OPEN_TRACES);
+        assert_eq!(refused, 5);
+        drop(open.pop());
+        let again = QlogWriter::create(
+            &dir,
+            &ConnectionId::new(&[9; 8]),
+            Side::Client,
+            Instant::now(),
+        );
+        assert!(again.is_ok(), "a closed trace makes room");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let f = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap();
+            let mode = f.metadata().unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{mode:o}");
+        }
+        drop(open);
+        drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// A server's trace file appears only once the client proved its address: Initials
     /// from spoofed addresses create none, and an existing file is never overwritten.
     #[test]
     fn server_traces_wait_for_a_validated_address() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let dir = std::env::temp_dir().join(format!("kuai-qlog-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let odcid = ConnectionId::new(&[0xab; 8]);
