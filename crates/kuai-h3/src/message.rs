@@ -131,6 +131,19 @@ fn regular_headers(fields: &[(Bytes, Bytes)], out: &mut HeaderMap) -> Result<(),
         }
         let value =
             HeaderValue::from_maybe_shared(v.clone()).map_err(|_| "invalid header value")?;
+        // RFC 9114 §4.2.1: clients split Cookie into several field lines to compress them
+        // better; joined with "; " into one before an application sees them (or an
+        // HTTP/1.1 backend, which must get one Cookie field, RFC 6265 §5.4).
+        if name == http::header::COOKIE
+            && let Some(first) = out.get_mut(http::header::COOKIE)
+        {
+            let mut joined = Vec::with_capacity(first.len() + 2 + value.len());
+            joined.extend_from_slice(first.as_bytes());
+            joined.extend_from_slice(b"; ");
+            joined.extend_from_slice(value.as_bytes());
+            *first = HeaderValue::from_bytes(&joined).map_err(|_| "invalid header value")?;
+            continue;
+        }
         out.append(name, value);
     }
     Ok(())
@@ -363,6 +376,27 @@ mod tests {
         assert_eq!(back.method, Method::POST);
         assert_eq!(back.uri.to_string(), "https://example.com:4433/upload?x=1");
         assert_eq!(back.headers["content-type"], "text/plain");
+    }
+
+    /// Cookie field lines reach the application as one field (RFC 9114 §4.2.1).
+    #[test]
+    fn cookie_lines_are_joined() {
+        let parts = parse_request(
+            &f(&[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/"),
+                (":authority", "a"),
+                ("cookie", "a=1"),
+                ("accept", "*/*"),
+                ("cookie", "b=2"),
+                ("cookie", "c=3"),
+            ]),
+            false,
+        )
+        .unwrap();
+        let all: Vec<_> = parts.headers.get_all("cookie").iter().collect();
+        assert_eq!(all, ["a=1; b=2; c=3"]);
     }
 
     #[test]

@@ -658,7 +658,10 @@ async fn serve_connection(
     };
     let st = state.clone();
     let sh = shared.clone();
-    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        if h2 {
+            join_cookies(req.headers_mut());
+        }
         let shared = sh.clone();
         let request = InFlight::new(&st);
         let waits = st.body_waits.clone();
@@ -1528,5 +1531,42 @@ mod tests {
         // The small connection serves requests as usual.
         assert_eq!(srv.fetch(Proto::H2).await.unwrap().len(), 26);
         drop(second);
+    }
+}
+
+/// RFC 9113 §8.2.3: an HTTP/2 client may split Cookie into several field lines; they are
+/// joined with "; " into one before the application (or an HTTP/1.1 backend, which must get
+/// one Cookie field) sees them, as kuai-h3 does for HTTP/3.
+fn join_cookies(headers: &mut http::HeaderMap) {
+    let mut all = headers.get_all(http::header::COOKIE).iter();
+    let (Some(_), Some(_)) = (all.next(), all.next()) else {
+        return;
+    };
+    let mut joined = Vec::new();
+    for v in headers.get_all(http::header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    if let Ok(v) = http::HeaderValue::from_bytes(&joined) {
+        headers.insert(http::header::COOKIE, v);
+    }
+}
+
+#[cfg(test)]
+mod cookie_tests {
+    #[test]
+    fn http2_cookie_lines_are_joined() {
+        let mut h = http::HeaderMap::new();
+        h.append("cookie", "a=1".parse().unwrap());
+        h.append("cookie", "b=2".parse().unwrap());
+        super::join_cookies(&mut h);
+        let all: Vec<_> = h.get_all("cookie").iter().collect();
+        assert_eq!(all, ["a=1; b=2"]);
+        let mut one = http::HeaderMap::new();
+        one.append("cookie", "a=1".parse().unwrap());
+        super::join_cookies(&mut one);
+        assert_eq!(one["cookie"], "a=1");
     }
 }
