@@ -514,13 +514,10 @@ impl Head {
                 r.headers_mut().remove(header::TE);
             }
             UpstreamProtocol::H2c => {
+                // Every forwarded request has an authority (`upstream_head`).
                 let mut parts = http::uri::Parts::default();
                 parts.scheme = Some(http::uri::Scheme::HTTP);
-                parts.authority = Some(
-                    self.authority
-                        .clone()
-                        .unwrap_or_else(|| http::uri::Authority::from_static("localhost")),
-                );
+                parts.authority = self.authority.clone();
                 parts.path_and_query = self.origin.path_and_query().cloned();
                 if let Ok(u) = Uri::from_parts(parts) {
                     *r.uri_mut() = u;
@@ -734,13 +731,19 @@ impl Inner {
             (Some(h), None) => Some(http::uri::Authority::try_from(h.as_bytes()).ok()?),
             (Some(_), Some(_)) => return None,
         };
+        // No authority at all (HTTP/1.1 without Host, which RFC 9112 §3.2 answers 400;
+        // HTTP/1.0 or HTTP/0.9): not forwarded. A backend would see no Host, or over h2c
+        // an authority made up for it, and could take the request for one of its own
+        // hosts (an internal one, or "localhost").
         let authority = match uri.authority() {
-            Some(a) => Some(a.clone()),
-            None => host_field,
+            Some(a) => a.clone(),
+            None => host_field?,
         };
-        if authority.as_ref().is_some_and(|a| a.as_str().contains('@')) {
+        // An empty host is no authority either (RFC 9110 §4.2.1).
+        if authority.as_str().contains('@') || authority.host().is_empty() {
             return None;
         }
+        let authority = Some(authority);
         let te_trailers = headers::asks_for_trailers(&headers);
         headers::strip_hop_by_hop(&mut headers);
         let host = match &authority {

@@ -1525,10 +1525,14 @@ async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
             }
             req
         };
-        let refused: [&[(&str, &str)]; 3] = [
+        // No Host at all (HTTP/1.1 without it, HTTP/1.0), or an empty host: an h2c backend
+        // was told "localhost", an HTTP/1.1 one got no Host.
+        let refused: [&[(&str, &str)]; 5] = [
             &[("host", "a.example"), ("host", "b.example")],
             &[("host", "a b")],
             &[("host", "user@a.example")],
+            &[],
+            &[("host", ":443")],
         ];
         for fields in refused {
             let resp = proxy.call(request(fields)).await.unwrap();
