@@ -130,6 +130,26 @@ impl RequestStream {
 const MAX_INTERIM: usize = 32;
 
 impl RecvHalf {
+    /// Client: reads the next response head, informational (1xx: 100 Continue, 103 Early
+    /// Hints) or final; a caller that wants the 1xx reads until a final one, and answers
+    /// for how many it reads ([`recv_response`](Self::recv_response) skips them).
+    pub async fn recv_any_response(&mut self) -> Result<Response<()>, Error> {
+        let Some(fields) = self.recv_fields().await? else {
+            return Err(Error::StreamReset(Code::REQUEST_INCOMPLETE));
+        };
+        let parts = match message::parse_response(&fields) {
+            Ok(p) => p,
+            Err(why) => return Err(self.malformed(why)),
+        };
+        if parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(self.malformed("101 Switching Protocols"));
+        }
+        if !parts.status.is_informational() {
+            self.set_response_head(&parts.status, &parts.headers)?;
+        }
+        Ok(Response::from_parts(parts, ()))
+    }
+
     /// Client: reads the response head, skipping informational (1xx) responses (for a
     /// request whose body is still being sent from the [`SendHalf`](crate::SendHalf)).
     pub async fn recv_response(&mut self) -> Result<Response<()>, Error> {

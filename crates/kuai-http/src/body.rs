@@ -32,6 +32,8 @@ pub struct Body {
     waiting: Option<Waiting>,
     /// Ends the body when a read waits too long for the sender (see [`Body::stall_limit`]).
     stall: Option<Stall>,
+    /// Told at the first read (see [`Body::on_first_read`]).
+    on_first_read: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// A body's own timeout for a sender that stops: how long a read may wait, and the timer,
@@ -93,6 +95,7 @@ impl Body {
             on_end: None,
             waiting: None,
             stall: None,
+            on_first_read: None,
         }
     }
 
@@ -107,6 +110,7 @@ impl Body {
             on_end: None,
             waiting: None,
             stall: None,
+            on_first_read: None,
         }
     }
 
@@ -118,6 +122,7 @@ impl Body {
             on_end: None,
             waiting: None,
             stall: None,
+            on_first_read: None,
         }
     }
 
@@ -133,6 +138,7 @@ impl Body {
             on_end: None,
             waiting: None,
             stall: None,
+            on_first_read: None,
         }
     }
 
@@ -154,6 +160,13 @@ impl Body {
     /// Ends the body in [`Error::Timeout`] once a read of it has waited `limit` for the
     /// sender with nothing coming (nginx's client_body_timeout, for one stream): a stalled
     /// upload on a multiplexed connection ends its own request, not the connection.
+    /// Tells `tx` when the body is first read: the moment a server owes `100 Continue` to
+    /// a client that asked for it (RFC 9110 §10.1.1), as hyper does over TCP.
+    pub(crate) fn on_first_read(mut self, tx: tokio::sync::oneshot::Sender<()>) -> Self {
+        self.on_first_read = Some(tx);
+        self
+    }
+
     pub(crate) fn stall_limit(mut self, limit: std::time::Duration) -> Self {
         self.stall = Some(Stall {
             limit,
@@ -217,6 +230,9 @@ impl http_body::Body for Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = self.get_mut();
+        if let Some(tx) = this.on_first_read.take() {
+            let _ = tx.send(());
+        }
         let r = this.poll_body(cx);
         if let Some(w) = &mut this.waiting {
             w.set(r.is_pending());

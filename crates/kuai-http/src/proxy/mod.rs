@@ -746,6 +746,10 @@ impl Inner {
         let authority = Some(authority);
         let te_trailers = headers::asks_for_trailers(&headers);
         headers::strip_hop_by_hop(&mut headers);
+        // The gateway sends the body as it comes without waiting for a 100 (the client got
+        // its own from the gateway's server): a backend told to expect one could answer
+        // first and take the body that follows for the next request.
+        headers.remove(header::EXPECT);
         let host = match &authority {
             Some(a) => Some(HeaderValue::from_str(a.as_str()).ok()?),
             None => None,

@@ -1546,6 +1546,7 @@ async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
                 ("te", "trailers"),
                 ("x-real-ip", "6.6.6.6"),
                 ("x-forwarded-host", "evil.example"),
+                ("expect", "100-continue"),
             ]))
             .await
             .unwrap();
@@ -1563,6 +1564,8 @@ async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
         // client's claims still do not pass.
         assert!(!text.contains("6.6.6.6"), "{text}");
         assert!(!text.contains("evil.example"), "{text}");
+        // The gateway does not wait for a 100: the backend is not told to send one.
+        assert!(!text.contains("\nexpect:"), "{text}");
         if h2c {
             assert!(text.contains("http://a.example/headers"), "{text}");
             assert!(text.contains("\nte: trailers\n"), "{text}");

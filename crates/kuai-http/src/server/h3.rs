@@ -121,15 +121,37 @@ async fn answer(
     if method != Method::CONNECT {
         body = body.stall_limit(shared.limits.send_timeout);
     }
+    // A client that waits for 100 Continue before its body gets it when the service first
+    // reads the body (RFC 9110 §10.1.1), as hyper does over TCP; a service that answers
+    // without reading it sends none.
+    let mut wants_continue = None;
+    if expects_continue(&parts.headers) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        body = body.on_first_read(tx);
+        wants_continue = Some(rx);
+    }
     let req = Request::from_parts(parts, body);
     // A client that cancels the request (STOP_SENDING) or goes away drops the work
     // making its response: a proxied request's upstream exchange, for one.
-    let resp = tokio::select! {
-        r = shared.respond(req, info) => r,
-        e = send.cancelled() => {
-            tracing::debug!(%remote, %method, path = log.path(), error = %e, "h3 request cancelled");
-            cancels.note(remote);
-            return;
+    let respond = shared.respond(req, info);
+    tokio::pin!(respond);
+    let resp = loop {
+        tokio::select! {
+            r = &mut respond => break r,
+            read = async { wants_continue.as_mut().expect("guarded").await }, if wants_continue.is_some() => {
+                wants_continue = None;
+                if read.is_ok() {
+                    let go_on = Response::builder().status(StatusCode::CONTINUE).body(());
+                    if let Ok(go_on) = go_on {
+                        let _ = send.send_informational(go_on).await;
+                    }
+                }
+            }
+            e = send.cancelled() => {
+                tracing::debug!(%remote, %method, path = log.path(), error = %e, "h3 request cancelled");
+                cancels.note(remote);
+                return;
+            }
         }
     };
     log.response(&resp);
@@ -313,4 +335,11 @@ async fn send_response(
     drop(body);
     stream.finish()?;
     Ok((sent, stream))
+}
+
+/// Whether a request asks for `100 Continue` before its body (RFC 9110 §10.1.1).
+fn expects_continue(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
