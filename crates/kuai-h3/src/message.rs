@@ -157,6 +157,14 @@ fn pseudo_count(fields: &[(Bytes, Bytes)]) -> usize {
         .count()
 }
 
+/// An authority whose host is not empty and whose port, if any, is a number.
+fn authority_ok(a: &http::uri::Authority) -> bool {
+    let s = a.as_str();
+    // What follows an IPv6 literal's bracket, or the whole for a name or IPv4.
+    let tail = s.rsplit_once(']').map_or(s, |(_, t)| t);
+    !a.host().is_empty() && (!tail.contains(':') || a.port_u16().is_some())
+}
+
 /// Sets a pseudo-header's slot; each may appear once.
 fn once<'a>(slot: &mut Option<&'a Bytes>, v: &'a Bytes) -> Result<(), &'static str> {
     if slot.replace(v).is_some() {
@@ -186,15 +194,23 @@ pub fn parse_request(
     }
     let method = Method::from_bytes(method.ok_or("request without :method")?)
         .map_err(|_| "invalid :method")?;
-    let mut builder = http::Request::builder().method(method.clone());
+    let mut builder = http::Request::builder()
+        .method(method.clone())
+        .version(http::Version::HTTP_3);
     if method == Method::CONNECT && protocol.is_none() {
         if scheme.is_some() || path.is_some() {
             return Err("CONNECT with :scheme or :path");
         }
         let a = authority.ok_or("CONNECT without :authority")?;
+        // RFC 9114 §4.4: the host and port to connect to (RFC 9110 §9.3.6: no userinfo).
+        let a =
+            http::uri::Authority::from_maybe_shared(a.clone()).map_err(|_| "invalid :authority")?;
+        if a.as_str().contains('@') || a.port_u16().is_none() || !authority_ok(&a) {
+            return Err("CONNECT :authority not host:port");
+        }
         builder = builder.uri(
             Uri::builder()
-                .authority(&a[..])
+                .authority(a)
                 .build()
                 .map_err(|_| "invalid :authority")?,
         );
@@ -206,6 +222,11 @@ pub fn parse_request(
         let path = path.ok_or("request without :path")?;
         if path.is_empty() {
             return Err("empty :path");
+        }
+        // A target's path and query have no fragment (RFC 9114 §4.3.1, RFC 9110 §7.1):
+        // the `http` crate would drop it without a word.
+        if path.contains(&b'#') {
+            return Err("fragment in :path");
         }
         // RFC 9114 §4.3.1: http and https have a mandatory authority: :authority or Host,
         // not empty (the same if both, checked below); their :path is an absolute path, or
@@ -235,10 +256,14 @@ pub fn parse_request(
             other => other.try_into().map_err(|_| "invalid :scheme")?,
         });
         if let Some(a) = authority {
-            uri.authority = Some(
-                http::uri::Authority::from_maybe_shared(a.clone())
-                    .map_err(|_| "invalid :authority")?,
-            );
+            let a = http::uri::Authority::from_maybe_shared(a.clone())
+                .map_err(|_| "invalid :authority")?;
+            // RFC 9110 §4.2.1 (§4.2.2): an http(s) authority has a host, and a port is
+            // digits; a backend would read either its own way.
+            if web && !authority_ok(&a) {
+                return Err("invalid :authority or host");
+            }
+            uri.authority = Some(a);
         }
         uri.path_and_query = Some(
             http::uri::PathAndQuery::from_maybe_shared(path.clone())
@@ -376,6 +401,44 @@ mod tests {
         assert_eq!(back.method, Method::POST);
         assert_eq!(back.uri.to_string(), "https://example.com:4433/upload?x=1");
         assert_eq!(back.headers["content-type"], "text/plain");
+    }
+
+    /// Authorities with no host or a port that is no number, CONNECT targets that are not
+    /// host:port, and fragments are refused; requests say HTTP/3.
+    #[test]
+    fn targets_are_checked() {
+        let req = |authority: &str, path: &str| {
+            parse_request(
+                &f(&[
+                    (":method", "GET"),
+                    (":scheme", "https"),
+                    (":path", path),
+                    (":authority", authority),
+                ]),
+                false,
+            )
+        };
+        assert_eq!(
+            req("a.example", "/").unwrap().version,
+            http::Version::HTTP_3
+        );
+        for ok in ["a.example:443", "[::1]:443", "[::1]", "192.0.2.1:8443"] {
+            assert!(req(ok, "/").is_ok(), "{ok}");
+        }
+        for bad in [":443", "a:b", "a.example:"] {
+            assert!(req(bad, "/").is_err(), "{bad}");
+        }
+        assert!(req("a.example", "/a#b").is_err());
+        let connect = |authority: &str| {
+            parse_request(
+                &f(&[(":method", "CONNECT"), (":authority", authority)]),
+                false,
+            )
+        };
+        assert!(connect("a.example:443").is_ok());
+        for bad in ["a.example", "u@a.example:443", ":443", "a:b"] {
+            assert!(connect(bad).is_err(), "{bad}");
+        }
     }
 
     /// Cookie field lines reach the application as one field (RFC 9114 §4.2.1).

@@ -5,6 +5,26 @@ use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+/// The request's Content-Length as one number, when its lines (and list elements) agree;
+/// `None` when absent or unreadable (the server side has refused those already).
+pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
+    let mut n = None;
+    for v in headers.get_all(header::CONTENT_LENGTH) {
+        for item in v.to_str().ok()?.split(',') {
+            let item = item.trim();
+            if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let x: u64 = item.parse().ok()?;
+            if n.is_some_and(|m| m != x) {
+                return None;
+            }
+            n = Some(x);
+        }
+    }
+    n
+}
+
 /// Removes the hop-by-hop fields: the fixed ones and every field `Connection` names.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names finds the ones to remove (most messages have none, or only
@@ -281,6 +301,19 @@ fn is_tchar(b: u8) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn content_length_is_one_number() {
+        let mut h = HeaderMap::new();
+        assert_eq!(content_length(&h), None);
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("5, 5"));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        assert_eq!(content_length(&h), Some(5));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("6"));
+        assert_eq!(content_length(&h), None);
+    }
+
     #[test]
     fn forwarded_values_end_outside_quotes() {
         for ok in [

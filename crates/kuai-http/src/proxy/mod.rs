@@ -721,6 +721,14 @@ impl Inner {
             version,
             ..
         } = parts;
+        // Only web targets go on (an HTTP/3 request may name another scheme, whose :path
+        // need not be an absolute path: "GET * HTTP/1.1" would reach the backend).
+        if uri
+            .scheme_str()
+            .is_some_and(|s| !s.eq_ignore_ascii_case("http") && !s.eq_ignore_ascii_case("https"))
+        {
+            return None;
+        }
         // Read before the hop-by-hop fields go (a `Connection: host` would take it). More
         // than one Host, or one that is no authority, is refused (RFC 9112 §3.2), and so is
         // an authority with userinfo (RFC 9110 §4.2.4): a backend could read either its own
@@ -746,6 +754,12 @@ impl Inner {
         let authority = Some(authority);
         let te_trailers = headers::asks_for_trailers(&headers);
         headers::strip_hop_by_hop(&mut headers);
+        // Content-Length as one number: the client's list form ("5, 5") or repeated equal
+        // lines, which the server side accepted (RFC 9110 §8.6), would make an HTTP/2
+        // backend reset the stream. (An HTTP/1.1 backend gets the gateway's own framing.)
+        if let Some(n) = headers::content_length(&headers) {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
         // The gateway sends the body as it comes without waiting for a 100 (the client got
         // its own from the gateway's server): a backend told to expect one could answer
         // first and take the body that follows for the next request.

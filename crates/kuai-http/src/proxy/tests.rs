@@ -1538,6 +1538,11 @@ async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
             let resp = proxy.call(request(fields)).await.unwrap();
             assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{fields:?}");
         }
+        // Another scheme than http(s): its path need not be one a backend can take.
+        let mut other = request(&[("host", "a.example")]);
+        *other.uri_mut() = "ftp://a.example/headers".parse().unwrap();
+        let resp = proxy.call(other).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
         assert_eq!(seen.requests.load(SeqCst), 0, "h2c {h2c}");
         let resp = proxy
             .call(request(&[
