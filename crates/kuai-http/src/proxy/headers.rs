@@ -337,8 +337,6 @@ mod tests {
         }
     }
 
-    use super::*;
-
     #[test]
     fn hop_by_hop_fields_and_those_connection_names_go() {
         let mut h = HeaderMap::new();
