@@ -687,6 +687,19 @@ fn client_migration_with_a_new_connection_id() {
         &ccfg,
         Client::with_requests([4 << 20]),
     );
+    // The server's connection IDs for the client, by the address they were sent to.
+    let cid_len = p.client_conn().local_cids().next().unwrap().len();
+    type Sent = Vec<(std::net::SocketAddr, Vec<u8>)>;
+    let sent: std::rc::Rc<std::cell::RefCell<Sent>> = Default::default();
+    let seen = sent.clone();
+    let s = p.server;
+    p.net.set_filter(move |ctx| {
+        if ctx.from_node == s && ctx.data[0] & 0x80 == 0 {
+            seen.borrow_mut()
+                .push((ctx.to, ctx.data[1..1 + cid_len].to_vec()));
+        }
+        common::sim::Verdict::Pass
+    });
     assert!(p.run_until(
         Duration::from_secs(10),
         |p| p.client_app().requests[0].received > (1 << 20)
@@ -713,6 +726,21 @@ fn client_migration_with_a_new_connection_id() {
             .saw(|e| matches!(e, kuai_proto::Event::PathValidated(_)))
     );
     assert_eq!(p.client_conn().stats().migrations, 1);
+    // RFC 9000 §9.5: the server moved to a new ID of the client's too; none went to both
+    // addresses (an observer would link the paths).
+    let sent = sent.borrow();
+    let to_new: std::collections::HashSet<&Vec<u8>> = sent
+        .iter()
+        .filter(|(a, _)| *a == new_addr)
+        .map(|(_, c)| c)
+        .collect();
+    let to_old: std::collections::HashSet<&Vec<u8>> = sent
+        .iter()
+        .filter(|(a, _)| *a != new_addr)
+        .map(|(_, c)| c)
+        .collect();
+    assert!(!to_new.is_empty() && !to_old.is_empty());
+    assert!(to_new.is_disjoint(&to_old), "{to_new:02x?} {to_old:02x?}");
 }
 
 /// A server behind an address clients reach first (say an anycast or load-balanced one)

@@ -178,6 +178,13 @@ impl RemoteCids {
         Ok(())
     }
 
+    /// The unused ID [`rotate`](Self::rotate) would move to, without moving: for packets to
+    /// an address the peer probes from (RFC 9000 §9.5).
+    pub fn spare(&self) -> Option<crate::cid::ConnectionId> {
+        let seq = self.cids.keys().copied().find(|&s| s > self.active_seq)?;
+        self.cids.get(&seq).map(|c| c.cid)
+    }
+
     /// Moves to an unused ID (for migration, RFC 9000 §9.5) and retires the old one.
     /// Returns false if the peer gave us no spare ID.
     pub fn rotate(&mut self) -> bool {

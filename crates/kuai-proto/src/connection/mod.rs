@@ -423,6 +423,9 @@ pub struct Connection {
     /// The path before the latest migration, kept in case the new one fails validation.
     /// Boxed: most connections never migrate.
     prev_path: Option<Box<Path>>,
+    /// The connection ID (ours) in the peer's last non-probing packet on the active path: a
+    /// packet from a new address with another one is a migration (RFC 9000 §9.5).
+    peer_dcid: Option<crate::cid::ConnectionId>,
     next_path_id: u32,
     /// PATH_RESPONSE owed on the active path: the latest challenge received on it.
     path_response: Option<[u8; 8]>,
@@ -860,6 +863,7 @@ impl Connection {
             peer_params: None,
             path,
             prev_path: None,
+            peer_dcid: None,
             next_path_id: 1,
             path_response: None,
             off_paths: Vec::new(),

@@ -8,6 +8,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::paths::EcnCodepoint;
 use super::{Connection, ConnectionError, Event, State, Timer, ZeroRtt};
+use crate::cid::ConnectionId;
 use crate::error::TransportError;
 use crate::frame::{Frame, FrameIter, FrameType};
 use crate::packet::{
@@ -30,6 +31,8 @@ struct PacketResult {
     /// Its packet number was the largest seen in its space.
     largest: bool,
     space: Option<SpaceId>,
+    /// Its destination connection ID (one of ours).
+    dcid: Option<ConnectionId>,
 }
 
 impl Connection {
@@ -89,6 +92,7 @@ impl Connection {
         let mut rest = Some(data);
         let mut any_processed = false;
         let mut migrate_hint = false;
+        let mut hint_dcid = None;
         let cid_len = self
             .local_cids
             .issued
@@ -109,6 +113,7 @@ impl Connection {
                 any_processed = true;
                 if res.non_probing && res.largest && res.space == Some(SpaceId::Data) {
                     migrate_hint = true;
+                    hint_dcid = res.dcid;
                 }
             }
             if self.is_closed() {
@@ -133,7 +138,11 @@ impl Connection {
         self.sent_eliciting_since_rx = false;
         self.last_rx = now;
         self.memory_released = false;
-        if !self.on_active_path(remote, local_ip) {
+        if self.on_active_path(remote, local_ip) {
+            if migrate_hint && hint_dcid.is_some() {
+                self.peer_dcid = hint_dcid;
+            }
+        } else {
             // RFC 9000 §8.1, §9.3: what came from an address that sent a challenge is what
             // may be sent back there before it is validated.
             if let Some(o) = self
@@ -145,7 +154,7 @@ impl Connection {
                 o.amp_received += len;
             }
             if migrate_hint {
-                self.on_peer_address_change(now, remote, local_ip, len);
+                self.on_peer_address_change(now, remote, local_ip, len, hint_dcid);
             }
         }
         // The idle and other timers are brought up to date once for a run of datagrams, by
@@ -162,6 +171,7 @@ impl Connection {
         pd: PartialDecode,
     ) -> PacketResult {
         let size = pd.len();
+        let pkt_dcid = pd.dst_cid();
         match pd.ty() {
             PacketType::VersionNegotiation => {
                 self.on_version_negotiation(now, &pd);
@@ -385,6 +395,7 @@ impl Connection {
             processed: true,
             space: Some(space),
             largest: is_largest,
+            dcid: Some(pkt_dcid),
             ..Default::default()
         };
         match self.process_frames(now, (remote, local_ip), space, is_0rtt, &pkt) {
@@ -967,6 +978,7 @@ impl Connection {
         remote: SocketAddr,
         local_ip: Option<IpAddr>,
         datagram_len: u64,
+        dcid: Option<ConnectionId>,
     ) {
         if self.side.is_client() || !self.handshake_confirmed {
             // Clients only accept the server's address; servers ignore changes before the
@@ -1009,6 +1021,15 @@ impl Connection {
             }
         }
         self.path_response = probe.and_then(|o| o.challenge);
+        // RFC 9000 §9.5: a peer that moved with a new connection ID (a migration, not a
+        // NAT rebinding, which keeps it) gets a new one from us too on its new address, or
+        // an observer could link the two paths by ours. With none to spare, ours stays.
+        if !back && dcid.is_some() && self.peer_dcid.is_some() && dcid != self.peer_dcid {
+            let _ = self.remote_cids.rotate();
+        }
+        if dcid.is_some() {
+            self.peer_dcid = dcid;
+        }
         let old = std::mem::replace(&mut self.path, new);
         self.retire_path_packets(&old);
         if old.validated {

@@ -882,13 +882,18 @@ impl Connection {
         // RFC 9000 §8.2.2: expanded to 1200 bytes unless that exceeds the address's 3x
         // budget; then as large as the budget allows, or not at all.
         let size = o.amplification_budget().min(MIN_DATAGRAM as u64) as usize;
-        // Client: the server's preferred address gets the connection ID meant for it.
+        // Client: the server's preferred address gets the connection ID meant for it. Other
+        // probing addresses get an unused one of the peer's, the one we move to if it
+        // migrates there (RFC 9000 §9.5: one ID to two addresses links them), or the
+        // active one when the peer gave none to spare.
         let dcid = self
             .preferred
             .as_ref()
             .filter(|p| p.remote == addr)
             .and_then(|p| self.remote_cids.cids.get(&p.cid_seq))
-            .map_or_else(|| self.remote_cids.active().cid, |c| c.cid);
+            .map(|c| c.cid)
+            .or_else(|| self.remote_cids.spare())
+            .unwrap_or_else(|| self.remote_cids.active().cid);
         let t = self.send_probing_packet(
             buf,
             dcid,
