@@ -616,4 +616,6 @@ connection_stats! {
     retry_received: bool,
     /// Most streams open at once.
     max_concurrent_streams: usize,
+    /// Queued DATAGRAM frames dropped unsent: larger than the path took by then.
+    datagrams_unsendable: u64,
 }

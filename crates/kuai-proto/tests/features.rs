@@ -573,6 +573,52 @@ fn oversize_datagram_is_refused() {
     assert!(p.server_conn().unwrap().close_reason().is_none());
 }
 
+/// A datagram queued while the path took it, then too large for a new path (a migration
+/// starts at the minimum MTU): dropped and counted, and the datagrams behind it go on at
+/// once (they waited for the new path's MTU to grow again, or for good on a path that could
+/// not carry it).
+#[test]
+fn a_queued_datagram_too_large_for_a_new_path_does_not_block_the_rest() {
+    let ccfg = client_config(TransportConfig::default());
+    let mut p = quic::pair(
+        1003,
+        server_config(TransportConfig::default()),
+        &ccfg,
+        Client::default(),
+    );
+    // Long enough for the path MTU to grow past the minimum.
+    assert!(p.run_until(Duration::from_secs(10), |p| {
+        p.client_app().connected_at.is_some() && p.client_conn().stats().path.mtu > 1300
+    }));
+    let ch = p.ch;
+    let big = p.client_conn().max_datagram_size().unwrap();
+    assert!(big > 1200, "{big}");
+    let new_addr: std::net::SocketAddr = "10.0.1.8:41000".parse().unwrap();
+    let c = p.client;
+    p.net.set_address(c, new_addr);
+    let now = p.net.now();
+    let conn = p.client_mut().ep.connection_mut(ch).unwrap();
+    conn.send_datagram(dgram(0, big)).unwrap();
+    for i in 1..=5 {
+        conn.send_datagram(dgram(i, 100)).unwrap();
+    }
+    conn.migrate(now, Some(new_addr.ip())).unwrap();
+    assert!(
+        conn.max_datagram_size().unwrap() < big,
+        "the new path starts small"
+    );
+    // One trip across: the small ones arrive without waiting on the new path's MTU.
+    p.net.run_for(Duration::from_millis(25));
+    let got: Vec<u32> = p
+        .server_app()
+        .datagrams
+        .iter()
+        .map(|d| dgram_seq(d))
+        .collect();
+    assert_eq!(got, [1, 2, 3, 4, 5]);
+    assert_eq!(p.client_conn().stats().datagrams_unsendable, 1);
+}
+
 #[test]
 fn datagrams_disabled_on_either_side_are_unsupported() {
     for (server_off, seed) in [(true, 1003), (false, 1004)] {

@@ -728,7 +728,16 @@ impl Connection {
         self.streams
             .write_control(buf, payload_max, frames, now, rtt);
         // Datagrams go before stream data: they are latency-sensitive by nature.
+        let fits_a_packet = self.max_datagram_size().unwrap_or(0);
         while let Some(d) = self.datagrams_out.front() {
+            // Queued when the path took it, too large since (a new path starts at the
+            // minimum MTU, a black hole lowers it): dropped, as the network would, rather
+            // than holding up every datagram behind it.
+            if d.len() > fits_a_packet {
+                self.datagrams_out.pop_front();
+                self.stats.datagrams_unsendable += 1;
+                continue;
+            }
             let need = 1 + crate::VarInt::size_of(d.len() as u64) + d.len();
             if buf.len() + need > payload_max {
                 break;
