@@ -1304,6 +1304,29 @@ fn spurious_migrations_keep_the_last_validated_path() {
     assert_eq!(conn.remote_address(), caddr);
 }
 
+/// RFC 9000 §9.3.3: a packet from a new address moves the connection there, and the old
+/// path is challenged too, so that a peer whose packet an attacker relayed from elsewhere
+/// (and that arrived first) hears from the server and can take the connection back.
+#[test]
+fn an_apparent_migration_challenges_the_old_path() {
+    let mut h = Hostile::connect(TransportConfig::default(), TransportConfig::default());
+    let caddr = h.caddr;
+    let relay: SocketAddr = "198.51.100.9:9000".parse().unwrap();
+    let p = h.packet(&[0x01]);
+    h.inject(relay, &p);
+    let sent = h.drain_server();
+    assert_eq!(h.server_conn().remote_address(), relay);
+    let to_old: Vec<_> = sent.iter().filter(|(a, _)| *a == caddr).collect();
+    assert_eq!(to_old.len(), 1, "one PATH_CHALLENGE to the old address");
+    assert!(to_old[0].1.len() >= 1200, "padded as RFC 9000 §8.2.1 asks");
+    assert!(sent.iter().any(|(a, _)| *a == relay));
+    // The real client answers from its own address with a non-probing packet: back there.
+    let p = h.packet(&[0x01]);
+    h.inject(caddr, &p);
+    h.drain_server();
+    assert_eq!(h.server_conn().remote_address(), caddr);
+}
+
 /// RFC 9000 §14.1: a server discards Initial packets in datagrams under 1200 bytes, not only
 /// the first one.
 #[test]

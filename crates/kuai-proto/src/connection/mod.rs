@@ -2222,8 +2222,10 @@ impl Connection {
             let failed = self.path.remote;
             self.stats.path_validation_failures += 1;
             self.events.push_back(Event::PathValidationFailed(failed));
-            if let Some(prev) = self.prev_path.take() {
-                // RFC 9000 §9.3.2: go back to the last validated path.
+            if let Some(mut prev) = self.prev_path.take() {
+                // RFC 9000 §9.3.2: go back to the last validated path (validated: the
+                // challenge it may have been sent as the path left is moot).
+                prev.challenge = None;
                 let bad = std::mem::replace(&mut self.path, *prev);
                 self.retire_path_packets(&bad);
                 self.trace(TraceEvent::PathUpdated {

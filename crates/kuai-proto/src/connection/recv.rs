@@ -995,7 +995,10 @@ impl Connection {
         // address change (a spoofed one, say) must not make us forget it.
         let mut new = if back {
             // Back to the previous path (e.g. a spurious rebinding).
-            *self.prev_path.take().expect("checked")
+            let mut p = *self.prev_path.take().expect("checked");
+            // Validated already: a challenge sent as the peer left it is moot.
+            p.challenge = None;
+            p
         } else {
             let mut p = self.new_path(remote, local_ip, now, false);
             if same_host {
@@ -1030,9 +1033,23 @@ impl Connection {
         if dcid.is_some() {
             self.peer_dcid = dcid;
         }
-        let old = std::mem::replace(&mut self.path, new);
+        let mut old = std::mem::replace(&mut self.path, new);
         self.retire_path_packets(&old);
         if old.validated {
+            // RFC 9000 §9.3.3: an apparent migration makes us challenge the old path too.
+            // The peer, if it is still there (an attacker relayed a copy of its packet from
+            // elsewhere, and it arrived first), answers with a non-probing packet and the
+            // connection comes back to it.
+            if !back {
+                let mut data = [0u8; 8];
+                rand::Rng::fill(&mut self.rng.draw(), &mut data);
+                old.challenge = Some(super::paths::Challenge {
+                    data,
+                    resend_at: now,
+                    deadline: now + old.rtt.pto_base() * 3,
+                    sent: false,
+                });
+            }
             self.prev_path = Some(Box::new(old));
         }
         self.stats.migrations += 1;

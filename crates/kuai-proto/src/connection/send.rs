@@ -69,6 +69,9 @@ impl Connection {
         if let Some(t) = self.send_preferred_probe(now, buf) {
             return Some(t);
         }
+        if let Some(t) = self.send_prev_path_challenge(buf) {
+            return Some(t);
+        }
         self.queue_redundant_copies(now);
         if let Some(t) = self.send_mtu_probe(now, buf) {
             return Some(t);
@@ -662,12 +665,16 @@ impl Connection {
         let before = frames.len();
         let before_len = buf.len();
         if !zero_rtt {
-            // PATH_RESPONSE to the active path's peer.
-            if buf.len() + 9 <= payload_max
+            // PATH_RESPONSE to the active path's peer, with a PING: a challenge on the path
+            // in use may come from a peer that took a copy of our packet, relayed from
+            // elsewhere, for a migration; a non-probing packet takes it back here (RFC 9000
+            // §9.3.3).
+            if buf.len() + 10 <= payload_max
                 && let Some(data) = self.path_response.take()
             {
                 Frame::PathResponse(data).encode(buf);
                 frames.push(SentFrame::PathResponse);
+                buf.put_u8(0x01);
             }
             if let Some(ch) = self.path.challenge.as_mut()
                 && !ch.sent
@@ -913,6 +920,30 @@ impl Connection {
         )?;
         self.off_paths[i].amp_sent += t.size as u64;
         Some(t)
+    }
+
+    /// Server: the PATH_CHALLENGE owed to the path the peer apparently left (RFC 9000
+    /// §9.3.3), once; with an unused connection ID of the peer's when it gave one to spare
+    /// (the active one is the new path's).
+    fn send_prev_path_challenge(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        let p = self.prev_path.as_ref()?;
+        let ch = p.challenge.as_ref().filter(|c| !c.sent)?;
+        let (remote, local_ip, data) = (p.remote, p.local_ip, ch.data);
+        let dcid = self
+            .remote_cids
+            .spare()
+            .unwrap_or_else(|| self.remote_cids.active().cid);
+        if let Some(ch) = self.prev_path.as_mut().and_then(|p| p.challenge.as_mut()) {
+            ch.sent = true;
+        }
+        self.send_probing_packet(
+            buf,
+            dcid,
+            Frame::PathChallenge(data),
+            remote,
+            local_ip,
+            MIN_DATAGRAM,
+        )
     }
 
     /// Client: PATH_CHALLENGE to the server's preferred address (RFC 9000 §9.6.1), with the
