@@ -1327,6 +1327,45 @@ fn an_apparent_migration_challenges_the_old_path() {
     assert_eq!(h.server_conn().remote_address(), caddr);
 }
 
+/// RFC 9000 §8.2.1: a migration in a small datagram leaves the server a budget too small to
+/// pad its PATH_CHALLENGE to 1200 bytes; the answer validates the address, and a second
+/// challenge, padded now, checks that the path carries QUIC's minimum.
+#[test]
+fn a_path_validated_in_a_small_datagram_is_validated_again_at_1200_bytes() {
+    let mut h = Hostile::connect(TransportConfig::default(), TransportConfig::default());
+    let new_addr: SocketAddr = "198.51.100.9:4000".parse().unwrap();
+    let p = h.packet(&[0x01]);
+    assert!(p.len() < 100);
+    h.inject(new_addr, &p);
+    let challenges = |h: &mut Hostile| -> Vec<(usize, [u8; 8])> {
+        let sent = h.drain_server();
+        sent.iter()
+            .filter(|(a, _)| *a == new_addr)
+            .flat_map(|(_, d)| {
+                h.server_frames(d).into_iter().filter_map(move |f| match f {
+                    kuai_proto::frame::Frame::PathChallenge(x) => Some((d.len(), x)),
+                    _ => None,
+                })
+            })
+            .collect()
+    };
+    let first = challenges(&mut h);
+    assert_eq!(first.len(), 1);
+    assert!(
+        first[0].0 < 1200,
+        "{} bytes: within 3x of the packet",
+        first[0].0
+    );
+    let mut answer = vec![0x1b];
+    answer.extend_from_slice(&first[0].1);
+    let p = h.packet(&answer);
+    h.inject(new_addr, &p);
+    let second = challenges(&mut h);
+    assert_eq!(second.len(), 1, "a second challenge");
+    assert!(second[0].0 >= 1200, "{} bytes", second[0].0);
+    assert_ne!(second[0].1, first[0].1);
+}
+
 /// RFC 9000 §14.1: a server discards Initial packets in datagrams under 1200 bytes, not only
 /// the first one.
 #[test]

@@ -426,6 +426,9 @@ pub struct Connection {
     /// The connection ID (ours) in the peer's last non-probing packet on the active path: a
     /// packet from a new address with another one is a migration (RFC 9000 §9.5).
     peer_dcid: Option<crate::cid::ConnectionId>,
+    /// The datagram being built could not be padded to 1200 bytes for a path probe (see
+    /// `paths::Challenge::small`).
+    probe_datagram_short: bool,
     next_path_id: u32,
     /// PATH_RESPONSE owed on the active path: the latest challenge received on it.
     path_response: Option<[u8; 8]>,
@@ -864,6 +867,7 @@ impl Connection {
             path,
             prev_path: None,
             peer_dcid: None,
+            probe_datagram_short: false,
             next_path_id: 1,
             path_response: None,
             off_paths: Vec::new(),
@@ -1464,6 +1468,7 @@ impl Connection {
             resend_at: now,
             deadline: now + timeout,
             sent: false,
+            small: false,
         });
         self.stats.path_validations += 1;
     }
@@ -1857,6 +1862,7 @@ impl Connection {
                 resend_at: now,
                 deadline: now + timeout,
                 sent: false,
+                small: false,
             });
             self.stats.path_validations += 1;
         }

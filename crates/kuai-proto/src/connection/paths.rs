@@ -222,6 +222,9 @@ pub struct Challenge {
     /// When to give up.
     pub deadline: Instant,
     pub sent: bool,
+    /// A send went in a datagram under 1200 bytes (the amplification budget allowed no
+    /// more): an answer validates the address, not that the path carries QUIC's minimum.
+    pub small: bool,
 }
 
 /// A peer address other than the active path's that sent a PATH_CHALLENGE: a peer probing a

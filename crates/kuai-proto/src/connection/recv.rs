@@ -956,8 +956,16 @@ impl Connection {
         // RFC 9000 §8.2.3: the response validates the path it was sent on, wherever it came
         // from.
         let _ = remote;
+        let small = ch.small;
         self.path.challenge = None;
         self.path.validated = true;
+        if small {
+            // RFC 9000 §8.2.1: the challenge went in a datagram under 1200 bytes (the
+            // amplification limit allowed no more), so the path's MTU is not validated: a
+            // second challenge, padded to 1200 now that the address is.
+            self.start_challenge(now);
+            return;
+        }
         self.events
             .push_back(Event::PathValidated(self.path.remote));
         self.trace(TraceEvent::PathUpdated {
@@ -1048,6 +1056,7 @@ impl Connection {
                     resend_at: now,
                     deadline: now + old.rtt.pto_base() * 3,
                     sent: false,
+                    small: false,
                 });
             }
             self.prev_path = Some(Box::new(old));

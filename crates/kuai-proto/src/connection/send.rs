@@ -239,6 +239,8 @@ impl Connection {
         } else {
             0
         };
+        // A challenge in this datagram cannot check the path's 1200 bytes (§8.2.1).
+        self.probe_datagram_short = path_probe && max_size < MIN_DATAGRAM;
         let last = wants.iter().rposition(|&w| w);
         let Some(last) = last else { return out };
         for space in SpaceId::ALL {
@@ -682,6 +684,7 @@ impl Connection {
             {
                 Frame::PathChallenge(ch.data).encode(buf);
                 ch.sent = true;
+                ch.small |= self.probe_datagram_short;
                 ch.resend_at = now + self.path.rtt.pto_base();
                 frames.push(SentFrame::PathChallenge);
             }

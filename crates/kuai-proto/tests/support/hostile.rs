@@ -247,6 +247,26 @@ impl Hostile {
         panic!("the server never stops sending");
     }
 
+    /// The frames of a 1-RTT datagram the server sent (empty if it does not open).
+    pub fn server_frames(&self, datagram: &[u8]) -> Vec<kuai_proto::frame::Frame> {
+        let Some(keys) = self.keys.as_ref() else {
+            return Vec::new();
+        };
+        let Ok((pd, _)) = PartialDecode::new(BytesMut::from(datagram), CID_LEN) else {
+            return Vec::new();
+        };
+        let Ok(up) = pd.unprotect(keys.header.remote.as_ref(), self.server_pns.last().copied())
+        else {
+            return Vec::new();
+        };
+        let Ok(p) = up.decrypt(keys.current.remote.as_ref()) else {
+            return Vec::new();
+        };
+        kuai_proto::frame::FrameIter::new(p.payload)
+            .filter_map(Result::ok)
+            .collect()
+    }
+
     pub fn server_conn(&mut self) -> &mut kuai_proto::Connection {
         let h = self.server_handle.expect("accepted");
         self.server.connection_mut(h).unwrap()
