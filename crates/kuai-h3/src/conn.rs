@@ -519,6 +519,8 @@ async fn open_uni(
         .await
         .map_err(crate::stream::write_error)?;
     let quic = shared.quic.clone();
+    // Weak: the task ends when the connection state (holding the sender) goes away.
+    let owner = Arc::downgrade(shared);
     // The task ends when the connection state (holding the sender) goes away, after the
     // connection closed; the stream stays open until then, as critical streams must.
     rx.park(stream);
@@ -553,6 +555,18 @@ async fn open_uni(
                     }
                     None => false,
                 },
+                // RFC 9114 §6.2.1, RFC 9204 §4.2: the peer may not ask us to close a critical
+                // stream; without this what we queue there would pile up unsent until the
+                // backlog limit.
+                Err(kuai::WriteError::Stopped(_)) => {
+                    if let Some(s) = owner.upgrade() {
+                        s.fail(H3Error::new(
+                            Code::CLOSED_CRITICAL_STREAM,
+                            "the peer stopped one of our critical streams",
+                        ));
+                    }
+                    false
+                }
                 Err(_) => false,
             };
             if !written {

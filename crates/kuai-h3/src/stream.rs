@@ -48,6 +48,10 @@ pub struct RecvHalf {
     received_len: u64,
     /// A header block was decoded, so QPACK needs no stream cancellation.
     decoded: bool,
+    /// A later section (trailers, the final response after a 1xx) is being decoded, or was
+    /// skipped undecoded (too large): the peer's encoder holds it outstanding until a
+    /// Stream Cancellation (RFC 9204 §4.4.2) if it is never acknowledged.
+    section_pending: bool,
     /// Client: the request was HEAD, so the response has no body whatever it declares.
     head_request: bool,
     /// The stream's end was read (ahead, while a section waited on QPACK): the frame reader
@@ -88,6 +92,7 @@ impl RequestStream {
                 expected_len: None,
                 received_len: 0,
                 decoded: false,
+                section_pending: false,
                 head_request: false,
                 fin: false,
             },
@@ -272,6 +277,8 @@ impl RecvHalf {
                 Some(Frame::Unknown(_)) => continue,
                 // RFC 9114 §4.2.2: this request's problem, not the connection's.
                 Some(Frame::HeadersTooLarge(_)) => {
+                    // Never seen by the decoder (a final response after a 1xx, say).
+                    self.section_pending = true;
                     return Err(self.malformed("header section larger than allowed"));
                 }
                 Some(Frame::Data(_)) => return Err(self.unexpected("DATA before HEADERS")),
@@ -284,6 +291,9 @@ impl RecvHalf {
     /// malformed message (RFC 9114 §4.2.2): the stream is stopped with H3_MESSAGE_ERROR (the
     /// decoder acknowledged the section, so QPACK state stays in step).
     async fn decode(&mut self, block: &[u8]) -> Result<Fields, Error> {
+        // Cleared when the section is decoded; left set if this is dropped or fails while
+        // waiting (a reset, the connection lost), so that the drop cancels the section.
+        self.section_pending = true;
         // While the section waits for the encoder stream, the request stream is read on
         // (into the frame reader, within its flow-control window) so that a reset is seen.
         let (shared, recv, reader, fin) = (
@@ -329,10 +339,12 @@ impl RecvHalf {
         match shared.decode_fields(self.id, block, stream_gone).await {
             Ok(fields) => {
                 self.decoded = true;
+                self.section_pending = false;
                 Ok(fields)
             }
             Err(Error::Malformed(why)) => {
                 self.decoded = true;
+                self.section_pending = false;
                 Err(self.malformed(why))
             }
             Err(e) => Err(e),
@@ -414,6 +426,8 @@ impl RecvHalf {
                 }
                 Some(Frame::Unknown(_)) => continue,
                 Some(Frame::HeadersTooLarge(_)) => {
+                    // Never seen by the decoder: cancelled when this is dropped.
+                    self.section_pending = true;
                     return Err(self.malformed("trailer section larger than allowed"));
                 }
                 Some(f) => return Err(self.not_allowed(&f)),
@@ -498,6 +512,7 @@ impl RecvHalf {
                 }
                 Frame::Unknown(_) => {}
                 Frame::HeadersTooLarge(_) => {
+                    self.section_pending = true;
                     return Poll::Ready(Err(self.malformed("trailer section larger than allowed")));
                 }
                 f => return Poll::Ready(Err(self.not_allowed(&f))),
@@ -582,9 +597,20 @@ impl SendHalf {
     where
         I: IntoIterator<Item = (&'a [u8], &'a [u8])>,
     {
-        // Encoding for a voided stream would leave the QPACK encoder a section no one acks.
+        // Encoding for a voided stream would leave the QPACK encoder a section no one acks;
+        // so would one for a stream the peer stopped or that is finished (the frame would
+        // not go out, RFC 9204 §2.1.1: its entries could never be evicted).
         if self.send.as_ref().is_some_and(SendStream::is_0rtt_rejected) {
             return Err(Error::ZeroRttRejected);
+        }
+        if self.peer_done {
+            return Ok(Bytes::new());
+        }
+        if self.send.is_none() {
+            return Err(Error::Protocol(H3Error::new(
+                Code::INTERNAL_ERROR,
+                "stream already finished",
+            )));
         }
         // Room for the longest frame header in front; the header goes right before the
         // block once its length is known.
@@ -699,7 +725,7 @@ impl Drop for RecvHalf {
         // is abandoned as much as an undecoded head: without the cancellation the peer's
         // encoder keeps it outstanding, and the entries it names can never be evicted
         // (RFC 9204 §2.2.2.2, §4.4.2).
-        if !self.decoded || self.trailer_block.is_some() {
+        if !self.decoded || self.trailer_block.is_some() || self.section_pending {
             self.shared.cancel_stream(self.id);
         }
         crate::datagram::forget(&self.shared, self.id);

@@ -9,7 +9,13 @@ use http::{Request, Response};
 use kuai::{ClientConfig, Connection, ConnectionError, Endpoint, ServerConfig};
 use kuai_h3::{Body, Code, Config, RecvHalf};
 
-async fn handler(_req: Request<RecvHalf>) -> Response<Body> {
+async fn handler(req: Request<RecvHalf>) -> Response<Body> {
+    // /read-all: the body and the trailers are read before the answer.
+    if req.uri().path() == "/read-all" {
+        let mut body = req.into_body();
+        let _ = body.recv_body(1 << 20).await;
+        let _ = body.recv_trailers().await;
+    }
     Response::new(Body::from("ok"))
 }
 
@@ -472,6 +478,61 @@ async fn a_blocked_head_whose_stream_is_reset_is_cancelled() {
     // Stream Cancellation (01xxxxxx) for stream 0.
     assert_eq!(cancelled, [0x40]);
     assert!(conn.close_reason().is_none());
+}
+
+/// The same for a trailer section after a decoded head: blocked on QPACK, then the stream
+/// reset: the section is cancelled (it stayed outstanding at the peer's encoder, pinning
+/// its table, once any section of the stream had been decoded).
+#[tokio::test]
+async fn blocked_trailers_whose_stream_is_reset_are_cancelled() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let mut head = vec![0xd1, 0xd7];
+    head.extend(literal(1, b"/read-all"));
+    head.extend(literal(0, b"localhost"));
+    let mut bytes = headers_frame(&head);
+    bytes.extend_from_slice(&[0x00, 0x02, b'h', b'i']);
+    // Trailers naming the first dynamic entry, which never comes.
+    bytes.extend(dynamic_entry_headers_frame());
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    assert_eq!(send.id().0, 0);
+    send.write_all(&bytes).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send.reset(Code::REQUEST_CANCELLED.0).unwrap();
+    let cancelled = first_decoder_instruction(&conn).await;
+    assert_eq!(cancelled, [0x40]);
+    assert!(conn.close_reason().is_none());
+}
+
+/// RFC 9204 §4.2: a peer that stops our QPACK decoder stream closed a critical stream: the
+/// connection ends with H3_CLOSED_CRITICAL_STREAM when we next write there (the instructions
+/// piled up unsent until the backlog limit, then H3_EXCESSIVE_LOAD).
+#[tokio::test]
+async fn stopping_our_decoder_stream_closes_the_connection() {
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            let mut uni = conn.accept_uni().await.unwrap();
+            let first = uni.read_chunk(1).await.unwrap().unwrap();
+            if first[0] == 0x03 {
+                uni.stop(Code::NO_ERROR.0).unwrap();
+                return;
+            }
+            std::mem::forget(uni);
+        }
+    })
+    .await
+    .expect("the server's decoder stream");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Our encoder stream: Set Dynamic Table Capacity 100, Insert With Literal Name a: b. The
+    // server's decoder answers with an Insert Count Increment on the stopped stream.
+    let mut enc = conn.open_uni().await.unwrap();
+    enc.write_all(&[0x02, 0x3f, 0x45, 0x41, b'a', 0x01, b'b'])
+        .await
+        .unwrap();
+    assert_eq!(closed_with(&conn).await, Code::CLOSED_CRITICAL_STREAM.0);
+    std::mem::forget(enc);
 }
 
 /// A request head waiting on QPACK behind which the client goes on sending (4 MiB of DATA
