@@ -344,6 +344,11 @@ impl FrameReader {
                     return Ok(Some(Frame::Unknown(ty)));
                 }
             }
+            // GOAWAY, CANCEL_PUSH and MAX_PUSH_ID hold one varint: a longer one is malformed
+            // from its header on (RFC 9114 §7.1: H3_FRAME_ERROR), not buffered first.
+            if matches!(ty, GOAWAY | CANCEL_PUSH | MAX_PUSH_ID) && len > 8 {
+                return Err(H3Error::new(Code::FRAME_ERROR, "trailing bytes in frame"));
+            }
             if len > self.max_frame && ty == HEADERS {
                 self.buf.advance(hdr);
                 self.skip_left = len;
@@ -528,6 +533,13 @@ mod tests {
             frames(&[0x07, 0x02, 0x01, 0x01], 10).unwrap_err().code,
             Code::FRAME_ERROR
         );
+        // A GOAWAY announced at 60 KiB is an error from its header on, nothing buffered.
+        let mut r = FrameReader::new(1 << 16);
+        let mut b = Vec::new();
+        write_header(GOAWAY, 60_000, &mut b);
+        b.push(0x00);
+        r.push(&b);
+        assert_eq!(r.next_frame().unwrap_err().code, Code::FRAME_ERROR);
         // Oversized SETTINGS.
         let mut r = FrameReader::new(100);
         let mut b = Vec::new();
