@@ -71,6 +71,8 @@ pub enum DropReason {
     ConnectionClosing,
     /// An Initial in a datagram under 1200 bytes (RFC 9000 §14.1).
     DatagramTooSmall,
+    /// Client: from a server address it does not know (RFC 9000 §9).
+    UnknownServerAddress,
 }
 
 impl DropReason {
@@ -84,6 +86,7 @@ impl DropReason {
             DropReason::UnexpectedVersion => "unexpected_version",
             DropReason::ConnectionClosing => "connection_closing",
             DropReason::DatagramTooSmall => "datagram_too_small",
+            DropReason::UnknownServerAddress => "unknown_server_address",
         }
     }
 }

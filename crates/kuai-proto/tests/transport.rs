@@ -743,6 +743,51 @@ fn client_migration_with_a_new_connection_id() {
     assert!(to_new.is_disjoint(&to_old), "{to_new:02x?} {to_old:02x?}");
 }
 
+/// RFC 9000 §9: a client discards packets from a server address it does not know, here a
+/// copy of one of the server's own packets (lost on its way) relayed from elsewhere: not
+/// processed, counted as dropped. The packet echoes a datagram, which the client would
+/// otherwise have taken from it.
+#[test]
+fn a_client_drops_packets_from_an_unknown_server_address() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = pair(
+        83,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::default(),
+    );
+    p.server_mut().app_mut::<quic::Server>().echo_datagrams = true;
+    assert!(p.run_until(Duration::from_secs(5), |p| {
+        p.client_app().connected_at.is_some()
+    }));
+    p.net.run_for(Duration::from_millis(200));
+    // The server's next 1-RTT datagram (the echo) is kept and lost on the way.
+    let copy: std::rc::Rc<std::cell::RefCell<Option<Vec<u8>>>> = Default::default();
+    let keep = copy.clone();
+    let s = p.server;
+    p.net.set_filter(move |ctx| {
+        if ctx.from_node == s && ctx.data[0] & 0x80 == 0 && keep.borrow().is_none() {
+            *keep.borrow_mut() = Some(ctx.data.clone());
+            return common::sim::Verdict::Drop;
+        }
+        common::sim::Verdict::Pass
+    });
+    let ch = p.ch;
+    let conn = p.client_mut().ep.connection_mut(ch).unwrap();
+    conn.send_datagram(bytes::Bytes::from_static(b"echo me"))
+        .unwrap();
+    p.net.run_for(Duration::from_millis(100));
+    let copy = copy.borrow().clone().expect("the server's echo");
+    let before = p.client_conn().stats().packets_dropped;
+    let elsewhere: std::net::SocketAddr = "203.0.113.5:4433".parse().unwrap();
+    p.net
+        .inject(elsewhere, quic::client_addr(), None, copy, Duration::ZERO);
+    p.net.run_for(Duration::from_millis(10));
+    let conn = p.client_mut().ep.connection_mut(ch).unwrap();
+    assert_eq!(conn.recv_datagram(), None, "taken from an unknown address");
+    assert_eq!(p.client_conn().stats().packets_dropped, before + 1);
+}
+
 /// A server behind an address clients reach first (say an anycast or load-balanced one)
 /// that prefers its own address for the rest of the connection.
 fn preferred_address_pair(

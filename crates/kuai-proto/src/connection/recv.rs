@@ -63,6 +63,16 @@ impl Connection {
         if matches!(self.state, State::Draining | State::Drained) {
             return;
         }
+        // RFC 9000 §9: a client discards packets from a server address it does not know:
+        // the one it talks to, or the preferred address it may be probing. Off-path
+        // senders cannot make it answer PATH_CHALLENGEs then, however little that costs.
+        if self.side.is_client()
+            && remote != self.path.remote
+            && self.preferred.as_ref().is_none_or(|p| p.remote != remote)
+        {
+            self.drop_packet(None, data.len(), DropReason::UnknownServerAddress);
+            return;
+        }
         let len = data.len() as u64;
         self.rx_datagram_len = data.len();
         if fresh {
