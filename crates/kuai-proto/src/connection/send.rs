@@ -738,7 +738,11 @@ impl Connection {
         self.streams
             .write_control(buf, payload_max, frames, now, rtt);
         // Datagrams go before stream data: they are latency-sensitive by nature.
-        let fits_a_packet = self.max_datagram_size().unwrap_or(0);
+        let fits_a_packet = if self.datagrams_out.is_empty() {
+            0
+        } else {
+            self.max_datagram_size().unwrap_or(0)
+        };
         while let Some(d) = self.datagrams_out.front() {
             // Queued when the path took it, too large since (a new path starts at the
             // minimum MTU, a black hole lowers it): dropped, as the network would, rather
