@@ -135,24 +135,39 @@ async fn answer(
     // making its response: a proxied request's upstream exchange, for one.
     let respond = shared.respond(req, info);
     tokio::pin!(respond);
-    let resp = loop {
-        tokio::select! {
-            r = &mut respond => break r,
-            read = async { wants_continue.as_mut().expect("guarded").await }, if wants_continue.is_some() => {
-                wants_continue = None;
-                if read.is_ok() {
-                    let go_on = Response::builder().status(StatusCode::CONTINUE).body(());
-                    if let Ok(go_on) = go_on {
-                        let _ = send.send_informational(go_on).await;
+    // (Two ways, so that a request without the expectation, nearly all, pays nothing for it.)
+    let resp = if let Some(mut read) = wants_continue {
+        let mut read = Some(&mut read);
+        loop {
+            tokio::select! {
+                r = &mut respond => break Some(r),
+                first = async { read.as_mut().expect("guarded").await }, if read.is_some() => {
+                    read = None;
+                    if first.is_ok() {
+                        let go_on = Response::builder().status(StatusCode::CONTINUE).body(());
+                        if let Ok(go_on) = go_on {
+                            let _ = send.send_informational(go_on).await;
+                        }
                     }
                 }
-            }
-            e = send.cancelled() => {
-                tracing::debug!(%remote, %method, path = log.path(), error = %e, "h3 request cancelled");
-                cancels.note(remote);
-                return;
+                e = send.cancelled() => {
+                    tracing::debug!(%remote, %method, path = log.path(), error = %e, "h3 request cancelled");
+                    break None;
+                }
             }
         }
+    } else {
+        tokio::select! {
+            r = &mut respond => Some(r),
+            e = send.cancelled() => {
+                tracing::debug!(%remote, %method, path = log.path(), error = %e, "h3 request cancelled");
+                None
+            }
+        }
+    };
+    let Some(resp) = resp else {
+        cancels.note(remote);
+        return;
     };
     log.response(&resp);
     let send_timeout = shared.limits.send_timeout;
