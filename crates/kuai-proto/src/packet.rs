@@ -1557,6 +1557,9 @@ mod tests {
         // Near the top of the packet number space, never go past 2^62.
         let top = (1u64 << 62) - 1;
         assert_eq!(decode_pn(top & 0xff, 1, Some(top - 1)), top);
+        // Past the last number the decoding can go: the receiver drops such a packet
+        // (connection/recv.rs), as no ACK could name it.
+        assert_eq!(decode_pn(0, 1, Some(top)), 1 << 62);
     }
 
     #[test]

@@ -1981,6 +1981,22 @@ fn a_peer_min_ack_delay_above_our_max_ack_delay() {
         assert!(p.run_until_done(Duration::from_secs(30)));
         p.client_app().assert_all_intact();
     }
+    // max_ack_delay goes out in whole milliseconds: a min_ack_delay above it after that
+    // (25.5 ms against 30) is advertised at 25 ms, not refused by the peer as invalid.
+    let odd = transport(|t| {
+        t.max_ack_delay = Duration::from_micros(25_500);
+        t.min_ack_delay = Duration::from_millis(30);
+    });
+    let ccfg = client_config(odd);
+    let mut p = quic::pair_with(
+        1803,
+        server_config(transport(|_| {})),
+        &ccfg,
+        Client::with_requests([100_000]),
+        |n| n.set_default_link(link(20, 0.0)),
+    );
+    assert!(p.run_until_done(Duration::from_secs(30)));
+    p.client_app().assert_all_intact();
 }
 
 /// RFC 9000 §13.2.1: an ACK goes out at once when a packet arrives out of order or opens a new

@@ -292,7 +292,9 @@ impl Timers {
 /// The min_ack_delay we advertise, in microseconds: no more than our max_ack_delay (peers
 /// refuse it otherwise, draft-ietf-quic-ack-frequency §3).
 pub(super) fn local_min_ack_delay_us(c: &TransportConfig) -> u64 {
-    c.min_ack_delay.min(c.max_ack_delay).as_micros().min(u128::from(u64::MAX)) as u64
+    // max_ack_delay goes out in whole milliseconds.
+    let max = std::time::Duration::from_millis(c.max_ack_delay.as_millis() as u64);
+    c.min_ack_delay.min(max).as_micros().min(u128::from(u64::MAX)) as u64
 }
 
 /// Peer's request about how we acknowledge (ACK_FREQUENCY), or the defaults.

@@ -282,6 +282,12 @@ impl Connection {
             }
         };
         let pn = up.pn();
+        // RFC 9000 §12.3: packet numbers stop at 2^62 - 1. One past it (a peer that counted
+        // that far) could not be acknowledged: the ACK's varint would not hold it.
+        if pn >= 1 << 62 {
+            self.drop_packet(Some(kind), size, DropReason::HeaderParseError);
+            return PacketResult::default();
+        }
         // Payload key (key phase for 1-RTT, RFC 9001 §6.3).
         let mut key_update = false;
         let decrypted = match (space, is_0rtt) {
