@@ -327,6 +327,20 @@ impl Connection {
             Err(_) => {
                 self.key_update.auth_failures += 1;
                 self.drop_packet(Some(kind), size, DropReason::DecryptionFailure);
+                // RFC 9001 §6.6: past the AEAD's integrity limit (2^52 forgeries for
+                // AES-GCM, 2^36 for ChaCha20-Poly1305), across all keys, the connection ends.
+                let limit = self
+                    .one_rtt
+                    .as_ref()
+                    .map_or(u64::MAX, |k| k.current.remote.integrity_limit());
+                if self.key_update.auth_failures > limit {
+                    self.close_with_error(
+                        now,
+                        TransportError::AEAD_LIMIT_REACHED(
+                            "more packets failed authentication than the AEAD's integrity limit",
+                        ),
+                    );
+                }
                 return PacketResult::default();
             }
         };
