@@ -1020,6 +1020,10 @@ impl Client {
         if let Some(tcp) = tcp_remote
             && !alternative_in_scope(tcp, addr)
         {
+            // Marked too, so that it is not looked up again per request.
+            if let Some(n) = &known {
+                lock(&self.inner.state).mark_broken(origin, n);
+            }
             return None;
         }
         let network = known.unwrap_or_else(|| state::network_id(addr));
@@ -1292,7 +1296,8 @@ impl Client {
                     // Not this host's loopback for a server elsewhere, nor "any": the
                     // server would aim this client's packets at its own machine.
                     Ok(Ok(r)) if !alternative_in_scope(addr, r) => {
-                        tracing::info!(origin = %host, alternative = %a.host, address = %r, "HTTP/3 alternative on this machine for a server elsewhere: not used");
+                        tracing::info!(origin = %host, alternative = %a.host, address = %r, "HTTP/3 alternative on this machine for a server elsewhere: not used, marked broken");
+                        lock(&self.inner.state).mark_broken(origin, &network);
                         None
                     }
                     Ok(Ok(r)) => Some(r),
