@@ -142,6 +142,7 @@ impl RecvHalf {
             Err(why) => return Err(self.malformed(why)),
         };
         if parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            // RFC 9114 §4.5: no 101 in HTTP/3.
             return Err(self.malformed("101 Switching Protocols"));
         }
         if !parts.status.is_informational() {
@@ -155,28 +156,16 @@ impl RecvHalf {
     pub async fn recv_response(&mut self) -> Result<Response<()>, Error> {
         let mut interim = 0;
         loop {
-            let Some(fields) = self.recv_fields().await? else {
-                return Err(Error::StreamReset(Code::REQUEST_INCOMPLETE));
-            };
-            let parts = match message::parse_response(&fields) {
-                Ok(p) => p,
-                Err(why) => return Err(self.malformed(why)),
-            };
-            if parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
-                // RFC 9114 §4.5: no 101 in HTTP/3.
-                return Err(self.malformed("101 Switching Protocols"));
+            let resp = self.recv_any_response().await?;
+            if !resp.status().is_informational() {
+                return Ok(resp);
             }
-            if parts.status.is_informational() {
-                // A server may send several (103 then 100, say), not without end: each is
-                // work for nothing, and the request would never be answered.
-                interim += 1;
-                if interim > MAX_INTERIM {
-                    return Err(self.malformed("too many informational (1xx) responses"));
-                }
-                continue;
+            // A server may send several (103 then 100, say), not without end: each is work
+            // for nothing, and the request would never be answered.
+            interim += 1;
+            if interim > MAX_INTERIM {
+                return Err(self.malformed("too many informational (1xx) responses"));
             }
-            self.set_response_head(&parts.status, &parts.headers)?;
-            return Ok(Response::from_parts(parts, ()));
         }
     }
 }

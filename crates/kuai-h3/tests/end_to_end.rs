@@ -420,11 +420,21 @@ async fn a_head_past_the_peers_field_section_limit_is_not_sent() {
     assert_eq!(r.status(), 200);
 }
 
-/// HTTP datagrams (RFC 9297) both ways on a request stream: the server echoes each one the
-/// client sends on its stream, over real QUIC DATAGRAM frames; two streams' datagrams stay
-/// apart.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_datagrams_are_echoed_per_stream() {
+/// A server for one connection whose requests each go to `each` on a task of their own
+/// (after the client's SETTINGS when `after_settings`): the endpoint, its address and its
+/// certificate.
+fn serve_streams<F, Fut>(
+    after_settings: bool,
+    each: F,
+) -> (
+    Endpoint,
+    SocketAddr,
+    kuai::rustls::pki_types::CertificateDer<'static>,
+)
+where
+    F: Fn(Request<()>, kuai_h3::RequestStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
     let server = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = server.local_addr().unwrap();
@@ -432,17 +442,28 @@ async fn http_datagrams_are_echoed_per_stream() {
     tokio::spawn(async move {
         let conn = ep.accept().await.unwrap().await.unwrap();
         let mut h3 = kuai_h3::Server::new(conn, Config::default()).await.unwrap();
-        // Datagrams go only after the peer's SETTINGS (RFC 9297 §2.1.1).
-        h3.peer_settings().await.unwrap();
-        while let Some((_req, mut stream)) = h3.accept().await {
-            tokio::spawn(async move {
-                stream.send_response(Response::new(())).await.unwrap();
-                while let Ok(d) = stream.recv_datagram().await {
-                    let mut echo = b"echo ".to_vec();
-                    echo.extend_from_slice(&d);
-                    stream.send_datagram(&echo).unwrap();
-                }
-            });
+        if after_settings {
+            h3.peer_settings().await.unwrap();
+        }
+        while let Some((req, stream)) = h3.accept().await {
+            tokio::spawn(each(req, stream));
+        }
+    });
+    (server, addr, cert)
+}
+
+/// HTTP datagrams (RFC 9297) both ways on a request stream: the server echoes each one the
+/// client sends on its stream, over real QUIC DATAGRAM frames; two streams' datagrams stay
+/// apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_datagrams_are_echoed_per_stream() {
+    // Datagrams go only after the peer's SETTINGS (RFC 9297 §2.1.1).
+    let (_server, addr, cert) = serve_streams(true, |_req, mut stream| async move {
+        stream.send_response(Response::new(())).await.unwrap();
+        while let Ok(d) = stream.recv_datagram().await {
+            let mut echo = b"echo ".to_vec();
+            echo.extend_from_slice(&d);
+            stream.send_datagram(&echo).unwrap();
         }
     });
     let (_client_ep, conn) = connect(cert, addr).await;
@@ -472,27 +493,17 @@ async fn http_datagrams_are_echoed_per_stream() {
 /// without end: a server that sends nothing else does not keep a request waiting forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_reads_some_informational_responses_not_endless_ones() {
-    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[kuai_h3::ALPN]).unwrap();
-    let server = Endpoint::server(scfg, "127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = server.local_addr().unwrap();
-    let ep = server.clone();
-    tokio::spawn(async move {
-        let conn = ep.accept().await.unwrap().await.unwrap();
-        let mut h3 = kuai_h3::Server::new(conn, Config::default()).await.unwrap();
-        while let Some((req, mut stream)) = h3.accept().await {
-            tokio::spawn(async move {
-                let n: usize = req.uri().path()[1..].parse().unwrap();
-                for i in 0..n {
-                    let status = if i % 2 == 0 { 103 } else { 100 };
-                    let interim = Response::builder().status(status).body(()).unwrap();
-                    if stream.send_informational(interim).await.is_err() {
-                        return;
-                    }
-                }
-                let _ = stream.send_response(Response::new(())).await;
-                let _ = stream.finish();
-            });
+    let (_server, addr, cert) = serve_streams(false, |req, mut stream| async move {
+        let n: usize = req.uri().path()[1..].parse().unwrap();
+        for i in 0..n {
+            let status = if i % 2 == 0 { 103 } else { 100 };
+            let interim = Response::builder().status(status).body(()).unwrap();
+            if stream.send_informational(interim).await.is_err() {
+                return;
+            }
         }
+        let _ = stream.send_response(Response::new(())).await;
+        let _ = stream.finish();
     });
     let (_client_ep, conn) = connect(cert, addr).await;
     let client = Client::new(conn, Config::default()).await.unwrap();

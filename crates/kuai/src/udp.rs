@@ -907,21 +907,29 @@ pub fn worker_of(datagram: &[u8], workers: usize, cid_len: usize) -> usize {
     last.map_or(0, |&b| b as usize % workers)
 }
 
-/// Turns the kernel's UDP GRO off on `sock` (Linux 5.0's `UDP_GRO` option): a socket
-/// option, unsafe code of the UDP layer.
+/// Turns the kernel's UDP GRO off on `sock` (Linux 5.0's `UDP_GRO` option).
+#[cfg(target_os = "linux")]
+fn disable_gro(sock: &std::net::UdpSocket) -> io::Result<()> {
+    set_int_option(sock, libc::SOL_UDP, libc::UDP_GRO, 0)
+}
+
+/// Sets an integer socket option: unsafe code of the UDP layer.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn disable_gro(sock: &std::net::UdpSocket) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let off: libc::c_int = 0;
+fn set_int_option(
+    sock: &impl std::os::fd::AsRawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: `sock` is an open socket for the duration of the call; the option value
-    // points at `off`, which outlives the call, and its size is given exactly.
+    // points at `value`, which outlives the call, and its size is given exactly.
     let r = unsafe {
         libc::setsockopt(
             sock.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_GRO,
-            (&raw const off).cast::<libc::c_void>(),
+            level,
+            name,
+            (&raw const value).cast::<libc::c_void>(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
@@ -1066,22 +1074,8 @@ mod tests {
 
     /// A socket whose GSO sends the kernel refuses: with `SO_NO_CHECK` (no UDP checksum)
     /// `udp_send_skb` answers every segmented send EINVAL, as it does on an IPsec route.
-    #[allow(unsafe_code)]
     fn refuse_gso(sock: &UdpSocket) {
-        use std::os::fd::AsRawFd;
-        let on: libc::c_int = 1;
-        // SAFETY: the socket is open for the call; the value points at `on`, which outlives
-        // it, and its size is given exactly.
-        let r = unsafe {
-            libc::setsockopt(
-                sock.io.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_NO_CHECK,
-                (&raw const on).cast::<libc::c_void>(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        set_int_option(&sock.io, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1).unwrap();
     }
 
     #[tokio::test]
