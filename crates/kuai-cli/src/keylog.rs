@@ -53,3 +53,22 @@ impl rustls::KeyLog for FileKeyLog {
         }
     }
 }
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    /// The key log decrypts every connection: created readable by its owner only.
+    #[test]
+    fn the_key_log_is_created_private() {
+        let path = std::env::temp_dir().join(format!("kuai-keylog-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let log = super::FileKeyLog::create(&path).unwrap();
+        rustls::KeyLog::log(&log, "CLIENT_RANDOM", &[1; 32], &[2; 48]);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("CLIENT_RANDOM 0101"), "{text}");
+        std::fs::remove_file(&path).unwrap();
+    }
+}
