@@ -218,6 +218,14 @@ fn control_stream(target_is_client: bool, frames: &[u8], end: End, v: &mut Verdi
             }
             return;
         }
+        if matches!(ty, 0x03 | 0x07 | 0x0d) && len > 8 {
+            // Longer than any varint: malformed from the header on (§7.1), whatever follows.
+            v.must(Code::FRAME_ERROR);
+            if first {
+                v.may(Code::MISSING_SETTINGS);
+            }
+            return;
+        }
         if len > 64 * 1024 {
             // Larger than the reader accepts (kuai-h3's limit for non-DATA frames).
             v.must(Code::EXCESSIVE_LOAD);
