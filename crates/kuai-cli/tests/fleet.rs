@@ -3,7 +3,8 @@
 //! Through the balancer: later connections resume in 0-RTT whichever server they land on;
 //! a captured 0-RTT flight replayed to every server is served by none; a NAT rebinding and a
 //! client migration mid-transfer keep the connection on its server; a stopped server's
-//! share moves to the others; a Redis restart loses nothing.
+//! share moves to the others; a Redis restart loses no key (0-RTT pauses for a replay
+//! window: the first-use records are gone).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -520,7 +521,8 @@ async fn a_fleet_behind_the_balancer() {
     assert_eq!(new_conns, 2.0, "each transfer stayed on one connection");
     assert!(moved >= 2.0, "{moved}");
 
-    // 4. Redis restarts (empty): nothing is lost.
+    // 4. Redis restarts (empty): no key is lost; its first-use records are, so for a
+    // replay window (120 s) no session resumes and no 0-RTT is taken.
     drop(redis_proc.take());
     let u = x_url.clone();
     let (ok, _, _) = blocking(move || repeat(&u, 5));
@@ -531,7 +533,7 @@ async fn a_fleet_behind_the_balancer() {
     let (ok, later, accepted) = blocking(move || repeat(&u, 41));
     assert_eq!(ok, 41);
     println!("after redis restarted: 0-RTT on {accepted} of {later}");
-    assert!(accepted * 100 >= later * 99, "{accepted} of {later}");
+    assert_eq!(accepted, 0, "0-RTT taken while the replay records were gone");
     assert_eq!(
         redis_get(rport, "kuai:keys:stateless-reset"),
         reset_key,

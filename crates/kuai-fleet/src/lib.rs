@@ -58,8 +58,14 @@
 //! flight. Commands give up after the timeout (1 s) counted from their start, and after a
 //! failed attempt to connect the next comes at most every 250 ms, so a burst of handshakes
 //! fails at once rather than queueing behind one attempt after another. When Redis comes back the servers catch up on the stream. If Redis restarted
-//! empty, nothing is lost: every server still holds the sessions and keys it had, and the
-//! keys are put back (`SET NX`, the same values everywhere). kuai writes no key or session to
+//! empty, no key or session is lost: every server still holds the sessions and keys it had,
+//! and the keys are put back (`SET NX`, the same values everywhere). The first-use records
+//! are lost, and with them the notices of sessions used just before that had not reached
+//! every replica yet: a server that connects again reads Redis's `run_id` (`INFO server`),
+//! and when it is another than before (a restart, or a replica that took over) it accepts
+//! no 0-RTT for a replay window ([`FleetError::ReplayRecordsLost`]; clients resume in
+//! 1-RTT), recording the uses meanwhile. A server that starts after the restart has no
+//! `run_id` to compare; it holds only the sessions the stream still has. kuai writes no key or session to
 //! disk; Redis does if its operator configured persistence.
 
 #![warn(missing_docs)]
@@ -148,6 +154,13 @@ pub enum FleetError {
         /// Milliseconds; the sign says which way.
         ahead_ms: i64,
     },
+    /// Redis restarted (or another took its place) this long ago, so the first-use records
+    /// of the replay window before it may be gone: 0-RTT is refused until the records kept
+    /// since cover a whole [`FleetOptions::replay_window`].
+    ReplayRecordsLost {
+        /// Since this server saw the new Redis.
+        ago: Duration,
+    },
 }
 
 impl fmt::Display for FleetError {
@@ -165,6 +178,12 @@ impl fmt::Display for FleetError {
                 "this server's clock is {:.1} s {} redis's: too far for the 0-RTT replay window",
                 ahead_ms.unsigned_abs() as f64 / 1000.0,
                 if *ahead_ms >= 0 { "ahead of" } else { "behind" }
+            ),
+            Self::ReplayRecordsLost { ago } => write!(
+                f,
+                "redis restarted {:.1} s ago: 0-RTT refused until its first-use records cover \
+                 the replay window",
+                ago.as_secs_f64()
             ),
         }
     }
@@ -303,6 +322,12 @@ pub(crate) struct Link {
     remembered: std::sync::Mutex<Remembered>,
     /// Seals what goes into Redis (see [`FleetOptions::secret`]).
     pub(crate) sealer: Option<Arc<seal::Sealer>>,
+    /// The `run_id` of the Redis last connected to (`INFO server`): it changes when Redis
+    /// restarts, and with it the first-use records it held may be gone.
+    run_id: std::sync::Mutex<Option<String>>,
+    /// When this server last found Redis restarted, and the replay window from then on.
+    restarted: std::sync::Mutex<Option<std::time::Instant>>,
+    replay_window: Duration,
 }
 
 impl Link {
@@ -331,6 +356,9 @@ impl Link {
             timeout: options.timeout,
             connect_after: std::sync::Mutex::new(None),
             remembered: Default::default(),
+            run_id: std::sync::Mutex::new(None),
+            restarted: std::sync::Mutex::new(None),
+            replay_window: options.replay_window,
             sealer: options
                 .secret
                 .as_ref()
@@ -381,6 +409,41 @@ impl Link {
         Ok(c)
     }
 
+    /// Reads the new connection's `run_id`; a different one than before means Redis
+    /// restarted (or a replica took over), and the ticket uses it recorded in the replay
+    /// window before may be gone with it (unless it keeps them on disk, and then only up to
+    /// its last save): a replay of a flight accepted then would be taken as a first use.
+    /// 0-RTT is refused for a replay window from now ([`Link::records_lost`]). A Redis that
+    /// does not answer `INFO` (a user without the right) is taken as the same.
+    async fn check_run_id(&self, mut c: redis::aio::MultiplexedConnection) {
+        let info = redis::cmd("INFO").arg("server").to_owned();
+        let id = match tokio::time::timeout(self.timeout, info.query_async::<String>(&mut c)).await
+        {
+            Ok(Ok(text)) => text
+                .lines()
+                .find_map(|l| l.strip_prefix("run_id:"))
+                .map(|id| id.trim().to_string()),
+            _ => None,
+        };
+        let Some(id) = id else { return };
+        let mut known = self.run_id.lock().unwrap_or_else(|e| e.into_inner());
+        if known.as_ref().is_some_and(|k| *k != id) {
+            *self.restarted.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(std::time::Instant::now());
+            tracing::warn!(target: "kuai::fleet", window_s = self.replay_window.as_secs(),
+                "redis restarted: 0-RTT refused for a replay window (its first-use records \
+                 may be lost)");
+        }
+        *known = Some(id);
+    }
+
+    /// How long ago Redis was found restarted, while that is less than a replay window.
+    pub(crate) fn records_lost(&self) -> Option<Duration> {
+        let at = (*self.restarted.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let ago = at.elapsed();
+        (ago < self.replay_window).then_some(ago)
+    }
+
     /// A connection of its own (for blocking reads), answers allowed `response` long.
     pub(crate) async fn connect(
         &self,
@@ -389,10 +452,13 @@ impl Link {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(self.timeout)
             .set_response_timeout(response);
-        Ok(self
+        let c = self
             .client
             .get_multiplexed_async_connection_with_config(&config)
-            .await?)
+            .await?;
+        // Before any command uses it: whether this is the Redis of before.
+        self.check_run_id(c.clone()).await;
+        Ok(c)
     }
 
     /// Runs a command or pipeline within the timeout, counted from the call: waiting for

@@ -12,7 +12,8 @@ use crate::{FleetError, Link};
 /// <window>`; see the [crate](crate) docs. When Redis does not answer in time the ticket
 /// counts as a replay, this server's own as much as another's: a server cut off from Redis
 /// cannot know whether another, which can reach it, served the same flight. So does every
-/// ticket while this server's clock is too far from Redis's (`TIME`, read with the `SET`).
+/// ticket while this server's clock is too far from Redis's (`TIME`, read with the `SET`),
+/// and for a replay window after Redis restarted (its records may be gone).
 pub struct RedisAntiReplay {
     link: Arc<Link>,
     window: Duration,
@@ -41,9 +42,10 @@ impl RedisAntiReplay {
         }
     }
 
-    /// Whether `ticket` is used for the first time (`Err` when Redis did not answer, or
-    /// when this server's clock is too far from Redis's: [`FleetError::ClockSkew`]). The use
-    /// is recorded either way.
+    /// Whether `ticket` is used for the first time (`Err` when Redis did not answer, when
+    /// this server's clock is too far from Redis's: [`FleetError::ClockSkew`], or within a
+    /// replay window of a Redis restart: [`FleetError::ReplayRecordsLost`]). The use is
+    /// recorded either way.
     pub async fn first_use(&self, ticket: &[u8]) -> Result<bool, FleetError> {
         let name = format!(
             "kuai:0rtt:{}",
@@ -78,6 +80,9 @@ impl RedisAntiReplay {
         if too_far {
             return Err(FleetError::ClockSkew { ahead_ms });
         }
+        if let Some(ago) = self.link.records_lost() {
+            return Err(FleetError::ReplayRecordsLost { ago });
+        }
         Ok(set.is_some())
     }
 }
@@ -100,9 +105,12 @@ impl AntiReplay for RedisAntiReplay {
         let ticket = ticket.to_vec();
         let me = self.detached();
         self.runtime.spawn(async move {
-            // (Recorded also when the clocks disagree: the SET ran.)
+            // (Recorded also when the clocks disagree or Redis restarted: the SET ran.)
             if let Err(e) = me.first_use(&ticket).await
-                && !matches!(e, FleetError::ClockSkew { .. })
+                && !matches!(
+                    e,
+                    FleetError::ClockSkew { .. } | FleetError::ReplayRecordsLost { .. }
+                )
             {
                 tracing::info!(target: "kuai::fleet", error = %e,
                     "a ticket offered with 0-RTT, refused here, could not be recorded as used");
@@ -120,7 +128,10 @@ impl AntiReplay for RedisAntiReplay {
                 // Fail closed. A server's own ticket is no exception: its session is taken
                 // here, but the others hold replicas until this use reaches them through
                 // Redis, and one that can reach Redis would record a replay's use as first.
-                Err(FleetError::ClockSkew { .. }) => verdict.replayed(),
+                // Both said once in the log when they begin.
+                Err(FleetError::ClockSkew { .. } | FleetError::ReplayRecordsLost { .. }) => {
+                    verdict.replayed()
+                }
                 Err(e) => {
                     tracing::info!(target: "kuai::fleet", error = %e,
                         "0-RTT refused: redis cannot say whether the ticket was used before");

@@ -168,6 +168,12 @@ impl rustls::server::StoresServerSessions for FleetSessions {
             tracing::debug!(target: "kuai::fleet", "redis away: a ticket gets a full handshake");
             return None;
         }
+        // Nor for a replay window after Redis restarted (its first-use records may be gone):
+        // a full handshake, where a 0-RTT flight taken now would be refused at the check.
+        if self.link.records_lost().is_some() {
+            tracing::debug!(target: "kuai::fleet", "redis restarted: a ticket gets a full handshake");
+            return None;
+        }
         let Some((value, _)) = self.cache.take_session(key, true) else {
             tracing::debug!(target: "kuai::fleet", held = self.cache.len(), "no session for a ticket");
             return None;

@@ -244,7 +244,16 @@ async fn with_redis_away_no_session_resumes() {
     let port = free_port();
     let r = start(&["--port", &port.to_string()], port);
     let url = format!("redis://127.0.0.1:{port}");
-    let a = Fleet::start(&url, Default::default()).unwrap();
+    // Longer than the session reader may take to find Redis back (it reads every 2 s).
+    let window = Duration::from_secs(5);
+    let a = Fleet::start(
+        &url,
+        FleetOptions {
+            replay_window: window,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     a.sessions().put(b"own-1".to_vec(), b"session".to_vec());
     let deadline = Instant::now() + Duration::from_secs(5);
     while !a.is_redis_up() {
@@ -261,6 +270,20 @@ async fn with_redis_away_no_session_resumes() {
         assert!(Instant::now() < deadline, "redis did not come back");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A restarted Redis: no resumption for a replay window (see the test below), then the
+    // session is there.
+    let back = Instant::now();
+    assert_eq!(
+        a.sessions().take(b"own-1"),
+        None,
+        "resumed just after a restart"
+    );
+    let e = a.anti_replay().first_use(b"own-2").await.unwrap_err();
+    assert!(
+        matches!(e, kuai_fleet::FleetError::ReplayRecordsLost { .. }),
+        "{e}"
+    );
+    tokio::time::sleep(window.saturating_sub(back.elapsed()) + Duration::from_millis(100)).await;
     assert_eq!(a.sessions().take(b"own-1"), Some(b"session".to_vec()));
     assert!(a.anti_replay().first_use(b"own-1").await.unwrap());
 }
@@ -398,4 +421,63 @@ async fn a_clock_too_far_from_redis_refuses_0rtt() {
     // Recorded all the same; a server within the default 30 s goes on as usual.
     assert!(!usual.anti_replay().first_use(b"ticket-1").await.unwrap());
     assert!(usual.anti_replay().first_use(b"ticket-2").await.unwrap());
+}
+
+/// A Redis restarted empty has lost the first uses it recorded: a replay of a flight a
+/// server accepted just before would be taken as a first use. Each server finds the restart
+/// by Redis's `run_id` when it connects again and refuses 0-RTT for a replay window; a
+/// connection that merely dropped (the same Redis) changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_redis_refuses_0rtt_for_a_replay_window() {
+    if !installed() {
+        return;
+    }
+    let port = free_port();
+    let args = ["--port".to_string(), port.to_string()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let redis = start(&args, port);
+    let url = format!("redis://127.0.0.1:{port}");
+    let window = Duration::from_secs(3);
+    let a = Fleet::start(
+        &url,
+        FleetOptions {
+            replay_window: window,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let guard = a.anti_replay();
+    assert!(guard.first_use(b"ticket-1").await.unwrap());
+    // Every client connection dropped by Redis: a new one to the same Redis.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"][..])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(!guard.first_use(b"ticket-1").await.unwrap());
+    assert!(guard.first_use(b"ticket-2").await.unwrap());
+
+    drop(redis);
+    let _redis = start(&args, port);
+    let t = Instant::now();
+    let e = guard.first_use(b"ticket-1").await.unwrap_err();
+    assert!(
+        matches!(e, kuai_fleet::FleetError::ReplayRecordsLost { .. }),
+        "{e}"
+    );
+    let e = guard.first_use(b"ticket-3").await.unwrap_err();
+    assert!(matches!(
+        e,
+        kuai_fleet::FleetError::ReplayRecordsLost { .. }
+    ));
+    assert!(a.is_redis_up(), "a restart is not Redis away");
+    tokio::time::sleep(window.saturating_sub(t.elapsed() + Duration::from_millis(500))).await;
+    assert!(guard.first_use(b"ticket-4").await.is_err());
+    tokio::time::sleep(window.saturating_sub(t.elapsed()) + Duration::from_millis(100)).await;
+    // A use meanwhile was recorded (ticket-4, 0.6 s ago; the records last a window); new
+    // ones are first uses again.
+    assert!(!guard.first_use(b"ticket-4").await.unwrap());
+    assert!(guard.first_use(b"ticket-5").await.unwrap());
 }
