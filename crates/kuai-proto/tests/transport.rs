@@ -1238,6 +1238,49 @@ fn receive_windows_auto_tune_up_to_the_cap() {
     assert!(local_max > 4 << 20, "connection window grew to {local_max}");
 }
 
+/// A receiver whose application stops reading grants no more than the window it had: the
+/// sender's STREAM_DATA_BLOCKED / DATA_BLOCKED, each answered with the current limit, must not
+/// grow the window (they said nothing about the reader), or the receiver buffers up to the
+/// auto-tuning caps on the sender's say-so.
+#[test]
+fn a_reader_that_stops_reading_grants_no_more() {
+    let t = TransportConfig::default();
+    let ccfg = quic::client_config(t.clone());
+    let mut p = quic::pair_with(
+        112,
+        quic::server_config(t.clone()),
+        &ccfg,
+        Client::with_requests([64 << 20]),
+        |n| n.set_default_link(bottleneck(10, 0.0, 100_000_000, 1 << 20)),
+    );
+    assert!(p.run_until(Duration::from_secs(10), |p| {
+        p.client_app().requests[0].received > 0
+    }));
+    p.client_mut().app_mut::<Client>().paused = true;
+    let (_, _, before_received, before_max) = p.client_conn().flow_control();
+    // Two seconds of a blocked sender: it says so once per limit, and each probe timeout's
+    // packet may carry the blocked frames again.
+    p.run_until(Duration::from_secs(2), |_| false);
+    let (_, _, received, local_max) = p.client_conn().flow_control();
+    assert!(p.client_app().lost.is_none());
+    assert!(
+        received >= t.stream_receive_window,
+        "the sender used what it was given: {received} bytes"
+    );
+    assert!(
+        received <= before_received + t.stream_receive_window
+            && local_max <= before_received + t.receive_window,
+        "{received} bytes received, the connection limit went from {before_max} to \
+         {local_max}, with nothing read after {before_received} bytes"
+    );
+    let buffered = p.client_conn().memory().receive;
+    assert!(
+        buffered <= t.stream_receive_window + (256 << 10),
+        "{buffered} bytes buffered for a stream whose window is {}",
+        t.stream_receive_window
+    );
+}
+
 fn has_handshake_packet(data: &[u8]) -> bool {
     let mut rest = Some(bytes::BytesMut::from(data));
     while let Some(d) = rest.take() {
@@ -1562,6 +1605,11 @@ fn bottleneck_download(
     let mut t = TransportConfig::default();
     t.congestion = cc;
     t.redundancy = None;
+    // The congestion controller alone limits the sender: the receive windows start at their
+    // caps (they grow only when the reader takes half a window within two round trips, and
+    // a reader keeping pace with this link never has to).
+    t.stream_receive_window = t.max_stream_receive_window;
+    t.receive_window = t.max_receive_window;
     let ccfg = quic::client_config(t.clone());
     let mut p = quic::pair_with(
         seed,
@@ -1610,14 +1658,18 @@ fn hystart_leaves_slow_start_before_the_queue_overflows() {
         ..CubicOptions::default()
     });
     let hystart = CongestionAlgorithm::Cubic(CubicOptions::default());
-    // Queues of 4 and 8 times the path's 100 KB BDP. Measured: 87 packets lost against
-    // 275, and 0 against 680; every run took 1.82 s (1.6 s of serialisation).
-    for (queue, most) in [(400_000, 120), (800_000, 10)] {
+    // Queues of 4 and 8 times the path's 100 KB BDP. Measured: 86 packets lost against
+    // 501, and 130 against 856; every run took 1.82 s (1.6 s of serialisation). (The RTT
+    // rise shows in the round that takes the window from 350 to 450 KB; Conservative Slow
+    // Start's five rounds at 1.25 x then reach 1.1 MB, past the 8-BDP queue. Before the
+    // receive windows stopped growing on the sender's say-so their 1 MiB start held the
+    // flow at the 8-BDP queue: 0 lost there.)
+    for (queue, most) in [(400_000, 120), (800_000, 160)] {
         let (with, with_lost) = bottleneck_download(hystart.clone(), queue, 75);
         let (without, without_lost) = bottleneck_download(plain.clone(), queue, 75);
         assert!(with < Duration::from_millis(2000), "CUBIC took {with:?}");
         assert!(
-            with_lost <= most && with_lost * 2 < without_lost,
+            with_lost <= most && with_lost * 4 < without_lost,
             "queue {queue}: lost {with_lost} with HyStart++, {without_lost} without"
         );
         assert!(with <= without + Duration::from_millis(20));

@@ -48,7 +48,13 @@ impl RecvWindow {
     /// Moves the limit to `consumed + window`, auto-tuning first unless `grow` is false;
     /// returns the new limit.
     pub fn update(&mut self, consumed: u64, now: Instant, rtt: Duration, grow: bool) -> u64 {
+        // Only an update the reader's own progress called for (half the window consumed)
+        // grows the window: one the peer asked for (DATA_BLOCKED, STREAM_DATA_BLOCKED) or a
+        // lost update sent again says nothing about how fast the application reads, and a
+        // peer repeating DATA_BLOCKED would otherwise double the window up to the cap while
+        // nothing is read (memory the peer fills on its own say-so).
         if grow
+            && self.wants_update(consumed)
             && let Some(last) = self.last_update
             && now.saturating_duration_since(last) < rtt * 2
             && self.window < self.cap
@@ -87,27 +93,41 @@ mod tests {
         // Slow reader: no growth.
         assert_eq!(w.update(2000, t0 + Duration::from_secs(5), rtt, true), 4000);
         assert_eq!(w.window(), 2000);
+        // Updates the peer asks for (it says it is blocked), however often, while the
+        // application reads nothing: no growth.
         for i in 0..10 {
             w.update(
-                4000 + i,
+                2000,
                 t0 + Duration::from_secs(5) + Duration::from_millis(i),
                 rtt,
                 true,
             );
         }
+        assert_eq!(w.window(), 2000);
+        assert_eq!(w.max(), 4000);
+        // Half a window read within two round trips each time: it doubles up to the cap.
+        let mut consumed = 2000;
+        for i in 1..=4 {
+            consumed = w.max() - w.window() / 2 + 1;
+            assert!(w.wants_update(consumed));
+            w.update(
+                consumed,
+                t0 + Duration::from_secs(5) + Duration::from_millis(10 + i),
+                rtt,
+                true,
+            );
+        }
         assert_eq!(w.window(), 8000);
+        assert_eq!(w.max(), consumed + 8000);
         // Under memory pressure: shrunk, and no growth however fast the reads.
         w.set_window(1000);
         let t1 = t0 + Duration::from_secs(6);
+        let granted = w.max();
+        assert_eq!(w.update(consumed + 10, t1, rtt, false), granted, "granted credit stays");
+        assert_eq!(w.update(granted, t1, rtt, false), granted + 1000);
         assert_eq!(
-            w.update(9000, t1, rtt, false),
-            12_009,
-            "granted credit stays"
-        );
-        assert_eq!(w.update(12_000, t1, rtt, false), 13_000);
-        assert_eq!(
-            w.update(12_600, t1 + Duration::from_millis(1), rtt, false),
-            13_600
+            w.update(granted + 600, t1 + Duration::from_millis(1), rtt, false),
+            granted + 1600
         );
         assert_eq!(w.window(), 1000);
     }

@@ -541,6 +541,8 @@ pub struct Client {
     pub lost: Option<kuai_proto::ConnectionError>,
     pub tokens: Vec<Bytes>,
     pub rejected_0rtt: bool,
+    /// The application reads nothing while set (a slow consumer).
+    pub paused: bool,
 }
 
 impl Client {
@@ -619,6 +621,9 @@ impl Client {
 
     fn read(&mut self, ep: &mut Endpoint, now: Instant, sid: StreamId) {
         let Some(h) = self.handle else { return };
+        if self.paused {
+            return;
+        }
         let Some(conn) = ep.connection_mut(h) else {
             return;
         };
