@@ -533,7 +533,10 @@ async fn a_fleet_behind_the_balancer() {
     let (ok, later, accepted) = blocking(move || repeat(&u, 41));
     assert_eq!(ok, 41);
     println!("after redis restarted: 0-RTT on {accepted} of {later}");
-    assert_eq!(accepted, 0, "0-RTT taken while the replay records were gone");
+    assert_eq!(
+        accepted, 0,
+        "0-RTT taken while the replay records were gone"
+    );
     assert_eq!(
         redis_get(rport, "kuai:keys:stateless-reset"),
         reset_key,

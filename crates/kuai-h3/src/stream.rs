@@ -52,6 +52,9 @@ pub struct RecvHalf {
     /// skipped undecoded (too large): the peer's encoder holds it outstanding until a
     /// Stream Cancellation (RFC 9204 §4.4.2) if it is never acknowledged.
     section_pending: bool,
+    /// A Stream Cancellation went to the peer's encoder: no section of this stream may be
+    /// decoded (acknowledged) after it.
+    cancelled: bool,
     /// Client: the request was HEAD, so the response has no body whatever it declares.
     head_request: bool,
     /// The stream's end was read (ahead, while a section waited on QPACK): the frame reader
@@ -93,6 +96,7 @@ impl RequestStream {
                 received_len: 0,
                 decoded: false,
                 section_pending: false,
+                cancelled: false,
                 head_request: false,
                 fin: false,
             },
@@ -186,9 +190,33 @@ impl RecvHalf {
 
     /// Stops reading (STOP_SENDING with `code`).
     pub fn stop(&mut self, code: Code) {
-        if self.state != RecvState::Done {
-            let _ = self.recv.stop(code.0);
-            self.state = RecvState::Done;
+        self.abandon(code, false);
+    }
+
+    /// Stops reading the stream before its end (`unless_ending`: a STOP_SENDING only if
+    /// more than the FIN is to come). What the peer sent or may still send on it is never
+    /// decoded: a trailer section among it would stay outstanding at the peer's encoder, the
+    /// entries it names never evicted, so the stream is cancelled towards it (RFC 9204
+    /// §4.4.2: "abandons reading of a stream") unless nothing but the end was left.
+    fn abandon(&mut self, code: Code, unless_ending: bool) {
+        if self.state == RecvState::Done {
+            return;
+        }
+        self.state = RecvState::Done;
+        let more = if unless_ending {
+            self.recv.stop_unless_ending(code.0)
+        } else {
+            self.recv.stop(code.0)
+        };
+        if !self.cancelled
+            && (matches!(more, Ok(true))
+                || self.reader.buffered() > 0
+                || self.trailer_block.is_some()
+                || self.section_pending)
+        {
+            self.cancelled = true;
+            self.trailer_block = None;
+            self.shared.cancel_stream(self.id);
         }
     }
 
@@ -253,8 +281,7 @@ impl RecvHalf {
 
     /// Rejects a malformed message: stops the stream with H3_MESSAGE_ERROR (RFC 9114 §4.1.2).
     pub(crate) fn malformed(&mut self, why: &'static str) -> Error {
-        let _ = self.recv.stop(Code::MESSAGE_ERROR.0);
-        self.state = RecvState::Done;
+        self.abandon(Code::MESSAGE_ERROR, false);
         Error::Malformed(why)
     }
 
@@ -291,6 +318,12 @@ impl RecvHalf {
     /// malformed message (RFC 9114 §4.2.2): the stream is stopped with H3_MESSAGE_ERROR (the
     /// decoder acknowledged the section, so QPACK state stays in step).
     async fn decode(&mut self, block: &[u8]) -> Result<Fields, Error> {
+        // A section decoded after the stream's cancellation would be acknowledged after it:
+        // the peer's encoder has forgotten the stream, and takes that for a decoder-stream
+        // error (RFC 9204 §4.4.1).
+        if self.cancelled {
+            return Err(Error::StreamReset(Code::REQUEST_CANCELLED));
+        }
         // Cleared when the section is decoded; left set if this is dropped or fails while
         // waiting (a reset, the connection lost), so that the drop cancels the section.
         self.section_pending = true;
@@ -525,7 +558,7 @@ impl RecvHalf {
         let mut out = BytesMut::new();
         while let Some(d) = self.recv_data().await? {
             if out.len() + d.len() > limit {
-                let _ = self.recv.stop(Code::EXCESSIVE_LOAD.0);
+                self.abandon(Code::EXCESSIVE_LOAD, false);
                 return Err(Error::TooLarge);
             }
             out.extend_from_slice(&d);
@@ -721,24 +754,22 @@ impl Drop for RecvHalf {
         if self.recv.is_0rtt_rejected() {
             return;
         }
-        // A trailer section read but never decoded (a reader that stops at the body's end)
-        // is abandoned as much as an undecoded head: without the cancellation the peer's
-        // encoder keeps it outstanding, and the entries it names can never be evicted
-        // (RFC 9204 §2.2.2.2, §4.4.2).
-        if !self.decoded || self.trailer_block.is_some() || self.section_pending {
+        // An unread body: tell the peer we are not interested (RFC 9114 §4.1.1), and cancel
+        // what it may still send a section in (trailers). A server that has answered waits
+        // for more than a FIN before it says so (§4.1 allows the stop, but a client still
+        // finishing its request may fail on it).
+        let server = self.shared.side.is_server();
+        self.abandon(Code::NO_ERROR, server);
+        // A section read but never decoded (a reader that stops at the body's end before
+        // the trailers, an undecoded head) is abandoned too: without the cancellation the
+        // peer's encoder keeps it outstanding, and the entries it names can never be
+        // evicted (RFC 9204 §2.2.2.2, §4.4.2).
+        if !self.cancelled
+            && (!self.decoded || self.trailer_block.is_some() || self.section_pending)
+        {
             self.shared.cancel_stream(self.id);
         }
         crate::datagram::forget(&self.shared, self.id);
-        // An unread body: tell the peer we are not interested (RFC 9114 §4.1.1). A server
-        // that has answered waits for more than a FIN before it says so (§4.1 allows the
-        // stop, but a client still finishing its request may fail on it).
-        if self.state != RecvState::Done {
-            let _ = if self.shared.side.is_server() {
-                self.recv.stop_unless_ending(Code::NO_ERROR.0)
-            } else {
-                self.recv.stop(Code::NO_ERROR.0)
-            };
-        }
     }
 }
 

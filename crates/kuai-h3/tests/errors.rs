@@ -438,7 +438,15 @@ fn dynamic_entry_headers_frame() -> Vec<u8> {
 /// The first instruction on the server's QPACK decoder stream (of its uni streams: control,
 /// QPACK encoder, QPACK decoder, type 0x03), within 3 s.
 async fn first_decoder_instruction(conn: &kuai::Connection) -> Vec<u8> {
-    tokio::time::timeout(Duration::from_secs(3), async {
+    decoder_instruction_within(conn, Duration::from_secs(3))
+        .await
+        .expect("a decoder instruction within 3 s")
+}
+
+/// The first instruction on the server's QPACK decoder stream, if one comes within `wait`.
+async fn decoder_instruction_within(conn: &kuai::Connection, wait: Duration) -> Option<Vec<u8>> {
+    let mut decoder = None;
+    tokio::time::timeout(wait, async {
         loop {
             let mut uni = conn.accept_uni().await.unwrap();
             let first = uni.read_chunk(1).await.unwrap().unwrap();
@@ -447,15 +455,43 @@ async fn first_decoder_instruction(conn: &kuai::Connection) -> Vec<u8> {
                 continue;
             }
             let mut got = Vec::new();
+            let uni = decoder.insert(uni);
             while got.is_empty() {
                 got.extend_from_slice(&uni.read_chunk(64).await.unwrap().unwrap());
             }
-            std::mem::forget(uni);
             return got;
         }
     })
     .await
-    .expect("a decoder instruction within 3 s")
+    .ok()
+    .inspect(|_| std::mem::forget(decoder))
+}
+
+/// A request whose handler answers without reading the body: what the client still sends
+/// on the stream (here, trailers after the DATA it has sent) is never decoded, so the server
+/// cancels the stream towards the client's encoder (RFC 9204 §4.4.2, "abandons reading"),
+/// which otherwise would keep such a section outstanding, the entries it names pinned. A
+/// request that had ended (its FIN came with the head) needs no cancellation, and gets none.
+#[tokio::test]
+async fn a_request_body_the_handler_leaves_unread_is_cancelled() {
+    let mut head = GET_HTTPS_ROOT.to_vec();
+    head.extend(literal(0, b"localhost"));
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&headers_frame(&head)).await.unwrap();
+    send.write_all(&[0x00, 0x02, b'h', b'i']).await.unwrap();
+    let answer = recv.read_to_end(1 << 16).await.unwrap();
+    assert!(answer.ends_with(b"ok"));
+    assert_eq!(first_decoder_instruction(&conn).await, [0x40]);
+    assert!(conn.close_reason().is_none());
+
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    let ok = raw_request(&conn, &headers_frame(&head)).await.unwrap();
+    assert!(ok.ends_with(b"ok"));
+    let none = decoder_instruction_within(&conn, Duration::from_millis(500)).await;
+    assert_eq!(none, None, "a cancellation for a request that had ended");
 }
 
 /// A request head waiting on QPACK (its section names a dynamic entry the encoder stream

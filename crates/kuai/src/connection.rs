@@ -995,19 +995,22 @@ impl RecvStream {
         Ok(out)
     }
 
-    /// Asks the peer to stop sending (STOP_SENDING) with an application error code.
-    pub fn stop(&mut self, code: u64) -> Result<(), ReadError> {
+    /// Asks the peer to stop sending (STOP_SENDING) with an application error code. True if
+    /// more than the stream's end was left: data unread, the end not received yet, or a reset
+    /// not read (what a protocol on top abandons, e.g. a QPACK section it must cancel).
+    pub fn stop(&mut self, code: u64) -> Result<bool, ReadError> {
         self.stop_with(code, false)
     }
 
     /// Stops reading; the STOP_SENDING goes out only if more than the stream's FIN is still
     /// to come (see [`kuai_proto::Connection::stop_stream_unless_ending`]). For a server that
-    /// has answered a request its client may still be finishing.
-    pub fn stop_unless_ending(&mut self, code: u64) -> Result<(), ReadError> {
+    /// has answered a request its client may still be finishing. True as for
+    /// [`stop`](Self::stop).
+    pub fn stop_unless_ending(&mut self, code: u64) -> Result<bool, ReadError> {
         self.stop_with(code, true)
     }
 
-    fn stop_with(&mut self, code: u64, unless_ending: bool) -> Result<(), ReadError> {
+    fn stop_with(&mut self, code: u64, unless_ending: bool) -> Result<bool, ReadError> {
         let id = self.id;
         let early = self.early;
         self.done = true;

@@ -1309,8 +1309,10 @@ impl Connection {
         self.streams.read(id, max)
     }
 
-    /// Asks the peer to stop sending on a stream (STOP_SENDING).
-    pub fn stop_stream(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+    /// Asks the peer to stop sending on a stream (STOP_SENDING). True if more than the
+    /// stream's end was left (data unread, the end not received yet, or an unread reset):
+    /// what the application abandons.
+    pub fn stop_stream(&mut self, id: StreamId, code: u64) -> Result<bool, StreamError> {
         self.streams.stop(id, code)
     }
 
@@ -1322,7 +1324,7 @@ impl Connection {
         &mut self,
         id: StreamId,
         code: u64,
-    ) -> Result<(), StreamError> {
+    ) -> Result<bool, StreamError> {
         self.streams.stop_unless_ending(id, code)
     }
 

@@ -712,8 +712,10 @@ impl Streams {
         Err(StreamError::WouldBlock)
     }
 
-    /// Asks the peer to stop sending (STOP_SENDING) and discards what arrives.
-    pub fn stop(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+    /// Asks the peer to stop sending (STOP_SENDING) and discards what arrives. True if more
+    /// than the stream's end was left: data unread, the end not received yet, or a reset
+    /// the application had not read.
+    pub fn stop(&mut self, id: StreamId, code: u64) -> Result<bool, StreamError> {
         self.stop_with(id, code, false)
     }
 
@@ -722,11 +724,11 @@ impl Streams {
     /// ends quietly. RFC 9114 §4.1 lets a server stop a request stream once it has answered,
     /// but a client still finishing it (the h3 crate's writes a GREASE frame as it finishes)
     /// may take the stop for a failed request.
-    pub fn stop_unless_ending(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+    pub fn stop_unless_ending(&mut self, id: StreamId, code: u64) -> Result<bool, StreamError> {
         self.stop_with(id, code, true)
     }
 
-    fn stop_with(&mut self, id: StreamId, code: u64, defer: bool) -> Result<(), StreamError> {
+    fn stop_with(&mut self, id: StreamId, code: u64, defer: bool) -> Result<bool, StreamError> {
         let s = self.recv.get_mut(&id).ok_or(StreamError::UnknownStream)?;
         if let RecvState::ResetRecvd { .. } = s.state {
             // The peer reset it and the application gives up reading: the reset needs no
@@ -734,14 +736,15 @@ impl Streams {
             // its sending half is done. Left here, it waited for a read that never comes.
             s.state = RecvState::Done;
             self.maybe_cleanup(id);
-            return Ok(());
+            return Ok(true);
         }
         if s.stop_code.is_some() || s.state != RecvState::Open {
-            return Ok(());
+            return Ok(false);
         }
         s.stop_code = Some(code);
         // Discarded data still counts as consumed for connection flow control.
         let unread = s.highest() - s.asm.read_offset();
+        let more = unread > 0 || s.final_size.is_none();
         self.recv_charge -= s.asm.charge();
         s.asm.discard(s.highest());
         self.data_consumed += unread;
@@ -756,7 +759,7 @@ impl Streams {
             s.state = RecvState::Done;
             self.maybe_cleanup(id);
         }
-        Ok(())
+        Ok(more)
     }
 
     // ---------------------------------------------------------------------------------------
