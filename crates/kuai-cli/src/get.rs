@@ -60,7 +60,7 @@ pub struct Args {
     #[arg(short = 'w', long = "write-out", value_name = "FORMAT")]
     write_out: Option<String>,
     /// Connect to ADDR for HOST:PORT instead of resolving HOST (repeatable), as curl's
-    /// --resolve HOST:PORT:ADDR[,ADDR]...: several addresses are tried in turn.
+    /// --resolve; several addresses (HOST:PORT:ADDR1,ADDR2,...) are tried in turn.
     #[arg(long, value_name = "HOST:PORT:ADDR")]
     resolve: Vec<String>,
     /// Do not verify the server's certificate (testing only).

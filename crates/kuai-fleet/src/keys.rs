@@ -185,7 +185,7 @@ impl RotatingKey for TokenKey {
     }
 }
 
-/// A running rotation; see the [module](self) docs. Stops when dropped.
+/// A running rotation (see [`KeyRotation::start`]). Stops when dropped.
 pub struct KeyRotation {
     task: tokio::task::JoinHandle<()>,
     state: Arc<Mutex<RotationState>>,

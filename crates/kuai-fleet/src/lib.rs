@@ -100,13 +100,13 @@ pub struct FleetOptions {
     pub capacity: usize,
     /// How long a session is kept.
     pub lifetime: Duration,
-    /// How long a ticket's first use is remembered; see the [crate](crate) docs.
+    /// How long a ticket's first use is remembered; see the [crate] docs.
     pub replay_window: Duration,
     /// How long a Redis command may take before the server goes on without it.
     pub timeout: Duration,
     /// How far this server's clock may be from Redis's while it accepts 0-RTT: half the
     /// difference between two servers that the replay window covers (see the
-    /// [crate](crate) docs). Past it 0-RTT is refused (clients resume in 1-RTT).
+    /// [crate] docs). Past it 0-RTT is refused (clients resume in 1-RTT).
     pub max_clock_skew: Duration,
     /// PEM certificates to trust for `rediss://` instead of the system's roots.
     pub ca_pem: Option<Vec<u8>>,
@@ -205,7 +205,7 @@ impl From<redis::RedisError> for FleetError {
 }
 
 /// One server's membership in a fleet: its link to Redis, its session store and its
-/// anti-replay guard. See the [crate](crate) docs.
+/// anti-replay guard. See the [crate] docs.
 #[derive(Clone)]
 pub struct Fleet {
     link: Arc<Link>,

@@ -600,9 +600,8 @@ impl Metrics {
     }
 
     /// Answers `GET /metrics` (the text format) on `listener` until the task is dropped;
-    /// other paths get 404. At most [`METRICS_CONNECTIONS`] scrapers at once (more wait to
-    /// be accepted), each with [`METRICS_TIMEOUT`] to send its request and one request per
-    /// connection; an accept error (out of descriptors) is logged and the loop goes on.
+    /// other paths get 404. At most 16 scrapers at once (more wait to be accepted), each
+    /// with 10 s to send its request and one request per connection; an accept error (out of descriptors) is logged and the loop goes on.
     pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
         let slots = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
         loop {

@@ -77,8 +77,9 @@ pub struct Args {
     #[arg(long, value_name = "SHARE", value_parser = parse::share)]
     pub down_loss: Option<f64>,
 
-    /// Gilbert-Elliott burst loss: P,R[,LOSS_BAD[,LOSS_GOOD]] (good-to-bad and bad-to-good
-    /// transition probabilities per packet; loss in each state, default 100% and 0%).
+    /// Gilbert-Elliott burst loss: P,R, then optionally LOSS_BAD and LOSS_GOOD (good-to-bad
+    /// and bad-to-good transition probabilities per packet; loss in each state, default 100%
+    /// and 0%).
     #[arg(long, value_name = "P,R[,BAD[,GOOD]]", value_parser = parse::gilbert)]
     pub burst_loss: Option<GilbertElliott>,
     /// Burst loss client to server.

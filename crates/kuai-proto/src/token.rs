@@ -53,7 +53,7 @@ impl TokenKey {
     }
 
     /// Adds (or replaces) key `id`; with `seal`, new tokens are sealed with it. Past
-    /// [`MAX_KEYS`] the keys that are neither sealing nor just added go, those of IDs
+    /// four keys (`MAX_KEYS`) the keys that are neither sealing nor just added go, those of IDs
     /// furthest from the sealing one first, before or after it (IDs are generation numbers
     /// mod 256).
     pub fn install(&self, id: u8, secret: &[u8; 32], seal: bool) {
@@ -104,7 +104,7 @@ impl TokenKey {
     }
 
     /// Seals `plain` under the sealing key: its ID, a random nonce, the ciphertext and tag.
-    /// (Tokens are made by [`retry_token`] and [`new_token`]; this is for other sealed
+    /// (Tokens are made by `retry_token` and `new_token`; this is for other sealed
     /// values a server hands out, such as session tickets.)
     pub fn seal(&self, mut plain: Vec<u8>) -> Vec<u8> {
         let mut nonce = [0u8; NONCE_LEN];

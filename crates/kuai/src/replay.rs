@@ -7,8 +7,8 @@
 //! use where every server sees it (RFC 8446 §8, RFC 9001 §9.2).
 //!
 //! With an [`AntiReplay`] set on the [`ServerConfig`](crate::ServerConfig), a connection
-//! whose 0-RTT data the server accepted is held back from [`Endpoint::accept`]
-//! (crate::Endpoint::accept) until the guard has answered for its ticket: first use, and the
+//! whose 0-RTT data the server accepted is held back from
+//! [`Endpoint::accept`](crate::Endpoint::accept) until the guard has answered for its ticket: first use, and the
 //! application gets the connection and its early requests; a replay, and the connection is
 //! refused (CONNECTION_REFUSED) before the application sees a byte of it. Its packets go on
 //! meanwhile (nothing waits in the packet path); only the application's first look at the

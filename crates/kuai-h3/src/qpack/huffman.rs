@@ -518,7 +518,7 @@ pub fn decode_bytes(src: &[u8], out: &mut bytes::BytesMut) -> Result<(), Huffman
     result.map(|_| ()).map_err(|(e, _)| e)
 }
 
-/// Room [`decode_into`] needs for `n` encoded octets: each code has at least 5 bits, so the
+/// Room `decode_into` needs for `n` encoded octets: each code has at least 5 bits, so the
 /// output is at most 8/5 of the input, and one more octet of slack lets the table loop store
 /// a second symbol unconditionally.
 pub fn decoded_bound(n: usize) -> usize {

@@ -1297,8 +1297,11 @@ impl Connection {
         self.streams.set_priority(id, priority)
     }
 
-    /// Stream `id` takes at most `max` bytes ahead of what it has sent (see
-    /// [`Streams::set_max_unsent`](crate::stream::Streams::set_max_unsent)).
+    /// Stream `id` takes at most `max` bytes ahead of what it has sent (`None`: as many as
+    /// the send buffer holds). A writer whose data comes from memory it fills for the purpose
+    /// (a file being read) then writes just before the data goes out, while it is still in
+    /// the CPU's cache; a refused writer is told it may write again (`Writable`) once half
+    /// of `max` has been sent.
     pub fn set_max_unsent(&mut self, id: StreamId, max: Option<u64>) -> Result<(), StreamError> {
         self.streams.set_max_unsent(id, max)
     }
