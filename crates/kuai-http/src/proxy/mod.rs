@@ -234,6 +234,8 @@ pub(crate) struct Options {
     max_fails: u32,
     fail_timeout: Duration,
     max_conns: usize,
+    max_tunnels: usize,
+    max_tunnels_per_address: usize,
 }
 
 /// Builds a [`Proxy`].
@@ -285,12 +287,23 @@ impl ProxyBuilder {
     }
 
     /// Connections open to one backend at most (1024 by default): HTTP/1.1 ones, idle or
-    /// busy, and HTTP/2 ones (WebSocket tunnels not counted). A request that finds them all
+    /// busy, and HTTP/2 ones (WebSocket tunnels not counted: see
+    /// [`max_websockets`](Self::max_websockets)). A request that finds them all
     /// busy waits for one within the connect timeout, then goes to the next backend, or is
     /// answered 503; a busy backend is not counted as failing. HTTP/2 connections past the
     /// cap carry more than their share of requests instead.
     pub fn max_connections_per_backend(mut self, n: usize) -> Self {
         self.options.max_conns = n.max(1);
+        self
+    }
+
+    /// WebSocket tunnels open at once through the proxy (4096 by default), and from one
+    /// client address (an IPv6 address's /64; 512 by default). Each holds a backend
+    /// connection of its own (and, from HTTP/1.1, the client's), counted in no other limit:
+    /// past either cap an upgrade is answered 503.
+    pub fn max_websockets(mut self, total: usize, per_address: usize) -> Self {
+        self.options.max_tunnels = total.max(1);
+        self.options.max_tunnels_per_address = per_address.max(1);
         self
     }
 
@@ -365,6 +378,7 @@ impl ProxyBuilder {
             via_values: ["0.9", "1.0", "1.1", "2", "3"].map(|v| {
                 HeaderValue::from_str(&format!("{v} {}", self.via)).expect("checked above")
             }),
+            tunnels: Arc::default(),
         });
         if let Some(h) = self.health {
             let rt = tokio::runtime::Handle::try_current()
@@ -397,6 +411,8 @@ struct Inner {
     options: Options,
     /// `Via` values for HTTP/0.9, 1.0, 1.1, 2 and 3.
     via_values: [HeaderValue; 5],
+    /// WebSocket tunnels open, for their caps.
+    tunnels: Arc<websocket::Tunnels>,
 }
 
 impl Proxy {
@@ -413,6 +429,8 @@ impl Proxy {
                 max_fails: 1,
                 fail_timeout: Duration::from_secs(10),
                 max_conns: 1024,
+                max_tunnels: 4096,
+                max_tunnels_per_address: 512,
             },
             health: None,
             via: "kuai".into(),
@@ -546,7 +564,8 @@ impl Inner {
         let early = req.extensions().get::<EarlyData>().is_some();
         let ws = websocket::ask(&mut req).map(|ask| {
             let drain = req.extensions().get::<crate::server::Drain>().cloned();
-            (ask, drain)
+            let busy = req.extensions().get::<crate::server::Busy>().cloned();
+            (ask, drain, busy)
         });
         // A reverse proxy is no tunnel to anywhere: a CONNECT that is not a WebSocket's
         // extended CONNECT (RFC 9220, RFC 8441) is refused here, not sent to a backend
@@ -558,8 +577,9 @@ impl Inner {
         let Some(mut head) = self.upstream_head(parts, info, early) else {
             return local(StatusCode::BAD_REQUEST, "cannot forward this request");
         };
-        if let Some((ask, drain)) = ws {
-            return self.websocket(head, body, ask, drain).await;
+        if let Some((ask, drain, busy)) = ws {
+            let client = info.map(|i| i.remote.ip());
+            return self.websocket(head, body, ask, drain, busy, client).await;
         }
         let idempotent = head.method.is_idempotent();
         let (up, mut watch) = UpBody::new(body);

@@ -1716,3 +1716,92 @@ async fn a_backend_gets_no_more_than_its_most_connections() {
     assert_eq!(r.text().await.unwrap(), "b");
     assert!(seen.connections.load(SeqCst) <= 4);
 }
+
+/// An HTTP/2 WebSocket tunnel keeps its connection busy: the server's idle timeout does not
+/// close the connection (GOAWAY, then the drop that cut the tunnel about 80 s in with the
+/// defaults) while the tunnel is open, whatever moves on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_websocket_outlives_the_connections_idle_timeout() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{Message, protocol::Role};
+    let (b, _) = websocket_backend().await;
+    let (cert, tls) = identity();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let idle_timeout = Duration::from_millis(300);
+    let server =
+        Server::new(proxy_to(&[(b, false)]).build().unwrap()).limits(crate::server::Limits {
+            idle_timeout,
+            ..Default::default()
+        });
+    tokio::spawn(server.serve(listener));
+    let mut h2 = crate::server::tests::Sender::connect(addr, &cert, crate::server::ALPN_H2).await;
+    let mut req = Request::builder()
+        .method(Method::CONNECT)
+        .uri(format!("https://localhost:{}/ws", addr.port()))
+        .header("sec-websocket-version", "13")
+        .body(crate::server::tests::empty())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let resp = h2.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let up = hyper::upgrade::on(resp).await.unwrap();
+    let mut ws =
+        tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(up), Role::Client, None)
+            .await;
+    // Past the idle timeout and the 5 s an idle connection's GOAWAY gives its streams, a
+    // message every half an idle timeout.
+    for i in 0..40 {
+        tokio::time::sleep(idle_timeout / 2).await;
+        let m = Message::text(format!("ping {i}"));
+        ws.send(m.clone()).await.unwrap();
+        let back = tokio::time::timeout(Duration::from_secs(2), ws.next()).await;
+        assert!(
+            matches!(&back, Ok(Some(Ok(b))) if *b == m),
+            "message {i}: {back:?}"
+        );
+    }
+    ws.close(None).await.unwrap();
+}
+
+/// WebSocket tunnels hold backend connections no other limit counts: past the proxy's caps
+/// (in all, per client address) an upgrade is answered 503, and a closed tunnel gives its
+/// place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_tunnels_are_capped() {
+    let (b, _) = websocket_backend().await;
+    let gw = Gateway::start(
+        proxy_to(&[(b, false)])
+            .max_websockets(3, 2)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let (c1, s1, r1) = h3_websocket(&gw, "/ws").await;
+    let (_c2, _s2, r2) = h3_websocket(&gw, "/ws").await;
+    assert_eq!((r1.status(), r2.status()), (StatusCode::OK, StatusCode::OK));
+    let (_c3, _s3, r3) = h3_websocket(&gw, "/ws").await;
+    assert_eq!(
+        r3.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "past 2 per address"
+    );
+    // The first tunnel ends (its client goes): its place comes back.
+    drop((s1, c1));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (c, s, r) = h3_websocket(&gw, "/ws").await;
+        if r.status() == 200 {
+            std::mem::forget((c, s));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed tunnel kept its place"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -27,6 +27,70 @@ use crate::{Body, Error};
 /// RFC 6455 §1.3: appended to the key before hashing for `Sec-WebSocket-Accept`.
 const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
+/// WebSocket tunnels open through a proxy, in all and per client address
+/// ([`address_key`](kuai::kuai_proto::address_key)): each holds a backend connection of its
+/// own, which no other limit counts.
+#[derive(Default)]
+pub(super) struct Tunnels {
+    open: std::sync::Mutex<(usize, std::collections::HashMap<std::net::IpAddr, usize>)>,
+}
+
+impl Tunnels {
+    /// A place for a tunnel from `client`, or `None` past a cap.
+    fn take(
+        self: &Arc<Self>,
+        client: Option<std::net::IpAddr>,
+        o: &super::Options,
+    ) -> Option<TunnelSlot> {
+        let key = client.map(kuai::kuai_proto::address_key);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if open.0 >= o.max_tunnels {
+            return None;
+        }
+        if let Some(k) = key {
+            let mine = open.1.entry(k).or_insert(0);
+            if *mine >= o.max_tunnels_per_address {
+                return None;
+            }
+            *mine += 1;
+        }
+        open.0 += 1;
+        Some(TunnelSlot {
+            tunnels: self.clone(),
+            key,
+        })
+    }
+}
+
+/// A tunnel's place among the open ones; given back when dropped.
+pub(super) struct TunnelSlot {
+    tunnels: Arc<Tunnels>,
+    key: Option<std::net::IpAddr>,
+}
+
+impl Drop for TunnelSlot {
+    fn drop(&mut self) {
+        let mut open = self.tunnels.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.0 -= 1;
+        if let Some(k) = self.key
+            && let Some(n) = open.1.get_mut(&k)
+        {
+            *n -= 1;
+            if *n == 0 {
+                open.1.remove(&k);
+            }
+        }
+    }
+}
+
+/// What a tunnel holds while it lasts: its place among the open ones, and (HTTP/2) the
+/// request's place in its connection, so that the connection is not taken for idle and
+/// closed under a tunnel that is busy.
+struct Hold {
+    _slot: TunnelSlot,
+    _busy: Option<crate::server::Busy>,
+}
+
 /// How a client asks for a WebSocket.
 pub(super) enum Ask {
     /// HTTP/3 extended CONNECT: the request and response bodies are the tunnel.
@@ -99,6 +163,8 @@ impl Inner {
         body: Body,
         ask: Ask,
         drain: Option<crate::server::Drain>,
+        busy: Option<crate::server::Busy>,
+        client: Option<std::net::IpAddr>,
     ) -> Response<ProxyBody> {
         if !self
             .backends
@@ -110,6 +176,14 @@ impl Inner {
                 "WebSockets need an http:// upstream",
             );
         }
+        let Some(slot) = self.tunnels.take(client, &self.options) else {
+            tracing::debug!(target: "kuai_http::proxy", client = ?client, "WebSocket refused: too many tunnels open");
+            return local(StatusCode::SERVICE_UNAVAILABLE, "too many WebSockets open");
+        };
+        let hold = Hold {
+            _slot: slot,
+            _busy: busy,
+        };
         let h = &mut head.headers;
         // The client's own key when it sent one (HTTP/1.1); otherwise ours (extended
         // CONNECT has none, RFC 8441 §5), checked against the backend's answer.
@@ -233,13 +307,13 @@ impl Inner {
                 // The request body is the client's side of the tunnel, the response body
                 // the backend's.
                 let (read, write) = tokio::io::split(up);
-                let activity = Arc::new(Activity::new());
+                let activity = Arc::new(Activity::new(hold));
                 tokio::spawn(pump_body(body, write, activity.clone(), idle, name, drain));
                 *answer.body_mut() = ProxyBody::tunnel(read, activity);
                 answer
             }
             Ask::Http2(on) => {
-                tokio::spawn(splice(on, up, idle, name, drain));
+                tokio::spawn(splice(on, up, idle, name, drain, hold));
                 answer
             }
             Ask::Http11(on) => {
@@ -250,7 +324,7 @@ impl Inner {
                 if let Ok(v) = HeaderValue::from_str(&want) {
                     h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
                 }
-                tokio::spawn(splice(on, up, idle, name, drain));
+                tokio::spawn(splice(on, up, idle, name, drain, hold));
                 answer
             }
         }
@@ -288,14 +362,17 @@ pub(crate) struct Activity {
     /// Either side ended the tunnel: an HTTP/3 tunnel's two halves (a task and a response
     /// body) end together.
     over: tokio_util::sync::CancellationToken,
+    /// Given back when both halves are gone.
+    _hold: Hold,
 }
 
 impl Activity {
-    fn new() -> Self {
+    fn new(hold: Hold) -> Self {
         Self {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             over: tokio_util::sync::CancellationToken::new(),
+            _hold: hold,
         }
     }
 
@@ -375,6 +452,7 @@ async fn splice(
     idle: Duration,
     backend: Arc<str>,
     drain: Option<DrainGuard>,
+    hold: Hold,
 ) {
     let client = match client.await {
         Ok(c) => c,
@@ -383,7 +461,7 @@ async fn splice(
             return;
         }
     };
-    let activity = Arc::new(Activity::new());
+    let activity = Arc::new(Activity::new(hold));
     let mut client = Watched {
         io: TokioIo::new(client),
         activity: activity.clone(),

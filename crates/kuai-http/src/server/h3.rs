@@ -19,6 +19,9 @@ pub(super) async fn serve(conn: kuai::Connection, shared: &Arc<Shared>) {
     let config = kuai_h3::Config {
         max_field_section_size: limits.max_header_size as u64,
         request_head_timeout: Some(limits.header_timeout),
+        // Services see no HTTP datagrams (RFC 9297): not offered, so a client's are not
+        // queued per request stream for nobody to read.
+        h3_datagram: false,
         ..kuai_h3::Config::default()
     };
     let in_flight = InFlight::new();
@@ -114,7 +117,13 @@ async fn answer(
     };
     let mut log = AccessLog::new(shared, info, method.clone(), &parts.uri, early);
     let (mut send, recv) = stream.split();
-    let limit = shared.limits.max_request_body;
+    // A tunnel's body (extended CONNECT, RFC 9220) is one side of a WebSocket, not an
+    // upload: no size limit, as over HTTP/2 and HTTP/1.1, where the tunnel is not a body.
+    let limit = if method == Method::CONNECT {
+        None
+    } else {
+        shared.limits.max_request_body
+    };
     // A stalled upload ends its own request after the send timeout (not a tunnel's body,
     // which may be quiet for as long as its ends like).
     let mut body = Body::h3(recv, limit);

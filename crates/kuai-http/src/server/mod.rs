@@ -776,6 +776,13 @@ impl Drain {
     }
 }
 
+/// A request's place among its connection's requests in flight, for a handler that answers
+/// it with a tunnel outliving the response (HTTP/2 extended CONNECT, RFC 8441: hyper drops
+/// the response body at once): while a clone lives the connection is not idle, so its idle
+/// timeout does not close it under a busy tunnel. An extension of such a request.
+#[derive(Clone)]
+pub(crate) struct Busy(#[allow(dead_code)] pub(crate) Arc<dyn Send + Sync>);
+
 /// A task the server's drain waits for (see [`Drain`]).
 pub(crate) struct DrainGuard {
     _task: TaskGuard,

@@ -664,6 +664,11 @@ async fn serve_connection(
         }
         let shared = sh.clone();
         let request = InFlight::new(&st);
+        if h2 && req.method() == http::Method::CONNECT {
+            // The tunnel keeps the connection busy after its response (see `Busy`).
+            req.extensions_mut()
+                .insert(super::Busy(Arc::new(InFlight::new(&st))));
+        }
         let waits = st.body_waits.clone();
         async move {
             let mut log = AccessLog::new(&shared, info, req.method().clone(), req.uri(), false);
