@@ -54,11 +54,20 @@ pub fn request_fields(parts: &http::request::Parts) -> Result<Fields, &'static s
                 .and_then(|h| h.to_str().ok())
                 .map(str::to_owned)
         });
+    if protocol.is_some() && parts.method != Method::CONNECT {
+        // RFC 9220 §3 (RFC 8441 §4): :protocol only on an extended CONNECT.
+        return Err(":protocol on a request that is not a CONNECT");
+    }
     if parts.method == Method::CONNECT && protocol.is_none() {
         // Plain CONNECT (RFC 9114 §4.4): only :method and :authority.
         let a = authority.ok_or("CONNECT needs an authority")?;
         f.push((Bytes::from_static(b":authority"), Bytes::from(a)));
     } else {
+        if protocol.is_some() && authority.is_none() {
+            // An extended CONNECT names its target as any https request does (RFC 9220
+            // §3, RFC 9114 §4.3.1): a server takes one without :authority as malformed.
+            return Err("an extended CONNECT needs an authority");
+        }
         let scheme = parts.uri.scheme_str().unwrap_or("https");
         f.push((
             Bytes::from_static(b":scheme"),
@@ -420,6 +429,26 @@ mod tests {
         assert_eq!(back.method, Method::POST);
         assert_eq!(back.uri.to_string(), "https://example.com:4433/upload?x=1");
         assert_eq!(back.headers["content-type"], "text/plain");
+    }
+
+    /// What a client sends is what a server accepts: no :protocol but on a CONNECT, and an
+    /// extended CONNECT with an authority (RFC 9220 §3).
+    #[test]
+    fn extended_connect_requests_are_well_formed() {
+        let parts = |method: &str, uri: &str| {
+            let mut req = http::Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(())
+                .unwrap();
+            req.extensions_mut().insert(Protocol("websocket".into()));
+            req.into_parts().0
+        };
+        assert!(request_fields(&parts("GET", "https://example.com/chat")).is_err());
+        assert!(request_fields(&parts("CONNECT", "/chat")).is_err());
+        let fields = request_fields(&parts("CONNECT", "https://example.com/chat")).unwrap();
+        let back = parse_request(&fields, true).unwrap();
+        assert_eq!(back.method, Method::CONNECT);
     }
 
     /// Authorities with no host or a port that is no number, CONNECT targets that are not

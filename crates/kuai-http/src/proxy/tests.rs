@@ -1805,3 +1805,54 @@ async fn websocket_tunnels_are_capped() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A backend whose 101 is no WebSocket handshake (RFC 6455 §4.1: `Upgrade: websocket`,
+/// `Connection: upgrade` and the Accept for the key) opens no tunnel: 502. The backend here
+/// answers with the right Accept and leaves out one of the two others in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_101_without_the_websocket_handshake_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for leave_out in ["upgrade", "connection"] {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let b = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                // The field name in any case; the key (base64) as it came.
+                let raw = String::from_utf8_lossy(&buf);
+                let key = raw
+                    .lines()
+                    .find(|l| l.to_lowercase().starts_with("sec-websocket-key:"))
+                    .map(|l| l["sec-websocket-key:".len()..].trim().to_string())
+                    .unwrap_or_default();
+                let mut answer = String::from("HTTP/1.1 101 Switching Protocols\r\n");
+                if leave_out != "upgrade" {
+                    answer.push_str("Upgrade: websocket\r\n");
+                }
+                if leave_out != "connection" {
+                    answer.push_str("Connection: Upgrade\r\n");
+                }
+                answer.push_str(&format!(
+                    "Sec-WebSocket-Accept: {}\r\n\r\n",
+                    super::websocket::accept_for(key.as_bytes())
+                ));
+                let _ = s.write_all(answer.as_bytes()).await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        });
+        let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+        let (_c, _s, resp) = h3_websocket(&gw, "/ws").await;
+        assert_eq!(
+            resp.status(),
+            StatusCode::BAD_GATEWAY,
+            "without {leave_out}"
+        );
+    }
+}

@@ -128,7 +128,7 @@ pub(super) fn ask(req: &mut Request<Body>) -> Option<Ask> {
 }
 
 /// `Sec-WebSocket-Accept` for `key` (RFC 6455 §4.2.2).
-fn accept_for(key: &[u8]) -> String {
+pub(super) fn accept_for(key: &[u8]) -> String {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
     ctx.update(key);
     ctx.update(GUID.as_bytes());
@@ -271,12 +271,15 @@ impl Inner {
             );
         }
         let want = accept_for(key.as_bytes());
-        if resp
-            .headers()
-            .get(header::SEC_WEBSOCKET_ACCEPT)
-            .is_none_or(|a| a.as_bytes() != want.as_bytes())
+        // RFC 6455 §4.1: a 101 without `Upgrade: websocket` and `Connection: upgrade`, or
+        // with another Accept, is no WebSocket handshake.
+        let h = resp.headers();
+        if !super::headers::has_token(h, header::UPGRADE, "websocket")
+            || !super::headers::has_token(h, header::CONNECTION, "upgrade")
+            || h.get(header::SEC_WEBSOCKET_ACCEPT)
+                .is_none_or(|a| a.as_bytes() != want.as_bytes())
         {
-            tracing::warn!(target: "kuai_http::proxy", backend = %b.name, "WebSocket upgrade with a wrong Sec-WebSocket-Accept");
+            tracing::warn!(target: "kuai_http::proxy", backend = %b.name, "WebSocket upgrade answered without its Upgrade, Connection or the right Sec-WebSocket-Accept");
             return local(
                 StatusCode::BAD_GATEWAY,
                 "the upstream's WebSocket answer is wrong",
