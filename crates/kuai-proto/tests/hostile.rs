@@ -906,6 +906,56 @@ fn fragmented_stream_data_is_bounded_by_the_window() {
     );
 }
 
+/// RESET_STREAM frames whose final sizes use up the connection window without a byte sent,
+/// one round after another as fast as the server gives credit: the credit comes back
+/// (RFC 9000 §4.5), but the window does not grow, since nothing was read. (Counting the
+/// released credit as reading doubled the window each round, to the 48 MiB cap after 37
+/// streams: memory the peer could then fill with data nobody reads.)
+#[test]
+fn reset_streams_do_not_grow_the_connection_window() {
+    use kuai_proto::VarInt;
+    let config = TransportConfig::default();
+    let (stream_window, window) = (config.stream_receive_window, config.receive_window);
+    let mut h = Hostile::connect(config, TransportConfig::default());
+    let mut next_stream = 0u64;
+    for round in 0..16 {
+        let (_, _, received, limit) = h.server_conn().flow_control();
+        assert!(
+            limit - received <= window,
+            "round {round}: {} bytes of credit after {received} released",
+            limit - received
+        );
+        // Streams whose final sizes fill what is left of the connection's credit.
+        let mut left = limit - received;
+        while left > 0 && next_stream < 4 * 100 {
+            let size = left.min(stream_window);
+            let mut f = vec![0x04];
+            for v in [next_stream, 0, size] {
+                VarInt::saturating(v).encode(&mut f);
+            }
+            let p = h.packet(&f);
+            h.inject(h.caddr, &p);
+            next_stream += 4;
+            left -= size;
+        }
+        // The server's MAX_DATA acknowledged 30 ms later: a 30 ms round trip, and an update
+        // each round trip.
+        h.drain_server();
+        h.advance(Duration::from_millis(30));
+        let acked = support::hostile::ranges_of(&h.server_pns.clone());
+        let p = h.packet(&support::hostile::ack_frame(&acked));
+        h.inject(h.caddr, &p);
+        assert!(!h.server_conn().is_closed(), "round {round}");
+    }
+    let (_, _, received, limit) = h.server_conn().flow_control();
+    assert!(received > 8 * window, "only {received} bytes released");
+    assert!(
+        limit - received <= window,
+        "{} bytes of credit",
+        limit - received
+    );
+}
+
 /// The same for CRYPTO frames in Initial packets from an address that never completes a
 /// handshake: a gap at offset 0, then one-byte pieces; and a ClientHello announcing a
 /// length beyond the CRYPTO buffer. Both end the attempt with CRYPTO_BUFFER_EXCEEDED
@@ -1432,6 +1482,44 @@ fn a_packet_buffered_for_its_keys_is_counted_once() {
         "the Handshake packet was not processed"
     );
     assert_eq!(stats.udp_rx_datagrams, flight.len() as u64 + 1);
+}
+
+/// Packets waiting for their keys are held up to 32 KiB, not 16 of any size: here Handshake
+/// packets of 8 KB (forged; a datagram may carry up to 64 KiB) reach a client before the
+/// server's Initial.
+#[test]
+fn packets_waiting_for_keys_are_bounded_in_bytes() {
+    use kuai_proto::VarInt;
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let scfg = support::server_config(&certs, TransportConfig::default());
+    let mut server = server_endpoint(now, scfg);
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut client = client_endpoint(now, 2);
+    let ch = client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    pump(now, &mut client, caddr, &mut server);
+    let mut buf = Vec::new();
+    let t = server.poll_transmit(now, 1, &mut buf).unwrap();
+    let (dcid, scid) = long_header_cids(&buf[..t.size]);
+    let before = client.connection(ch).unwrap().memory().receive;
+    for i in 0..8u8 {
+        // Long header, Handshake, 4-byte packet number; version 1.
+        let mut p = vec![0xe3, 0, 0, 0, 1];
+        p.push(dcid.len() as u8);
+        p.extend_from_slice(&dcid);
+        p.push(scid.len() as u8);
+        p.extend_from_slice(&scid);
+        VarInt::saturating(8000).encode(&mut p);
+        p.resize(p.len() + 8000, i);
+        client.handle_datagram(now, saddr, None, None, BytesMut::from(&p[..]));
+    }
+    let held = client.connection(ch).unwrap().memory().receive - before;
+    assert!(
+        held <= 32 * 1024,
+        "{held} bytes held for packets without keys"
+    );
 }
 
 /// RFC 9000 §8.1.4: a NEW_TOKEN token validates the client's address once. Copied off the

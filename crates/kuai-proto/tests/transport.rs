@@ -247,6 +247,57 @@ fn zero_rtt_rejected_then_retried() {
     assert_eq!(p.client_conn().zero_rtt_accepted(), Some(false));
 }
 
+/// A server over its memory budget makes new connections with smaller windows than a
+/// resuming client remembers, so it takes no 0-RTT from them (RFC 9000 §7.4.1): the client
+/// sends again in 1-RTT. (It accepted the early data with the lowered limits, and the client
+/// closed the connection for them.)
+#[test]
+fn a_server_under_memory_pressure_takes_no_0rtt() {
+    let budget = kuai_proto::config::MemoryBudget::new(256 << 10);
+    let endpoint = EndpointConfig {
+        memory_budget: budget.clone(),
+        ..EndpointConfig::default()
+    };
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut app = Client::with_requests([100, 8_000_000]);
+    app.concurrency = 1;
+    let mut p = quic::pair_with_endpoint(
+        33,
+        endpoint,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        app,
+        |n| n.set_default_link(bottleneck(10, 0.0, 50_000_000, 1 << 20)),
+    );
+    // The first response brings the session ticket; the second keeps the server's send
+    // buffer over the budget.
+    assert!(p.run_until(Duration::from_secs(10), |p| {
+        p.client_app().requests[1].received > 1 << 20 && budget.under_pressure()
+    }));
+    let now = p.net.now();
+    let second = p
+        .client_mut()
+        .ep
+        .connect(now, &ccfg, quic::server_addr(), "localhost")
+        .unwrap();
+    assert!(
+        p.client()
+            .ep
+            .connection(second)
+            .unwrap()
+            .is_0rtt_available()
+    );
+    assert!(p.run_until(Duration::from_secs(5), |p| {
+        p.client()
+            .ep
+            .connection(second)
+            .is_some_and(|c| c.is_established() || c.is_closed())
+    }));
+    let c = p.client().ep.connection(second).unwrap();
+    assert!(!c.is_closed(), "closed: {:?}", c.close_reason());
+    assert_eq!(c.zero_rtt_accepted(), Some(false));
+}
+
 #[test]
 fn retry_validates_the_address() {
     let ccfg = quic::client_config(TransportConfig::default());

@@ -344,6 +344,10 @@ pub struct MemoryUse {
 /// Bytes of unread DATAGRAM frames a connection keeps before dropping the oldest.
 pub const DATAGRAM_RECEIVE_BYTES: usize = 1 << 20;
 
+/// Memory charged for each unread datagram on top of its bytes: its slot in the queue (a
+/// `Bytes`) and the heap chunk of a small copy.
+const DATAGRAM_OVERHEAD: usize = 64;
+
 /// One QUIC connection's state: its packet-number spaces, paths, streams, keys, loss
 /// recovery and congestion control.
 ///
@@ -382,6 +386,9 @@ pub struct Connection {
     client_hello: Vec<u8>,
     /// Server: the PSK identity (session ticket) of a ClientHello that asked for 0-RTT.
     early_data_identity: Option<Box<[u8]>>,
+    /// Server: made under memory pressure, with smaller flow-control limits than a client
+    /// may remember, so no 0-RTT (RFC 9000 §7.4.1).
+    params_shrunk: bool,
     /// The version rustls derives keys for; differs from `version` after a client switched
     /// versions mid-handshake, and then kuai derives the keys itself.
     tls_version: Version,
@@ -771,6 +778,7 @@ impl Connection {
             .reset_token = p.reset_token;
         conn.unix_ms_at_start = p.unix_ms;
         conn.reset_key = p.reset_key;
+        conn.params_shrunk = p.memory_pressure;
         if let (Some(pa), Some(cid)) = (p.config.preferred_address, p.preferred_cid) {
             // The preferred address gets its own CID (sequence 1) and reset token.
             let token = crate::token::reset_token(&p.reset_key, &cid);
@@ -841,6 +849,7 @@ impl Connection {
             trimmed_after_handshake: false,
             client_hello: Vec::new(),
             early_data_identity: None,
+            params_shrunk: false,
             tls_version: version,
             secret_capture: None,
             client_random: None,
@@ -1183,7 +1192,7 @@ impl Connection {
     pub fn memory(&self) -> MemoryUse {
         let crypto: usize = self.spaces.iter().map(|s| s.crypto_recv.charge()).sum();
         let datagrams =
-            self.datagrams_in_bytes + self.datagrams_in.len() * crate::stream::PIECE_OVERHEAD;
+            self.datagrams_in_bytes + self.datagrams_in.len() * DATAGRAM_OVERHEAD;
         let undecryptable: usize = self.undecryptable.iter().map(|u| u.3.capacity()).sum();
         MemoryUse {
             send: self.streams.send_buffered(),

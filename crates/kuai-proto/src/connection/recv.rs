@@ -19,6 +19,10 @@ use crate::types::{Side, SpaceId, Version};
 
 /// Most undecryptable packets buffered while waiting for keys (RFC 9001 §5.7).
 const MAX_UNDECRYPTABLE: usize = 16;
+/// ... and most bytes of them: 16 full packets of a 1500-byte path and then some. Datagrams
+/// of up to 64 KiB would have let a peer (or anyone with a spoofed Initial) park 1 MiB per
+/// connection.
+const MAX_UNDECRYPTABLE_BYTES: usize = 32 * 1024;
 
 /// Outcome of processing one packet, for the datagram-level logic.
 #[derive(Default)]
@@ -265,8 +269,13 @@ impl Connection {
         // complete (the client's Finished verified); hold them until it is.
         let early_1rtt =
             space == SpaceId::Data && !is_0rtt && self.side.is_server() && !self.handshake_complete;
+        // A server whose TLS has read the ClientHello installed 0-RTT keys then or never (no
+        // early data, or it was refused): a 0-RTT packet without them is not waiting for
+        // anything.
+        let no_0rtt_coming =
+            is_0rtt && self.side.is_server() && (self.tls.is_some() || self.handshake_complete);
         let Some(hp) = hp.filter(|_| !early_1rtt) else {
-            if self.spaces[si].discarded {
+            if self.spaces[si].discarded || no_0rtt_coming {
                 self.drop_packet(Some(kind), size, DropReason::KeyUnavailable);
             } else {
                 self.buffer_undecryptable(now, remote, ecn, pd);
@@ -470,7 +479,10 @@ impl Connection {
         ecn: Option<EcnCodepoint>,
         pd: PartialDecode,
     ) {
-        if self.undecryptable.len() >= MAX_UNDECRYPTABLE {
+        let held: usize = self.undecryptable.iter().map(|u| u.3.len()).sum();
+        if self.undecryptable.len() >= MAX_UNDECRYPTABLE
+            || held + pd.len() > MAX_UNDECRYPTABLE_BYTES
+        {
             self.drop_packet(None, pd.len(), DropReason::KeyUnavailable);
             return;
         }
@@ -904,7 +916,11 @@ impl Connection {
         let mut tls = super::Tls::server(cfg.tls.clone(), self.version, tp)
             .map_err(|e| TransportError::INTERNAL_ERROR(format!("TLS setup: {e}")))?;
         self.tls_version = self.version;
-        if !cfg.accept_0rtt {
+        // RFC 9000 §7.4.1: a server that accepts 0-RTT must not lower the limits the client
+        // remembers; one made under memory pressure advertises smaller windows, so it takes
+        // no early data (the client sends its requests again in 1-RTT, where it learned the
+        // new limits).
+        if !cfg.accept_0rtt || self.params_shrunk {
             tls.reject_early_data();
         }
         tls.read(&ch)?;

@@ -5,10 +5,14 @@ use std::time::{Duration, Instant};
 /// A receive window: the limit advertised to the peer and how it moves as the application
 /// consumes data.
 ///
-/// The window starts at the configured initial size. Each time an update is sent, if the
-/// previous update went out less than two round trips ago, the application is reading faster
-/// than one window per RTT allows, so the window doubles (up to `cap`). This is the same
-/// feedback loop TCP receive-buffer auto-tuning uses.
+/// The window starts at the configured initial size. Each time the application has read
+/// half a window, if it took less than two round trips to do so, it reads faster than one
+/// window per round trip allows, so the window doubles (up to `cap`): the feedback loop TCP
+/// receive-buffer auto-tuning uses. Only the application's reads count: credit the peer
+/// gives back itself (a reset stream's final size, data on a stopped stream) and updates it
+/// asks for (DATA_BLOCKED, STREAM_DATA_BLOCKED) or that were lost and sent again say nothing
+/// about the reader, and a sender could otherwise grow the window to the cap with nothing
+/// read (memory it then fills on its own say-so).
 #[derive(Debug, Clone)]
 pub struct RecvWindow {
     /// Limit advertised to the peer (absolute offset).
@@ -17,8 +21,14 @@ pub struct RecvWindow {
     window: u64,
     /// Largest window auto-tuning may reach.
     cap: u64,
-    last_update: Option<Instant>,
+    /// When the application last completed half a window of reading, and how much it had
+    /// read then.
+    mark: Option<(Instant, u64)>,
 }
+
+/// The longest round trip the growth test counts: a peer that holds its acknowledgments
+/// back inflates the estimate, and would make a slow reader look fast.
+const MAX_GROWTH_RTT: Duration = Duration::from_secs(1);
 
 impl RecvWindow {
     pub fn new(initial: u64, cap: u64) -> Self {
@@ -26,7 +36,7 @@ impl RecvWindow {
             max: initial,
             window: initial,
             cap: cap.max(initial),
-            last_update: None,
+            mark: None,
         }
     }
 
@@ -45,23 +55,30 @@ impl RecvWindow {
         self.max.saturating_sub(consumed) < self.window / 2 && consumed + self.window > self.max
     }
 
-    /// Moves the limit to `consumed + window`, auto-tuning first unless `grow` is false;
-    /// returns the new limit.
-    pub fn update(&mut self, consumed: u64, now: Instant, rtt: Duration, grow: bool) -> u64 {
-        // Only an update the reader's own progress called for (half the window consumed)
-        // grows the window: one the peer asked for (DATA_BLOCKED, STREAM_DATA_BLOCKED) or a
-        // lost update sent again says nothing about how fast the application reads, and a
-        // peer repeating DATA_BLOCKED would otherwise double the window up to the cap while
-        // nothing is read (memory the peer fills on its own say-so).
-        if grow
-            && self.wants_update(consumed)
-            && let Some(last) = self.last_update
-            && now.saturating_duration_since(last) < rtt * 2
-            && self.window < self.cap
-        {
-            self.window = (self.window * 2).min(self.cap);
+    /// Moves the limit to `consumed + window` (`consumed`: all credit given back, reads and
+    /// what resets and stops released), auto-tuning first by what the application itself
+    /// has `read` (unless `grow` is false); returns the new limit.
+    pub fn update(
+        &mut self,
+        consumed: u64,
+        read: u64,
+        now: Instant,
+        rtt: Duration,
+        grow: bool,
+    ) -> u64 {
+        match self.mark {
+            None => self.mark = Some((now, read)),
+            Some((at, from)) if read.saturating_sub(from) >= self.window / 2 => {
+                if grow
+                    && now.saturating_duration_since(at) < rtt.min(MAX_GROWTH_RTT) * 2
+                    && self.window < self.cap
+                {
+                    self.window = (self.window * 2).min(self.cap);
+                }
+                self.mark = Some((now, read));
+            }
+            Some(_) => {}
         }
-        self.last_update = Some(now);
         self.max = self.max.max(consumed + self.window);
         self.max
     }
@@ -79,56 +96,58 @@ mod tests {
     #[test]
     fn grows_when_read_fast() {
         let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
         let rtt = Duration::from_millis(50);
         let mut w = RecvWindow::new(1000, 8000);
         assert!(!w.wants_update(400));
         assert!(w.wants_update(600));
-        assert_eq!(w.update(600, t0, rtt, true), 1600);
-        // Next update within 2 RTT: window doubles.
-        assert_eq!(
-            w.update(1200, t0 + Duration::from_millis(60), rtt, true),
-            3200
-        );
+        assert_eq!(w.update(600, 600, t0, rtt, true), 1600);
+        // The next half window read within 2 RTT: the window doubles.
+        assert_eq!(w.update(1200, 1200, ms(60), rtt, true), 3200);
         assert_eq!(w.window(), 2000);
-        // Slow reader: no growth.
-        assert_eq!(w.update(2000, t0 + Duration::from_secs(5), rtt, true), 4000);
+        // A slow reader: no growth.
+        assert_eq!(w.update(2200, 2200, ms(5000), rtt, true), 4200);
         assert_eq!(w.window(), 2000);
         // Updates the peer asks for (it says it is blocked), however often, while the
         // application reads nothing: no growth.
         for i in 0..10 {
-            w.update(
-                2000,
-                t0 + Duration::from_secs(5) + Duration::from_millis(i),
-                rtt,
-                true,
-            );
+            w.update(2200, 2200, ms(5001 + i), rtt, true);
         }
+        assert_eq!((w.window(), w.max()), (2000, 4200));
+        // Credit the peer gives back itself (a reset stream's final size) is not reading:
+        // the limit moves, the window does not grow.
+        w.update(3300, 2200, ms(5020), rtt, true);
+        w.update(4400, 2200, ms(5030), rtt, true);
+        assert_eq!((w.window(), w.max()), (2000, 6400));
+        // Nor does a slow reader whose last half window came just after an update the peer
+        // asked for: the time counts from the reader's last half window.
+        w.update(4400, 3200, ms(9000), rtt, true);
+        w.update(4400, 3200, ms(9950), rtt, true);
+        w.update(4400, 4200, ms(10_000), rtt, true);
         assert_eq!(w.window(), 2000);
-        assert_eq!(w.max(), 4000);
         // Half a window read within two round trips each time: it doubles up to the cap.
-        let mut consumed = 2000;
+        let mut read = 4200;
         for i in 1..=4 {
-            consumed = w.max() - w.window() / 2 + 1;
-            assert!(w.wants_update(consumed));
-            w.update(
-                consumed,
-                t0 + Duration::from_secs(5) + Duration::from_millis(10 + i),
-                rtt,
-                true,
-            );
+            read += w.window() / 2;
+            w.update(read, read, ms(10_000 + 10 * i), rtt, true);
         }
         assert_eq!(w.window(), 8000);
-        assert_eq!(w.max(), consumed + 8000);
+        assert_eq!(w.max(), read + 8000);
         // Under memory pressure: shrunk, and no growth however fast the reads.
         w.set_window(1000);
-        let t1 = t0 + Duration::from_secs(6);
         let granted = w.max();
-        assert_eq!(w.update(consumed + 10, t1, rtt, false), granted, "granted credit stays");
-        assert_eq!(w.update(granted, t1, rtt, false), granted + 1000);
+        let t1 = ms(20_000);
+        assert_eq!(w.update(read + 10, read + 10, t1, rtt, false), granted, "granted credit stays");
+        assert_eq!(w.update(granted, granted, t1, rtt, false), granted + 1000);
         assert_eq!(
-            w.update(granted + 600, t1 + Duration::from_millis(1), rtt, false),
+            w.update(granted + 600, granted + 600, ms(20_001), rtt, false),
             granted + 1600
         );
+        assert_eq!(w.window(), 1000);
+        // A round trip the peer inflated (its acknowledgments held back) counts 1 s at most.
+        let mut w = RecvWindow::new(1000, 8000);
+        w.update(600, 600, t0, Duration::from_secs(30), true);
+        w.update(1200, 1200, ms(2500), Duration::from_secs(30), true);
         assert_eq!(w.window(), 1000);
     }
 }

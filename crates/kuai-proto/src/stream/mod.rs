@@ -276,6 +276,9 @@ pub struct Streams {
     conn_window: RecvWindow,
     data_received: u64,
     data_consumed: u64,
+    /// What the application read of all streams: `data_consumed` without the credit resets
+    /// and stops gave back, for auto-tuning (see [`RecvWindow`]).
+    data_read: u64,
     /// Initial stream windows the peer gave us, for streams as they open.
     peer_stream_window_bidi_local: u64,
     peer_stream_window_bidi_remote: u64,
@@ -316,6 +319,7 @@ impl Streams {
             conn_window: RecvWindow::new(cfg.conn_window, cfg.conn_window_cap),
             data_received: 0,
             data_consumed: 0,
+            data_read: 0,
             peer_stream_window_bidi_local: 0,
             peer_stream_window_bidi_remote: 0,
             peer_stream_window_uni: 0,
@@ -694,6 +698,7 @@ impl Streams {
             self.recv_charge -= charge - s.asm.charge();
             let n = chunk.len() as u64;
             self.data_consumed += n;
+            self.data_read += n;
             if s.window.wants_update(s.asm.read_offset()) && s.final_size.is_none() {
                 push_unique(&mut self.pending.max_stream_data, id);
                 self.send_hint = true;
@@ -1271,9 +1276,13 @@ impl Streams {
                     let w = self.conn_window.window().min(PRESSURE_CONN_WINDOW);
                     self.conn_window.set_window(w);
                 }
-                let v =
-                    self.conn_window
-                        .update(self.data_consumed, now, rtt, !self.memory_pressure);
+                let v = self.conn_window.update(
+                    self.data_consumed,
+                    self.data_read,
+                    now,
+                    rtt,
+                    !self.memory_pressure,
+                );
                 buf.push(0x10);
                 buf.put_var(v);
                 sent.push(SentFrame::MaxData);
@@ -1296,9 +1305,10 @@ impl Streams {
                 let w = s.window.window().min(PRESSURE_STREAM_WINDOW);
                 s.window.set_window(w);
             }
+            let read = s.asm.read_offset();
             let v = s
                 .window
-                .update(s.asm.read_offset(), now, rtt, !self.memory_pressure);
+                .update(read, read, now, rtt, !self.memory_pressure);
             buf.push(0x11);
             buf.put_var(id.0);
             buf.put_var(v);
