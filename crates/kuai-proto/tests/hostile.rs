@@ -1213,7 +1213,9 @@ fn a_peer_that_never_acknowledges_cannot_grow_sent_packet_records() {
         most = most.max(h.server_conn().memory().unacked_packets);
     }
     assert!(!h.server_conn().is_closed());
-    assert!(most <= 32 * 1024, "{most} packet records kept");
+    // Four congestion windows of packets, 1,024 at least (the window stays small: nothing is
+    // acknowledged).
+    assert!(most <= 1024, "{most} packet records kept");
 }
 
 /// NEW_CONNECTION_ID (RFC 9000 §19.15).

@@ -616,10 +616,18 @@ impl Connection {
             // Set once by `update_timers` when the batch of datagrams is written.
             self.loss_timer_stale = true;
         }
-        if self.spaces[si].sent.span() > super::spaces::MAX_SENT_SPAN {
-            // A peer that acknowledges nothing: the oldest thousand records are given up.
+        // A peer that acknowledges nothing (while it keeps us acknowledging its packets):
+        // the records may span four congestion windows' worth of packets, 1,024 at least and
+        // 32 K at most; past that the oldest are given up (as lost, if in flight). A span of
+        // 32 K whatever the window let such a peer make each connection hold some 7 MB of
+        // records, mostly of our ACK-only packets.
+        let cwnd_packets = 4 * self.path.cc.window() / u64::from(self.path.mtu()).max(1);
+        let limit = usize::try_from(cwnd_packets)
+            .unwrap_or(usize::MAX)
+            .clamp(1024, super::spaces::MAX_SENT_SPAN);
+        if self.spaces[si].sent.span() > limit {
             let sent = &self.spaces[si].sent;
-            let end = sent.first_pn().unwrap_or(pn) + 1024;
+            let end = sent.first_pn().unwrap_or(pn) + (limit / 4) as u64;
             let old: Vec<u64> = sent.pns_below(end).collect();
             self.on_packets_lost(now, space, &old, "unacknowledged_too_long");
             self.loss_timer_stale = true;

@@ -49,8 +49,9 @@ pub struct PacketSpace {
 /// and their records can go (RFC 9000 §13.2.4).
 pub const ACK_ONLY_BEFORE_PING: u32 = 32;
 
-/// Most packet numbers the sent-packet records of a space span: older records are given up
-/// (as lost, if in flight), so a peer that never acknowledges cannot grow them without end.
+/// Most packet numbers the sent-packet records of a space span, whatever the congestion
+/// window (see the limit in `Connection::record_sent`): older records are given up (as lost, if
+/// in flight), so a peer that never acknowledges cannot grow them without end.
 pub const MAX_SENT_SPAN: usize = 32 * 1024;
 
 /// A packet declared lost: its number and how far the largest acknowledged number was past
