@@ -362,11 +362,18 @@ impl LoadBalancer {
 
     /// Forwards (and checks the backends) until the task is dropped.
     pub async fn run(self) -> io::Result<()> {
-        match self.0.config.health_interval {
-            Some(every) => {
+        // The checks on a task of their own: a flood that keeps the forwarding loop busy
+        // must not stop them (a backend dying under it kept getting new connections).
+        let checks = self
+            .0
+            .config
+            .health_interval
+            .map(|every| AbortOnDrop(tokio::spawn(health_checks(self.0.clone(), every))));
+        match checks {
+            Some(mut c) => {
                 tokio::select! {
                     r = self.forward() => r,
-                    r = health_checks(self.0.clone(), every) => r,
+                    r = &mut c.0 => r.unwrap_or_else(|e| Err(io::Error::other(e))),
                 }
             }
             None => self.forward().await,
@@ -379,7 +386,14 @@ impl LoadBalancer {
         let mut meta = vec![RecvMeta::default(); BATCH];
         loop {
             s.sock.readable().await?;
+            let mut batches = 0u32;
             loop {
+                // Non-blocking receives do not count against tokio's budget: let the other
+                // tasks on this thread (flows, the CLI's signals) run now and then.
+                batches += 1;
+                if batches.is_multiple_of(64) {
+                    tokio::task::yield_now().await;
+                }
                 let n = {
                     let mut iov: Vec<IoSliceMut<'_>> =
                         bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
@@ -768,6 +782,15 @@ async fn back_to_client(s: Arc<Shared>, flow: Arc<Flow>, client: SocketAddr) {
         .is_some_and(|f| Arc::ptr_eq(f, &flow))
     {
         st.flows.remove(&(client, flow.backend));
+    }
+}
+
+/// A task aborted when its handle goes (with the balancer's `run`).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 pub use flow::RecvWindow;
-pub use recv::{Assembler, PIECE_OVERHEAD, to_keep};
+pub use recv::{Assembler, to_keep};
 pub use send::SendBuffer;
 
 use crate::coding::BufMutExt;
