@@ -25,12 +25,14 @@
 //! bounded: only a datagram of at least 1200 bytes with a long header (a client's first
 //! Initial is padded to that, RFC 9000 §14.1) or one whose connection ID names a backend
 //! opens a flow; a flow the backend has not answered closes after
-//! [`LbConfig::unanswered_idle`]; a
-//! waiting flow holds a socket and a task but no buffer (buffers are lent while it reads);
-//! and only the backend's own datagrams keep a flow alive. When the flows are at their
-//! limit, a new one takes the place of the flow whose client has been quiet longest: spoofed
-//! sources, which send once and never hear the answer, go first, so a flood of them cannot
-//! lock real clients out.
+//! [`LbConfig::unanswered_idle`] without traffic; a waiting flow holds a socket and a task
+//! but no buffer (buffers are lent while it reads). A flow is confirmed once its client
+//! sends to the connection ID the backend chose in its answer, which a spoofed source never
+//! learns. When the flows are at their limit (or the local ports run out), a new one takes
+//! the place of a flow not confirmed, however often its source sends, or else of the
+//! confirmed flow whose client has been quiet longest, so a flood of spoofed sources cannot
+//! lock real clients out. The limit is at most the system's local port range (each flow's
+//! socket takes a port).
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
@@ -121,6 +123,12 @@ struct Flow {
     answered: AtomicBool,
     /// Milliseconds since the balancer started, at the client's last datagram.
     client_last: AtomicU64,
+    /// The connection ID the backend chose in its first long-header answer (its Initial's
+    /// or Retry's source ID): a client that sends to it has heard the answer.
+    backend_cid: std::sync::OnceLock<Box<[u8]>>,
+    /// The client sent to the ID the backend chose: it receives at its address, which a
+    /// spoofer does not (it never learns the ID). Flows not confirmed make room first.
+    confirmed: AtomicBool,
     /// Which flow of its key this is (see [`State::order`]).
     id: u64,
     /// Ended to make room for another: its task stops at once.
@@ -166,8 +174,11 @@ impl State {
             let Some(f) = self.flows.get(&key).filter(|f| f.id == id) else {
                 continue; // gone already
             };
+            // A client that spoke since gets a second chance, if it has shown it hears the
+            // backend at its address: a spoofer can keep sending, but not to the ID the
+            // backend chose.
             let spoke = f.client_last.load(Relaxed);
-            if spoke > queued {
+            if spoke > queued && f.confirmed.load(Relaxed) {
                 self.order.push_back((key, id, spoke));
                 continue;
             }
@@ -193,6 +204,9 @@ struct Shared {
     sock: UdpSocket,
     stats: UdpStats,
     config: LbConfig,
+    /// `config.max_flows`, or fewer when the system has fewer local ports for the flows'
+    /// sockets (see [`local_ports`]).
+    max_flows: usize,
     state: Mutex<State>,
     start: Instant,
     forwarded: AtomicU64,
@@ -328,9 +342,16 @@ impl LoadBalancer {
         config: LbConfig,
     ) -> io::Result<(Self, LbHandle)> {
         let sock = UdpSocket::bind(listen, SocketOptions::default())?;
+        let ports = local_ports();
+        let max_flows = config.max_flows.min(ports.unwrap_or(usize::MAX));
+        if max_flows < config.max_flows {
+            tracing::info!(target: "kuai::lb", flows = max_flows,
+                "flows capped by the local port range (net.ipv4.ip_local_port_range)");
+        }
         let shared = Arc::new(Shared {
             sock,
             stats: UdpStats::default(),
+            max_flows,
             config,
             state: Mutex::new(State {
                 backends: backends
@@ -469,6 +490,12 @@ impl LoadBalancer {
             let now = s.now_ms();
             f.last.store(now, Relaxed);
             f.client_last.store(now, Relaxed);
+            if !f.confirmed.load(Relaxed)
+                && let Some(cid) = f.backend_cid.get()
+                && dcid_is(datagram, cid)
+            {
+                f.confirmed.store(true, Relaxed);
+            }
             return Some(f.clone());
         }
         // A new flow: for a connection ID a backend issued (a migrated or rebound client),
@@ -477,11 +504,23 @@ impl LoadBalancer {
         if !opens {
             return None;
         }
-        if st.flows.len() >= s.config.max_flows && !st.evict_one() {
+        if st.flows.len() >= s.max_flows && !st.evict_one() {
             return None;
         }
         let sock = match flow_socket(backend) {
             Ok(sock) => Arc::new(sock),
+            // Out of local ports (or descriptors) below the flow cap: the table is as full
+            // as it gets, so a flow makes room as at the cap, and the socket is tried again.
+            Err(_) if st.evict_one() => match flow_socket(backend) {
+                Ok(sock) => Arc::new(sock),
+                Err(e) => {
+                    if s.may_warn() {
+                        tracing::warn!(target: "kuai::lb", %client, %backend, error = %e,
+                            "cannot open a flow socket");
+                    }
+                    return None;
+                }
+            },
             Err(e) => {
                 if s.may_warn() {
                     tracing::warn!(target: "kuai::lb", %client, %backend, error = %e,
@@ -499,6 +538,8 @@ impl LoadBalancer {
             last: AtomicU64::new(now),
             answered: AtomicBool::new(false),
             client_last: AtomicU64::new(now),
+            backend_cid: std::sync::OnceLock::new(),
+            confirmed: AtomicBool::new(false),
             id,
             evicted: tokio::sync::Notify::new(),
         });
@@ -507,6 +548,41 @@ impl LoadBalancer {
         st.compact_order();
         tokio::spawn(back_to_client(s.clone(), flow.clone(), client));
         Some(flow)
+    }
+}
+
+/// How many local ports the system hands out to sockets bound to port 0 (each flow takes
+/// one), less a reserve for everything else; `None` where unknown.
+fn local_ports() -> Option<usize> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut it = range.split_whitespace().map(|p| p.parse::<usize>().ok());
+    let (low, high) = (it.next()??, it.next()??);
+    Some(high.saturating_sub(low).saturating_sub(1024).max(1024))
+}
+
+/// The source connection ID of a long-header packet (RFC 8999 §5.1) other than Version
+/// Negotiation (which only echoes the client's).
+fn long_header_scid(d: &[u8]) -> Option<&[u8]> {
+    if d.first()? & 0x80 == 0 || d.get(1..5)? == [0, 0, 0, 0] {
+        return None;
+    }
+    let dcid_len = usize::from(*d.get(5)?);
+    let at = 6 + dcid_len;
+    let scid_len = usize::from(*d.get(at)?);
+    d.get(at + 1..at + 1 + scid_len).filter(|c| !c.is_empty())
+}
+
+/// Whether a client's datagram is sent to `cid` (its destination connection ID, long or
+/// short header).
+fn dcid_is(d: &[u8], cid: &[u8]) -> bool {
+    let Some(&first) = d.first() else {
+        return false;
+    };
+    if first & 0x80 != 0 {
+        d.get(5).is_some_and(|&l| usize::from(l) == cid.len())
+            && d.get(6..6 + cid.len()) == Some(cid)
+    } else {
+        d.get(1..1 + cid.len()) == Some(cid)
     }
 }
 
@@ -761,6 +837,11 @@ async fn back_to_client(s: Arc<Shared>, flow: Arc<Flow>, client: SocketAddr) {
                 }
                 flow.answered.store(true, Relaxed);
                 flow.last.store(s.now_ms(), Relaxed);
+                if flow.backend_cid.get().is_none()
+                    && let Some(cid) = long_header_scid(&buf[..m.len])
+                {
+                    let _ = flow.backend_cid.set(cid.into());
+                }
                 let ecn = m.ecn.map(|e| e as u8);
                 send(
                     &s.sock,

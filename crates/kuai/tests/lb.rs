@@ -420,6 +420,57 @@ async fn a_flood_of_one_datagram_flows_does_not_lock_clients_out() {
     assert!(f.handle.flows() <= MAX);
 }
 
+/// The same flood, but the spoofed sources keep sending (a few bytes every 10 ms): they never
+/// send to the connection ID the backend chose (they do not hear the answer), so their
+/// flows make room first however often they speak, and a new client gets through. (Any
+/// client datagram used to earn a flow a second chance; this test passed then too, the
+/// eviction scan coming round to flows it had just requeued, so it guards the behaviour
+/// rather than showing the change.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spoofed_flows_that_keep_sending_do_not_lock_clients_out() {
+    // More than one eviction scan looks at (64), so that a scan cannot come round to a flow
+    // it already gave a second chance.
+    const MAX: usize = 100;
+    let f = fleet_on(localhost(), Duration::from_secs(1), |c| {
+        c.max_flows = MAX;
+        c.unanswered_idle = Duration::from_secs(30);
+    })
+    .await;
+    let mut spoofed = Vec::new();
+    // As many as the table holds, so that none needs another's place.
+    for _ in 0..MAX {
+        spoofed.push(tokio::net::UdpSocket::bind(localhost()).await.unwrap());
+    }
+    let lb = f.lb;
+    let flood = tokio::spawn(async move {
+        let mut long = vec![0u8; 1200];
+        long[0] = 0xc0;
+        long[1..5].copy_from_slice(&1u32.to_be_bytes());
+        long[5] = 8;
+        for (i, raw) in spoofed.iter().enumerate() {
+            long[6..8].copy_from_slice(&(i as u16).to_be_bytes());
+            let _ = raw.send_to(&long, lb).await;
+        }
+        // Then a few bytes each every 10 ms, faster than a client's datagrams come: bounded,
+        // 10 s at most.
+        for _ in 0..1000 {
+            for (i, raw) in spoofed.iter().enumerate() {
+                long[6..8].copy_from_slice(&(i as u16).to_be_bytes());
+                let _ = raw.send_to(&long[..20], lb).await;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(f.handle.flows(), MAX, "the table is full");
+    let client = Endpoint::client(localhost()).unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(5), connect(&client, &f))
+        .await
+        .expect("a new client gets through");
+    assert_eq!(fetch(&c, 10_000).await, 10_000);
+    flood.abort();
+}
+
 /// One server with two workers behind the balancer, its worker bits in the QUIC-LB server
 /// ID (worker 0 is server 1, worker 1 server 2, both at one address): connections spread
 /// over both workers, and a client that moves six times mid-transfer (each time landing
