@@ -55,6 +55,10 @@ const FLOW_BATCH: usize = 8;
 const BUF: usize = 64 * 1024;
 /// Buffer sets kept for flows between reads (more are made while more flows read at once).
 const POOL_KEEP: usize = 16;
+/// Buffer sets lent at once (128 MiB): a flow whose send waits (the balancer's socket full,
+/// its uplink saturated) keeps its set meanwhile, and tens of thousands of flows each
+/// holding one would have taken gigabytes; past this, flows wait before they read.
+const MAX_BUF_SETS: usize = 256;
 /// The smallest datagram that opens a flow without naming a backend in its connection ID:
 /// a client's first datagram carries an Initial, which fills 1200 bytes (RFC 9000 §14.1).
 pub const MIN_OPENING_DATAGRAM: usize = 1200;
@@ -213,6 +217,11 @@ struct Shared {
     unroutable: AtomicU64,
     /// Receive buffers lent to flows while they read.
     pool: Mutex<Vec<Vec<Vec<u8>>>>,
+    /// Buffer sets that may be lent at once ([`MAX_BUF_SETS`]).
+    sets: tokio::sync::Semaphore,
+    /// The key of the rendezvous hash that places new connections: random, so that no one
+    /// can pick connection IDs that all land on one backend.
+    hash_key: std::collections::hash_map::RandomState,
     /// When a warning was last logged (milliseconds since start, plus one), so a flood of
     /// failures logs one line a second.
     warned: AtomicU64,
@@ -371,6 +380,8 @@ impl LoadBalancer {
             forwarded: AtomicU64::new(0),
             unroutable: AtomicU64::new(0),
             pool: Mutex::new(Vec::new()),
+            sets: tokio::sync::Semaphore::new(MAX_BUF_SETS),
+            hash_key: std::collections::hash_map::RandomState::new(),
             warned: AtomicU64::new(0),
         });
         Ok((Self(shared.clone()), LbHandle(shared)))
@@ -485,7 +496,7 @@ impl LoadBalancer {
         let s = &self.0;
         // One lock per datagram: the route and the flow under it.
         let mut st = lock(&s.state);
-        let (backend, by_id) = route(&s.config, &st.backends, datagram)?;
+        let (backend, by_id) = route(&s.config, &s.hash_key, &st.backends, datagram)?;
         if let Some(f) = st.flows.get(&(client, backend)) {
             let now = s.now_ms();
             f.last.store(now, Relaxed);
@@ -500,6 +511,9 @@ impl LoadBalancer {
         }
         // A new flow: for a connection ID a backend issued (a migrated or rebound client),
         // or what can be a client's first datagram.
+        // By ID: no shorter than a packet with that ID can be (a header-protection sample
+        // after a 4-byte packet number field: 1 + ID + 4 + 16 bytes, RFC 9001 §5.4.2).
+        let by_id = by_id && datagram.len() > s.config.cid_len + 20;
         let opens = by_id || (datagram[0] & 0x80 != 0 && datagram.len() >= MIN_OPENING_DATAGRAM);
         if !opens {
             return None;
@@ -602,8 +616,26 @@ fn flow_socket(backend: SocketAddr) -> io::Result<UdpSocket> {
 /// The backend for a datagram, and whether its destination connection ID named it: by the
 /// server ID in that ID, else by a rendezvous hash of the ID over the backends taking
 /// connections.
-fn route(config: &LbConfig, backends: &[BackendInfo], d: &[u8]) -> Option<(SocketAddr, bool)> {
+fn route(
+    config: &LbConfig,
+    key: &std::collections::hash_map::RandomState,
+    backends: &[BackendInfo],
+    d: &[u8],
+) -> Option<(SocketAddr, bool)> {
+    use std::hash::BuildHasher;
     let first = *d.first()?;
+    // A client's Initial or 0-RTT packet carries an ID of its own choosing (random), which
+    // may decode to a server ID by chance: followed to a backend that is down, it would
+    // miss the health checks (a Retry's ID is the backend's, and it is up).
+    let new_connection = first & 0x80 != 0
+        && match d
+            .get(1..5)
+            .map(|v| u32::from_be_bytes([v[0], v[1], v[2], v[3]]))
+        {
+            Some(0x0000_0001) => matches!((first >> 4) & 3, 0 | 1),
+            Some(0x6b33_43cf) => matches!((first >> 4) & 3, 1 | 2),
+            _ => false,
+        };
     let dcid = if first & 0x80 != 0 {
         // Long header (RFC 8999 §5.1): version (4), DCID length (1), DCID.
         let len = usize::from(*d.get(5)?);
@@ -620,7 +652,9 @@ fn route(config: &LbConfig, backends: &[BackendInfo], d: &[u8]) -> Option<(Socke
         d.get(1..1 + len)?
     };
     if let Some(sid) = config.decoder.server_id(dcid)
-        && let Some(b) = backends.iter().find(|b| b.server_id == sid)
+        && let Some(b) = backends
+            .iter()
+            .find(|b| b.server_id == sid && (b.up || !new_connection))
     {
         return Some((b.addr, true));
     }
@@ -631,7 +665,7 @@ fn route(config: &LbConfig, backends: &[BackendInfo], d: &[u8]) -> Option<(Socke
         .iter()
         .filter(|b| !b.draining && (b.up || !any_up))
         .max_by_key(|b| {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
+            let mut h = key.build_hasher();
             dcid.hash(&mut h);
             b.server_id.hash(&mut h);
             h.finish()
@@ -816,6 +850,9 @@ async fn back_to_client(s: Arc<Shared>, flow: Arc<Flow>, client: SocketAddr) {
             () = flow.evicted.notified() => return,
         }
         // Buffers only while there is something to read.
+        let Ok(_set) = s.sets.acquire().await else {
+            return;
+        };
         let mut bufs = s.take_bufs();
         loop {
             let n = {
@@ -907,13 +944,39 @@ mod tests {
                 d.extend_from_slice(&cid);
                 d.extend_from_slice(&[0xaa; 30]);
                 assert_eq!(
-                    route(&config, &backends, &d),
+                    route(&config, &Default::default(), &backends, &d),
                     Some((([127, 0, 0, 1], 1000 + u16::from(sid)).into(), true)),
                     "codepoint {} server {sid}",
                     cid[0] >> 5
                 );
             }
         }
+    }
+
+    /// A client's Initial whose random connection ID decodes to the server ID of a backend
+    /// that is down goes by the hash to one that is up; a short header (an established
+    /// connection) still goes to its server.
+    #[test]
+    fn an_initial_naming_a_backend_that_is_down_by_chance_goes_elsewhere() {
+        let cfg = QuicLbConfig::new(0, 1, 6, None).unwrap();
+        let mut decoder = QuicLbDecoder::new();
+        decoder.add(cfg.clone());
+        let config = LbConfig::new(decoder, cfg.cid_len());
+        let mut backends: Vec<BackendInfo> =
+            (1..=3).map(|i| backend(i, 1000 + u16::from(i))).collect();
+        backends[0].up = false;
+        let cid = cfg.encode(&[1], &[9; 6]).unwrap();
+        let down: SocketAddr = ([127, 0, 0, 1], 1001).into();
+        let mut initial = vec![0xc0, 0, 0, 0, 1, cid.len() as u8];
+        initial.extend_from_slice(&cid);
+        initial.resize(1200, 0);
+        let key = Default::default();
+        let (to, by_id) = route(&config, &key, &backends, &initial).unwrap();
+        assert!(to != down && !by_id, "{to}");
+        let mut short = vec![0x40];
+        short.extend_from_slice(&cid);
+        short.extend_from_slice(&[0xaa; 30]);
+        assert_eq!(route(&config, &key, &backends, &short), Some((down, true)));
     }
 
     /// A backend re-added at an address whose probes go unanswered stays out of new

@@ -367,11 +367,21 @@ async fn only_what_can_begin_a_connection_opens_a_flow() {
     raw.send_to(&long, f.lb).await.unwrap();
     flows_soon(1).await;
     flows_soon(0).await;
-    // An ID server 1 issued opens a flow from a new address (a rebound client's).
+    // An ID server 1 issued opens a flow from a new address (a rebound client's), in a
+    // datagram as long as a packet with that ID can be (a header-protection sample after
+    // the packet number), not shorter.
     let cid = lb_config().encode(&[1], &[9; 6]).unwrap();
     let mut d = vec![0x40u8];
     d.extend_from_slice(&cid);
-    d.extend_from_slice(&[0; 10]);
+    d.extend_from_slice(&[0; 19]);
+    raw.send_to(&d, f.lb).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        f.handle.flows(),
+        0,
+        "a datagram too short for a packet opened a flow"
+    );
+    d.push(0);
     raw.send_to(&d, f.lb).await.unwrap();
     flows_soon(1).await;
     flows_soon(0).await;
