@@ -257,6 +257,18 @@ impl Shared {
     }
 }
 
+/// Whether a datagram's source can be a client at all.
+fn plausible_client(a: SocketAddr) -> bool {
+    use std::net::IpAddr;
+    a.port() != 0
+        && !a.ip().is_unspecified()
+        && !a.ip().is_multicast()
+        && match a.ip() {
+            IpAddr::V4(v4) => !v4.is_broadcast(),
+            IpAddr::V6(_) => true,
+        }
+}
+
 /// `a` with an IPv4-mapped IPv6 address written as IPv4, as a dual-stack socket reports
 /// IPv4 peers.
 fn canonical(a: SocketAddr) -> SocketAddr {
@@ -453,6 +465,17 @@ impl LoadBalancer {
     /// datagrams going to one backend.
     async fn forward_client(&self, m: &RecvMeta, data: &[u8]) {
         let s = &self.0;
+        // No client sends from port 0, a multicast, broadcast or unspecified address, a
+        // backend's address or the balancer's own: such a source (spoofed) would have the
+        // balancer send the backend's answers to a backend or to itself.
+        let from = canonical(m.addr);
+        if !plausible_client(from) || from == canonical(s.sock.local_addr()) || {
+            let st = lock(&s.state);
+            st.backends.iter().any(|b| b.addr == from)
+        } {
+            s.unroutable.fetch_add(1, Relaxed);
+            return;
+        }
         let stride = m.stride.max(1);
         let ecn = m.ecn.map(|e| e as u8);
         let mut start = 0;
@@ -950,6 +973,23 @@ mod tests {
                     cid[0] >> 5
                 );
             }
+        }
+    }
+
+    #[test]
+    fn sources_no_client_sends_from() {
+        for bad in [
+            "0.0.0.0:443",
+            "10.0.0.1:0",
+            "255.255.255.255:443",
+            "224.0.0.1:443",
+            "[::]:443",
+            "[ff02::1]:443",
+        ] {
+            assert!(!plausible_client(bad.parse().unwrap()), "{bad}");
+        }
+        for good in ["10.0.0.1:50000", "[2001:db8::1]:443", "127.0.0.1:1"] {
+            assert!(plausible_client(good.parse().unwrap()), "{good}");
         }
     }
 
