@@ -490,6 +490,11 @@ pub(crate) async fn start(
     tokio::spawn(async move { accept_uni(s).await });
     if shared.config.h3_datagram {
         tokio::spawn(crate::datagram::demux(shared.clone()));
+    } else {
+        // HTTP datagrams not offered, QUIC's may still be: what a peer sends anyway is read
+        // and dropped, not left in the connection's queue (and its memory budget) for good.
+        let s = shared.clone();
+        tokio::spawn(async move { while s.quic.read_datagram().await.is_ok() {} });
     }
     Ok(shared)
 }

@@ -257,6 +257,14 @@ impl Shared {
     }
 }
 
+/// Whether a socket could not be opened for want of local ports or descriptors.
+fn out_of_sockets(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::AddrInUse | io::ErrorKind::AddrNotAvailable
+    ) || matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
 /// Whether a datagram's source can be a client at all.
 fn plausible_client(a: SocketAddr) -> bool {
     use std::net::IpAddr;
@@ -547,17 +555,16 @@ impl LoadBalancer {
         let sock = match flow_socket(backend) {
             Ok(sock) => Arc::new(sock),
             // Out of local ports (or descriptors) below the flow cap: the table is as full
-            // as it gets, so a flow makes room as at the cap, and the socket is tried again.
-            Err(_) if st.evict_one() => match flow_socket(backend) {
-                Ok(sock) => Arc::new(sock),
-                Err(e) => {
-                    if s.may_warn() {
-                        tracing::warn!(target: "kuai::lb", %client, %backend, error = %e,
-                            "cannot open a flow socket");
-                    }
-                    return None;
+            // as it gets, so a flow makes room as at the cap (its socket closes once its
+            // task sees it go) for the client's next datagram; this one is dropped.
+            Err(e) if out_of_sockets(&e) => {
+                st.evict_one();
+                if s.may_warn() {
+                    tracing::warn!(target: "kuai::lb", %client, %backend, error = %e,
+                        "out of flow sockets below the flow cap: a flow made room");
                 }
-            },
+                return None;
+            }
             Err(e) => {
                 if s.may_warn() {
                     tracing::warn!(target: "kuai::lb", %client, %backend, error = %e,
@@ -576,7 +583,11 @@ impl LoadBalancer {
             answered: AtomicBool::new(false),
             client_last: AtomicU64::new(now),
             backend_cid: std::sync::OnceLock::new(),
-            confirmed: AtomicBool::new(false),
+            // A flow opened by a connection ID (a client that moved, or whose flow idled
+            // out) never sees a long-header answer to confirm it by: it keeps the second
+            // chance its activity earns. (A forged ID can open one too: with an encrypted
+            // QUIC-LB configuration only the attacker's own connections' IDs.)
+            confirmed: AtomicBool::new(by_id),
             id,
             evicted: tokio::sync::Notify::new(),
         });
@@ -648,8 +659,10 @@ fn route(
     use std::hash::BuildHasher;
     let first = *d.first()?;
     // A client's Initial or 0-RTT packet carries an ID of its own choosing (random), which
-    // may decode to a server ID by chance: followed to a backend that is down, it would
-    // miss the health checks (a Retry's ID is the backend's, and it is up).
+    // may decode to a server ID by chance: followed to a backend that is down or draining,
+    // it would miss the health checks and the drain (a Retry's ID is the backend's, which
+    // is up; a handshake after a draining backend's Retry goes by the hash to a backend
+    // that shares its token keys).
     let new_connection = first & 0x80 != 0
         && match d
             .get(1..5)
@@ -677,7 +690,7 @@ fn route(
     if let Some(sid) = config.decoder.server_id(dcid)
         && let Some(b) = backends
             .iter()
-            .find(|b| b.server_id == sid && (b.up || !new_connection))
+            .find(|b| b.server_id == sid && ((b.up && !b.draining) || !new_connection))
     {
         return Some((b.addr, true));
     }

@@ -617,20 +617,30 @@ impl Connection {
             self.loss_timer_stale = true;
         }
         // A peer that acknowledges nothing (while it keeps us acknowledging its packets):
-        // the records may span four congestion windows' worth of packets, 1,024 at least and
-        // 32 K at most; past that the oldest are given up (as lost, if in flight). A span of
-        // 32 K whatever the window let such a peer make each connection hold some 7 MB of
-        // records, mostly of our ACK-only packets.
+        // past four congestion windows' worth of packets (1,024 at least) the records older
+        // than three probe timeouts are given up (as lost, if in flight), and past 32 K any.
+        // A span of 32 K whatever the window let such a peer make each connection hold some
+        // 7 MB of records, mostly of our ACK-only packets; the age spares a receiver that
+        // sends tens of thousands of ACKs a round trip to a peer that does acknowledge.
         let cwnd_packets = 4 * self.path.cc.window() / u64::from(self.path.mtu()).max(1);
         let limit = usize::try_from(cwnd_packets)
             .unwrap_or(usize::MAX)
             .clamp(1024, super::spaces::MAX_SENT_SPAN);
-        if self.spaces[si].sent.span() > limit {
+        let span = self.spaces[si].sent.span();
+        if span > limit {
+            let hard = span > super::spaces::MAX_SENT_SPAN;
+            let aged = now.checked_sub(self.pto_duration(space) * 3);
             let sent = &self.spaces[si].sent;
             let end = sent.first_pn().unwrap_or(pn) + (limit / 4) as u64;
-            let old: Vec<u64> = sent.pns_below(end).collect();
-            self.on_packets_lost(now, space, &old, "unacknowledged_too_long");
-            self.loss_timer_stale = true;
+            let old: Vec<u64> = sent
+                .iter()
+                .take_while(|(p, r)| *p < end && (hard || aged.is_some_and(|t| r.time_sent <= t)))
+                .map(|(p, _)| p)
+                .collect();
+            if !old.is_empty() {
+                self.on_packets_lost(now, space, &old, "unacknowledged_too_long");
+                self.loss_timer_stale = true;
+            }
         }
     }
 
