@@ -1449,11 +1449,15 @@ fn a_later_initial_in_a_short_datagram_is_dropped() {
     );
 }
 
-/// A packet that waited for its keys is counted once: the client received the server's
-/// Handshake datagram before the Initial that brings the keys, and its statistics (and, on
-/// a server, the anti-amplification budget) count each datagram once.
-#[test]
-fn a_packet_buffered_for_its_keys_is_counted_once() {
+/// A client that has sent its Initial, the server's first flight (its datagrams, not yet
+/// delivered), and the server's address.
+fn first_flight_pending() -> (
+    Instant,
+    Endpoint,
+    kuai_proto::ConnectionHandle,
+    Vec<Vec<u8>>,
+    SocketAddr,
+) {
     let certs = support::certs();
     let now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
@@ -1469,6 +1473,15 @@ fn a_packet_buffered_for_its_keys_is_counted_once() {
     while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
         flight.push(buf[..t.size].to_vec());
     }
+    (now, client, ch, flight, saddr)
+}
+
+/// A packet that waited for its keys is counted once: the client received the server's
+/// Handshake datagram before the Initial that brings the keys, and its statistics (and, on
+/// a server, the anti-amplification budget) count each datagram once.
+#[test]
+fn a_packet_buffered_for_its_keys_is_counted_once() {
+    let (now, mut client, ch, flight, saddr) = first_flight_pending();
     // The server's first datagram holds its Initial and a Handshake packet: the Handshake
     // packet comes first, on its own, then the Initial.
     let first = BytesMut::from(&flight[0][..]);
@@ -1494,19 +1507,8 @@ fn a_packet_buffered_for_its_keys_is_counted_once() {
 #[test]
 fn packets_waiting_for_keys_are_bounded_in_bytes() {
     use kuai_proto::VarInt;
-    let certs = support::certs();
-    let now = Instant::now();
-    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
-    let caddr: SocketAddr = "127.0.0.1:5000".parse().unwrap();
-    let scfg = support::server_config(&certs, TransportConfig::default());
-    let mut server = server_endpoint(now, scfg);
-    let ccfg = support::client_config(&certs, TransportConfig::default());
-    let mut client = client_endpoint(now, 2);
-    let ch = client.connect(now, &ccfg, saddr, "localhost").unwrap();
-    pump(now, &mut client, caddr, &mut server);
-    let mut buf = Vec::new();
-    let t = server.poll_transmit(now, 1, &mut buf).unwrap();
-    let (dcid, scid) = long_header_cids(&buf[..t.size]);
+    let (now, mut client, ch, flight, saddr) = first_flight_pending();
+    let (dcid, scid) = long_header_cids(&flight[0]);
     let before = client.connection(ch).unwrap().memory().receive;
     for i in 0..8u8 {
         // Long header, Handshake, 4-byte packet number; version 1.

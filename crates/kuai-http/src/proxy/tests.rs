@@ -172,8 +172,21 @@ impl Gateway {
         Self::start_with(proxy, None).await
     }
 
+    /// With the server's limits set.
+    async fn start_limited(proxy: Proxy, limits: crate::server::Limits) -> Self {
+        Self::serve(proxy, None, Some(limits)).await
+    }
+
     /// With statistics: the endpoint's subscriber and the server's request counts.
     async fn start_with(proxy: Proxy, metrics: Option<Arc<crate::metrics::Metrics>>) -> Self {
+        Self::serve(proxy, metrics, None).await
+    }
+
+    async fn serve(
+        proxy: Proxy,
+        metrics: Option<Arc<crate::metrics::Metrics>>,
+        limits: Option<crate::server::Limits>,
+    ) -> Self {
         let (cert, tls) = identity();
         let mut ep = kuai::Endpoint::builder();
         if let Some(m) = &metrics {
@@ -186,6 +199,9 @@ impl Gateway {
         let mut server = Server::new(proxy);
         if let Some(m) = metrics {
             server = server.metrics(m);
+        }
+        if let Some(l) = limits {
+            server = server.limits(l);
         }
         tokio::spawn(server.serve(listener));
         Self {
@@ -787,22 +803,7 @@ async fn websockets_go_through_on_every_protocol() {
     }
 
     // HTTP/2: hyper's client, extended CONNECT, the stream upgraded.
-    let mut h2 =
-        crate::server::tests::Sender::connect(gw.addr, &gw.cert, crate::server::ALPN_H2).await;
-    let mut req = Request::builder()
-        .method(Method::CONNECT)
-        .uri(format!("https://localhost:{}/ws?h2", gw.port))
-        .header("sec-websocket-version", "13")
-        .body(crate::server::tests::empty())
-        .unwrap();
-    req.extensions_mut()
-        .insert(hyper::ext::Protocol::from_static("websocket"));
-    let resp = h2.send(req).await;
-    assert_eq!(resp.status(), 200);
-    let up = hyper::upgrade::on(resp).await.unwrap();
-    let ws =
-        tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(up), Role::Client, None)
-            .await;
+    let ws = h2_websocket(gw.addr, &gw.cert, "/ws?h2").await;
     echo_over(ws, "HTTP/2").await;
 
     // HTTP/1.1: tungstenite's own client handshake over TLS.
@@ -1606,6 +1607,28 @@ async fn h3_websocket(
     ((conn, client), stream, resp)
 }
 
+/// An HTTP/2 extended CONNECT (RFC 8441) for a WebSocket to `path` at `addr`, upgraded.
+async fn h2_websocket(
+    addr: SocketAddr,
+    cert: &rustls::pki_types::CertificateDer<'static>,
+    path: &str,
+) -> tokio_tungstenite::WebSocketStream<TokioIo<hyper::upgrade::Upgraded>> {
+    use tokio_tungstenite::tungstenite::protocol::Role;
+    let mut h2 = crate::server::tests::Sender::connect(addr, cert, crate::server::ALPN_H2).await;
+    let mut req = Request::builder()
+        .method(Method::CONNECT)
+        .uri(format!("https://localhost:{}{path}", addr.port()))
+        .header("sec-websocket-version", "13")
+        .body(crate::server::tests::empty())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let resp = h2.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let up = hyper::upgrade::on(resp).await.unwrap();
+    tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(up), Role::Client, None).await
+}
+
 /// An HTTP/3 WebSocket tunnel that idles past the response timeout is closed on both
 /// sides: the client's response stream ends too (it stayed open for the connection's life).
 /// A backend that answers an extended CONNECT with a 2xx of its own (no 101) has not
@@ -1723,35 +1746,15 @@ async fn a_backend_gets_no_more_than_its_most_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_websocket_outlives_the_connections_idle_timeout() {
     use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::{Message, protocol::Role};
+    use tokio_tungstenite::tungstenite::Message;
     let (b, _) = websocket_backend().await;
-    let (cert, tls) = identity();
-    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
     let idle_timeout = Duration::from_millis(300);
-    let server =
-        Server::new(proxy_to(&[(b, false)]).build().unwrap()).limits(crate::server::Limits {
-            idle_timeout,
-            ..Default::default()
-        });
-    tokio::spawn(server.serve(listener));
-    let mut h2 = crate::server::tests::Sender::connect(addr, &cert, crate::server::ALPN_H2).await;
-    let mut req = Request::builder()
-        .method(Method::CONNECT)
-        .uri(format!("https://localhost:{}/ws", addr.port()))
-        .header("sec-websocket-version", "13")
-        .body(crate::server::tests::empty())
-        .unwrap();
-    req.extensions_mut()
-        .insert(hyper::ext::Protocol::from_static("websocket"));
-    let resp = h2.send(req).await;
-    assert_eq!(resp.status(), 200);
-    let up = hyper::upgrade::on(resp).await.unwrap();
-    let mut ws =
-        tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(up), Role::Client, None)
-            .await;
+    let limits = crate::server::Limits {
+        idle_timeout,
+        ..Default::default()
+    };
+    let gw = Gateway::start_limited(proxy_to(&[(b, false)]).build().unwrap(), limits).await;
+    let mut ws = h2_websocket(gw.addr, &gw.cert, "/ws").await;
     // Past the idle timeout and the 5 s an idle connection's GOAWAY gives its streams, a
     // message every half an idle timeout.
     for i in 0..40 {
