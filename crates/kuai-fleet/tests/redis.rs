@@ -59,6 +59,19 @@ fn start(args: &[&str], port: u16) -> Redis {
     Redis(child)
 }
 
+/// A member whose first-use records last `window` (and whose 0-RTT pauses that long after a
+/// Redis restart).
+fn with_replay_window(url: &str, window: Duration) -> Fleet {
+    Fleet::start(
+        url,
+        FleetOptions {
+            replay_window: window,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 /// Two members of one fleet: the same keys, a session one issues is the other's replica,
 /// its first use is recorded once.
 async fn two_members(url: &str, ca: Option<Vec<u8>>) {
@@ -246,14 +259,7 @@ async fn with_redis_away_no_session_resumes() {
     let url = format!("redis://127.0.0.1:{port}");
     // Longer than the session reader may take to find Redis back (it reads every 2 s).
     let window = Duration::from_secs(5);
-    let a = Fleet::start(
-        &url,
-        FleetOptions {
-            replay_window: window,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let a = with_replay_window(&url, window);
     a.sessions().put(b"own-1".to_vec(), b"session".to_vec());
     let deadline = Instant::now() + Duration::from_secs(5);
     while !a.is_redis_up() {
@@ -438,14 +444,7 @@ async fn a_restarted_redis_refuses_0rtt_for_a_replay_window() {
     let redis = start(&args, port);
     let url = format!("redis://127.0.0.1:{port}");
     let window = Duration::from_secs(3);
-    let a = Fleet::start(
-        &url,
-        FleetOptions {
-            replay_window: window,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let a = with_replay_window(&url, window);
     let guard = a.anti_replay();
     assert!(guard.first_use(b"ticket-1").await.unwrap());
     // Every client connection dropped by Redis: a new one to the same Redis.
