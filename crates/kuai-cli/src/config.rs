@@ -49,6 +49,10 @@ pub struct LimitsFile {
     /// Bytes the TCP connections may be granted together (HTTP/2 windows, response
     /// buffers); past it new ones get small windows.
     tcp_memory_budget: Option<u64>,
+    /// Bytes the QUIC connections may hold on their peers' behalf (kuai_proto's
+    /// `MemoryBudget`): past it windows shrink, past one and a half times it the
+    /// connections holding most are closed.
+    quic_memory_budget: Option<u64>,
 }
 
 /// `[[host]]`: a site.
@@ -161,6 +165,11 @@ impl File {
             }
         }
         Ok(())
+    }
+
+    /// The QUIC endpoint's memory budget, if the file sets one.
+    pub fn quic_memory_budget(&self) -> Option<u64> {
+        self.limits.quic_memory_budget
     }
 
     /// `base` with the file's limits over it.
@@ -360,6 +369,7 @@ mod tests {
             idle_timeout = "30s"
             max_body = 1000
             tcp_memory_budget = 268435456
+            quic_memory_budget = 536870912
             [[host]]
             names = ["a.example", "*.a.example"]
             [[host.route]]
@@ -378,6 +388,7 @@ mod tests {
         assert_eq!(l.idle_timeout, std::time::Duration::from_secs(30));
         assert_eq!(l.max_request_body, Some(1000));
         assert_eq!(l.tcp_memory_budget, 256 << 20);
+        assert_eq!(f.quic_memory_budget(), Some(512 << 20));
         for (bad, why) in [
             ("[[host]]\nnames = [\"a\"]\nroutes = []", "unknown field"),
             (

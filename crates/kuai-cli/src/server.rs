@@ -521,6 +521,9 @@ async fn serve(args: Args) -> Result<(), String> {
     if let Some(k) = &reset_key {
         ec.proto.reset_key = *k;
     }
+    if let Some(b) = file.as_ref().and_then(|f| f.quic_memory_budget()) {
+        ec.proto.memory_budget = kuai_proto::MemoryBudget::new(b);
+    }
     builder = builder.endpoint_config(ec);
     if let Some(d) = &args.qlog_dir {
         builder = builder.qlog_dir(d);

@@ -227,6 +227,7 @@ struct Quic {
     resets: AtomicU64,
     refused: AtomicU64,
     replays_refused: AtomicU64,
+    closed_over_budget: AtomicU64,
     invalid_tokens: AtomicU64,
     dropped: ByReason,
     packets_dropped: ByReason,
@@ -319,6 +320,7 @@ impl Metrics {
                 resets: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
                 replays_refused: AtomicU64::new(0),
+                closed_over_budget: AtomicU64::new(0),
                 invalid_tokens: AtomicU64::new(0),
                 dropped: ByReason::default(),
                 packets_dropped: ByReason::default(),
@@ -465,6 +467,11 @@ impl Metrics {
                 "kuai_quic_zero_rtt_replays_refused_total",
                 "Connections refused because their 0-RTT ticket had been used before (a fleet's replay guard).",
                 &q.replays_refused,
+            ),
+            (
+                "kuai_quic_connections_closed_over_budget_total",
+                "Connections closed because the memory budget was past its hard limit and they held more than their share.",
+                &q.closed_over_budget,
             ),
             (
                 "kuai_quic_invalid_tokens_total",
@@ -762,6 +769,9 @@ impl Subscriber for MetricsSubscriber {
                 q.replays_refused.fetch_add(1, Relaxed)
             }
             EndpointTraceEvent::InvalidToken { .. } => q.invalid_tokens.fetch_add(1, Relaxed),
+            EndpointTraceEvent::ClosedOverBudget { .. } => {
+                q.closed_over_budget.fetch_add(1, Relaxed)
+            }
             EndpointTraceEvent::DatagramDropped { reason, .. } => {
                 q.dropped.add(drop_name(*reason));
                 0

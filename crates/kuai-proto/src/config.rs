@@ -370,23 +370,41 @@ pub type CidGeneratorFactory = Arc<dyn Fn() -> Box<dyn ConnectionIdGenerator> + 
 /// Past the limit every connection advertises small receive windows (64 KiB a stream,
 /// 256 KiB a connection) and buffers at most 256 KiB of send data, until the total falls
 /// below the limit again: peers send more slowly instead of the process growing. Connections
-/// accepted meanwhile start with those windows. It is a soft limit: credit already granted is
-/// never taken back.
+/// accepted meanwhile start with those windows, and take no 0-RTT.
+///
+/// Credit already granted cannot be taken back (RFC 9000 §4), and together it can be far
+/// more than the limit (every connection starts with its initial windows). So past the
+/// [hard limit](Self::hard_limit), by default one and a half times the limit, a connection
+/// found holding more received data than its [share](Self::share) (the limit divided among
+/// the connections) when it receives or is used is closed with INTERNAL_ERROR and what it
+/// held is released: the connections that fill their windows and leave them unread go,
+/// those that hold little stay.
 #[derive(Debug)]
 pub struct MemoryBudget {
     limit: u64,
+    hard_limit: u64,
     used: std::sync::atomic::AtomicU64,
+    /// Connections counted against the budget.
+    connections: std::sync::atomic::AtomicU64,
 }
 
 /// Default [`MemoryBudget`] of an endpoint.
 pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
 
 impl MemoryBudget {
-    /// A budget of `limit` bytes.
+    /// A budget of `limit` bytes, its hard limit one and a half times that.
     pub fn new(limit: u64) -> Arc<Self> {
+        Self::with_hard_limit(limit, limit.saturating_add(limit / 2))
+    }
+
+    /// A budget of `limit` bytes whose connections are closed past `hard_limit` (at least
+    /// `limit`; `u64::MAX` never closes one).
+    pub fn with_hard_limit(limit: u64, hard_limit: u64) -> Arc<Self> {
         Arc::new(Self {
             limit,
+            hard_limit: hard_limit.max(limit),
             used: std::sync::atomic::AtomicU64::new(0),
+            connections: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -403,6 +421,33 @@ impl MemoryBudget {
     /// Whether the connections hold more than the budget allows, so windows shrink.
     pub fn under_pressure(&self) -> bool {
         self.used() > self.limit
+    }
+
+    /// Past this many bytes held, connections holding more than their [share](Self::share)
+    /// of received data are closed (one and a half times the limit unless set).
+    pub fn hard_limit(&self) -> u64 {
+        self.hard_limit
+    }
+
+    /// Connections counted against the budget.
+    pub fn connections(&self) -> u64 {
+        self.connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A connection's share of the budget: the limit divided among the connections.
+    pub fn share(&self) -> u64 {
+        self.limit / self.connections().max(1)
+    }
+
+    /// A connection starts (`true`) or stops being counted.
+    pub(crate) fn count(&self, starts: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if starts {
+            self.connections.fetch_add(1, Relaxed);
+        } else {
+            self.connections.fetch_sub(1, Relaxed);
+        }
     }
 
     /// A connection's holding went from `old` to `new` bytes.

@@ -122,6 +122,9 @@ pub struct EndpointStats {
     pub invalid_tokens: u64,
     /// Datagrams dropped before reaching a connection.
     pub dropped: u64,
+    /// Connections closed past the memory budget's hard limit (see
+    /// [`crate::config::MemoryBudget`]).
+    pub closed_over_budget: u64,
 }
 
 impl std::ops::AddAssign<&EndpointStats> for EndpointStats {
@@ -134,6 +137,7 @@ impl std::ops::AddAssign<&EndpointStats> for EndpointStats {
         self.stateless_resets_sent += o.stateless_resets_sent;
         self.invalid_tokens += o.invalid_tokens;
         self.dropped += o.dropped;
+        self.closed_over_budget += o.closed_over_budget;
     }
 }
 
@@ -264,6 +268,18 @@ impl<K: std::hash::Hash + Eq + Copy> Hints<K> {
             {
                 self.by_peer.remove(&old);
             }
+        }
+    }
+}
+
+/// A dropped endpoint gives back what its connections held of a budget other endpoints may
+/// share.
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let budget = &self.config.memory_budget;
+        for e in self.conns.iter().filter_map(|s| s.entry.as_ref()) {
+            budget.update(e.memory, 0);
+            budget.count(false);
         }
     }
 }
@@ -400,6 +416,7 @@ impl Endpoint {
     }
 
     fn insert(&mut self, entry: Entry) -> ConnectionHandle {
+        self.config.memory_budget.count(true);
         let i = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -1056,13 +1073,13 @@ impl Endpoint {
 
     /// After any operation on a connection: route its endpoint events, collect its events,
     /// reschedule its timer and queue it for sending.
-    fn after_conn_op(&mut self, h: ConnectionHandle, _now: Instant) {
-        self.process_conn(h, true);
+    fn after_conn_op(&mut self, h: ConnectionHandle, now: Instant) {
+        self.process_conn(h, true, now);
     }
 
     /// Routes a connection's endpoint events, collects its application events and reschedules
     /// its timer; `requeue` puts it in the send rotation.
-    fn process_conn(&mut self, h: ConnectionHandle, requeue: bool) {
+    fn process_conn(&mut self, h: ConnectionHandle, mut requeue: bool, now: Instant) {
         let Some(entry) = self
             .conns
             .get_mut(h.idx())
@@ -1090,17 +1107,43 @@ impl Endpoint {
                 EndpointEvent::Drained => drained = true,
             }
         }
+        // What it holds counts against the endpoint's memory budget, and the budget's state
+        // sets its windows. Past the hard limit, a connection holding more received data than
+        // its share goes (credit granted earlier cannot be taken back otherwise).
+        let budget = &self.config.memory_budget;
+        let m = entry.conn.memory();
+        let mut held = m.send + m.receive;
+        budget.update(entry.memory, held);
+        entry.memory = held;
+        if budget.used() > budget.hard_limit()
+            && m.receive > budget.share()
+            && !entry.conn.is_closed()
+        {
+            entry.conn.close_over_budget(now, m.receive, budget.share());
+            self.stats.closed_over_budget += 1;
+            let remote = entry.conn.remote_address();
+            let m = entry.conn.memory();
+            held = m.send + m.receive;
+            budget.update(entry.memory, held);
+            entry.memory = held;
+            // Its CONNECTION_CLOSE goes out.
+            requeue = true;
+            self.notify(EndpointTraceEvent::ClosedOverBudget {
+                remote,
+                held: m.receive,
+            });
+        }
+        let Some(entry) = self
+            .conns
+            .get_mut(h.idx())
+            .and_then(|s| s.entry.as_mut())
+        else {
+            return;
+        };
+        entry.conn.set_memory_pressure(self.config.memory_budget.under_pressure());
         while let Some(ev) = entry.conn.poll_event() {
             self.events.push_back((h, ev));
         }
-        // What it holds counts against the endpoint's memory budget, and the budget's state
-        // sets its windows.
-        let m = entry.conn.memory();
-        let held = m.send + m.receive;
-        let budget = &self.config.memory_budget;
-        budget.update(entry.memory, held);
-        entry.memory = held;
-        entry.conn.set_memory_pressure(budget.under_pressure());
         if entry.handshaking && (entry.conn.is_established() || entry.conn.is_closed()) {
             entry.handshaking = false;
             self.handshakes -= 1;
@@ -1191,6 +1234,7 @@ impl Endpoint {
             uncount_ip(&mut self.conns_by_ip, ip);
         }
         self.config.memory_budget.update(entry.memory, 0);
+        self.config.memory_budget.count(false);
         if !entry.hinted {
             self.keep_hint(hint_of(&entry.conn));
         }
@@ -1249,7 +1293,7 @@ impl Endpoint {
                 return Some(t);
             }
             // Nothing to send: its timer (pacing, ACK delay, ...) will bring it back.
-            self.process_conn(h, false);
+            self.process_conn(h, false, now);
         }
         None
     }

@@ -328,6 +328,15 @@ pub enum EndpointTraceEvent {
         /// The client's address.
         remote: SocketAddr,
     },
+    /// A connection was closed (INTERNAL_ERROR) because the endpoint's memory budget was
+    /// past its hard limit and it held more received data than its share (see
+    /// [`crate::config::MemoryBudget`]).
+    ClosedOverBudget {
+        /// The peer's address.
+        remote: SocketAddr,
+        /// Bytes of received data it held.
+        held: u64,
+    },
     /// An address-validation token (Retry or NEW_TOKEN) did not check out.
     InvalidToken {
         /// The client's address.

@@ -29,13 +29,19 @@ fn client_endpoint(now: Instant, seed: u64) -> Endpoint {
     Endpoint::new(support::endpoint_config(), None, now, 0, Some(seed))
 }
 
-/// A server endpoint whose connections count against a memory budget of `limit` bytes.
+/// A server endpoint whose connections count against a memory budget of `limit` bytes,
+/// with its hard limit if `hard`, without one (only windows shrink) otherwise.
 fn server_with_budget(
     now: Instant,
     certs: &support::Certs,
     limit: u64,
+    hard: bool,
 ) -> (Endpoint, Arc<kuai_proto::config::MemoryBudget>) {
-    let budget = kuai_proto::config::MemoryBudget::new(limit);
+    let budget = if hard {
+        kuai_proto::config::MemoryBudget::new(limit)
+    } else {
+        kuai_proto::config::MemoryBudget::with_hard_limit(limit, u64::MAX)
+    };
     let econfig = Arc::new(kuai_proto::config::EndpointConfig {
         memory_budget: budget.clone(),
         ..kuai_proto::config::EndpointConfig::default()
@@ -1047,7 +1053,7 @@ fn windows_shrink_under_memory_pressure() {
     let certs = support::certs();
     let mut now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
-    let (mut server, budget) = server_with_budget(now, &certs, 512 << 10);
+    let (mut server, budget) = server_with_budget(now, &certs, 512 << 10, false);
     let ccfg = support::client_config(&certs, TransportConfig::default());
     let mut clients = Vec::new();
     for (i, port) in [5001u16, 5002].into_iter().enumerate() {
@@ -1131,7 +1137,7 @@ fn connections_accepted_under_memory_pressure_get_small_windows() {
     let certs = support::certs();
     let mut now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
-    let (mut server, budget) = server_with_budget(now, &certs, 64 << 10);
+    let (mut server, budget) = server_with_budget(now, &certs, 64 << 10, false);
     let ccfg = support::client_config(&certs, TransportConfig::default());
     let connect = |server: &mut Endpoint, now: &mut Instant, port: u16, seed: u64| {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -1196,6 +1202,108 @@ fn connections_accepted_under_memory_pressure_get_small_windows() {
     ] {
         assert!(w <= 64 << 10, "{w} bytes of stream credit");
     }
+}
+
+/// Credit granted before the budget was reached cannot be taken back: eight peers that
+/// each fill the initial windows they were given (4 MiB a connection, 1 MiB a stream) with
+/// data the application leaves unread would hold 32 MiB against a 4 MiB budget. Past the
+/// hard limit (6 MiB) the connections holding more than their share are closed and release
+/// what they held; a peer whose data is read stays connected.
+#[test]
+fn credit_granted_before_the_budget_filled_cannot_hold_more_than_the_hard_limit() {
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let (mut server, budget) = server_with_budget(now, &certs, 4 << 20, true);
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    // Port 5000 is read; the others are not.
+    let mut clients = Vec::new();
+    for (i, port) in (5000u16..5009).enumerate() {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut c = client_endpoint(now, 2 + i as u64);
+        let h = c.connect(now, &ccfg, saddr, "localhost").unwrap();
+        clients.push((c, addr, h, Vec::new(), 0usize));
+    }
+    let block = bytes::Bytes::from(vec![7u8; 1 << 20]);
+    let mut reasons = vec![None; clients.len()];
+    let mut peak = 0;
+    let mut read = 0;
+    for _ in 0..2000 {
+        for (c, addr, h, streams, written) in clients.iter_mut() {
+            if let Some(conn) = c.connection_mut(*h)
+                && conn.is_established()
+            {
+                // The reader sends 200 KiB in all; the others a full stream window on each
+                // of four streams.
+                let (count, each) = if addr.port() == 5000 {
+                    (1, 200 << 10)
+                } else {
+                    (4, 1 << 20)
+                };
+                while streams.len() < count {
+                    streams.push(conn.open_stream(kuai_proto::Dir::Uni).unwrap());
+                }
+                for (i, id) in streams.iter().enumerate() {
+                    let done = (*written).saturating_sub(i * each).min(each);
+                    if done < each
+                        && let Ok(n) = conn.write(*id, block.slice(done..each))
+                    {
+                        *written += n;
+                    }
+                }
+            }
+            pump(now, c, *addr, &mut server);
+            peak = peak.max(budget.used());
+        }
+        let mut buf = Vec::new();
+        while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
+            let (c, _, _, _, _) = clients.iter_mut().find(|c| c.1 == t.destination).unwrap();
+            c.handle_datagram(now, saddr, None, t.ecn, BytesMut::from(&buf[..t.size]));
+        }
+        let hs: Vec<_> = server.handles().collect();
+        for sh in hs {
+            let conn = server.connection_mut(sh).unwrap();
+            if conn.remote_address().port() != 5000 {
+                continue;
+            }
+            while conn.accept_stream(kuai_proto::Dir::Uni).is_some() {}
+            while let Ok(Some(b)) = conn.read(kuai_proto::StreamId(2), usize::MAX) {
+                read += b.len();
+            }
+        }
+        now += Duration::from_millis(1);
+        server.handle_timeout(now);
+        for (k, (c, _, h, _, _)) in clients.iter_mut().enumerate() {
+            c.handle_timeout(now);
+            if let Some(e) = c.connection(*h).and_then(|c| c.close_reason()) {
+                reasons[k].get_or_insert_with(|| e.clone());
+            }
+        }
+    }
+    assert!(
+        peak <= budget.hard_limit() + (256 << 10),
+        "{peak} bytes held, the hard limit is {}",
+        budget.hard_limit()
+    );
+    assert_eq!(read, 200 << 10, "the reader's data did not all arrive");
+    assert!(
+        reasons[0].is_none(),
+        "the peer whose data was read was closed"
+    );
+    for (k, err) in reasons.iter().enumerate() {
+        assert!(
+            err.is_none()
+                || matches!(err, Some(kuai_proto::ConnectionError::PeerTransportError(e))
+                    if e.code == kuai_proto::TransportErrorCode::INTERNAL_ERROR),
+            "{}: {err:?}",
+            clients[k].1
+        );
+    }
+    // 32 MiB of credit, 6 MiB held at most: at least seven of the eight had to go.
+    let closed = reasons.iter().filter(|r| r.is_some()).count() as u64;
+    assert!(closed >= 7, "{closed} closed");
+    assert_eq!(server.stats().closed_over_budget, closed);
+    assert!(budget.used() <= budget.hard_limit());
 }
 
 /// A peer that never acknowledges anything, but keeps the connection alive with packets

@@ -1173,6 +1173,29 @@ impl Connection {
         self.streams.set_memory_pressure(pressure);
     }
 
+    /// Closes the connection because the endpoint's memory budget is past its hard limit and
+    /// it holds `held` bytes of received data, more than its `share` (see
+    /// [`crate::config::MemoryBudget`]), and releases what it received: nothing of it will
+    /// be read.
+    pub(crate) fn close_over_budget(&mut self, now: Instant, held: u64, share: u64) {
+        self.close_with_error(
+            now,
+            TransportError::INTERNAL_ERROR(format!(
+                "memory budget exhausted: {held} bytes of received data held, over a share of {share}"
+            )),
+        );
+        self.streams.release_received();
+        for i in 0..3 {
+            if self.spaces[i].crypto_recv.charge() > 0 {
+                self.spaces[i].crypto_recv = Default::default();
+            }
+        }
+        self.datagrams_in = VecDeque::new();
+        self.datagrams_in_bytes = 0;
+        self.undecryptable = Vec::new();
+        self.client_hello = Vec::new();
+    }
+
     /// Server: whether some of the data of the peer's stream `id` arrived in 0-RTT packets.
     /// Early data can be replayed by an attacker (RFC 9001 §9.2, RFC 8446 §8): a request
     /// that arrived so should not have effects beyond those of a safe, idempotent method

@@ -597,6 +597,13 @@ impl Streams {
         self.recv_charge
     }
 
+    /// Drops every receive half and what it holds: the connection is closed and its received
+    /// data will not be read (reads then find no stream).
+    pub fn release_received(&mut self) {
+        self.recv = IdMap::default();
+        self.recv_charge = 0;
+    }
+
     pub fn set_memory_pressure(&mut self, pressure: bool) {
         if self.memory_pressure && !pressure {
             // Writers held back by the smaller limit may write again.
