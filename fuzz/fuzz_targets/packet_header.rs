@@ -8,6 +8,7 @@
 //! called. Protected packets of QUIC v1/v2 then go through `unprotect` + `decrypt` with the Initial
 //! keys derived from the packet's own DCID, once with each side's receive keys; Retry packets get
 //! their integrity tag checked; a successfully decrypted payload is walked with [`FrameIter`].
+//! The Retry offload (`kuai_proto::retry_offload`) must read the first packet as the parser does.
 //! Nothing may panic, and the split must account for every byte of the datagram.
 
 #![no_main]
@@ -46,6 +47,7 @@ fuzz_target!(|data: &[u8]| {
     let largest_pn = LARGEST_PN[usize::from(sel / 21)];
 
     let _ = reset_token_of(datagram);
+    check_retry_offload(datagram, local_cid_len);
 
     let mut rest = Some(BytesMut::from(datagram));
     let mut accounted = 0usize;
@@ -72,6 +74,42 @@ fuzz_target!(|data: &[u8]| {
     }
     assert!(accounted <= datagram.len());
 });
+
+/// The Retry offload reads a datagram's first packet as the packet parser does: an Initial
+/// of v1 or v2 that parses, its client ID long enough, is unvalidated (the offload's key is
+/// new, so no token is its own) with the same IDs, and the Retry answering it carries a
+/// valid integrity tag.
+fn check_retry_offload(datagram: &[u8], local_cid_len: usize) {
+    use kuai_proto::retry_offload::{RetryOffload, Verdict};
+    use std::sync::{Arc, OnceLock};
+    static OFFLOAD: OnceLock<RetryOffload> = OnceLock::new();
+    let offload = OFFLOAD.get_or_init(|| {
+        RetryOffload::new(
+            Arc::new(kuai_proto::TokenKey::random()),
+            std::time::Duration::from_secs(10),
+        )
+    });
+    let client: std::net::SocketAddr = "192.0.2.1:4433".parse().unwrap();
+    let verdict = offload.check(datagram, client, 1_000);
+    let parsed = PartialDecode::new(BytesMut::from(datagram), local_cid_len).ok();
+    let initial = parsed.as_ref().and_then(|(pd, _)| {
+        let v = pd.version().and_then(Version::from_wire)?;
+        (pd.ty() == PacketType::Long(LongType::Initial)).then(|| (v, pd))
+    });
+    if let Some((v, pd)) = initial
+        && pd.dst_cid_bytes().len() >= 8
+    {
+        let Verdict::Unvalidated(ids) = &verdict else {
+            panic!("an Initial judged {verdict:?}");
+        };
+        assert_eq!(ids.version, v);
+        assert_eq!(&ids.dcid[..], pd.dst_cid_bytes());
+        assert_eq!(Some(&ids.scid[..]), pd.src_cid_bytes());
+        let new = ConnectionId::new(&[7; 8]);
+        let retry = offload.retry(ids, client, 1_000, &new);
+        assert!(retry_integrity_ok(v, &ids.dcid, &retry));
+    }
+}
 
 fn check_packet(pd: PartialDecode, local_cid_len: usize, largest_pn: Option<u64>) {
     let ty = pd.ty();

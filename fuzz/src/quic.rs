@@ -1013,6 +1013,7 @@ impl Harness {
                         &key.token_key,
                         pd.token(),
                         from,
+                        true,
                         self.unix_ms(),
                         key.retry_token_lifetime,
                         key.new_token_lifetime,

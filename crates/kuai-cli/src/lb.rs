@@ -2,11 +2,14 @@
 //! shares with it.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
-use kuai::lb::{LbConfig, LoadBalancer};
+use kuai::lb::{LbConfig, LbRetry, LoadBalancer};
 use kuai_proto::quic_lb::{QuicLbConfig, QuicLbDecoder};
+use kuai_proto::retry_offload::RetryOffload;
 
 /// The QUIC-LB configuration, as `kuai lb` and `kuai server` take it.
 #[derive(clap::Args, Debug, Clone)]
@@ -84,6 +87,27 @@ pub struct Args {
     /// none). A backend that misses three in a row gets no new connections until it answers.
     #[arg(long, default_value_t = 1000)]
     health_interval: u64,
+    /// Validate client addresses with Retry at the balancer: a new client's Initial is
+    /// answered with a Retry, and only one bringing its token back opens a flow, so spoofed
+    /// sources open none. The tokens are sealed with the fleet's token keys (--redis); the
+    /// servers run with `--redis ... --retry-offload`.
+    #[arg(long, requires = "redis")]
+    retry: bool,
+    /// With --retry: retry only while this many flows or more are open (0: always).
+    #[arg(long, default_value_t = 0, requires = "retry", value_name = "FLOWS")]
+    retry_above: usize,
+    /// The fleet's Redis, for --retry's token keys (as `kuai server --redis`).
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
+    /// PEM certificate(s) to trust for a `rediss://` Redis.
+    #[arg(long, value_name = "FILE", requires = "redis")]
+    redis_ca: Option<PathBuf>,
+    /// The fleet's secret file (as `kuai server --fleet-secret-file`).
+    #[arg(long, value_name = "FILE", requires = "redis")]
+    fleet_secret_file: Option<PathBuf>,
+    /// The servers' --key-period, in seconds: the token keys rotate with theirs.
+    #[arg(long, default_value_t = 3600, value_name = "SECS")]
+    key_period: u64,
 }
 
 pub async fn run(args: Args) -> ExitCode {
@@ -229,6 +253,29 @@ async fn serve(args: Args) -> Result<(), String> {
     }
     config.health_interval =
         (args.health_interval > 0).then(|| Duration::from_millis(args.health_interval));
+    // Kept as long as the balancer runs: the token keys' rotation.
+    let mut _rotation = None;
+    if args.retry {
+        let url = args.redis.as_deref().ok_or("--retry needs --redis")?;
+        let fleet = crate::server::start_fleet(
+            url,
+            args.redis_ca.as_deref(),
+            args.fleet_secret_file.as_deref(),
+        )?;
+        let key = Arc::new(kuai_proto::TokenKey::random());
+        let period = crate::server::token_key_period(Duration::from_secs(args.key_period.max(1)));
+        let rotation = fleet.rotate_token_keys(key.clone(), period).await;
+        println!(
+            "retry at the balancer: token keys of generation {} from redis",
+            rotation.sealing().map_or("none".into(), |g| g.to_string())
+        );
+        _rotation = Some((fleet, rotation));
+        // The servers' Retry token lifetime (kuai_proto's default).
+        let offload = RetryOffload::new(key, Duration::from_secs(15));
+        let mut retry = LbRetry::new(offload, args.quic_lb.config(sid_len)?);
+        retry.above_flows = args.retry_above;
+        config.retry = Some(retry);
+    }
     let listen = crate::wildcard_for_this_host(args.listen);
     let (lb, handle) = LoadBalancer::bind(listen, backends.clone(), config)
         .map_err(|e| format!("cannot bind {listen}: {e}"))?;

@@ -74,6 +74,12 @@ pub struct Args {
     /// would validate any spoofed client); Retry works there as everywhere.
     #[arg(long)]
     no_new_tokens: bool,
+    /// Behind `kuai lb --retry`, which validates client addresses with Retry itself: take
+    /// its Retry tokens (sealed with the fleet's token keys, so it needs --redis) without
+    /// comparing their address with the balancer's, from which every client arrives. Implies
+    /// --no-new-tokens. Only where clients reach the server through the balancer alone.
+    #[arg(long, requires = "redis")]
+    retry_offload: bool,
     /// Write a qlog trace of every connection into this directory.
     #[arg(long)]
     qlog_dir: Option<PathBuf>,
@@ -342,30 +348,11 @@ async fn serve(args: Args) -> Result<(), String> {
         None => None,
     };
     let fleet = match &args.redis {
-        Some(url) => {
-            let ca_pem = match &args.redis_ca {
-                Some(p) => Some(
-                    std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?,
-                ),
-                None => None,
-            };
-            let secret = match &args.fleet_secret_file {
-                Some(p) => Some(read_fleet_secret(p)?),
-                None => {
-                    println!(
-                        "fleet: keys and sessions are stored in redis in clear (--fleet-secret-file seals them)"
-                    );
-                    None
-                }
-            };
-            let options = kuai_fleet::FleetOptions {
-                ca_pem,
-                secret,
-                ..Default::default()
-            };
-            let fleet = kuai_fleet::Fleet::start(url, options).map_err(|e| e.to_string())?;
-            Some(fleet)
-        }
+        Some(url) => Some(start_fleet(
+            url,
+            args.redis_ca.as_deref(),
+            args.fleet_secret_file.as_deref(),
+        )?),
         None => None,
     };
     let key_period = Duration::from_secs(args.key_period.max(1));
@@ -413,7 +400,8 @@ async fn serve(args: Args) -> Result<(), String> {
     if args.retry {
         cfg.retry(kuai::RetryPolicy::Always);
     }
-    cfg.proto_mut().new_tokens = !args.no_new_tokens;
+    cfg.proto_mut().new_tokens = !args.no_new_tokens && !args.retry_offload;
+    cfg.proto_mut().retry_offload = args.retry_offload;
     // The fleet's stateless-reset key only with a QUIC-LB server ID: then a server answers
     // with a reset only the IDs it issued itself (`issued_here`). Without one, a packet of a
     // live connection that reaches another server (a 4-tuple balancer after a NAT
@@ -428,10 +416,8 @@ async fn serve(args: Args) -> Result<(), String> {
                 None
             };
             // The token keys rotate with the fleet's whether Redis answers now or later:
-            // until it does, this process seals with keys of its own. Not faster than a
-            // NEW_TOKEN token lives (24 h), or a client's token would die with its key
-            // long before (a key opens for one period after its own).
-            let token_period = key_period.max(cfg.proto_mut().new_token_lifetime);
+            // until it does, this process seals with keys of its own.
+            let token_period = token_key_period(key_period).max(cfg.proto_mut().new_token_lifetime);
             let token_keys = f
                 .rotate_token_keys(cfg.proto_mut().token_key.clone(), token_period)
                 .await;
@@ -669,6 +655,42 @@ async fn serve(args: Args) -> Result<(), String> {
 }
 
 /// The fleet's secret from `path`: 64 hex digits (surrounding whitespace ignored).
+/// Joins the fleet at `url` (`--redis`, `--redis-ca`, `--fleet-secret-file`).
+pub(crate) fn start_fleet(
+    url: &str,
+    ca: Option<&std::path::Path>,
+    secret_file: Option<&std::path::Path>,
+) -> Result<kuai_fleet::Fleet, String> {
+    let ca_pem = match ca {
+        Some(p) => Some(std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?),
+        None => None,
+    };
+    let secret = match secret_file {
+        Some(p) => Some(read_fleet_secret(p)?),
+        None => {
+            println!(
+                "fleet: keys and sessions are stored in redis in clear (--fleet-secret-file seals them)"
+            );
+            None
+        }
+    };
+    let options = kuai_fleet::FleetOptions {
+        ca_pem,
+        secret,
+        ..Default::default()
+    };
+    kuai_fleet::Fleet::start(url, options).map_err(|e| e.to_string())
+}
+
+/// How often the fleet's Retry/NEW_TOKEN keys rotate for a `--key-period` of `key_period`:
+/// not faster than a NEW_TOKEN token lives (24 h by default), or a client's token would die
+/// with its key long before (a key opens for one period after its own). `kuai lb --retry`
+/// rotates with the servers.
+pub(crate) fn token_key_period(key_period: Duration) -> Duration {
+    // kuai_proto's default new_token_lifetime.
+    key_period.max(Duration::from_secs(24 * 3600))
+}
+
 fn read_fleet_secret(path: &std::path::Path) -> Result<[u8; 32], String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;

@@ -285,6 +285,12 @@ pub struct ServerConfig {
     /// so a token from one client would validate an Initial spoofed from any address. Retry
     /// tokens still work there (they bind the port too, which the proxy gives each client).
     pub new_tokens: bool,
+    /// Behind a Retry offload ([`crate::retry_offload`], such as `kuai lb` with Retry)
+    /// sharing `token_key`: a Retry token's address is not compared with the one the client
+    /// is seen at here (the offload's, for a full proxy), since the offload checked it
+    /// against the client's own. Its lifetime and its binding to the Retry's source ID still
+    /// hold. Set it only where clients reach the server through the offload alone.
+    pub retry_offload: bool,
     /// NEW_TOKEN tokens already used: each validates an address once. Share it with the
     /// `token_key`.
     pub token_log: Arc<crate::token::TokenLog>,
@@ -337,6 +343,7 @@ impl ServerConfig {
             retry_token_lifetime: Duration::from_secs(15),
             new_token_lifetime: Duration::from_secs(24 * 3600),
             new_tokens: true,
+            retry_offload: false,
             token_log: Arc::new(crate::token::TokenLog::new()),
             versions: vec![Version::V1, Version::V2],
             accept_0rtt: true,

@@ -742,6 +742,7 @@ impl Endpoint {
                 &server.token_key,
                 pd.token(),
                 remote,
+                !server.retry_offload,
                 unix_ms,
                 server.retry_token_lifetime,
                 server.new_token_lifetime,

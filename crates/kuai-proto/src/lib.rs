@@ -14,6 +14,7 @@ pub mod cc;
 pub mod cid;
 pub mod coding;
 pub mod quic_lb;
+pub mod retry_offload;
 pub mod trace;
 pub mod varint;
 

@@ -320,11 +320,19 @@ pub enum TokenError {
     Stale,
 }
 
-/// Opens and checks a token presented by `client`.
+/// Whether `token` opens under `key` as a Retry token (whatever it says).
+pub fn is_retry_token(key: &TokenKey, token: &[u8]) -> bool {
+    token.len() <= 512 && key.open(token).is_some_and(|p| p.first() == Some(&KIND_RETRY))
+}
+
+/// Opens and checks a token presented by `client`. Without `retry_address` a Retry token's
+/// address is not compared with `client`'s (it was checked by a Retry offload in front,
+/// which saw the client's own: see [`crate::retry_offload`]).
 pub fn validate(
     key: &TokenKey,
     token: &[u8],
     client: SocketAddr,
+    retry_address: bool,
     unix_ms: u64,
     retry_lifetime: Duration,
     new_token_lifetime: Duration,
@@ -337,7 +345,8 @@ pub fn validate(
     let kind = b.get_u8_checked().map_err(|_| TokenError::Invalid)?;
     let issued = b.get_u64_checked().map_err(|_| TokenError::Invalid)?;
     let ip = get_addr(&mut b).ok_or(TokenError::Invalid)?;
-    if ip != client.ip() {
+    let address_checked = retry_address || kind != KIND_RETRY;
+    if address_checked && ip != client.ip() {
         return Err(TokenError::Stale);
     }
     let age = Duration::from_millis(unix_ms.saturating_sub(issued));
@@ -356,7 +365,7 @@ pub fn validate(
             if !b.is_empty() {
                 return Err(TokenError::Invalid);
             }
-            if port != client.port() || age > retry_lifetime {
+            if (address_checked && port != client.port()) || age > retry_lifetime {
                 return Err(TokenError::Stale);
             }
             Ok(ValidToken::Retry { odcid, retry_scid })
@@ -445,30 +454,40 @@ mod tests {
         let t = retry_token(&key, addr, &odcid, &retry_scid, 1000);
         let life = Duration::from_secs(10);
         assert_eq!(
-            validate(&key, &t, addr, 2000, life, life),
+            validate(&key, &t, addr, true, 2000, life, life),
             Ok(ValidToken::Retry { odcid, retry_scid })
         );
         let other_port: SocketAddr = "192.0.2.1:4434".parse().unwrap();
         assert_eq!(
-            validate(&key, &t, other_port, 2000, life, life),
+            validate(&key, &t, other_port, true, 2000, life, life),
             Err(TokenError::Stale)
         );
         assert_eq!(
-            validate(&key, &t, addr, 20_000, life, life),
+            validate(&key, &t, addr, true, 20_000, life, life),
+            Err(TokenError::Stale)
+        );
+        // Behind a Retry offload the address is not compared; the lifetime still holds.
+        let proxy: SocketAddr = "198.51.100.9:7000".parse().unwrap();
+        assert!(matches!(
+            validate(&key, &t, proxy, false, 2000, life, life),
+            Ok(ValidToken::Retry { .. })
+        ));
+        assert_eq!(
+            validate(&key, &t, proxy, false, 20_000, life, life),
             Err(TokenError::Stale)
         );
         let mut bad = t.clone();
         bad[20] ^= 1;
         assert_eq!(
-            validate(&key, &bad, addr, 2000, life, life),
+            validate(&key, &bad, addr, true, 2000, life, life),
             Err(TokenError::Invalid)
         );
         assert_eq!(
-            validate(&TokenKey::random(), &t, addr, 2000, life, life),
+            validate(&TokenKey::random(), &t, addr, true, 2000, life, life),
             Err(TokenError::Invalid)
         );
         assert_eq!(
-            validate(&key, &[1, 2, 3], addr, 2000, life, life),
+            validate(&key, &[1, 2, 3], addr, true, 2000, life, life),
             Err(TokenError::Invalid)
         );
     }
@@ -486,20 +505,20 @@ mod tests {
         let t1 = new_token(&key, addr.ip(), 0);
         assert_eq!(t1[0], 1);
         for t in [&t0, &t1] {
-            assert!(validate(&key, t, addr, 5, life, life).is_ok());
+            assert!(validate(&key, t, addr, true, 5, life, life).is_ok());
         }
         let mut moved = t1.clone();
         moved[0] = 0;
         assert_eq!(
-            validate(&key, &moved, addr, 5, life, life),
+            validate(&key, &moved, addr, true, 5, life, life),
             Err(TokenError::Invalid),
             "the ID is authenticated"
         );
         // A server holding only key 1 (another member of the fleet) opens t1, not t0.
         let other = TokenKey::new(&[9; 32]);
         other.install(1, &[2; 32], true);
-        assert!(validate(&other, &t1, addr, 5, life, life).is_ok());
-        assert!(validate(&other, &t0, addr, 5, life, life).is_err());
+        assert!(validate(&other, &t1, addr, true, 5, life, life).is_ok());
+        assert!(validate(&other, &t0, addr, true, 5, life, life).is_err());
         // Generations 2..=4 push the oldest out; the sealing key always stays; a next
         // generation's key (installed ahead) is nearer than an old one.
         for g in 2..=4u8 {
@@ -510,8 +529,8 @@ mod tests {
         assert_eq!(key.ids(), [4, 2, 3, 5]);
         key.install(6, &[7; 32], false);
         assert_eq!(key.ids(), [4, 3, 5, 6]);
-        assert!(validate(&key, &t0, addr, 5, life, life).is_err());
-        assert!(validate(&key, &t1, addr, 5, life, life).is_err(), "key 1 went");
+        assert!(validate(&key, &t0, addr, true, 5, life, life).is_err());
+        assert!(validate(&key, &t1, addr, true, 5, life, life).is_err(), "key 1 went");
         assert!(key.remove(3) && !key.remove(4), "the sealing key stays");
         assert_eq!(key.ids(), [4, 5, 6]);
         assert!(key.seal_with(5) && !key.seal_with(3));
@@ -526,7 +545,7 @@ mod tests {
         let life = Duration::from_secs(10);
         let a = SocketAddr::new(ip, 999);
         assert!(matches!(
-            validate(&key, &t, a, 5, life, life),
+            validate(&key, &t, a, true, 5, life, life),
             Ok(ValidToken::NewToken { issued_ms: 0, .. })
         ));
     }

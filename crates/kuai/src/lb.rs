@@ -33,6 +33,15 @@
 //! confirmed flow whose client has been quiet longest, so a flood of spoofed sources cannot
 //! lock real clients out. The limit is at most the system's local port range (each flow's
 //! socket takes a port).
+//!
+//! With [`LbConfig::retry`] the balancer validates client addresses itself
+//! (draft-ietf-quic-retry-offload, the shared-state service): while as many flows are open as
+//! [`LbRetry::above_flows`] (always, by default), a client's Initial without a token is
+//! answered with a Retry from the balancer, whose source connection ID names the backend
+//! the hash picks for it, and only an Initial bringing the token back from the same address
+//! opens a flow; other long-header packets open none. A spoofed source never sees the
+//! Retry, so it opens no flow at all. The backends share the token key and set
+//! `ServerConfig::retry_offload` (they see every client at the balancer's address).
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
@@ -42,7 +51,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kuai_proto::quic_lb::QuicLbDecoder;
+use kuai_proto::quic_lb::{QuicLbConfig, QuicLbDecoder};
+use kuai_proto::retry_offload::{RetryOffload, Verdict};
 use quinn_udp::RecvMeta;
 
 use crate::udp::{SocketOptions, UdpSocket, UdpStats};
@@ -86,6 +96,34 @@ pub struct LbConfig {
     pub health_interval: Option<Duration>,
     /// Probes missed in a row that take a backend out of new connections.
     pub health_failures: u32,
+    /// Validate client addresses with Retry at the balancer (see the [module](self) docs);
+    /// `None` (the default): the backends' own Retry policy.
+    pub retry: Option<LbRetry>,
+}
+
+/// Retry at the balancer (see the [module](self) docs).
+#[derive(Debug, Clone)]
+pub struct LbRetry {
+    /// Seals and checks the tokens: the backends' token key, and a lifetime no longer than
+    /// theirs.
+    pub offload: RetryOffload,
+    /// The QUIC-LB configuration of the connection IDs a Retry sends clients to (the
+    /// backends' current one), so the client's next Initial reaches the backend chosen.
+    pub config: QuicLbConfig,
+    /// Retry only while this many flows or more are open (0, the default: always). A
+    /// Retry costs a client a round trip; a flood of spoofed sources fills the table.
+    pub above_flows: usize,
+}
+
+impl LbRetry {
+    /// Retry always, with tokens of `offload`, to IDs of `config`.
+    pub fn new(offload: RetryOffload, config: QuicLbConfig) -> Self {
+        Self {
+            offload,
+            config,
+            above_flows: 0,
+        }
+    }
 }
 
 impl LbConfig {
@@ -100,6 +138,7 @@ impl LbConfig {
             max_flows: 65_536,
             health_interval: Some(Duration::from_secs(1)),
             health_failures: 3,
+            retry: None,
         }
     }
 }
@@ -215,6 +254,7 @@ struct Shared {
     start: Instant,
     forwarded: AtomicU64,
     unroutable: AtomicU64,
+    retries: AtomicU64,
     /// Receive buffers lent to flows while they read.
     pool: Mutex<Vec<Vec<Vec<u8>>>>,
     /// Buffer sets that may be lent at once ([`MAX_BUF_SETS`]).
@@ -350,6 +390,11 @@ impl LbHandle {
         )
     }
 
+    /// Retry packets the balancer sent (see [`LbConfig::retry`]).
+    pub fn retries(&self) -> u64 {
+        self.0.retries.load(Relaxed)
+    }
+
     /// Flows open now.
     pub fn flows(&self) -> usize {
         lock(&self.0.state).flows.len()
@@ -399,6 +444,7 @@ impl LoadBalancer {
             start: Instant::now(),
             forwarded: AtomicU64::new(0),
             unroutable: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
             pool: Mutex::new(Vec::new()),
             sets: tokio::sync::Semaphore::new(MAX_BUF_SETS),
             hash_key: std::collections::hash_map::RandomState::new(),
@@ -486,7 +532,17 @@ impl LoadBalancer {
         let mut i = 0;
         while i < data.len() {
             let end = (i + stride).min(data.len());
-            let flow = self.flow_for(m.addr, &data[i..end]);
+            let mut retried = false;
+            let flow = match self.flow_for(m.addr, &data[i..end]) {
+                Opened::Flow(f) => Some(f),
+                Opened::No => None,
+                Opened::Retry(pkt) => {
+                    s.retries.fetch_add(1, Relaxed);
+                    send(&s.sock, &s.stats, m.addr, None, &pkt, pkt.len()).await;
+                    retried = true;
+                    None
+                }
+            };
             let same = match (&run, &flow) {
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                 _ => false,
@@ -498,7 +554,9 @@ impl LoadBalancer {
                 start = i;
                 run = flow;
                 if run.is_none() {
-                    s.unroutable.fetch_add(1, Relaxed);
+                    if !retried {
+                        s.unroutable.fetch_add(1, Relaxed);
+                    }
                     start = end;
                 }
             }
@@ -517,12 +575,15 @@ impl LoadBalancer {
         send(&f.sock, &s.stats, f.backend, ecn, data, stride).await;
     }
 
-    /// The flow for a datagram from `client`, made when new and the datagram may open one.
-    fn flow_for(&self, client: SocketAddr, datagram: &[u8]) -> Option<Arc<Flow>> {
+    /// The flow for a datagram from `client`, made when new and the datagram may open one;
+    /// or the Retry that answers it.
+    fn flow_for(&self, client: SocketAddr, datagram: &[u8]) -> Opened {
         let s = &self.0;
         // One lock per datagram: the route and the flow under it.
         let mut st = lock(&s.state);
-        let (backend, by_id) = route(&s.config, &s.hash_key, &st.backends, datagram)?;
+        let Some((backend, by_id)) = route(&s.config, &s.hash_key, &st.backends, datagram) else {
+            return Opened::No;
+        };
         if let Some(f) = st.flows.get(&(client, backend)) {
             let now = s.now_ms();
             f.last.store(now, Relaxed);
@@ -533,14 +594,44 @@ impl LoadBalancer {
             {
                 f.confirmed.store(true, Relaxed);
             }
-            return Some(f.clone());
+            return Opened::Flow(f.clone());
+        }
+        // Retry at the balancer: only an Initial whose token proves its address opens a flow.
+        let mut validated = false;
+        if let Some(r) = &s.config.retry
+            && st.flows.len() >= r.above_flows
+        {
+            let unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            match r.offload.check(datagram, client, unix_ms) {
+                Verdict::Validated => validated = true,
+                Verdict::Unvalidated(ids) => {
+                    // The Retry's ID names the backend the client's ID hashes to, so its
+                    // next Initial goes there by ID.
+                    let sid = st.backends.iter().find(|b| b.addr == backend);
+                    let mut nonce = vec![0u8; r.config.nonce_len()];
+                    rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
+                    return match sid.and_then(|b| r.config.encode(&b.server_id, &nonce)) {
+                        Some(cid) => Opened::Retry(r.offload.retry(&ids, client, unix_ms, &cid)),
+                        None => Opened::No,
+                    };
+                }
+                // A long-header packet that is not a validated Initial (0-RTT, Handshake,
+                // another version's) opens nothing while the balancer retries; short headers
+                // go on below (a migrated client's, by ID).
+                Verdict::NotInitial if datagram[0] & 0x80 == 0 => {}
+                _ => return Opened::No,
+            }
         }
         // A new flow: for a connection ID a backend issued (a migrated or rebound client),
         // or what can be a client's first datagram.
         // By ID: no shorter than a packet with that ID can be (a header-protection sample
         // after a 4-byte packet number field: 1 + ID + 4 + 16 bytes, RFC 9001 §5.4.2).
         let by_id = by_id && datagram.len() > s.config.cid_len + 20;
-        let opens = by_id || (datagram[0] & 0x80 != 0 && datagram.len() >= MIN_OPENING_DATAGRAM);
+        let opens = by_id
+            || validated
+            || (datagram[0] & 0x80 != 0 && datagram.len() >= MIN_OPENING_DATAGRAM);
         // Nor does a client send from a backend's address or the balancer's own: such a
         // source (spoofed) would have the backend's answers sent to a backend or back here.
         let from = canonical(client);
@@ -548,10 +639,10 @@ impl LoadBalancer {
             || from == canonical(s.sock.local_addr())
             || st.backends.iter().any(|b| b.addr == from)
         {
-            return None;
+            return Opened::No;
         }
         if st.flows.len() >= s.max_flows && !st.evict_one() {
-            return None;
+            return Opened::No;
         }
         let sock = match flow_socket(backend) {
             Ok(sock) => Arc::new(sock),
@@ -564,14 +655,14 @@ impl LoadBalancer {
                     tracing::warn!(target: "kuai::lb", %client, %backend, error = %e,
                         "out of flow sockets below the flow cap: a flow made room");
                 }
-                return None;
+                return Opened::No;
             }
             Err(e) => {
                 if s.may_warn() {
                     tracing::warn!(target: "kuai::lb", %client, %backend, error = %e,
                         "cannot open a flow socket");
                 }
-                return None;
+                return Opened::No;
             }
         };
         let now = s.now_ms();
@@ -596,8 +687,18 @@ impl LoadBalancer {
         st.order.push_back(((client, backend), id, now));
         st.compact_order();
         tokio::spawn(back_to_client(s.clone(), flow.clone(), client));
-        Some(flow)
+        Opened::Flow(flow)
     }
+}
+
+/// What a client's datagram gets (see [`LoadBalancer::flow_for`]).
+enum Opened {
+    /// The flow it goes through.
+    Flow(Arc<Flow>),
+    /// Nothing: dropped.
+    No,
+    /// This Retry packet, sent back to the client.
+    Retry(Vec<u8>),
 }
 
 /// How many local ports the system hands out to sockets bound to port 0 (each flow takes

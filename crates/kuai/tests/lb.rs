@@ -94,7 +94,18 @@ async fn fleet_checked(every: Duration) -> Fleet {
 /// The fleet behind a balancer on `listen` with health probes every `every`, its
 /// configuration changed by `tune`.
 async fn fleet_on(listen: SocketAddr, every: Duration, tune: impl FnOnce(&mut LbConfig)) -> Fleet {
-    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
+    fleet_with(listen, every, tune, |_| {}).await
+}
+
+/// [`fleet_on`] with the servers' configuration changed by `tune_servers`.
+async fn fleet_with(
+    listen: SocketAddr,
+    every: Duration,
+    tune: impl FnOnce(&mut LbConfig),
+    tune_servers: impl FnOnce(&mut ServerConfig),
+) -> Fleet {
+    let (mut scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
+    tune_servers(&mut scfg);
     let servers: Vec<Endpoint> = (1..=3u8).map(|i| server(scfg.clone(), [i])).collect();
     let mut decoder = QuicLbDecoder::new();
     decoder.add(lb_config());
@@ -540,4 +551,105 @@ async fn workers_carry_their_bits_in_the_quic_lb_server_id() {
     assert_eq!(transfer.await.unwrap(), 40 << 20);
     assert_eq!(conn.stats().migrations, 6);
     assert_eq!(server.stats().accepted, 20, "no new connection");
+}
+
+/// Retry at the balancer: every new client address's first Initial is answered by the
+/// balancer with a Retry naming the backend its ID hashes to, the client's next Initial opens a flow to it,
+/// and the backend takes the balancer's token (same key, `retry_offload`) and completes the
+/// handshake without a Retry of its own. A spoofed source gets a Retry but no flow; a
+/// token sent from another address opens none either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_at_the_balancer_validates_clients_before_any_flow() {
+    use kuai::lb::LbRetry;
+    use kuai_proto::retry_offload::RetryOffload;
+    let key = Arc::new(kuai_proto::TokenKey::random());
+    let k = key.clone();
+    let f = fleet_with(
+        localhost(),
+        Duration::from_secs(1),
+        |c| {
+            let offload = RetryOffload::new(key, Duration::from_secs(10));
+            c.retry = Some(LbRetry::new(offload, lb_config()));
+        },
+        |s| {
+            let p = s.proto_mut();
+            p.token_key = k;
+            p.retry_offload = true;
+            p.new_tokens = false;
+        },
+    )
+    .await;
+    // Each from an address of its own (a source with a flow already is not asked again).
+    for _ in 0..12 {
+        let client = Endpoint::client(localhost()).unwrap();
+        connect_and_fetch(&client, &f, 1).await;
+    }
+    assert_eq!(f.handle.retries(), 12);
+    let accepted = accepted(&f);
+    assert_eq!(accepted.iter().sum::<u64>(), 12, "{accepted:?}");
+    assert!(
+        accepted.iter().filter(|&&n| n > 0).count() >= 2,
+        "all on one backend: {accepted:?}"
+    );
+    for s in &f.servers {
+        assert_eq!(s.stats().retries_sent, 0);
+        assert_eq!(s.stats().invalid_tokens, 0);
+    }
+    let flows = f.handle.flows();
+    // A would-be Initial from an address that never answers: a Retry comes back, no flow.
+    let raw = tokio::net::UdpSocket::bind(localhost()).await.unwrap();
+    let mut initial = vec![0xc0u8];
+    initial.extend_from_slice(&1u32.to_be_bytes());
+    initial.push(8);
+    initial.extend_from_slice(&[0x33; 8]);
+    initial.push(4);
+    initial.extend_from_slice(&[0x44; 4]);
+    initial.push(0); // no token
+    initial.resize(1200, 0);
+    raw.send_to(&initial, f.lb).await.unwrap();
+    let mut buf = [0u8; 1500];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(2), raw.recv_from(&mut buf))
+        .await
+        .expect("no Retry")
+        .unwrap();
+    let retry = &buf[..n];
+    assert_eq!(retry[0] & 0xf0, 0xf0, "not a Retry: {:x}", retry[0]);
+    assert_eq!(f.handle.flows(), flows);
+    assert_eq!(f.handle.retries(), 13);
+    // Its token, sent to the Retry's ID but from another port: dropped, no flow.
+    let dcid_len = usize::from(retry[5]);
+    let scid_at = 6 + dcid_len;
+    let new_cid = &retry[scid_at + 1..scid_at + 1 + usize::from(retry[scid_at])];
+    let token = &retry[scid_at + 1 + new_cid.len()..n - 16];
+    let mut again = vec![0xc0u8];
+    again.extend_from_slice(&1u32.to_be_bytes());
+    again.push(new_cid.len() as u8);
+    again.extend_from_slice(new_cid);
+    again.push(4);
+    again.extend_from_slice(&[0x44; 4]);
+    again.push(0x40 | (token.len() >> 8) as u8);
+    again.push(token.len() as u8);
+    again.extend_from_slice(token);
+    again.resize(1200, 0);
+    let elsewhere = tokio::net::UdpSocket::bind(localhost()).await.unwrap();
+    let (_, dropped) = f.handle.counts();
+    elsewhere.send_to(&again, f.lb).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        f.handle.flows(),
+        flows,
+        "a token from another address opened a flow"
+    );
+    assert_eq!(f.handle.counts().1, dropped + 1);
+    assert_eq!(f.handle.retries(), 13);
+    // From the address it was given to, it opens one.
+    raw.send_to(&again, f.lb).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while f.handle.flows() != flows + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the token opened no flow"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
