@@ -76,7 +76,7 @@ fuzz_target!(|data: &[u8]| {
 });
 
 /// The Retry offload reads a datagram's first packet as the packet parser does: an Initial
-/// of v1 or v2 that parses, its client ID long enough, is unvalidated (the offload's key is
+/// of v1 or v2 that parses, in 1200 bytes or more, its client ID long enough, is unvalidated (the offload's key is
 /// new, so no token is its own) with the same IDs, and the Retry answering it carries a
 /// valid integrity tag.
 fn check_retry_offload(datagram: &[u8], local_cid_len: usize) {
@@ -98,6 +98,7 @@ fn check_retry_offload(datagram: &[u8], local_cid_len: usize) {
     });
     if let Some((v, pd)) = initial
         && pd.dst_cid_bytes().len() >= 8
+        && datagram.len() >= 1200
     {
         let Verdict::Unvalidated(ids) = &verdict else {
             panic!("an Initial judged {verdict:?}");
@@ -108,6 +109,11 @@ fn check_retry_offload(datagram: &[u8], local_cid_len: usize) {
         let new = ConnectionId::new(&[7; 8]);
         let retry = offload.retry(ids, client, 1_000, &new);
         assert!(retry_integrity_ok(v, &ids.dcid, &retry));
+    }
+    // Nothing shorter than a client's first datagram is answered (RFC 9000 §14.1).
+    if datagram.len() < 1200 {
+        assert!(!matches!(verdict, Verdict::Unvalidated(_)), "{verdict:?}");
+        assert!(kuai_proto::retry_offload::version_negotiation(datagram).is_none());
     }
 }
 

@@ -76,8 +76,9 @@ pub struct Args {
     no_new_tokens: bool,
     /// Behind `kuai lb --retry`, which validates client addresses with Retry itself: take
     /// its Retry tokens (sealed with the fleet's token keys, so it needs --redis) without
-    /// comparing their address with the balancer's, from which every client arrives. Implies
-    /// --no-new-tokens. Only where clients reach the server through the balancer alone.
+    /// comparing their address with the balancer's, from which every client arrives; send
+    /// no Retry of its own. Implies --no-new-tokens. Only where clients reach the server
+    /// through the balancer alone.
     #[arg(long, requires = "redis")]
     retry_offload: bool,
     /// Write a qlog trace of every connection into this directory.

@@ -289,7 +289,9 @@ pub struct ServerConfig {
     /// sharing `token_key`: a Retry token's address is not compared with the one the client
     /// is seen at here (the offload's, for a full proxy), since the offload checked it
     /// against the client's own. Its lifetime and its binding to the Retry's source ID still
-    /// hold. Set it only where clients reach the server through the offload alone.
+    /// hold. The server sends no Retry of its own then (past `max_handshakes` it refuses):
+    /// its token would seal the proxy's address, which the offload refuses. Set it only
+    /// where clients reach the server through the offload alone.
     pub retry_offload: bool,
     /// NEW_TOKEN tokens already used: each validates an address once. Share it with the
     /// `token_key`.
@@ -380,17 +382,20 @@ pub type CidGeneratorFactory = Arc<dyn Fn() -> Box<dyn ConnectionIdGenerator> + 
 /// accepted meanwhile start with those windows, and take no 0-RTT.
 ///
 /// Credit already granted cannot be taken back (RFC 9000 §4), and together it can be far
-/// more than the limit (every connection starts with its initial windows). So past the
-/// [hard limit](Self::hard_limit), by default one and a half times the limit, a connection
-/// found holding more received data than its [share](Self::share) (the limit divided among
-/// the connections) when it receives or is used is closed with INTERNAL_ERROR and what it
-/// held is released: the connections that fill their windows and leave them unread go,
-/// those that hold little stay.
+/// more than the limit (every connection starts with its initial windows). So once the
+/// received data held passes the [hard limit](Self::hard_limit), by default one and a half
+/// times the limit, a connection found holding more received data than its
+/// [share](Self::share) (the limit divided among the connections) when it receives or is
+/// used is closed with INTERNAL_ERROR and what it held is released: the connections that
+/// fill their windows and leave them unread go, those that hold little stay. (Send buffers
+/// are the application's to fill; the pressure limits bound them.)
 #[derive(Debug)]
 pub struct MemoryBudget {
     limit: u64,
     hard_limit: u64,
     used: std::sync::atomic::AtomicU64,
+    /// The received part of `used`.
+    received: std::sync::atomic::AtomicU64,
     /// Connections counted against the budget.
     connections: std::sync::atomic::AtomicU64,
 }
@@ -411,6 +416,7 @@ impl MemoryBudget {
             limit,
             hard_limit: hard_limit.max(limit),
             used: std::sync::atomic::AtomicU64::new(0),
+            received: std::sync::atomic::AtomicU64::new(0),
             connections: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -430,8 +436,8 @@ impl MemoryBudget {
         self.used() > self.limit
     }
 
-    /// Past this many bytes held, connections holding more than their [share](Self::share)
-    /// of received data are closed (one and a half times the limit unless set).
+    /// Past this many bytes of received data held, connections holding more than their
+    /// [share](Self::share) of it are closed (one and a half times the limit unless set).
     pub fn hard_limit(&self) -> u64 {
         self.hard_limit
     }
@@ -457,14 +463,30 @@ impl MemoryBudget {
         }
     }
 
+    /// Bytes of received data the connections hold (part of [`used`](Self::used)): what
+    /// the [hard limit](Self::hard_limit) bounds.
+    pub fn received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// A connection's holding went from `old` to `new` bytes.
     pub(crate) fn update(&self, old: u64, new: u64) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if new > old {
-            self.used.fetch_add(new - old, Relaxed);
-        } else if old > new {
-            self.used.fetch_sub(old - new, Relaxed);
-        }
+        shift(&self.used, old, new);
+    }
+
+    /// The received part of a connection's holding went from `old` to `new` bytes.
+    pub(crate) fn update_received(&self, old: u64, new: u64) {
+        shift(&self.received, old, new);
+    }
+}
+
+/// `counter` less `old` plus `new`.
+fn shift(counter: &std::sync::atomic::AtomicU64, old: u64, new: u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if new > old {
+        counter.fetch_add(new - old, Relaxed);
+    } else if old > new {
+        counter.fetch_sub(old - new, Relaxed);
     }
 }
 

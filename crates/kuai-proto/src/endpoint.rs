@@ -68,6 +68,8 @@ struct Entry {
     scheduled: Option<Instant>,
     /// Bytes the connection held when last counted against the memory budget.
     memory: u64,
+    /// The received part of `memory`, counted against the budget's hard limit.
+    received: u64,
     /// A handshake begun with a validated address, counted for that IP (see
     /// `ServerConfig::max_validated_handshakes_per_ip`; its [`address_key`]) until it
     /// completes or goes.
@@ -279,6 +281,7 @@ impl Drop for Endpoint {
         let budget = &self.config.memory_budget;
         for e in self.conns.iter().filter_map(|s| s.entry.as_ref()) {
             budget.update(e.memory, 0);
+            budget.update_received(e.received, 0);
             budget.count(false);
         }
     }
@@ -496,6 +499,7 @@ impl Endpoint {
             timeout_epoch: 0,
             scheduled: None,
             memory: 0,
+            received: 0,
             validated_ip: None,
             client_ip: None,
         });
@@ -723,8 +727,9 @@ impl Endpoint {
         };
         let dcid = pd.dst_cid();
         let Some(scid) = pd.src_cid() else { return };
-        // RFC 9000 §7.2: the client's first DCID is at least 8 bytes.
-        if dcid.len() < 8 {
+        // RFC 9000 §7.2: the client's first DCID is at least 8 bytes. After a Retry it is the
+        // Retry's source ID, which may be shorter (a QUIC-LB ID of 6 or 7): with a token.
+        if dcid.len() < 8 && pd.token().is_empty() {
             self.drop_datagram(remote, data.len(), EndpointDropReason::InitialCidTooShort);
             return;
         }
@@ -816,13 +821,18 @@ impl Endpoint {
             );
             return;
         }
-        let want_retry = match server.retry {
-            RetryPolicy::Never => false,
-            RetryPolicy::Always => true,
-            RetryPolicy::AboveHandshakes(n) => self.handshakes >= n,
-        };
+        // Behind a Retry offload the offload sends the Retries: one of ours would seal the
+        // proxy's address, which the offload would refuse when the client brings it back.
+        let want_retry = !server.retry_offload
+            && match server.retry {
+                RetryPolicy::Never => false,
+                RetryPolicy::Always => true,
+                RetryPolicy::AboveHandshakes(n) => self.handshakes >= n,
+            };
         if !validated && (want_retry || self.handshakes >= server.max_handshakes) {
-            if want_retry || matches!(server.retry, RetryPolicy::AboveHandshakes(_)) {
+            if want_retry
+                || (!server.retry_offload && matches!(server.retry, RetryPolicy::AboveHandshakes(_)))
+            {
                 self.send_retry(remote, local_ip, version, &dcid, &scid, unix_ms);
             } else {
                 self.refuse(
@@ -900,6 +910,7 @@ impl Endpoint {
             timeout_epoch: 0,
             scheduled: None,
             memory: 0,
+            received: 0,
             validated_ip: validated.then_some(address_key(remote.ip())),
             client_ip: Some(address_key(remote.ip())),
         });
@@ -1113,20 +1124,24 @@ impl Endpoint {
         // its share goes (credit granted earlier cannot be taken back otherwise).
         let budget = &self.config.memory_budget;
         let m = entry.conn.memory();
-        let mut held = m.send + m.receive;
-        budget.update(entry.memory, held);
-        entry.memory = held;
-        if budget.used() > budget.hard_limit()
+        budget.update(entry.memory, m.send + m.receive);
+        budget.update_received(entry.received, m.receive);
+        entry.memory = m.send + m.receive;
+        entry.received = m.receive;
+        if budget.received() > budget.hard_limit()
             && m.receive > budget.share()
             && !entry.conn.is_closed()
         {
-            entry.conn.close_over_budget(now, m.receive, budget.share());
+            tracing::debug!(remote = %entry.conn.remote_address(), held = m.receive,
+                share = budget.share(), "memory budget exhausted: connection closed");
+            entry.conn.close_over_budget(now);
             self.stats.closed_over_budget += 1;
             let remote = entry.conn.remote_address();
             let m = entry.conn.memory();
-            held = m.send + m.receive;
-            budget.update(entry.memory, held);
-            entry.memory = held;
+            budget.update(entry.memory, m.send + m.receive);
+            budget.update_received(entry.received, m.receive);
+            entry.memory = m.send + m.receive;
+            entry.received = m.receive;
             // Its CONNECTION_CLOSE goes out.
             requeue = true;
             self.notify(EndpointTraceEvent::ClosedOverBudget {
@@ -1235,6 +1250,7 @@ impl Endpoint {
             uncount_ip(&mut self.conns_by_ip, ip);
         }
         self.config.memory_budget.update(entry.memory, 0);
+        self.config.memory_budget.update_received(entry.received, 0);
         self.config.memory_budget.count(false);
         if !entry.hinted {
             self.keep_hint(hint_of(&entry.conn));

@@ -43,8 +43,9 @@ pub enum Verdict {
     /// An Initial without a token, or with one this offload did not seal (a server's
     /// NEW_TOKEN token, say): answer it with [`RetryOffload::retry`] to validate it.
     Unvalidated(InitialIds),
-    /// An Initial to drop: with a token this offload sealed for another address, another
-    /// ID or too long ago (a copy, or a client that took too long), or malformed.
+    /// An Initial to drop: in a datagram under 1200 bytes (RFC 9000 §14.1), with a token
+    /// this offload sealed for another address, another ID or too long ago (a copy, or a
+    /// client that took too long), or without a token and a client ID under 8 bytes.
     Drop,
 }
 
@@ -75,11 +76,17 @@ impl RetryOffload {
         let Some((ids, token)) = parse_initial(datagram) else {
             return Verdict::NotInitial;
         };
-        // RFC 9000 §7.2: a client's first destination ID is at least 8 bytes.
-        if ids.dcid.len() < 8 {
+        // RFC 9000 §14.1: a client's Initial fills a datagram of 1200 bytes; a shorter one
+        // would have the Retry amplify what a spoofed source sent.
+        if datagram.len() < MIN_INITIAL_DATAGRAM {
             return Verdict::Drop;
         }
         if token.is_empty() {
+            // RFC 9000 §7.2: a client's first destination ID is at least 8 bytes (the one
+            // after a Retry is the Retry's, of any length).
+            if ids.dcid.len() < 8 {
+                return Verdict::Drop;
+            }
             return Verdict::Unvalidated(ids);
         }
         // The address is checked: the offload sees the client's own.
@@ -116,6 +123,35 @@ impl RetryOffload {
         let tok = token::retry_token(&self.key, client, &initial.dcid, new_cid, unix_ms);
         crate::packet::build_retry(initial.version, &initial.scid, new_cid, &initial.dcid, &tok)
     }
+}
+
+/// The smallest datagram a client's Initial comes in (RFC 9000 §14.1).
+const MIN_INITIAL_DATAGRAM: usize = 1200;
+
+/// The Version Negotiation packet (RFC 9000 §6.1, §17.2.1) answering a datagram whose first
+/// packet is a long header of a version kuai does not speak (neither 1 nor 2, nor 0), in a
+/// datagram of 1200 bytes or more as a client's first one is; `None` for anything else.
+/// For an offload that stands in front of servers of those versions and opens nothing for
+/// other packets.
+pub fn version_negotiation(datagram: &[u8]) -> Option<Vec<u8>> {
+    let first = *datagram.first()?;
+    if first & 0x80 == 0 || datagram.len() < MIN_INITIAL_DATAGRAM {
+        return None;
+    }
+    let version = u32::from_be_bytes(datagram.get(1..5)?.try_into().ok()?);
+    if version == 0 || Version::from_wire(version).is_some() {
+        return None;
+    }
+    // RFC 8999 §5.1: the IDs' layout holds for every version.
+    let dcid_len = usize::from(*datagram.get(5)?);
+    let dcid = datagram.get(6..6 + dcid_len)?;
+    let scid_len = usize::from(*datagram.get(6 + dcid_len)?);
+    let scid = datagram.get(7 + dcid_len..7 + dcid_len + scid_len)?;
+    Some(crate::packet::build_version_negotiation(
+        scid,
+        dcid,
+        &[Version::V1.wire(), Version::V2.wire()],
+    ))
 }
 
 /// The IDs and token of a datagram's first packet if it is a client Initial of version 1 or
@@ -195,6 +231,12 @@ mod tests {
             let token = &retry[1 + 4 + 1 + 5 + 1 + 8..retry.len() - 16];
             let second = initial(version, &new, &[2; 5], token);
             assert_eq!(o.check(&second, client, 2000), Verdict::Validated);
+            // After a Retry the client's ID is the Retry's, which may be shorter than 8.
+            let short = ConnectionId::new(&[9; 6]);
+            let retry = o.retry(&ids, client, 1000, &short);
+            let token = &retry[1 + 4 + 1 + 5 + 1 + 6..retry.len() - 16];
+            let to_short = initial(version, &short, &[2; 5], token);
+            assert_eq!(o.check(&to_short, client, 2000), Verdict::Validated);
             // Another address, another ID, too late.
             let elsewhere: SocketAddr = "192.0.2.2:5000".parse().unwrap();
             assert_eq!(o.check(&second, elsewhere, 2000), Verdict::Drop);
@@ -221,9 +263,24 @@ mod tests {
         for d in [&[0x40u8; 50][..], &handshake, &unknown, &[], &[0xc0, 0, 0]] {
             assert_eq!(o.check(d, client, 0), Verdict::NotInitial);
         }
-        // A short client ID (RFC 9000 §7.2).
+        // A short client ID (RFC 9000 §7.2), and an Initial in a short datagram (§14.1).
         let short = initial(Version::V1, &[1; 7], &[2; 5], &[]);
         assert_eq!(o.check(&short, client, 0), Verdict::Drop);
+        let full = initial(Version::V1, &[1; 8], &[2; 5], &[]);
+        assert_eq!(o.check(&full[..1199], client, 0), Verdict::Drop);
+        // Versions it does not speak get Version Negotiation, others none.
+        let vn = version_negotiation(&unknown).expect("no Version Negotiation");
+        assert_eq!(&vn[1..5], &[0; 4]);
+        assert_eq!(&vn[6..11], &[2; 5], "sent to the client's source ID");
+        assert!(vn[12..].chunks(4).any(|v| v == [0, 0, 0, 1]));
+        for d in [
+            &full[..],
+            &unknown[..1199],
+            &handshake[..],
+            &[0x40; 1200][..],
+        ] {
+            assert_eq!(version_negotiation(d), None);
+        }
         // Cut inside its token.
         let cut = &initial(Version::V1, &[1; 8], &[2; 5], &[7; 100])[..60];
         assert_eq!(o.check(cut, client, 0), Verdict::NotInitial);

@@ -1306,6 +1306,78 @@ fn credit_granted_before_the_budget_filled_cannot_hold_more_than_the_hard_limit(
     assert!(budget.used() <= budget.hard_limit());
 }
 
+/// The hard limit bounds received data, not what the application queued to send: a large
+/// response waiting for a reader that does not read keeps the budget's total past the hard
+/// limit, and an upload held unread meanwhile is not closed for it.
+#[test]
+fn send_buffers_do_not_trip_the_hard_limit() {
+    let certs = support::certs();
+    let mut now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let (mut server, budget) = server_with_budget(now, &certs, 1 << 20, true);
+    let ccfg = support::client_config(&certs, TransportConfig::default());
+    let mut clients = Vec::new();
+    for (i, port) in [5001u16, 5002].into_iter().enumerate() {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut c = client_endpoint(now, 2 + i as u64);
+        let h = c.connect(now, &ccfg, saddr, "localhost").unwrap();
+        clients.push((c, addr, h, None));
+    }
+    let upload = bytes::Bytes::from(vec![3u8; 700 << 10]);
+    let mut sent = 0;
+    let mut response = None;
+    let mut peak_total = 0;
+    for _ in 0..1500 {
+        for (c, addr, h, stream) in clients.iter_mut() {
+            if let Some(conn) = c.connection_mut(*h)
+                && conn.is_established()
+                && addr.port() == 5002
+            {
+                let id =
+                    *stream.get_or_insert_with(|| conn.open_stream(kuai_proto::Dir::Uni).unwrap());
+                if sent < upload.len() {
+                    sent += conn.write(id, upload.slice(sent..)).unwrap_or(0);
+                }
+            }
+            pump(now, c, *addr, &mut server);
+        }
+        // The server sends the first client 4 MiB, which it never reads.
+        let hs: Vec<_> = server.handles().collect();
+        for sh in hs {
+            let conn = server.connection_mut(sh).unwrap();
+            if conn.remote_address().port() == 5001 && conn.is_established() && response.is_none() {
+                // Four streams: each buffers up to its credit (1 MiB) and 64 KiB more.
+                for _ in 0..4 {
+                    let id = conn.open_stream(kuai_proto::Dir::Uni).unwrap();
+                    conn.write(id, bytes::Bytes::from(vec![5u8; 1 << 20]))
+                        .unwrap();
+                    response = Some(id);
+                }
+            }
+        }
+        let mut buf = Vec::new();
+        while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
+            let (c, _, _, _) = clients.iter_mut().find(|c| c.1 == t.destination).unwrap();
+            c.handle_datagram(now, saddr, None, t.ecn, BytesMut::from(&buf[..t.size]));
+        }
+        peak_total = peak_total.max(budget.used());
+        now += Duration::from_millis(1);
+        server.handle_timeout(now);
+        for (c, _, _, _) in clients.iter_mut() {
+            c.handle_timeout(now);
+        }
+    }
+    assert!(
+        peak_total > budget.hard_limit(),
+        "the response did not take the total past the hard limit: {peak_total}"
+    );
+    assert!(budget.received() > budget.share(), "the upload is not held");
+    assert_eq!(server.stats().closed_over_budget, 0);
+    for (c, addr, h, _) in &clients {
+        assert!(!c.connection(*h).unwrap().is_closed(), "{addr} closed");
+    }
+}
+
 /// A peer that never acknowledges anything, but keeps the connection alive with packets
 /// the server must acknowledge: the records of the server's ACK-only packets stay bounded.
 #[test]

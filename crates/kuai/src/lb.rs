@@ -36,11 +36,15 @@
 //!
 //! With [`LbConfig::retry`] the balancer validates client addresses itself
 //! (draft-ietf-quic-retry-offload, the shared-state service): while as many flows are open as
-//! [`LbRetry::above_flows`] (always, by default), a client's Initial without a token is
-//! answered with a Retry from the balancer, whose source connection ID names the backend
-//! the hash picks for it, and only an Initial bringing the token back from the same address
-//! opens a flow; other long-header packets open none. A spoofed source never sees the
-//! Retry, so it opens no flow at all. The backends share the token key and set
+//! [`LbRetry::above_flows`] (always, by default), a client's Initial without a token (in a
+//! datagram of 1200 bytes) is answered with a Retry from the balancer, whose source
+//! connection ID names the backend the hash picks for it, and only an Initial bringing the
+//! token back from the same address opens a flow from a long header; other long headers
+//! open none (a version the backends do not speak gets Version Negotiation from the
+//! balancer). An Initial with a token is checked whether or not its source has a flow. A
+//! spoofed source never sees the Retry, so it opens no flow with a long header; a short
+//! header naming a backend's connection ID still opens one (a client that moved), never
+//! counted as confirmed. The backends share the token key and set
 //! `ServerConfig::retry_offload` (they see every client at the balancer's address).
 
 use std::collections::{HashMap, VecDeque};
@@ -52,7 +56,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kuai_proto::quic_lb::{QuicLbConfig, QuicLbDecoder};
-use kuai_proto::retry_offload::{RetryOffload, Verdict};
+use kuai_proto::retry_offload::{self, RetryOffload, Verdict};
 use quinn_udp::RecvMeta;
 
 use crate::udp::{SocketOptions, UdpSocket, UdpStats};
@@ -542,6 +546,10 @@ impl LoadBalancer {
                     retried = true;
                     None
                 }
+                Opened::Negotiation(pkt) => {
+                    send(&s.sock, &s.stats, m.addr, None, &pkt, pkt.len()).await;
+                    None
+                }
             };
             let same = match (&run, &flow) {
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
@@ -579,6 +587,20 @@ impl LoadBalancer {
     /// or the Retry that answers it.
     fn flow_for(&self, client: SocketAddr, datagram: &[u8]) -> Opened {
         let s = &self.0;
+        // Retry at the balancer: a long-header datagram is judged first (outside the lock).
+        // A token in an Initial must be one of the balancer's, valid for this address and
+        // sent to its ID, whether or not the source has a flow: the backends take such
+        // tokens without checking the address (it is the balancer's there).
+        let mut verdict = None;
+        if let Some(r) = &s.config.retry
+            && datagram[0] & 0x80 != 0
+        {
+            let v = r.offload.check(datagram, client, unix_ms());
+            if v == Verdict::Drop {
+                return Opened::No;
+            }
+            verdict = Some(v);
+        }
         // One lock per datagram: the route and the flow under it.
         let mut st = lock(&s.state);
         let Some((backend, by_id)) = route(&s.config, &s.hash_key, &st.backends, datagram) else {
@@ -596,16 +618,13 @@ impl LoadBalancer {
             }
             return Opened::Flow(f.clone());
         }
-        // Retry at the balancer: only an Initial whose token proves its address opens a flow.
-        let mut validated = false;
-        if let Some(r) = &s.config.retry
+        // Retry at the balancer: while it retries, only an Initial whose token proves its
+        // address opens a flow from a long header.
+        let validated = verdict == Some(Verdict::Validated);
+        if let (Some(r), Some(v)) = (&s.config.retry, verdict)
             && st.flows.len() >= r.above_flows
         {
-            let unix_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
-            match r.offload.check(datagram, client, unix_ms) {
-                Verdict::Validated => validated = true,
+            match v {
                 Verdict::Unvalidated(ids) => {
                     // The Retry's ID names the backend the client's ID hashes to, so its
                     // next Initial goes there by ID.
@@ -613,15 +632,19 @@ impl LoadBalancer {
                     let mut nonce = vec![0u8; r.config.nonce_len()];
                     rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
                     return match sid.and_then(|b| r.config.encode(&b.server_id, &nonce)) {
-                        Some(cid) => Opened::Retry(r.offload.retry(&ids, client, unix_ms, &cid)),
+                        Some(cid) => Opened::Retry(r.offload.retry(&ids, client, unix_ms(), &cid)),
                         None => Opened::No,
                     };
                 }
-                // A long-header packet that is not a validated Initial (0-RTT, Handshake,
-                // another version's) opens nothing while the balancer retries; short headers
-                // go on below (a migrated client's, by ID).
-                Verdict::NotInitial if datagram[0] & 0x80 == 0 => {}
-                _ => return Opened::No,
+                // Another long header (0-RTT, Handshake) opens nothing; a version the
+                // backends do not speak gets Version Negotiation from here (RFC 9000 §6.1),
+                // as a backend would have sent. Short headers go on below (a migrated
+                // client's, by ID).
+                Verdict::NotInitial => {
+                    return retry_offload::version_negotiation(datagram)
+                        .map_or(Opened::No, Opened::Negotiation);
+                }
+                _ => {}
             }
         }
         // A new flow: for a connection ID a backend issued (a migrated or rebound client),
@@ -679,7 +702,9 @@ impl LoadBalancer {
             // out) never sees a long-header answer to confirm it by: it keeps the second
             // chance its activity earns. (A forged ID can open one too: with an encrypted
             // QUIC-LB configuration only the attacker's own connections' IDs.)
-            confirmed: AtomicBool::new(by_id),
+            // With Retry at the balancer, not even then: the Retry is what tells real
+            // clients from spoofed sources there.
+            confirmed: AtomicBool::new(by_id && s.config.retry.is_none()),
             id,
             evicted: tokio::sync::Notify::new(),
         });
@@ -699,6 +724,15 @@ enum Opened {
     No,
     /// This Retry packet, sent back to the client.
     Retry(Vec<u8>),
+    /// This Version Negotiation packet, sent back to the client.
+    Negotiation(Vec<u8>),
+}
+
+/// The wall-clock time in milliseconds (for tokens).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// How many local ports the system hands out to sockets bound to port 0 (each flow takes

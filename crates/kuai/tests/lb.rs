@@ -642,7 +642,47 @@ async fn retry_at_the_balancer_validates_clients_before_any_flow() {
     );
     assert_eq!(f.handle.counts().1, dropped + 1);
     assert_eq!(f.handle.retries(), 13);
-    // From the address it was given to, it opens one.
+    // Nor through a flow that source opened by ID with a short header (which opens one
+    // whatever the source): the token is checked on every Initial.
+    let mut short = vec![0x40u8];
+    short.extend_from_slice(new_cid);
+    short.resize(64, 0);
+    elsewhere.send_to(&short, f.lb).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while f.handle.flows() != flows + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the short header opened no flow"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (forwarded, dropped) = f.handle.counts();
+    elsewhere.send_to(&again, f.lb).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        f.handle.counts(),
+        (forwarded, dropped + 1),
+        "another address's token went through an open flow"
+    );
+    // An Initial in a datagram under 1200 bytes gets no Retry (RFC 9000 §14.1: it would
+    // amplify); a version the backends do not speak gets Version Negotiation.
+    raw.send_to(&initial[..1199], f.lb).await.unwrap();
+    let mut unknown = initial.clone();
+    unknown[1..5].copy_from_slice(&0x1a2a_3a4au32.to_be_bytes());
+    raw.send_to(&unknown, f.lb).await.unwrap();
+    let (n, _) = tokio::time::timeout(Duration::from_secs(2), raw.recv_from(&mut buf))
+        .await
+        .expect("no Version Negotiation")
+        .unwrap();
+    assert_eq!(
+        &buf[1..5],
+        &[0; 4],
+        "not Version Negotiation: {:x?}",
+        &buf[..n]
+    );
+    assert_eq!(f.handle.retries(), 13);
+    let flows = f.handle.flows();
+    // From the address it was given to, the token opens a flow.
     raw.send_to(&again, f.lb).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     while f.handle.flows() != flows + 1 {

@@ -1174,15 +1174,12 @@ impl Connection {
     }
 
     /// Closes the connection because the endpoint's memory budget is past its hard limit and
-    /// it holds `held` bytes of received data, more than its `share` (see
-    /// [`crate::config::MemoryBudget`]), and releases what it received: nothing of it will
-    /// be read.
-    pub(crate) fn close_over_budget(&mut self, now: Instant, held: u64, share: u64) {
+    /// it holds more received data than its share (see [`crate::config::MemoryBudget`]),
+    /// and releases what it received: nothing of it will be read.
+    pub(crate) fn close_over_budget(&mut self, now: Instant) {
         self.close_with_error(
             now,
-            TransportError::INTERNAL_ERROR(format!(
-                "memory budget exhausted: {held} bytes of received data held, over a share of {share}"
-            )),
+            TransportError::INTERNAL_ERROR("memory budget exhausted"),
         );
         self.streams.release_received();
         for i in 0..3 {
