@@ -83,6 +83,10 @@ pub struct Args {
     /// Most flows at once (each a socket); datagrams that would open another are dropped.
     #[arg(long, default_value_t = 65_536)]
     max_flows: usize,
+    /// Most flows from one client address (an IPv4 address, an IPv6 /64): the per-address
+    /// connection limit the servers behind (run with --proxy) leave to the balancer.
+    #[arg(long, default_value_t = 4096)]
+    max_flows_per_address: usize,
     /// Milliseconds between health probes to each backend (a Version Negotiation probe; 0:
     /// none). A backend that misses three in a row gets no new connections until it answers.
     #[arg(long, default_value_t = 1000)]
@@ -237,6 +241,7 @@ async fn serve(args: Args) -> Result<(), String> {
     let mut config = LbConfig::new(decoder, cid_len);
     config.flow_idle = Duration::from_secs(args.flow_idle.max(1));
     config.max_flows = args.max_flows.max(1);
+    config.max_flows_per_address = args.max_flows_per_address.max(1);
     // A flow is a socket: as many as the open-file limit leaves room for (256 kept for the
     // rest).
     let mut lowered = None;

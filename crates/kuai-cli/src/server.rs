@@ -81,6 +81,12 @@ pub struct Args {
     /// through the balancer alone.
     #[arg(long, requires = "redis")]
     retry_offload: bool,
+    /// The address of a full proxy in front (repeatable; `kuai lb`'s, as the server sees
+    /// it): every client arrives from it on a port of its own, so a client from there is
+    /// counted by address and port for the per-address limits and path hints (`kuai lb`
+    /// caps the flows of one client address itself, --max-flows-per-address).
+    #[arg(long = "proxy", value_name = "IP")]
+    proxies: Vec<std::net::IpAddr>,
     /// Write a qlog trace of every connection into this directory.
     #[arg(long)]
     qlog_dir: Option<PathBuf>,
@@ -403,6 +409,7 @@ async fn serve(args: Args) -> Result<(), String> {
     }
     cfg.proto_mut().new_tokens = !args.no_new_tokens && !args.retry_offload;
     cfg.proto_mut().retry_offload = args.retry_offload;
+    cfg.proto_mut().proxies = args.proxies.clone();
     // The fleet's stateless-reset key only with a QUIC-LB server ID: then a server answers
     // with a reset only the IDs it issued itself (`issued_here`). Without one, a packet of a
     // live connection that reaches another server (a 4-tuple balancer after a NAT

@@ -625,7 +625,16 @@ fn the_balancer_retries_for_the_fleet() {
     let url = format!("redis://127.0.0.1:{rport}");
     let servers: Vec<Proc> = IDS[..2]
         .iter()
-        .map(|id| server_with(&root, &cert, &key, id, &url, &["--retry-offload"]))
+        .map(|id| {
+            server_with(
+                &root,
+                &cert,
+                &key,
+                id,
+                &url,
+                &["--retry-offload", "--proxy", "127.0.0.1"],
+            )
+        })
         .collect();
     let mut lb = Command::new(KUAI);
     lb.args(["lb", "--listen", "127.0.0.1:0", "--quic-lb-key", KEY]);

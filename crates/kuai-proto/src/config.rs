@@ -293,6 +293,12 @@ pub struct ServerConfig {
     /// its token would seal the proxy's address, which the offload refuses. Set it only
     /// where clients reach the server through the offload alone.
     pub retry_offload: bool,
+    /// Addresses of full proxies in front of the server (`kuai lb`'s), from which every
+    /// client arrives, each on a port of its own. A client arriving from one is counted by
+    /// that address and port, not by the IP everyone shares there, for the per-IP limits
+    /// (`max_connections_per_ip`, `max_validated_handshakes_per_ip`) and the path hints a
+    /// returning client starts from; the proxy bounds what one client address may open.
+    pub proxies: Vec<std::net::IpAddr>,
     /// NEW_TOKEN tokens already used: each validates an address once. Share it with the
     /// `token_key`.
     pub token_log: Arc<crate::token::TokenLog>,
@@ -346,6 +352,7 @@ impl ServerConfig {
             new_token_lifetime: Duration::from_secs(24 * 3600),
             new_tokens: true,
             retry_offload: false,
+            proxies: Vec::new(),
             token_log: Arc::new(crate::token::TokenLog::new()),
             versions: vec![Version::V1, Version::V2],
             accept_0rtt: true,

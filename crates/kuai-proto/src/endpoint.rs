@@ -70,13 +70,13 @@ struct Entry {
     memory: u64,
     /// The received part of `memory`, counted against the budget's hard limit.
     received: u64,
-    /// A handshake begun with a validated address, counted for that IP (see
-    /// `ServerConfig::max_validated_handshakes_per_ip`; its [`address_key`]) until it
-    /// completes or goes.
-    validated_ip: Option<IpAddr>,
-    /// A server's connection, counted for its client's IP (`address_key`) until it goes
+    /// A handshake begun with a validated address, counted for that client (see
+    /// `ServerConfig::max_validated_handshakes_per_ip`; its [`Endpoint::client_key`]) until
+    /// it completes or goes.
+    validated_ip: Option<SocketAddr>,
+    /// A server's connection, counted for its client (`Endpoint::client_key`) until it goes
     /// (see `ServerConfig::max_connections_per_ip`).
-    client_ip: Option<IpAddr>,
+    client_ip: Option<SocketAddr>,
 }
 
 /// The key per-address limits count a client by: its IPv4 address, or the /64 its IPv6
@@ -223,10 +223,11 @@ pub struct Endpoint {
     events: VecDeque<(ConnectionHandle, Event)>,
     incoming: VecDeque<ConnectionHandle>,
     handshakes: usize,
-    /// Handshakes in flight begun with a validated address, per client IP.
-    validated_by_ip: HashMap<IpAddr, u32>,
-    /// A server's connections per client IP ([`address_key`]).
-    conns_by_ip: HashMap<IpAddr, u32>,
+    /// Handshakes in flight begun with a validated address, per client
+    /// ([`Endpoint::client_key`]).
+    validated_by_ip: HashMap<SocketAddr, u32>,
+    /// A server's connections per client ([`Endpoint::client_key`]).
+    conns_by_ip: HashMap<SocketAddr, u32>,
     timeout_epoch: u64,
     rng: StdRng,
     anchor: (Instant, u64),
@@ -236,9 +237,9 @@ pub struct Endpoint {
     /// What client connections learnt about their servers' paths, for the next connection
     /// to the same address.
     path_hints: Hints<SocketAddr>,
-    /// What established server connections learnt about their clients' paths, by client IP
-    /// (a NAT gives a returning client another port).
-    client_hints: Hints<IpAddr>,
+    /// What established server connections learnt about their clients' paths, by client
+    /// ([`Endpoint::client_key`]: its IP, as a NAT gives a returning client another port).
+    client_hints: Hints<SocketAddr>,
 }
 
 /// Peers an endpoint remembers a path hint for, each way.
@@ -526,7 +527,24 @@ impl Endpoint {
     /// which the next connection from that host starts from (an IPv4 address or an IPv6
     /// /64, [`address_key`]: a client's temporary IPv6 addresses share its path).
     pub fn client_path_hint(&self, client: IpAddr) -> Option<PathHint> {
-        self.client_hints.get(&address_key(client))
+        self.client_hints.get(&SocketAddr::new(address_key(client), 0))
+    }
+
+    /// Who a client is for the per-client limits and path hints: its IPv4 address or IPv6
+    /// /64 ([`address_key`]; port 0), or, when it arrives from one of the server's
+    /// `proxies`, that proxy's address and port (the proxy gives each client a port of its
+    /// own, and its address is everyone's).
+    fn client_key(&self, remote: SocketAddr) -> SocketAddr {
+        let ip = remote.ip().to_canonical();
+        let proxied = self
+            .server
+            .as_ref()
+            .is_some_and(|s| s.proxies.iter().any(|p| p.to_canonical() == ip));
+        if proxied {
+            SocketAddr::new(ip, remote.port())
+        } else {
+            SocketAddr::new(address_key(ip), 0)
+        }
     }
 
     /// Takes the next connection a client opened to us.
@@ -808,7 +826,7 @@ impl Endpoint {
         let busy = self.connection_count() >= server.max_connections
             || self
                 .conns_by_ip
-                .get(&address_key(remote.ip()))
+                .get(&self.client_key(remote))
                 .is_some_and(|&n| n >= server.max_connections_per_ip);
         if busy {
             self.refuse(
@@ -848,7 +866,7 @@ impl Endpoint {
         }
         let ip_handshakes = if validated {
             self.validated_by_ip
-                .get(&address_key(remote.ip()))
+                .get(&self.client_key(remote))
                 .copied()
                 .unwrap_or(0)
         } else {
@@ -892,13 +910,14 @@ impl Endpoint {
                 unix_ms,
                 seed,
                 memory_pressure: self.config.memory_budget.under_pressure(),
-                hint: self.client_hints.get(&address_key(remote.ip())),
+                hint: self.client_hints.get(&self.client_key(remote)),
                 max_udp_payload_size: self.config.max_udp_payload_size,
             },
             now,
         );
         let mut conn = conn;
         self.attach_tracer(&mut conn, Side::Server, remote, now);
+        let client = self.client_key(remote);
         let h = self.insert(Entry {
             conn,
             handshaking: true,
@@ -911,18 +930,18 @@ impl Endpoint {
             scheduled: None,
             memory: 0,
             received: 0,
-            validated_ip: validated.then_some(address_key(remote.ip())),
-            client_ip: Some(address_key(remote.ip())),
+            validated_ip: validated.then_some(client),
+            client_ip: Some(client),
         });
         *self
             .conns_by_ip
-            .entry(address_key(remote.ip()))
+            .entry(client)
             .or_insert(0) += 1;
         self.handshakes += 1;
         if validated {
             *self
                 .validated_by_ip
-                .entry(address_key(remote.ip()))
+                .entry(client)
                 .or_insert(0) += 1;
         }
         self.stats.accepted += 1;
@@ -1225,7 +1244,8 @@ impl Endpoint {
         match hint {
             Some((server, Side::Client, hint)) => self.path_hints.insert(server, hint),
             Some((client, Side::Server, hint)) => {
-                self.client_hints.insert(address_key(client.ip()), hint)
+                let key = self.client_key(client);
+                self.client_hints.insert(key, hint)
             }
             None => {}
         }
@@ -1435,7 +1455,7 @@ fn long_header_ids(data: &[u8]) -> Option<LongIds> {
 }
 
 /// One handshake fewer for `ip` (the entry goes with the last).
-fn uncount_ip(counts: &mut HashMap<IpAddr, u32>, ip: IpAddr) {
+fn uncount_ip(counts: &mut HashMap<SocketAddr, u32>, ip: SocketAddr) {
     if let std::collections::hash_map::Entry::Occupied(mut e) = counts.entry(ip) {
         *e.get_mut() -= 1;
         if *e.get() == 0 {

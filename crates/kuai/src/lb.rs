@@ -96,6 +96,11 @@ pub struct LbConfig {
     /// client has been quiet longest (found among the oldest 64; when each of those spoke
     /// since, the datagram is dropped).
     pub max_flows: usize,
+    /// Most flows from one client address (an IPv4 address, an IPv6 /64) at once: what the
+    /// servers' per-address connection limit would be without the balancer (servers behind
+    /// it count each flow as a client, `ServerConfig::proxies`). Past it the datagram that
+    /// would open another is dropped.
+    pub max_flows_per_address: usize,
     /// How often each backend is probed (`None`: never; every backend counts as up).
     pub health_interval: Option<Duration>,
     /// Probes missed in a row that take a backend out of new connections.
@@ -140,6 +145,7 @@ impl LbConfig {
             flow_idle: Duration::from_secs(60),
             unanswered_idle: Duration::from_secs(5),
             max_flows: 65_536,
+            max_flows_per_address: 4096,
             health_interval: Some(Duration::from_secs(1)),
             health_failures: 3,
             retry: None,
@@ -205,6 +211,8 @@ struct State {
     order: VecDeque<(FlowKey, u64, u64)>,
     /// The next flow's id.
     next_id: u64,
+    /// Flows per client address ([`kuai_proto::address_key`]).
+    per_address: HashMap<std::net::IpAddr, usize>,
 }
 
 /// Flows looked at, at most, to find one to end for a new one.
@@ -229,12 +237,25 @@ impl State {
                 self.order.push_back((key, id, spoke));
                 continue;
             }
-            if let Some(f) = self.flows.remove(&key) {
+            if let Some(f) = self.forget(&key) {
                 f.evicted.notify_one();
             }
             return true;
         }
         false
+    }
+
+    /// Removes a flow from the table.
+    fn forget(&mut self, key: &FlowKey) -> Option<Arc<Flow>> {
+        let f = self.flows.remove(key)?;
+        let a = kuai_proto::address_key(key.0.ip());
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.per_address.entry(a) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        Some(f)
     }
 
     /// Drops the entries of flows gone when they outnumber the live ones.
@@ -444,6 +465,7 @@ impl LoadBalancer {
                 flows: HashMap::new(),
                 order: VecDeque::new(),
                 next_id: 0,
+                per_address: HashMap::new(),
             }),
             start: Instant::now(),
             forwarded: AtomicU64::new(0),
@@ -664,6 +686,13 @@ impl LoadBalancer {
         {
             return Opened::No;
         }
+        // One client address opens this many flows at most: behind the balancer every
+        // client shares its address, so the servers' per-address limits cannot tell them
+        // apart (they count by flow, `ServerConfig::proxies`), and the cap is here.
+        let address = kuai_proto::address_key(client.ip());
+        if st.per_address.get(&address).copied().unwrap_or(0) >= s.config.max_flows_per_address {
+            return Opened::No;
+        }
         if st.flows.len() >= s.max_flows && !st.evict_one() {
             return Opened::No;
         }
@@ -709,6 +738,7 @@ impl LoadBalancer {
             evicted: tokio::sync::Notify::new(),
         });
         st.flows.insert((client, backend), flow.clone());
+        *st.per_address.entry(address).or_insert(0) += 1;
         st.order.push_back(((client, backend), id, now));
         st.compact_order();
         tokio::spawn(back_to_client(s.clone(), flow.clone(), client));
@@ -1006,7 +1036,7 @@ async fn back_to_client(s: Arc<Shared>, flow: Arc<Flow>, client: SocketAddr) {
                     .get(&(client, flow.backend))
                     .is_some_and(|f| Arc::ptr_eq(f, &flow))
                 {
-                    st.flows.remove(&(client, flow.backend));
+                    st.forget(&(client, flow.backend));
                 }
                 return;
             }
@@ -1071,7 +1101,7 @@ async fn back_to_client(s: Arc<Shared>, flow: Arc<Flow>, client: SocketAddr) {
         .get(&(client, flow.backend))
         .is_some_and(|f| Arc::ptr_eq(f, &flow))
     {
-        st.flows.remove(&(client, flow.backend));
+        st.forget(&(client, flow.backend));
     }
 }
 

@@ -693,3 +693,45 @@ async fn retry_at_the_balancer_validates_clients_before_any_flow() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Behind the balancer every client reaches a server from the balancer's address: servers
+/// that list it in `proxies` count each flow as a client for their per-address limits (one
+/// connection per client here: five clients over three servers would otherwise be refused
+/// on some server), and the balancer caps the flows of one client address instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_count_clients_behind_the_balancer_by_flow() {
+    let f = fleet_with(
+        localhost(),
+        Duration::from_secs(1),
+        |c| c.max_flows_per_address = 5,
+        |s| {
+            let p = s.proto_mut();
+            p.max_connections_per_ip = 1;
+            p.proxies = vec!["127.0.0.1".parse().unwrap()];
+        },
+    )
+    .await;
+    let mut conns = Vec::new();
+    for _ in 0..5 {
+        let client = Endpoint::client(localhost()).unwrap();
+        let c = connect(&client, &f).await;
+        assert_eq!(fetch(&c, 1000).await, 1000);
+        conns.push((client, c));
+    }
+    assert_eq!(f.handle.flows(), 5);
+    // A sixth flow from 127.0.0.1 is not opened; another address's is.
+    let raw = tokio::net::UdpSocket::bind(localhost()).await.unwrap();
+    let mut long = vec![0u8; 1200];
+    long[0] = 0xc0;
+    long[1..5].copy_from_slice(&1u32.to_be_bytes());
+    long[5] = 8;
+    let (_, dropped) = f.handle.counts();
+    raw.send_to(&long, f.lb).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(f.handle.flows(), 5);
+    assert_eq!(f.handle.counts().1, dropped + 1);
+    let other = Endpoint::client("127.0.0.2:0".parse().unwrap()).unwrap();
+    let c = connect(&other, &f).await;
+    assert_eq!(fetch(&c, 1000).await, 1000);
+    assert_eq!(f.handle.flows(), 6);
+}
