@@ -254,7 +254,11 @@ impl File {
     }
 
     /// The router: every host's routes, each an upstream pool or a directory.
-    pub fn router(&self, metrics: Option<&Arc<Metrics>>) -> Result<Router, String> {
+    pub fn router(
+        &self,
+        metrics: Option<&Arc<Metrics>>,
+        proxies: &[std::net::IpAddr],
+    ) -> Result<Router, String> {
         let mut router = Router::new();
         for h in &self.hosts {
             let names: Vec<&str> = h.names.iter().map(String::as_str).collect();
@@ -262,7 +266,7 @@ impl File {
                 router = if let Some(root) = &r.root {
                     router.route(&names, &r.prefix, ServeDir::new(root))
                 } else {
-                    router.route(&names, &r.prefix, r.proxy(metrics)?)
+                    router.route(&names, &r.prefix, r.proxy(metrics, proxies)?)
                 }
                 .strip_prefix(r.strip_prefix);
             }
@@ -287,7 +291,11 @@ impl File {
 }
 
 impl RouteFile {
-    fn proxy(&self, metrics: Option<&Arc<Metrics>>) -> Result<Proxy, String> {
+    fn proxy(
+        &self,
+        metrics: Option<&Arc<Metrics>>,
+        proxies: &[std::net::IpAddr],
+    ) -> Result<Proxy, String> {
         let mut upstreams = Vec::new();
         for u in &self.upstreams {
             upstreams.push(u.parse().map_err(|e: kuai_http::Error| e.to_string())?);
@@ -304,6 +312,7 @@ impl RouteFile {
             health_check: self.health_check.as_deref(),
             health_interval: self.health_interval,
             max_connections: self.max_connections,
+            proxies,
         }
         .proxy(metrics)
     }
@@ -318,12 +327,16 @@ pub struct Pool<'a> {
     pub health_check: Option<&'a str>,
     pub health_interval: Option<Timeout>,
     pub max_connections: Option<usize>,
+    /// Full proxies in front (`--proxy`).
+    pub proxies: &'a [std::net::IpAddr],
 }
 
 impl Pool<'_> {
     /// The proxy to it.
     pub fn proxy(&self, metrics: Option<&Arc<Metrics>>) -> Result<Proxy, String> {
-        let mut b = Proxy::builder().balance(self.balance);
+        let mut b = Proxy::builder()
+            .balance(self.balance)
+            .proxies(self.proxies.to_vec());
         for u in self.upstreams {
             b = b.upstream(u.clone());
         }

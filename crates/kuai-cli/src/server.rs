@@ -83,8 +83,9 @@ pub struct Args {
     retry_offload: bool,
     /// The address of a full proxy in front (repeatable; `kuai lb`'s, as the server sees
     /// it): every client arrives from it on a port of its own, so a client from there is
-    /// counted by address and port for the per-address limits and path hints (`kuai lb`
-    /// caps the flows of one client address itself, --max-flows-per-address).
+    /// counted by address and port for the per-address limits (QUIC connections and
+    /// handshakes, the gateway's WebSockets) and path hints (`kuai lb` caps the flows of
+    /// one client address itself, --max-flows-per-address).
     #[arg(long = "proxy", value_name = "IP")]
     proxies: Vec<std::net::IpAddr>,
     /// Write a qlog trace of every connection into this directory.
@@ -641,7 +642,7 @@ async fn serve(args: Args) -> Result<(), String> {
         limits = f.limits(limits);
     }
     let served = if let Some(f) = &file {
-        let mut server = Server::new(f.router(metrics.as_ref())?).limits(limits);
+        let mut server = Server::new(f.router(metrics.as_ref(), &args.proxies)?).limits(limits);
         if let Some(m) = &metrics {
             server = server.metrics(m.clone());
         }
@@ -725,6 +726,7 @@ fn proxy(args: &Args, metrics: Option<&Arc<Metrics>>) -> Result<Proxy, String> {
         health_check: args.health_check.as_deref(),
         health_interval: Some(args.health_interval),
         max_connections: Some(args.upstream_max_connections as usize),
+        proxies: &args.proxies,
     }
     .proxy(metrics)
 }

@@ -236,6 +236,8 @@ pub(crate) struct Options {
     max_conns: usize,
     max_tunnels: usize,
     max_tunnels_per_address: usize,
+    /// Full proxies in front (`kuai lb`): a client from one counts by address and port.
+    proxies: Vec<std::net::IpAddr>,
 }
 
 /// Builds a [`Proxy`].
@@ -304,6 +306,15 @@ impl ProxyBuilder {
     pub fn max_websockets(mut self, total: usize, per_address: usize) -> Self {
         self.options.max_tunnels = total.max(1);
         self.options.max_tunnels_per_address = per_address.max(1);
+        self
+    }
+
+    /// Addresses of full proxies in front of the server (`kuai lb`'s): every client arrives
+    /// from one of them on a port of its own, so a client from there counts by address and
+    /// port for the per-address WebSocket cap, not as one with every other client of the
+    /// proxy (which caps its flows per client address itself).
+    pub fn proxies(mut self, proxies: Vec<std::net::IpAddr>) -> Self {
+        self.options.proxies = proxies;
         self
     }
 
@@ -431,6 +442,7 @@ impl Proxy {
                 max_conns: 1024,
                 max_tunnels: 4096,
                 max_tunnels_per_address: 512,
+                proxies: Vec::new(),
             },
             health: None,
             via: "kuai".into(),
@@ -578,7 +590,7 @@ impl Inner {
             return local(StatusCode::BAD_REQUEST, "cannot forward this request");
         };
         if let Some((ask, drain, busy)) = ws {
-            let client = info.map(|i| i.remote.ip());
+            let client = info.map(|i| i.remote);
             return self.websocket(head, body, ask, drain, busy, client).await;
         }
         let idempotent = head.method.is_idempotent();

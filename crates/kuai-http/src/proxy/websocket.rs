@@ -32,17 +32,29 @@ const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 /// own, which no other limit counts.
 #[derive(Default)]
 pub(super) struct Tunnels {
-    open: std::sync::Mutex<(usize, std::collections::HashMap<std::net::IpAddr, usize>)>,
+    open: std::sync::Mutex<(
+        usize,
+        std::collections::HashMap<std::net::SocketAddr, usize>,
+    )>,
 }
 
 impl Tunnels {
     /// A place for a tunnel from `client`, or `None` past a cap.
     fn take(
         self: &Arc<Self>,
-        client: Option<std::net::IpAddr>,
+        client: Option<std::net::SocketAddr>,
         o: &super::Options,
     ) -> Option<TunnelSlot> {
-        let key = client.map(kuai::kuai_proto::address_key);
+        // A client's address ([`address_key`](kuai::kuai_proto::address_key), port 0), or
+        // from a proxy in front its address and port.
+        let key = client.map(|c| {
+            let ip = c.ip().to_canonical();
+            if o.proxies.iter().any(|p| p.to_canonical() == ip) {
+                std::net::SocketAddr::new(ip, c.port())
+            } else {
+                std::net::SocketAddr::new(kuai::kuai_proto::address_key(ip), 0)
+            }
+        });
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if open.0 >= o.max_tunnels {
             return None;
@@ -65,7 +77,7 @@ impl Tunnels {
 /// A tunnel's place among the open ones; given back when dropped.
 pub(super) struct TunnelSlot {
     tunnels: Arc<Tunnels>,
-    key: Option<std::net::IpAddr>,
+    key: Option<std::net::SocketAddr>,
 }
 
 impl Drop for TunnelSlot {
@@ -164,7 +176,7 @@ impl Inner {
         ask: Ask,
         drain: Option<crate::server::Drain>,
         busy: Option<crate::server::Busy>,
-        client: Option<std::net::IpAddr>,
+        client: Option<std::net::SocketAddr>,
     ) -> Response<ProxyBody> {
         if !self
             .backends
@@ -609,5 +621,29 @@ mod tests {
         ] {
             assert_eq!(base64(raw.as_bytes()), enc);
         }
+    }
+
+    /// One tunnel per client address: an address's ports share its count, an IPv6 /64 too,
+    /// but clients from a proxy in front count by address and port.
+    #[test]
+    fn tunnels_are_counted_per_client_or_per_proxied_flow() {
+        let lb: std::net::IpAddr = "10.0.0.10".parse().unwrap();
+        let o = super::super::Proxy::builder()
+            .max_websockets(100, 1)
+            .proxies(vec![lb])
+            .options;
+        let tunnels = Arc::new(Tunnels::default());
+        let at = |s: &str| Some(s.parse::<std::net::SocketAddr>().unwrap());
+        let a = tunnels.take(at("192.0.2.1:1000"), &o).expect("first");
+        assert!(tunnels.take(at("192.0.2.1:2000"), &o).is_none());
+        let v6 = tunnels.take(at("[2001:db8::1]:1000"), &o).expect("v6");
+        assert!(tunnels.take(at("[2001:db8::2]:1000"), &o).is_none());
+        let p1 = tunnels.take(at("10.0.0.10:40000"), &o).expect("proxied");
+        let p2 = tunnels
+            .take(at("[::ffff:10.0.0.10]:40001"), &o)
+            .expect("another flow");
+        assert!(tunnels.take(at("10.0.0.10:40000"), &o).is_none());
+        drop((a, v6, p1, p2));
+        assert!(tunnels.take(at("192.0.2.1:2000"), &o).is_some());
     }
 }
