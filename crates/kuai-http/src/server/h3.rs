@@ -297,6 +297,22 @@ async fn linger(server: &kuai_h3::Server, deadline: tokio::time::Instant) {
     }
 }
 
+/// The code a response stream is reset with when its body fails: H3_REQUEST_CANCELLED when
+/// the body's source was reset or aborted (a backend's connection reset under a proxied
+/// response or a WebSocket tunnel: RFC 9220 §3 maps a TCP RST to it), H3_INTERNAL_ERROR
+/// otherwise.
+fn body_reset_code(e: &(dyn std::error::Error + 'static)) -> Code {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionReset};
+    let io = match e.downcast_ref::<crate::Error>() {
+        Some(crate::Error::Io(io)) => Some(io),
+        _ => e.downcast_ref::<std::io::Error>(),
+    };
+    match io.map(std::io::Error::kind) {
+        Some(ConnectionReset | ConnectionAborted) => Code::REQUEST_CANCELLED,
+        _ => Code::INTERNAL_ERROR,
+    }
+}
+
 /// Sends `resp` and its body (none after HEAD, 204 and 304: RFC 9110 §6.4.1) and finishes the
 /// stream; the body bytes sent, and the stream (to wait for its acknowledgement).
 async fn send_response(
@@ -330,7 +346,7 @@ async fn send_response(
                 Err(e) => {
                     // The client must not take a cut body for a whole one.
                     tracing::info!(error = %e, "response body failed: stream reset");
-                    stream.reset(Code::INTERNAL_ERROR);
+                    stream.reset(body_reset_code(&*e));
                     return Err(kuai_h3::Error::Malformed("response body failed").into());
                 }
             };
@@ -366,4 +382,20 @@ fn expects_continue(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::EXPECT)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_whose_source_was_reset_cancels_the_request() {
+        use std::io::{Error, ErrorKind};
+        let reset = crate::Error::Io(Error::from(ErrorKind::ConnectionReset));
+        assert_eq!(body_reset_code(&reset), Code::REQUEST_CANCELLED);
+        let aborted = Error::from(ErrorKind::ConnectionAborted);
+        assert_eq!(body_reset_code(&aborted), Code::REQUEST_CANCELLED);
+        let other = crate::Error::Io(Error::from(ErrorKind::UnexpectedEof));
+        assert_eq!(body_reset_code(&other), Code::INTERNAL_ERROR);
+    }
 }
