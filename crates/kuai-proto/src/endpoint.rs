@@ -1003,35 +1003,9 @@ impl Endpoint {
     ) {
         self.stats.refused += 1;
         self.notify(EndpointTraceEvent::ConnectionRefused { remote });
-        let keys = crate::crypto::initial_keys(version, dcid, Side::Server);
         let local = self.cid_gen.generate();
-        let mut buf = Vec::with_capacity(128);
-        let pos = packet::write_long_header(
-            &mut buf,
-            version,
-            LongType::Initial,
-            scid,
-            &local,
-            &[],
-            0,
-            1,
-        );
-        Frame::Close(Close {
-            error_code: code.0,
-            frame_type: Some(0),
-            reason: Bytes::from_static(b"server busy"),
-        })
-        .encode(&mut buf);
-        if packet::seal_packet(
-            &mut buf,
-            &pos,
-            0,
-            keys.local.header.as_ref(),
-            keys.local.packet.as_ref(),
-        )
-        .is_ok()
-        {
-            self.queue_response(remote, local_ip, buf);
+        if let Some(pkt) = initial_close(version, dcid, scid, &local, code, b"server busy") {
+            self.queue_response(remote, local_ip, pkt);
         }
     }
 
@@ -1454,7 +1428,38 @@ fn long_header_ids(data: &[u8]) -> Option<LongIds> {
     })
 }
 
-/// One handshake fewer for `ip` (the entry goes with the last).
+/// A server's Initial packet closing a connection attempt statelessly with CONNECTION_CLOSE
+/// (`code`, `reason`): sealed with the Initial keys of the client's `dcid`, sent to its
+/// `scid` from `local`. Not ack-eliciting, so not padded (RFC 9000 §14.1).
+pub(crate) fn initial_close(
+    version: Version,
+    dcid: &ConnectionId,
+    scid: &ConnectionId,
+    local: &ConnectionId,
+    code: TransportErrorCode,
+    reason: &'static [u8],
+) -> Option<Vec<u8>> {
+    let keys = crate::crypto::initial_keys(version, dcid, Side::Server);
+    let mut buf = Vec::with_capacity(128);
+    let pos = packet::write_long_header(&mut buf, version, LongType::Initial, scid, local, &[], 0, 1);
+    Frame::Close(Close {
+        error_code: code.0,
+        frame_type: Some(0),
+        reason: Bytes::from_static(reason),
+    })
+    .encode(&mut buf);
+    packet::seal_packet(
+        &mut buf,
+        &pos,
+        0,
+        keys.local.header.as_ref(),
+        keys.local.packet.as_ref(),
+    )
+    .ok()?;
+    Some(buf)
+}
+
+/// One handshake fewer for `ip`/// One handshake fewer for `ip` (the entry goes with the last).
 fn uncount_ip(counts: &mut HashMap<SocketAddr, u32>, ip: SocketAddr) {
     if let std::collections::hash_map::Entry::Occupied(mut e) = counts.entry(ip) {
         *e.get_mut() -= 1;

@@ -43,9 +43,13 @@ pub enum Verdict {
     /// An Initial without a token, or with one this offload did not seal (a server's
     /// NEW_TOKEN token, say): answer it with [`RetryOffload::retry`] to validate it.
     Unvalidated(InitialIds),
-    /// An Initial to drop: in a datagram under 1200 bytes (RFC 9000 §14.1), with a token
-    /// this offload sealed for another address, another ID or too long ago (a copy, or a
-    /// client that took too long), or without a token and a client ID under 8 bytes.
+    /// An Initial with a Retry token this offload sealed for another address, another ID or
+    /// too long ago (a copy, or a client that took too long): answer with this Initial
+    /// packet closing the attempt with INVALID_TOKEN (RFC 9000 §8.1.2; a few dozen bytes, it
+    /// amplifies nothing) and pass nothing on.
+    InvalidToken(Vec<u8>),
+    /// An Initial to drop: in a datagram under 1200 bytes (RFC 9000 §14.1), or without a
+    /// token and a client ID under 8 bytes.
     Drop,
 }
 
@@ -103,8 +107,10 @@ impl RetryOffload {
             Ok(ValidToken::Retry { retry_scid, .. }) if retry_scid == ids.dcid => {
                 Verdict::Validated
             }
-            Ok(ValidToken::Retry { .. }) => Verdict::Drop,
-            Err(TokenError::Stale) if token::is_retry_token(&self.key, token) => Verdict::Drop,
+            Ok(ValidToken::Retry { .. }) => invalid_token(&ids),
+            Err(TokenError::Stale) if token::is_retry_token(&self.key, token) => {
+                invalid_token(&ids)
+            }
             // A NEW_TOKEN token of the servers' (sealed with the same key), fresh or not:
             // the offload does not take them (it cannot tell whether one was used before).
             Ok(ValidToken::NewToken { .. }) | Err(_) => Verdict::Unvalidated(ids),
@@ -122,6 +128,22 @@ impl RetryOffload {
     ) -> Vec<u8> {
         let tok = token::retry_token(&self.key, client, &initial.dcid, new_cid, unix_ms);
         crate::packet::build_retry(initial.version, &initial.scid, new_cid, &initial.dcid, &tok)
+    }
+}
+
+/// The INVALID_TOKEN close answering `ids` (see [`Verdict::InvalidToken`]).
+fn invalid_token(ids: &InitialIds) -> Verdict {
+    let local = ConnectionId::random(&mut rand::rng(), 8);
+    match crate::endpoint::initial_close(
+        ids.version,
+        &ids.dcid,
+        &ids.scid,
+        &local,
+        crate::error::TransportErrorCode::INVALID_TOKEN,
+        b"invalid token",
+    ) {
+        Some(p) => Verdict::InvalidToken(p),
+        None => Verdict::Drop,
     }
 }
 
@@ -237,12 +259,23 @@ mod tests {
             let token = &retry[1 + 4 + 1 + 5 + 1 + 6..retry.len() - 16];
             let to_short = initial(version, &short, &[2; 5], token);
             assert_eq!(o.check(&to_short, client, 2000), Verdict::Validated);
-            // Another address, another ID, too late.
+            // Another address, another ID, too late: closed with INVALID_TOKEN, in an Initial
+            // of the client's version to its source ID.
             let elsewhere: SocketAddr = "192.0.2.2:5000".parse().unwrap();
-            assert_eq!(o.check(&second, elsewhere, 2000), Verdict::Drop);
             let copy = initial(version, &[8; 8], &[2; 5], token);
-            assert_eq!(o.check(&copy, client, 2000), Verdict::Drop);
-            assert_eq!(o.check(&second, client, 12_000), Verdict::Drop);
+            for v in [
+                o.check(&second, elsewhere, 2000),
+                o.check(&copy, client, 2000),
+                o.check(&second, client, 12_000),
+            ] {
+                let Verdict::InvalidToken(p) = v else {
+                    panic!("not closed: {v:?}");
+                };
+                assert_eq!((p[0] >> 4) & 3, if version == Version::V1 { 0 } else { 1 });
+                assert_eq!(&p[1..5], &version.wire().to_be_bytes());
+                assert_eq!(&p[5..11], &[5, 2, 2, 2, 2, 2]);
+                assert!(p.len() < 100, "{} bytes", p.len());
+            }
             // Another key's token: retried.
             let other = RetryOffload::new(Arc::new(TokenKey::random()), Duration::from_secs(10));
             assert!(matches!(

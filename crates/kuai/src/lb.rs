@@ -568,7 +568,7 @@ impl LoadBalancer {
                     retried = true;
                     None
                 }
-                Opened::Negotiation(pkt) => {
+                Opened::Answer(pkt) => {
                     send(&s.sock, &s.stats, m.addr, None, &pkt, pkt.len()).await;
                     None
                 }
@@ -617,11 +617,11 @@ impl LoadBalancer {
         if let Some(r) = &s.config.retry
             && datagram[0] & 0x80 != 0
         {
-            let v = r.offload.check(datagram, client, unix_ms());
-            if v == Verdict::Drop {
-                return Opened::No;
+            match r.offload.check(datagram, client, unix_ms()) {
+                Verdict::Drop => return Opened::No,
+                Verdict::InvalidToken(close) => return Opened::Answer(close),
+                v => verdict = Some(v),
             }
-            verdict = Some(v);
         }
         // One lock per datagram: the route and the flow under it.
         let mut st = lock(&s.state);
@@ -664,7 +664,7 @@ impl LoadBalancer {
                 // client's, by ID).
                 Verdict::NotInitial => {
                     return retry_offload::version_negotiation(datagram)
-                        .map_or(Opened::No, Opened::Negotiation);
+                        .map_or(Opened::No, Opened::Answer);
                 }
                 _ => {}
             }
@@ -754,8 +754,9 @@ enum Opened {
     No,
     /// This Retry packet, sent back to the client.
     Retry(Vec<u8>),
-    /// This Version Negotiation packet, sent back to the client.
-    Negotiation(Vec<u8>),
+    /// This other stateless answer (Version Negotiation, a close for an invalid token),
+    /// sent back to the client.
+    Answer(Vec<u8>),
 }
 
 /// The wall-clock time in milliseconds (for tokens).

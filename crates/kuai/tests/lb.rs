@@ -642,6 +642,19 @@ async fn retry_at_the_balancer_validates_clients_before_any_flow() {
     );
     assert_eq!(f.handle.counts().1, dropped + 1);
     assert_eq!(f.handle.retries(), 13);
+    // It is answered with an Initial closing the attempt (INVALID_TOKEN, RFC 9000 §8.1.2).
+    let mut close = [0u8; 1500];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(2), elsewhere.recv_from(&mut close))
+        .await
+        .expect("no close for the invalid token")
+        .unwrap();
+    assert_eq!(
+        close[0] & 0xf0,
+        0xc0,
+        "not an Initial: {:x?}",
+        &close[..n.min(8)]
+    );
+    assert!(n < 100);
     // Nor through a flow that source opened by ID with a short header (which opens one
     // whatever the source): the token is checked on every Initial.
     let mut short = vec![0x40u8];
