@@ -748,3 +748,68 @@ async fn servers_count_clients_behind_the_balancer_by_flow() {
     assert_eq!(fetch(&c, 1000).await, 1000);
     assert_eq!(f.handle.flows(), 6);
 }
+
+/// IPv6 backends behind a dual-stack balancer: their health probes are answered (an IPv6
+/// socket probes them), an IPv6 client and an IPv4 one both get through, and the IPv6
+/// client keeps its connection when it rebinds mid-transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_backends_serve_ipv6_and_ipv4_clients() {
+    let v6: SocketAddr = "[::1]:0".parse().unwrap();
+    let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
+    let servers: Vec<Endpoint> = (1..=2u8)
+        .map(|sid| {
+            let mut ec = EndpointConfig::default();
+            ec.proto.cid_generator =
+                Arc::new(move || Box::new(QuicLbCids::new(lb_config(), &[sid]).unwrap()));
+            serve_gets(
+                Endpoint::builder()
+                    .endpoint_config(ec)
+                    .server(scfg.clone())
+                    .bind(v6)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let mut decoder = QuicLbDecoder::new();
+    decoder.add(lb_config());
+    let config = LbConfig {
+        health_interval: Some(Duration::from_millis(100)),
+        ..LbConfig::new(decoder, lb_config().cid_len())
+    };
+    let backends = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (vec![i as u8 + 1], s.local_addr().unwrap()))
+        .collect();
+    let (lb, handle) = LoadBalancer::bind("[::]:0".parse().unwrap(), backends, config).unwrap();
+    let port = lb.local_addr().port();
+    tokio::spawn(lb.run());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        handle.backends().iter().all(|b| b.up),
+        "an IPv6 backend missed its probes: {:?}",
+        handle.backends()
+    );
+    let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    for (bind, to) in [("[::1]:0", "[::1]"), ("127.0.0.1:0", "127.0.0.1")] {
+        let client = Endpoint::client(bind.parse().unwrap()).unwrap();
+        let lb_addr: SocketAddr = format!("{to}:{port}").parse().unwrap();
+        let conn = client
+            .connect_with(ccfg.clone(), lb_addr, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(fetch(&conn, 100_000).await, 100_000);
+        if to.starts_with('[') {
+            let c2 = conn.clone();
+            let transfer = tokio::spawn(async move { fetch(&c2, 8 << 20).await });
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            client.rebind(v6).unwrap();
+            assert_eq!(transfer.await.unwrap(), 8 << 20);
+            assert_eq!(conn.stats().migrations, 1);
+        }
+    }
+    let total: u64 = servers.iter().map(|s| s.stats().accepted).sum();
+    assert_eq!(total, 2);
+    assert_eq!(handle.counts().1, 0, "datagrams dropped");
+}
