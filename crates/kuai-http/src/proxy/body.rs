@@ -324,11 +324,12 @@ impl ProxyBody {
     }
 
     pub(crate) fn tunnel(
-        read: tokio::io::ReadHalf<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>,
+        read: tokio::net::tcp::OwnedReadHalf,
+        early: Bytes,
         activity: Arc<super::websocket::Activity>,
     ) -> Self {
         Self {
-            kind: Kind::Tunnel(super::websocket::TunnelRead::new(read, activity)),
+            kind: Kind::Tunnel(super::websocket::TunnelRead::new(read, early, activity)),
         }
     }
 

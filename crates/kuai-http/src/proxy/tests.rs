@@ -1859,3 +1859,105 @@ async fn a_backend_101_without_the_websocket_handshake_is_refused() {
         );
     }
 }
+
+/// A WebSocket backend by hand, one connection: it answers the handshake with a 101 and, in
+/// the same write, `early` bytes of tunnel data; then, with `reset`, it resets its
+/// connection (SO_LINGER 0), or else it reads until the connection ends and reports how:
+/// "eof" (a FIN) or "reset" (an RST).
+async fn raw_websocket_backend(
+    early: &'static [u8],
+    reset: bool,
+) -> (SocketAddr, tokio::sync::oneshot::Receiver<&'static str>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut tcp, _) = l.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = tcp.read(&mut b).await.unwrap();
+            assert!(n > 0, "the request head did not come");
+            head.extend_from_slice(&b[..n]);
+        }
+        let text = String::from_utf8_lossy(&head).to_string();
+        let key = text
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .starts_with("sec-websocket-key:")
+                    .then(|| l[18..].trim().to_string())
+            })
+            .expect("no key");
+        let mut out = format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n\r\n",
+            super::websocket::accept_for(key.as_bytes())
+        )
+        .into_bytes();
+        out.extend_from_slice(early);
+        tcp.write_all(&out).await.unwrap();
+        if reset {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            socket2::SockRef::from(&tcp)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+            drop(tcp);
+            let _ = tx.send("reset sent");
+            return;
+        }
+        let how = loop {
+            match tcp.read(&mut b).await {
+                Ok(0) => break "eof",
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
+                Err(_) => break "error",
+            }
+        };
+        let _ = tx.send(how);
+    });
+    (addr, rx)
+}
+
+/// An HTTP/3 WebSocket tunnel carries what the backend sent with its 101; a client that
+/// resets the tunnel has the backend's connection reset (a TCP RST, not a FIN), and a
+/// backend that resets its connection has the client's stream reset with
+/// H3_REQUEST_CANCELLED (RFC 9220 §3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_resets_cross_the_gateway_both_ways() {
+    // The client resets.
+    let (b, how) = raw_websocket_backend(b"\x81\x02hi", false).await;
+    let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+    let (_conn, stream, resp) = h3_websocket(&gw, "/ws").await;
+    assert_eq!(resp.status(), 200);
+    let (mut send, mut recv) = stream.split();
+    let first = tokio::time::timeout(Duration::from_secs(5), recv.recv_data())
+        .await
+        .expect("the backend's first bytes did not come")
+        .unwrap();
+    assert_eq!(first.as_deref(), Some(&b"\x81\x02hi"[..]));
+    send.reset(kuai_h3::Code::REQUEST_CANCELLED);
+    recv.stop(kuai_h3::Code::REQUEST_CANCELLED);
+    let how = tokio::time::timeout(Duration::from_secs(5), how)
+        .await
+        .expect("the backend's connection did not end")
+        .unwrap();
+    assert_eq!(
+        how, "reset",
+        "the client's reset reached the backend as {how}"
+    );
+
+    // The backend resets.
+    let (b, _) = raw_websocket_backend(b"", true).await;
+    let gw = Gateway::start(proxy_to(&[(b, false)]).build().unwrap()).await;
+    let (_conn, stream, resp) = h3_websocket(&gw, "/ws").await;
+    assert_eq!(resp.status(), 200);
+    let (_send, mut recv) = stream.split();
+    let end = tokio::time::timeout(Duration::from_secs(5), recv.recv_data())
+        .await
+        .expect("the tunnel did not end");
+    assert!(
+        matches!(end, Err(kuai_h3::Error::StreamReset(c)) if c == kuai_h3::Code::REQUEST_CANCELLED),
+        "{end:?}"
+    );
+}

@@ -14,7 +14,6 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Frame;
 use http_body_util::BodyExt;
-use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
@@ -307,12 +306,20 @@ impl Inner {
             }
         }
         let up = match hyper::upgrade::on(resp).await {
-            Ok(u) => TokioIo::new(u),
+            Ok(u) => u,
             Err(e) => {
                 tracing::warn!(target: "kuai_http::proxy", backend = %b.name, error = %e, "WebSocket upgrade failed");
                 return local(StatusCode::BAD_GATEWAY, "the upstream's upgrade failed");
             }
         };
+        // The backend's TCP stream itself (and what hyper read past the 101), so that a
+        // tunnel the client aborts is aborted toward the backend too: a TCP RST, not a FIN
+        // (RFC 9220 §3: a TCP RST and a stream reset stand for each other).
+        let Ok(parts) = up.downcast::<TokioIo<tokio::net::TcpStream>>() else {
+            tracing::warn!(target: "kuai_http::proxy", backend = %b.name, "WebSocket upgrade on an unexpected connection type");
+            return local(StatusCode::BAD_GATEWAY, "the upstream's upgrade failed");
+        };
+        let (up, early) = (parts.io.into_inner(), parts.read_buf);
         let idle = self.options.response_timeout;
         let name = b.name.clone();
         // A server shutting down waits for the tunnel, and ends it with its drain timeout.
@@ -321,14 +328,14 @@ impl Inner {
             Ask::Http3 => {
                 // The request body is the client's side of the tunnel, the response body
                 // the backend's.
-                let (read, write) = tokio::io::split(up);
+                let (read, write) = up.into_split();
                 let activity = Arc::new(Activity::new(hold));
                 tokio::spawn(pump_body(body, write, activity.clone(), idle, name, drain));
-                *answer.body_mut() = ProxyBody::tunnel(read, activity);
+                *answer.body_mut() = ProxyBody::tunnel(read, early, activity);
                 answer
             }
             Ask::Http2(on) => {
-                tokio::spawn(splice(on, up, idle, name, drain, hold));
+                tokio::spawn(splice(on, up, early, idle, name, drain, hold));
                 answer
             }
             Ask::Http11(on) => {
@@ -339,7 +346,7 @@ impl Inner {
                 if let Ok(v) = HeaderValue::from_str(&want) {
                     h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
                 }
-                tokio::spawn(splice(on, up, idle, name, drain, hold));
+                tokio::spawn(splice(on, up, early, idle, name, drain, hold));
                 answer
             }
         }
@@ -377,6 +384,8 @@ pub(crate) struct Activity {
     /// Either side ended the tunnel: an HTTP/3 tunnel's two halves (a task and a response
     /// body) end together.
     over: tokio_util::sync::CancellationToken,
+    /// The gateway ended it (idle, the drain over): no abort toward the backend.
+    closing: std::sync::atomic::AtomicBool,
     /// Given back when both halves are gone.
     _hold: Hold,
 }
@@ -387,6 +396,7 @@ impl Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             over: tokio_util::sync::CancellationToken::new(),
+            closing: std::sync::atomic::AtomicBool::new(false),
             _hold: hold,
         }
     }
@@ -412,9 +422,9 @@ impl Activity {
 /// The client's bytes (an HTTP/3 request body) to the backend; after the client's end (a
 /// half-close, passed on), the backend's side may go on. The tunnel ends when the client's
 /// side fails, the backend's side ends (see [`TunnelRead`]), it idles, or the drain ends.
-async fn pump_body<W: AsyncWrite + Unpin>(
+async fn pump_body(
     mut body: Body,
-    mut to: W,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
     activity: Arc<Activity>,
     idle: Duration,
     backend: Arc<str>,
@@ -422,8 +432,16 @@ async fn pump_body<W: AsyncWrite + Unpin>(
 ) {
     let copy = async {
         while let Some(frame) = body.frame().await {
-            let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() else {
-                continue;
+            let data = match frame {
+                Ok(f) => match f.into_data() {
+                    Ok(d) => d,
+                    Err(_) => continue,
+                },
+                Err(e) => {
+                    // The client reset its side: the backend's connection is reset too.
+                    abort(to.as_ref());
+                    return Err(e.to_string());
+                }
             };
             activity.touch();
             to.write_all(&data).await.map_err(|e| e.to_string())?;
@@ -442,13 +460,18 @@ async fn pump_body<W: AsyncWrite + Unpin>(
         () = activity.over.cancelled() => {}
         _ = activity.idle(idle) => {
             tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel idle: closed");
+            activity.closing.store(true, Relaxed);
         }
         _ = drain_over(&drain) => {
             tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel closed at the end of the drain");
+            activity.closing.store(true, Relaxed);
         }
     }
     // The backend's side (the response body) ends too.
     activity.over.cancel();
+    // Dropping a write half would shut it down (a FIN) ahead of an abort's RST: the socket
+    // closes with the read half instead.
+    to.forget();
 }
 
 /// When the server's drain is over (never for a tunnel outside a server's drain).
@@ -459,11 +482,20 @@ async fn drain_over(drain: &Option<DrainGuard>) {
     }
 }
 
+/// Makes the backend's connection end with a TCP RST when it closes: the tunnel was aborted
+/// on the client's side (RFC 9220 §3: a TCP RST and a stream reset stand for each other).
+fn abort(tcp: &tokio::net::TcpStream) {
+    let _ = socket2::SockRef::from(tcp).set_linger(Some(Duration::ZERO));
+}
+
 /// Bytes both ways between the client's upgraded connection (HTTP/2 stream or HTTP/1.1
-/// connection) and the backend's, until either ends or the tunnel idles.
+/// connection) and the backend's (`early`: what came after its 101), until either ends or
+/// the tunnel idles. A failure on either side resets the backend's connection.
+#[allow(clippy::too_many_arguments)]
 async fn splice(
     client: hyper::upgrade::OnUpgrade,
-    mut up: TokioIo<Upgraded>,
+    mut up: tokio::net::TcpStream,
+    early: Bytes,
     idle: Duration,
     backend: Arc<str>,
     drain: Option<DrainGuard>,
@@ -481,9 +513,16 @@ async fn splice(
         io: TokioIo::new(client),
         activity: activity.clone(),
     };
+    let tunnel = async {
+        if !early.is_empty() {
+            client.write_all(&early).await?;
+        }
+        tokio::io::copy_bidirectional(&mut client, &mut up).await
+    };
     tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut client, &mut up) => if let Err(e) = r {
+        r = tunnel => if let Err(e) = r {
             tracing::debug!(target: "kuai_http::proxy", %backend, error = %e, "WebSocket tunnel ended");
+            abort(&up);
         },
         _ = activity.idle(idle) => {
             tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel idle: closed");
@@ -540,7 +579,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
 /// The backend's side of an HTTP/3 tunnel, as a response body: it ends when the backend's
 /// side ends, or when the client's side ([`pump_body`]) ends the tunnel.
 pub(crate) struct TunnelRead {
-    read: tokio::io::ReadHalf<TokioIo<Upgraded>>,
+    read: tokio::net::tcp::OwnedReadHalf,
+    /// What the backend sent right after its 101, read with the head.
+    early: Option<Bytes>,
+    /// The backend ended its side (a FIN).
+    ended: bool,
     activity: Arc<Activity>,
     buf: BytesMut,
     over: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
@@ -548,18 +591,26 @@ pub(crate) struct TunnelRead {
 
 impl Drop for TunnelRead {
     fn drop(&mut self) {
+        // Dropped before the backend's end, and not by the gateway's own timers: the
+        // client abandoned the response (STOP_SENDING, a reset, its connection gone).
+        if !self.ended && !self.activity.closing.load(Relaxed) {
+            abort(self.read.as_ref());
+        }
         self.activity.over.cancel();
     }
 }
 
 impl TunnelRead {
     pub(crate) fn new(
-        read: tokio::io::ReadHalf<TokioIo<Upgraded>>,
+        read: tokio::net::tcp::OwnedReadHalf,
+        early: Bytes,
         activity: Arc<Activity>,
     ) -> Self {
         let over = Box::pin(activity.over.clone().cancelled_owned());
         Self {
             read,
+            early: (!early.is_empty()).then_some(early),
+            ended: false,
             activity,
             buf: BytesMut::new(),
             over,
@@ -577,6 +628,10 @@ impl TunnelRead {
                 std::io::ErrorKind::ConnectionAborted.into(),
             ))));
         }
+        if let Some(early) = self.early.take() {
+            self.activity.touch();
+            return Poll::Ready(Some(Ok(Frame::data(early))));
+        }
         if self.buf.capacity() < 4096 {
             self.buf.reserve(16 * 1024);
         }
@@ -587,6 +642,7 @@ impl TunnelRead {
         ));
         Poll::Ready(match n {
             Ok(0) => {
+                self.ended = true;
                 self.activity.over.cancel();
                 None
             }
