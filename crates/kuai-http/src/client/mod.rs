@@ -23,7 +23,8 @@
 //!
 //! What it learns: Alt-Svc advertisements from HTTP/2 and HTTP/1.1 responses (the next
 //! connection goes to HTTP/3 there; a TCP connection already open is replaced by HTTP/3
-//! for later requests); HTTP/3 that failed where TCP worked is marked broken for that
+//! for later requests; an advertisement holds on the network it was learnt on unless it
+//! says `persist=1`, RFC 7838 §2.2); HTTP/3 that failed where TCP worked is marked broken for that
 //! server on that network (the local address and default route) for 5 minutes, doubling
 //! to 48 hours, so later connections go straight to TCP; the round-trip time to each
 //! server. With [`ClientBuilder::state_file`] this survives the process. Sessions resume
@@ -779,8 +780,11 @@ impl Client {
     /// §9.1 worries about the reverse as well, but a move to a system port is what would let
     /// a page's server aim its visitors' QUIC packets at other services of a host: Chromium
     /// refuses the same).
-    fn alternative(&self, origin: &Origin) -> Option<state::AltSvc> {
-        let alt = lock(&self.inner.state).alt_svc(origin)?;
+    ///
+    /// `network`: the network the connection would go out on ([`state::network_id`]), or
+    /// `None` beside an open TCP connection to the origin (on the network it was made on).
+    fn alternative(&self, origin: &Origin, network: Option<&str>) -> Option<state::AltSvc> {
+        let alt = lock(&self.inner.state).alt_svc(origin, network)?;
         let other_host = !alt.host.is_empty() && !alt.host.eq_ignore_ascii_case(&origin.0);
         if other_host && self.inner.resolve.contains_key(origin) {
             return None;
@@ -857,7 +861,8 @@ impl Client {
             && let Some(v) = resp.headers().get(header::ALT_SVC)
             && let Ok(v) = v.to_str()
         {
-            lock(&self.inner.state).learn_alt_svc(origin, v);
+            let network = state::network_id(conn.remote());
+            lock(&self.inner.state).learn_alt_svc(origin, v, &network);
         }
         if let Conn::Quic(q) = &*conn {
             let rtt = q.quic.stats().path.rtt;
@@ -914,7 +919,7 @@ impl Client {
         s.h3 = None;
         if s.tcp.as_ref().is_some_and(|c| c.is_usable()) {
             let advertised = if self.inner.mode == Mode::Auto {
-                self.alternative(origin)
+                self.alternative(origin, None)
             } else {
                 None
             };
@@ -1280,8 +1285,8 @@ impl Client {
         }
         // HTTP/3 where the server said, or on the same port; unless broken on this network
         // (the network as the route to the origin shows it; checked before any lookup).
-        let alt = self.alternative(origin);
         let network = state::network_id(addr);
+        let alt = self.alternative(origin, Some(&network));
         let broken = lock(&self.inner.state).is_broken(origin, &network);
         // An alternative on another host is looked up within the race delay: TCP does not
         // wait longer than that for a name HTTP/3 may not even need. One that does not

@@ -29,6 +29,12 @@ pub(crate) struct AltSvc {
     pub port: u16,
     /// Seconds since the Unix epoch.
     pub expires: u64,
+    /// `persist=1`: kept across network changes.
+    pub persist: bool,
+    /// The network it was learnt on ([`network_id`]; empty if unknown): without `persist` it
+    /// holds on that network only (RFC 7838 §2.2: an alternative chosen for one network
+    /// may be wrong on the next).
+    pub network: String,
 }
 
 /// HTTP/3 failed on a network: when it may be tried again, and the back-off that set it.
@@ -94,11 +100,24 @@ impl State {
         for line in text.lines() {
             let f: Vec<&str> = line.split(' ').collect();
             match f.as_slice() {
-                ["alt-svc", host, port, alt_host, alt_port, expires] => {
+                [
+                    "alt-svc",
+                    host,
+                    port,
+                    alt_host,
+                    alt_port,
+                    expires,
+                    rest @ ..,
+                ] if rest.is_empty() || rest.len() == 2 => {
                     let (Ok(port), Ok(alt_port), Ok(expires)) =
                         (port.parse(), alt_port.parse(), expires.parse::<u64>())
                     else {
                         continue;
+                    };
+                    // Lines of an older version have neither: kept on any network.
+                    let (persist, network) = match rest {
+                        [p, n] => (*p == "1", if *n == "-" { "" } else { n }),
+                        _ => (true, ""),
                     };
                     if expires > now && self.alt_svc.len() < MAX_ENTRIES {
                         let alt = if *alt_host == "-" { "" } else { alt_host };
@@ -111,6 +130,8 @@ impl State {
                                 host: alt.to_string(),
                                 port: alt_port,
                                 expires,
+                                persist,
+                                network: network.to_string(),
                             },
                         );
                     }
@@ -151,7 +172,17 @@ impl State {
             String::from("# kuai client state: HTTP/3 alternatives, broken marks, RTTs\n");
         for ((host, port), a) in &self.alt_svc {
             let alt = if a.host.is_empty() { "-" } else { &a.host };
-            out += &format!("alt-svc {host} {port} {alt} {} {}\n", a.port, a.expires);
+            let net = if a.network.is_empty() {
+                "-"
+            } else {
+                &a.network
+            };
+            out += &format!(
+                "alt-svc {host} {port} {alt} {} {} {} {net}\n",
+                a.port,
+                a.expires,
+                u8::from(a.persist)
+            );
         }
         for (((host, port), net), b) in &self.broken {
             out += &format!("broken {host} {port} {net} {} {}\n", b.until, b.backoff);
@@ -208,17 +239,26 @@ impl State {
         }
     }
 
-    /// Where `origin` serves HTTP/3, if it said so and it has not expired.
-    pub fn alt_svc(&self, origin: &Origin) -> Option<AltSvc> {
-        self.alt_svc
-            .get(origin)
-            .filter(|a| a.expires > now())
-            .cloned()
+    /// Where `origin` serves HTTP/3 seen from `network` ([`network_id`]; `None`: the one it
+    /// was learnt on), if it said so and it has not expired. An entry learnt on another
+    /// network without `persist=1` is forgotten (RFC 7838 §2.2).
+    pub fn alt_svc(&mut self, origin: &Origin, network: Option<&str>) -> Option<AltSvc> {
+        let a = self.alt_svc.get(origin)?;
+        if let Some(network) = network
+            && !a.persist
+            && !a.network.is_empty()
+            && a.network != network
+        {
+            self.alt_svc.remove(origin);
+            self.save();
+            return None;
+        }
+        Some(a).filter(|a| a.expires > now()).cloned()
     }
 
-    /// Takes in an Alt-Svc header `value` from `origin` (RFC 7838 §3): its first `h3`
-    /// alternative, or `clear` to forget.
-    pub fn learn_alt_svc(&mut self, origin: &Origin, value: &str) {
+    /// Takes in an Alt-Svc header `value` from `origin` (RFC 7838 §3), received on
+    /// `network` ([`network_id`]): its first `h3` alternative, or `clear` to forget.
+    pub fn learn_alt_svc(&mut self, origin: &Origin, value: &str, network: &str) {
         let before = self.alt_svc.get(origin).cloned();
         match parse_alt_svc(value) {
             Some(AltSvcHeader::Clear) => {
@@ -228,6 +268,7 @@ impl State {
                 host,
                 port,
                 max_age,
+                persist,
             }) => {
                 if max_age == 0 {
                     self.alt_svc.remove(origin);
@@ -248,6 +289,8 @@ impl State {
                             host,
                             port,
                             expires: now().saturating_add(max_age.min(MAX_ALT_SVC_AGE)),
+                            persist,
+                            network: network.to_string(),
                         },
                     );
                 }
@@ -259,7 +302,11 @@ impl State {
         let after = self.alt_svc.get(origin);
         let changed = match (&before, after) {
             (Some(b), Some(a)) => {
-                b.host != a.host || b.port != a.port || a.expires.abs_diff(b.expires) > 3600
+                b.host != a.host
+                    || b.port != a.port
+                    || b.persist != a.persist
+                    || b.network != a.network
+                    || a.expires.abs_diff(b.expires) > 3600
             }
             (None, None) => false,
             _ => true,
@@ -389,6 +436,8 @@ pub enum AltSvcHeader {
         port: u16,
         /// How long it may be remembered, in seconds (`ma`).
         max_age: u64,
+        /// `persist=1`: kept when the client's network changes (RFC 7838 §2.2).
+        persist: bool,
     },
 }
 
@@ -420,17 +469,22 @@ pub fn parse_alt_svc(value: &str) -> Option<AltSvcHeader> {
             continue;
         }
         let mut max_age = 86400;
+        let mut persist = false;
         for p in parts {
-            if let Some((k, v)) = p.split_once('=')
-                && k.trim() == "ma"
-            {
-                max_age = v.trim().trim_matches('"').parse().unwrap_or(max_age);
+            if let Some((k, v)) = p.split_once('=') {
+                let v = v.trim().trim_matches('"');
+                match k.trim() {
+                    "ma" => max_age = v.parse().unwrap_or(max_age),
+                    "persist" => persist = v == "1",
+                    _ => {}
+                }
             }
         }
         return Some(AltSvcHeader::H3 {
             host: host.to_string(),
             port,
             max_age,
+            persist,
         });
     }
     None
@@ -502,13 +556,19 @@ mod tests {
                 host: host.into(),
                 port,
                 max_age,
+                persist: false,
             })
         };
         assert_eq!(parse_alt_svc(r#"h3=":443"; ma=86400"#), h3("", 443, 86400));
         assert_eq!(parse_alt_svc(r#"h3=":4433""#), h3("", 4433, 86400));
         assert_eq!(
             parse_alt_svc(r#"h3-29=":443"; ma=1, h3="alt.example.com:8443"; ma=60; persist=1"#),
-            h3("alt.example.com", 8443, 60)
+            Some(AltSvcHeader::H3 {
+                host: "alt.example.com".into(),
+                port: 8443,
+                max_age: 60,
+                persist: true,
+            })
         );
         assert_eq!(parse_alt_svc(r#"h3="[::1]:443""#), h3("::1", 443, 86400));
         assert_eq!(parse_alt_svc("clear"), Some(AltSvcHeader::Clear));
@@ -544,23 +604,22 @@ mod tests {
             s.mark_broken(&o, "net-a");
         }
         assert_eq!(s.broken_entry(&o, "net-a").unwrap().backoff, 48 * 3600);
-        s.learn_alt_svc(&o, r#"h3=":8443"; ma=3600"#);
+        s.learn_alt_svc(&o, r#"h3=":8443"; ma=3600"#, "net-a");
         s.remember_rtt("192.0.2.1:443".parse().unwrap(), Duration::from_millis(42));
         s.flush();
-        let t = State::load(Some(&path));
+        let mut t = State::load(Some(&path));
         assert!(t.is_broken(&o, "net-a"));
-        assert_eq!(t.alt_svc(&o).map(|a| a.port), Some(8443));
+        assert_eq!(t.alt_svc(&o, None).map(|a| a.port), Some(8443));
         assert_eq!(
             t.rtt("192.0.2.1:443".parse().unwrap()),
             Some(Duration::from_millis(42))
         );
-        let mut t = t;
         t.mark_working(&o, "net-a", "192.0.2.1:443".parse().unwrap());
-        t.learn_alt_svc(&o, "clear");
+        t.learn_alt_svc(&o, "clear", "net-a");
         t.flush();
-        let u = State::load(Some(&path));
+        let mut u = State::load(Some(&path));
         assert!(!u.is_broken(&o, "net-a"));
-        assert_eq!(u.alt_svc(&o), None);
+        assert_eq!(u.alt_svc(&o, None), None);
         // Garbage in the file is skipped, not fatal.
         std::fs::write(&path, "alt-svc x\nbroken a b c d e\n\u{0}\nrtt nope 1\n").unwrap();
         let v = State::load(Some(&path));
@@ -584,7 +643,7 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let mut s = State::load(Some(&path));
         let o: Origin = ("a.example".into(), 443);
-        let a = s.alt_svc(&o).unwrap();
+        let a = s.alt_svc(&o, None).unwrap();
         assert!(a.expires <= now() + MAX_ALT_SVC_AGE);
         let b = s.broken_entry(&o, "net").unwrap();
         assert!(b.until <= now() + BROKEN_MAX.as_secs());
@@ -613,15 +672,21 @@ mod tests {
         let o: Origin = ("example.com".into(), 443);
         let mut s = State::load(Some(&path));
         let written = |p: &Path| std::fs::metadata(p).map(|m| m.modified().unwrap()).ok();
-        s.learn_alt_svc(&o, r#"h3=":8443"; ma=3600"#);
+        s.learn_alt_svc(&o, r#"h3=":8443"; ma=3600"#, "net-a");
         let first = written(&path).expect("the first change is written at once");
         for i in 0..200 {
-            s.learn_alt_svc(&o, &format!(r#"h3=":{}"; ma=3600"#, 9000 + i % 2));
+            s.learn_alt_svc(&o, &format!(r#"h3=":{}"; ma=3600"#, 9000 + i % 2), "net-a");
         }
         assert_eq!(written(&path), Some(first), "rewritten within the second");
-        assert_eq!(State::load(Some(&path)).alt_svc(&o).unwrap().port, 8443);
+        assert_eq!(
+            State::load(Some(&path)).alt_svc(&o, None).unwrap().port,
+            8443
+        );
         drop(s);
-        assert_eq!(State::load(Some(&path)).alt_svc(&o).unwrap().port, 9001);
+        assert_eq!(
+            State::load(Some(&path)).alt_svc(&o, None).unwrap().port,
+            9001
+        );
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -1024,27 +1024,46 @@ async fn alternatives_are_bounded_by_the_pin_and_a_week() {
         .build()
         .unwrap();
     let pinned: state::Origin = ("localhost".into(), 4433);
-    lock(&c.inner.state).learn_alt_svc(&pinned, "h3=\"other.example:443\"; ma=100");
+    lock(&c.inner.state).learn_alt_svc(&pinned, "h3=\"other.example:443\"; ma=100", "net-a");
     assert!(
-        c.alternative(&pinned).is_none(),
+        c.alternative(&pinned, Some("net-a")).is_none(),
         "another host for a pinned name"
     );
-    lock(&c.inner.state).learn_alt_svc(&pinned, "h3=\":4434\"; ma=100");
-    assert_eq!(c.alternative(&pinned).map(|a| a.port), Some(4434));
+    lock(&c.inner.state).learn_alt_svc(&pinned, "h3=\":4434\"; ma=100", "net-a");
+    assert_eq!(
+        c.alternative(&pinned, Some("net-a")).map(|a| a.port),
+        Some(4434)
+    );
     let free: state::Origin = ("example.com".into(), 443);
-    lock(&c.inner.state).learn_alt_svc(&free, "h3=\"other.example:443\"; ma=2147483647");
+    lock(&c.inner.state).learn_alt_svc(&free, "h3=\"other.example:443\"; ma=2147483647", "net-a");
     let a = c
-        .alternative(&free)
+        .alternative(&free, Some("net-a"))
         .expect("another host for a name not pinned");
     assert_eq!(a.host, "other.example");
     assert!(a.expires <= state::now() + 7 * 24 * 3600, "{}", a.expires);
     // A server on an unprivileged port cannot move its clients to a system port; the other
     // way is allowed.
     let high: state::Origin = ("example.com".into(), 8443);
-    lock(&c.inner.state).learn_alt_svc(&high, "h3=\":53\"; ma=100");
-    assert!(c.alternative(&high).is_none());
-    lock(&c.inner.state).learn_alt_svc(&free, "h3=\":8443\"; ma=100");
-    assert_eq!(c.alternative(&free).map(|a| a.port), Some(8443));
+    lock(&c.inner.state).learn_alt_svc(&high, "h3=\":53\"; ma=100", "net-a");
+    assert!(c.alternative(&high, Some("net-a")).is_none());
+    lock(&c.inner.state).learn_alt_svc(&free, "h3=\":8443\"; ma=100", "net-a");
+    assert_eq!(
+        c.alternative(&free, Some("net-a")).map(|a| a.port),
+        Some(8443)
+    );
+    // On another network an alternative goes (RFC 7838 §2.2), unless it said persist=1;
+    // beside an open TCP connection (no network given) it stays.
+    assert!(c.alternative(&free, None).is_some());
+    assert!(c.alternative(&free, Some("net-b")).is_none());
+    assert!(
+        c.alternative(&free, Some("net-a")).is_none(),
+        "forgotten, not hidden"
+    );
+    lock(&c.inner.state).learn_alt_svc(&free, "h3=\":8443\"; ma=100; persist=1", "net-a");
+    assert_eq!(
+        c.alternative(&free, Some("net-b")).map(|a| a.port),
+        Some(8443)
+    );
     // Nor to this machine, for a server elsewhere.
     let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
     for (origin, alt, ok) in [
@@ -1074,7 +1093,7 @@ async fn alternatives_are_bounded_by_the_pin_and_a_week() {
         assert!(resp.headers().contains_key("alt-svc"));
         resp.bytes().await.unwrap();
         let origin: state::Origin = ("localhost".into(), tcp.port());
-        let learned = lock(&c.inner.state).alt_svc(&origin).is_some();
+        let learned = lock(&c.inner.state).alt_svc(&origin, None).is_some();
         assert_eq!(learned, !insecure, "insecure {insecure}");
     }
 }
@@ -1089,9 +1108,12 @@ async fn an_alternative_that_does_not_resolve_marks_http3_broken() {
     // Not pinned: an alternative on another host is taken.
     let c = client(&cert).build().unwrap();
     let origin: state::Origin = ("localhost".into(), tcp.port());
-    lock(&c.inner.state).learn_alt_svc(&origin, "h3=\"nowhere.invalid:8443\"; ma=600");
-    assert_eq!(c.alternative(&origin).unwrap().host, "nowhere.invalid");
     let network = state::network_id(tcp);
+    lock(&c.inner.state).learn_alt_svc(&origin, "h3=\"nowhere.invalid:8443\"; ma=600", &network);
+    assert_eq!(
+        c.alternative(&origin, Some(&network)).unwrap().host,
+        "nowhere.invalid"
+    );
     assert!(!lock(&c.inner.state).is_broken(&origin, &network));
     let resp = c.get(&url(tcp, "/hello.txt")).send().await.unwrap();
     assert_eq!(resp.protocol(), Protocol::Http2);
