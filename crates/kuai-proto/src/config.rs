@@ -296,8 +296,9 @@ pub struct ServerConfig {
     /// Addresses of full proxies in front of the server (`kuai lb`'s), from which every
     /// client arrives, each on a port of its own. A client arriving from one is counted by
     /// that address and port, not by the IP everyone shares there, for the per-IP limits
-    /// (`max_connections_per_ip`, `max_validated_handshakes_per_ip`) and the path hints a
-    /// returning client starts from; the proxy bounds what one client address may open.
+    /// (`max_connections_per_ip`, `max_validated_handshakes_per_ip`), and gets no path hint
+    /// (a returning client comes on another port, another client may get this one's); the
+    /// proxy bounds what one client address may open.
     pub proxies: Vec<std::net::IpAddr>,
     /// NEW_TOKEN tokens already used: each validates an address once. Share it with the
     /// `token_key`.

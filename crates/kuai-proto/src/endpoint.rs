@@ -536,15 +536,19 @@ impl Endpoint {
     /// own, and its address is everyone's).
     fn client_key(&self, remote: SocketAddr) -> SocketAddr {
         let ip = remote.ip().to_canonical();
-        let proxied = self
-            .server
-            .as_ref()
-            .is_some_and(|s| s.proxies.iter().any(|p| p.to_canonical() == ip));
-        if proxied {
+        if self.proxied(remote) {
             SocketAddr::new(ip, remote.port())
         } else {
             SocketAddr::new(address_key(ip), 0)
         }
+    }
+
+    /// Whether `remote` is one of the server's `proxies`.
+    fn proxied(&self, remote: SocketAddr) -> bool {
+        let ip = remote.ip().to_canonical();
+        self.server
+            .as_ref()
+            .is_some_and(|s| s.proxies.iter().any(|p| p.to_canonical() == ip))
     }
 
     /// Takes the next connection a client opened to us.
@@ -910,7 +914,11 @@ impl Endpoint {
                 unix_ms,
                 seed,
                 memory_pressure: self.config.memory_budget.under_pressure(),
-                hint: self.client_hints.get(&self.client_key(remote)),
+                // Not for a client behind a proxy: its next connection comes on another of
+                // the proxy's ports, and another client may get this one's.
+                hint: (!self.proxied(remote))
+                    .then(|| self.client_hints.get(&self.client_key(remote)))
+                    .flatten(),
                 max_udp_payload_size: self.config.max_udp_payload_size,
             },
             now,
@@ -1217,10 +1225,11 @@ impl Endpoint {
     fn keep_hint(&mut self, hint: Option<(SocketAddr, Side, PathHint)>) {
         match hint {
             Some((server, Side::Client, hint)) => self.path_hints.insert(server, hint),
-            Some((client, Side::Server, hint)) => {
+            Some((client, Side::Server, hint)) if !self.proxied(client) => {
                 let key = self.client_key(client);
                 self.client_hints.insert(key, hint)
             }
+            Some((_, Side::Server, _)) => {}
             None => {}
         }
     }
@@ -1459,7 +1468,7 @@ pub(crate) fn initial_close(
     Some(buf)
 }
 
-/// One handshake fewer for `ip`/// One handshake fewer for `ip` (the entry goes with the last).
+/// One handshake fewer for `ip` (the entry goes with the last).
 fn uncount_ip(counts: &mut HashMap<SocketAddr, u32>, ip: SocketAddr) {
     if let std::collections::hash_map::Entry::Occupied(mut e) = counts.entry(ip) {
         *e.get_mut() -= 1;

@@ -35,7 +35,9 @@ pub struct InitialIds {
 #[non_exhaustive]
 pub enum Verdict {
     /// Its first packet is not a client Initial of a version the offload speaks (a short
-    /// header, another long-header type, another version): not the offload's to judge.
+    /// header, another long-header type, another version), or is a later Initial of a
+    /// connection under way (its token valid for the address, sent to the server's own ID):
+    /// not the offload's to judge.
     NotInitial,
     /// An Initial with a token this offload sealed, from the address it was sealed for and
     /// sent to the Retry's ID: the client's address is validated; pass it on.
@@ -43,10 +45,10 @@ pub enum Verdict {
     /// An Initial without a token, or with one this offload did not seal (a server's
     /// NEW_TOKEN token, say): answer it with [`RetryOffload::retry`] to validate it.
     Unvalidated(InitialIds),
-    /// An Initial with a Retry token this offload sealed for another address, another ID or
-    /// too long ago (a copy, or a client that took too long): answer with this Initial
-    /// packet closing the attempt with INVALID_TOKEN (RFC 9000 §8.1.2; a few dozen bytes, it
-    /// amplifies nothing) and pass nothing on.
+    /// An Initial with a Retry token this offload sealed for another address (a copy), or
+    /// sent to the Retry's ID too long after it (a client that took too long): answer with
+    /// this Initial packet closing the attempt with INVALID_TOKEN (RFC 9000 §8.1.2; a few
+    /// dozen bytes, it amplifies nothing) and pass nothing on.
     InvalidToken(Vec<u8>),
     /// An Initial to drop: in a datagram under 1200 bytes (RFC 9000 §14.1), or without a
     /// token and a client ID under 8 bytes.
@@ -93,26 +95,44 @@ impl RetryOffload {
             }
             return Verdict::Unvalidated(ids);
         }
-        // The address is checked: the offload sees the client's own.
+        // The address is checked (the offload sees the client's own), the age not yet: a
+        // client includes the token in every Initial after the Retry (RFC 9000 §17.2.5.3),
+        // those of a handshake under way too, which go to the server's own ID and may come
+        // after the token's lifetime.
         match token::validate(
             &self.key,
             token,
             client,
             true,
             unix_ms,
-            self.lifetime,
+            Duration::MAX,
             Duration::MAX,
         ) {
-            // RFC 9000 §17.2.5.2: sent to the Retry's source ID; any other is a copy.
+            // RFC 9000 §17.2.5.2: the first Initial after the Retry goes to the Retry's
+            // source ID; it opens a connection if the token is still fresh.
             Ok(ValidToken::Retry { retry_scid, .. }) if retry_scid == ids.dcid => {
-                Verdict::Validated
+                match token::validate(
+                    &self.key,
+                    token,
+                    client,
+                    true,
+                    unix_ms,
+                    self.lifetime,
+                    Duration::MAX,
+                ) {
+                    Ok(_) => Verdict::Validated,
+                    Err(_) => invalid_token(&ids),
+                }
             }
-            Ok(ValidToken::Retry { .. }) => invalid_token(&ids),
+            // A later Initial of a connection under way (to the server's ID): not the
+            // offload's to judge; it opens nothing, it reaches the connection by its ID.
+            Ok(ValidToken::Retry { .. }) => Verdict::NotInitial,
+            // Sealed for another address: a copy.
             Err(TokenError::Stale) if token::is_retry_token(&self.key, token) => {
                 invalid_token(&ids)
             }
-            // A NEW_TOKEN token of the servers' (sealed with the same key), fresh or not:
-            // the offload does not take them (it cannot tell whether one was used before).
+            // A NEW_TOKEN token of the servers' (sealed with the same key): the offload does
+            // not take them (it cannot tell whether one was used before).
             Ok(ValidToken::NewToken { .. }) | Err(_) => Verdict::Unvalidated(ids),
         }
     }
@@ -253,6 +273,10 @@ mod tests {
             let token = &retry[1 + 4 + 1 + 5 + 1 + 8..retry.len() - 16];
             let second = initial(version, &new, &[2; 5], token);
             assert_eq!(o.check(&second, client, 2000), Verdict::Validated);
+            // A later Initial of the connection, to the server's own ID, long after: not
+            // judged (it goes by its ID).
+            let later = initial(version, &[8; 8], &[2; 5], token);
+            assert_eq!(o.check(&later, client, 60_000), Verdict::NotInitial);
             // After a Retry the client's ID is the Retry's, which may be shorter than 8.
             let short = ConnectionId::new(&[9; 6]);
             let retry = o.retry(&ids, client, 1000, &short);
@@ -262,10 +286,8 @@ mod tests {
             // Another address, another ID, too late: closed with INVALID_TOKEN, in an Initial
             // of the client's version to its source ID.
             let elsewhere: SocketAddr = "192.0.2.2:5000".parse().unwrap();
-            let copy = initial(version, &[8; 8], &[2; 5], token);
             for v in [
                 o.check(&second, elsewhere, 2000),
-                o.check(&copy, client, 2000),
                 o.check(&second, client, 12_000),
             ] {
                 let Verdict::InvalidToken(p) = v else {

@@ -98,8 +98,9 @@ pub struct LbConfig {
     pub max_flows: usize,
     /// Most flows from one client address (an IPv4 address, an IPv6 /64) at once: what the
     /// servers' per-address connection limit would be without the balancer (servers behind
-    /// it count each flow as a client, `ServerConfig::proxies`). Past it the datagram that
-    /// would open another is dropped.
+    /// it count each flow as a client, `ServerConfig::proxies`). Past it a flow of that
+    /// address not confirmed makes room (a spoofer can open flows in an address's name, not
+    /// confirm them), else the datagram that would open another is dropped.
     pub max_flows_per_address: usize,
     /// How often each backend is probed (`None`: never; every backend counts as up).
     pub health_interval: Option<Duration>,
@@ -212,7 +213,15 @@ struct State {
     /// The next flow's id.
     next_id: u64,
     /// Flows per client address ([`kuai_proto::address_key`]).
-    per_address: HashMap<std::net::IpAddr, usize>,
+    per_address: HashMap<std::net::IpAddr, AddressFlows>,
+}
+
+/// The flows of one client address ([`kuai_proto::address_key`]).
+#[derive(Default)]
+struct AddressFlows {
+    count: usize,
+    /// Its flows, oldest first (entries of flows gone are dropped as they are met).
+    order: VecDeque<(FlowKey, u64)>,
 }
 
 /// Flows looked at, at most, to find one to end for a new one.
@@ -250,12 +259,43 @@ impl State {
         let f = self.flows.remove(key)?;
         let a = kuai_proto::address_key(key.0.ip());
         if let std::collections::hash_map::Entry::Occupied(mut e) = self.per_address.entry(a) {
-            *e.get_mut() -= 1;
-            if *e.get() == 0 {
+            let af = e.get_mut();
+            af.count -= 1;
+            if af.count == 0 {
                 e.remove();
+            } else if af.order.len() > 2 * af.count + 16 {
+                let flows = &self.flows;
+                af.order
+                    .retain(|(key, id)| flows.get(key).is_some_and(|f| f.id == *id));
             }
         }
         Some(f)
+    }
+
+    /// Ends a flow of `address` not confirmed (the oldest of the first 64 looked at) to make
+    /// room for another of its flows; `false` if none was found. Spoofed sources can open
+    /// flows in a victim's name, never confirm them, and so never take its confirmed ones'
+    /// places.
+    fn evict_one_of(&mut self, address: std::net::IpAddr) -> bool {
+        for _ in 0..EVICT_SCAN {
+            let Some(af) = self.per_address.get_mut(&address) else {
+                return false;
+            };
+            let Some((key, id)) = af.order.pop_front() else {
+                return false;
+            };
+            match self.flows.get(&key).filter(|f| f.id == id) {
+                None => continue, // gone already
+                Some(f) if f.confirmed.load(Relaxed) => af.order.push_back((key, id)),
+                Some(_) => {
+                    if let Some(f) = self.forget(&key) {
+                        f.evicted.notify_one();
+                    }
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// Drops the entries of flows gone when they outnumber the live ones.
@@ -689,8 +729,11 @@ impl LoadBalancer {
         // One client address opens this many flows at most: behind the balancer every
         // client shares its address, so the servers' per-address limits cannot tell them
         // apart (they count by flow, `ServerConfig::proxies`), and the cap is here.
+        // At the cap a flow of that address not confirmed makes room (see `evict_one_of`).
         let address = kuai_proto::address_key(client.ip());
-        if st.per_address.get(&address).copied().unwrap_or(0) >= s.config.max_flows_per_address {
+        if st.per_address.get(&address).map_or(0, |a| a.count) >= s.config.max_flows_per_address
+            && !st.evict_one_of(address)
+        {
             return Opened::No;
         }
         if st.flows.len() >= s.max_flows && !st.evict_one() {
@@ -738,7 +781,9 @@ impl LoadBalancer {
             evicted: tokio::sync::Notify::new(),
         });
         st.flows.insert((client, backend), flow.clone());
-        *st.per_address.entry(address).or_insert(0) += 1;
+        let af = st.per_address.entry(address).or_default();
+        af.count += 1;
+        af.order.push_back(((client, backend), id));
         st.order.push_back(((client, backend), id, now));
         st.compact_order();
         tokio::spawn(back_to_client(s.clone(), flow.clone(), client));

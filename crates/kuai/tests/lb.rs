@@ -710,13 +710,18 @@ async fn retry_at_the_balancer_validates_clients_before_any_flow() {
 /// Behind the balancer every client reaches a server from the balancer's address: servers
 /// that list it in `proxies` count each flow as a client for their per-address limits (one
 /// connection per client here: five clients over three servers would otherwise be refused
-/// on some server), and the balancer caps the flows of one client address instead.
+/// on some server), and the balancer caps the flows of one client address instead, where
+/// flows never confirmed (a spoofer's in the address's name) make room first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_count_clients_behind_the_balancer_by_flow() {
     let f = fleet_with(
         localhost(),
         Duration::from_secs(1),
-        |c| c.max_flows_per_address = 5,
+        |c| {
+            c.max_flows_per_address = 5;
+            // Unanswered flows would otherwise make room by idling out within the test.
+            c.unanswered_idle = Duration::from_secs(60);
+        },
         |s| {
             let p = s.proto_mut();
             p.max_connections_per_ip = 1;
@@ -724,6 +729,27 @@ async fn servers_count_clients_behind_the_balancer_by_flow() {
         },
     )
     .await;
+    // Three flows from 127.0.0.1 that never confirm (a spoofer's, in its name): at the cap
+    // they make room for the real clients' flows.
+    let mut long = vec![0u8; 1200];
+    long[0] = 0xc0;
+    long[1..5].copy_from_slice(&1u32.to_be_bytes());
+    long[5] = 8;
+    let mut spoofers = Vec::new();
+    for _ in 0..3 {
+        let raw = tokio::net::UdpSocket::bind(localhost()).await.unwrap();
+        raw.send_to(&long, f.lb).await.unwrap();
+        spoofers.push(raw);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while f.handle.flows() != 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} flows",
+            f.handle.flows()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let mut conns = Vec::new();
     for _ in 0..5 {
         let client = Endpoint::client(localhost()).unwrap();
@@ -732,7 +758,8 @@ async fn servers_count_clients_behind_the_balancer_by_flow() {
         conns.push((client, c));
     }
     assert_eq!(f.handle.flows(), 5);
-    // A sixth flow from 127.0.0.1 is not opened; another address's is.
+    // With five confirmed ones, a sixth flow from 127.0.0.1 is not opened; another
+    // address's is.
     let raw = tokio::net::UdpSocket::bind(localhost()).await.unwrap();
     let mut long = vec![0u8; 1200];
     long[0] = 0xc0;

@@ -46,9 +46,13 @@ impl Tunnels {
     ) -> Option<TunnelSlot> {
         // A client's address ([`address_key`](kuai::kuai_proto::address_key), port 0), or
         // from a proxy in front its address and port.
+        let mut cap = o.max_tunnels_per_address;
         let key = client.map(|c| {
             let ip = c.ip().to_canonical();
             if o.proxies.iter().any(|p| p.to_canonical() == ip) {
+                // One of the proxy's flows: one client connection, so a few tunnels (the
+                // proxy's flows per client address bound the rest).
+                cap = cap.min(PER_PROXIED_FLOW);
                 std::net::SocketAddr::new(ip, c.port())
             } else {
                 std::net::SocketAddr::new(kuai::kuai_proto::address_key(ip), 0)
@@ -60,7 +64,7 @@ impl Tunnels {
         }
         if let Some(k) = key {
             let mine = open.1.entry(k).or_insert(0);
-            if *mine >= o.max_tunnels_per_address {
+            if *mine >= cap {
                 return None;
             }
             *mine += 1;
@@ -72,6 +76,9 @@ impl Tunnels {
         })
     }
 }
+
+/// WebSocket tunnels at once over one flow of a proxy in front (see `ProxyBuilder::proxies`).
+const PER_PROXIED_FLOW: usize = 16;
 
 /// A tunnel's place among the open ones; given back when dropped.
 pub(super) struct TunnelSlot {
@@ -505,6 +512,7 @@ async fn splice(
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(target: "kuai_http::proxy", %backend, error = %e, "client upgrade failed");
+            abort(&up);
             return;
         }
     };
@@ -701,5 +709,19 @@ mod tests {
         assert!(tunnels.take(at("10.0.0.10:40000"), &o).is_none());
         drop((a, v6, p1, p2));
         assert!(tunnels.take(at("192.0.2.1:2000"), &o).is_some());
+        // A proxied flow takes a few at most, whatever the per-address cap.
+        let o = super::super::Proxy::builder()
+            .max_websockets(1000, 512)
+            .proxies(vec![lb])
+            .options;
+        let held: Vec<_> = (0..PER_PROXIED_FLOW)
+            .map(|_| {
+                tunnels
+                    .take(at("10.0.0.10:40002"), &o)
+                    .expect("within the cap")
+            })
+            .collect();
+        assert!(tunnels.take(at("10.0.0.10:40002"), &o).is_none());
+        drop(held);
     }
 }
