@@ -2,7 +2,6 @@
 //! shares with it.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,15 +99,8 @@ pub struct Args {
     /// With --retry: retry only while this many flows or more are open (0: always).
     #[arg(long, default_value_t = 0, requires = "retry", value_name = "FLOWS")]
     retry_above: usize,
-    /// The fleet's Redis, for --retry's token keys (as `kuai server --redis`).
-    #[arg(long, value_name = "URL")]
-    redis: Option<String>,
-    /// PEM certificate(s) to trust for a `rediss://` Redis.
-    #[arg(long, value_name = "FILE", requires = "redis")]
-    redis_ca: Option<PathBuf>,
-    /// The fleet's secret file (as `kuai server --fleet-secret-file`).
-    #[arg(long, value_name = "FILE", requires = "redis")]
-    fleet_secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    fleet: crate::server::FleetArgs,
     /// The servers' --key-period, in seconds: the token keys rotate with theirs.
     #[arg(long, default_value_t = 3600, value_name = "SECS")]
     key_period: u64,
@@ -261,12 +253,7 @@ async fn serve(args: Args) -> Result<(), String> {
     // Kept as long as the balancer runs: the token keys' rotation.
     let mut _rotation = None;
     if args.retry {
-        let url = args.redis.as_deref().ok_or("--retry needs --redis")?;
-        let fleet = crate::server::start_fleet(
-            url,
-            args.redis_ca.as_deref(),
-            args.fleet_secret_file.as_deref(),
-        )?;
+        let fleet = args.fleet.start()?.ok_or("--retry needs --redis")?;
         let key = Arc::new(kuai_proto::TokenKey::random());
         let period = crate::server::token_key_period(Duration::from_secs(args.key_period.max(1)));
         let rotation = fleet.rotate_token_keys(key.clone(), period).await;

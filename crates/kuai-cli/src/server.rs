@@ -131,22 +131,8 @@ pub struct Args {
     server_id: Option<String>,
     #[command(flatten)]
     quic_lb: crate::lb::QuicLbArgs,
-    /// Join a fleet through this Redis (`redis://[[user]:password@]host:port[/db]`, or
-    /// `rediss://` for TLS): every server keeps every session of the fleet, so a client
-    /// resumes in 0-RTT on any of them; each ticket's first use is recorded there, so a
-    /// replayed 0-RTT flight is refused on all; the stateless-reset and Retry/NEW_TOKEN keys
-    /// are shared. Redis away: the server serves with what it holds (docs/fleet.md).
-    #[arg(long, value_name = "URL")]
-    redis: Option<String>,
-    /// PEM certificate(s) to trust for a `rediss://` Redis instead of the system's roots.
-    #[arg(long, value_name = "FILE", requires = "redis")]
-    redis_ca: Option<PathBuf>,
-    /// The fleet's secret (a file holding 64 hex digits, the same on every server, e.g.
-    /// from `openssl rand -hex 32`): the keys and sessions kept in Redis are sealed under
-    /// it, so whoever reads Redis learns none of them and whoever writes it plants none.
-    /// Without it they are stored in clear.
-    #[arg(long, value_name = "FILE", requires = "redis")]
-    fleet_secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    fleet: FleetArgs,
     /// TLS session tickets: `replicated` (the server keeps sessions; with --redis, every
     /// server keeps the fleet's; resumption and 0-RTT) or `stateless` (each session sealed
     /// into its ticket under keys that rotate, shared through --redis; resumption, no 0-RTT:
@@ -355,14 +341,7 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         None => None,
     };
-    let fleet = match &args.redis {
-        Some(url) => Some(start_fleet(
-            url,
-            args.redis_ca.as_deref(),
-            args.fleet_secret_file.as_deref(),
-        )?),
-        None => None,
-    };
+    let fleet = args.fleet.start()?;
     let key_period = Duration::from_secs(args.key_period.max(1));
     // Rotations run as long as the server: kept here.
     let mut rotations = Vec::new();
@@ -663,34 +642,6 @@ async fn serve(args: Args) -> Result<(), String> {
     served.map_err(|e| e.to_string())
 }
 
-/// The fleet's secret from `path`: 64 hex digits (surrounding whitespace ignored).
-/// Joins the fleet at `url` (`--redis`, `--redis-ca`, `--fleet-secret-file`).
-pub(crate) fn start_fleet(
-    url: &str,
-    ca: Option<&std::path::Path>,
-    secret_file: Option<&std::path::Path>,
-) -> Result<kuai_fleet::Fleet, String> {
-    let ca_pem = match ca {
-        Some(p) => Some(std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?),
-        None => None,
-    };
-    let secret = match secret_file {
-        Some(p) => Some(read_fleet_secret(p)?),
-        None => {
-            println!(
-                "fleet: keys and sessions are stored in redis in clear (--fleet-secret-file seals them)"
-            );
-            None
-        }
-    };
-    let options = kuai_fleet::FleetOptions {
-        ca_pem,
-        secret,
-        ..Default::default()
-    };
-    kuai_fleet::Fleet::start(url, options).map_err(|e| e.to_string())
-}
-
 /// How often the fleet's Retry/NEW_TOKEN keys rotate for a `--key-period` of `key_period`:
 /// not faster than a NEW_TOKEN token lives (24 h by default), or a client's token would die
 /// with its key long before (a key opens for one period after its own). `kuai lb --retry`
@@ -700,6 +651,61 @@ pub(crate) fn token_key_period(key_period: Duration) -> Duration {
     key_period.max(Duration::from_secs(24 * 3600))
 }
 
+/// How to join a fleet through Redis: `kuai server --redis`, `kuai lb --retry --redis`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FleetArgs {
+    /// Join a fleet through this Redis (`redis://[[user]:password@]host:port[/db]`, or
+    /// `rediss://` for TLS): every server keeps every session of the fleet, so a client
+    /// resumes in 0-RTT on any of them; each ticket's first use is recorded there, so a
+    /// replayed 0-RTT flight is refused on all; the stateless-reset and Retry/NEW_TOKEN keys
+    /// are shared (`kuai lb --retry` takes the token keys). Redis away: a server serves
+    /// with what it holds (docs/fleet.md).
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
+    /// PEM certificate(s) to trust for a `rediss://` Redis instead of the system's roots.
+    #[arg(long, value_name = "FILE", requires = "redis")]
+    pub redis_ca: Option<PathBuf>,
+    /// The fleet's secret (a file holding 64 hex digits, the same on every server, e.g.
+    /// from `openssl rand -hex 32`): the keys and sessions kept in Redis are sealed under
+    /// it, so whoever reads Redis learns none of them and whoever writes it plants none.
+    /// Without it they are stored in clear.
+    #[arg(long, value_name = "FILE", requires = "redis")]
+    pub fleet_secret_file: Option<PathBuf>,
+}
+
+impl FleetArgs {
+    /// Joins the fleet when `--redis` names one.
+    pub(crate) fn start(&self) -> Result<Option<kuai_fleet::Fleet>, String> {
+        let Some(url) = &self.redis else {
+            return Ok(None);
+        };
+        let ca_pem = match &self.redis_ca {
+            Some(p) => {
+                Some(std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?)
+            }
+            None => None,
+        };
+        let secret = match &self.fleet_secret_file {
+            Some(p) => Some(read_fleet_secret(p)?),
+            None => {
+                println!(
+                    "fleet: keys and sessions are stored in redis in clear (--fleet-secret-file seals them)"
+                );
+                None
+            }
+        };
+        let options = kuai_fleet::FleetOptions {
+            ca_pem,
+            secret,
+            ..Default::default()
+        };
+        kuai_fleet::Fleet::start(url, options)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The fleet's secret from `path`: 64 hex digits (surrounding whitespace ignored).
 fn read_fleet_secret(path: &std::path::Path) -> Result<[u8; 32], String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;

@@ -212,6 +212,20 @@ fn metric_where(port: u16, name: &str, filter: &str) -> f64 {
         .sum()
 }
 
+/// A directory for test `name` with a site (`www/x.txt`) and a self-signed certificate for
+/// localhost: (the directory, the site's root, the certificate, its key).
+fn site(name: &str) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
+    let dir = temp_dir(name);
+    let root = dir.join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("x.txt"), "fleet\n").unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    (dir, root, cert, key)
+}
+
 fn metrics(servers: &[Proc], name: &str) -> Vec<f64> {
     servers.iter().map(|s| metric(s.metrics, name)).collect()
 }
@@ -562,14 +576,7 @@ fn stateless_tickets_resume_across_the_fleet() {
     if !redis_installed() {
         return;
     }
-    let dir = temp_dir("stateless");
-    let root = dir.join("www");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(root.join("x.txt"), "fleet\n").unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let (dir, root, cert, key) = site("stateless");
     let rport = free_port();
     let _redis = redis(rport);
     let url = format!("redis://127.0.0.1:{rport}");
@@ -612,14 +619,7 @@ fn the_balancer_retries_for_the_fleet() {
     if !redis_installed() {
         return;
     }
-    let dir = temp_dir("retry");
-    let root = dir.join("www");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(root.join("x.txt"), "fleet\n").unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let (dir, root, cert, key) = site("retry");
     let rport = free_port();
     let _redis = redis(rport);
     let url = format!("redis://127.0.0.1:{rport}");

@@ -99,27 +99,22 @@ impl RetryOffload {
         // client includes the token in every Initial after the Retry (RFC 9000 §17.2.5.3),
         // those of a handshake under way too, which go to the server's own ID and may come
         // after the token's lifetime.
-        match token::validate(
-            &self.key,
-            token,
-            client,
-            true,
-            unix_ms,
-            Duration::MAX,
-            Duration::MAX,
-        ) {
+        let open = |lifetime| {
+            token::validate(
+                &self.key,
+                token,
+                client,
+                true,
+                unix_ms,
+                lifetime,
+                Duration::MAX,
+            )
+        };
+        match open(Duration::MAX) {
             // RFC 9000 §17.2.5.2: the first Initial after the Retry goes to the Retry's
             // source ID; it opens a connection if the token is still fresh.
             Ok(ValidToken::Retry { retry_scid, .. }) if retry_scid == ids.dcid => {
-                match token::validate(
-                    &self.key,
-                    token,
-                    client,
-                    true,
-                    unix_ms,
-                    self.lifetime,
-                    Duration::MAX,
-                ) {
+                match open(self.lifetime) {
                     Ok(_) => Verdict::Validated,
                     Err(_) => invalid_token(&ids),
                 }
