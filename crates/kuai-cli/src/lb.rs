@@ -92,7 +92,7 @@ pub struct Args {
     health_interval: u64,
     /// Validate client addresses with Retry at the balancer: a new client's Initial is
     /// answered with a Retry, and only one bringing its token back opens a flow, so spoofed
-    /// sources open none. The tokens are sealed with the fleet's token keys (--redis); the
+    /// sources open none with a long header. The tokens are sealed with the fleet's token keys (--redis); the
     /// servers run with `--redis ... --retry-offload`.
     #[arg(long, requires = "redis")]
     retry: bool,
