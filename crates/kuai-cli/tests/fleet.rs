@@ -612,8 +612,8 @@ fn stateless_tickets_resume_across_the_fleet() {
 
 /// `kuai lb --retry`: the balancer answers a new client address's first Initial with a
 /// Retry of its own, sealed with the fleet's token keys from Redis, and the servers
-/// (`--retry-offload`) take its tokens and send none themselves. `kuai get` and quic-go's
-/// client (when built) both get through.
+/// (`--retry-offload`) take its tokens and send none themselves. `kuai get`, quic-go's and
+/// aioquic's clients (when installed) all get through.
 #[test]
 fn the_balancer_retries_for_the_fleet() {
     if !redis_installed() {
@@ -646,13 +646,37 @@ fn the_balancer_retries_for_the_fleet() {
     let x_url = format!("https://localhost:{}/x.txt", lb.port);
     let (ok, _, _) = repeat(&x_url, 5);
     assert_eq!(ok, 5, "kuai get through the balancer's Retry");
-    let quic_go =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../interop/quic-go/quic-go-endpoint");
-    let mut handshakes = 5.0;
+    // Two independent clients (the interop endpoints), each downloading through the
+    // balancer's Retry: quic-go's (required where CI builds it) and aioquic's.
+    let interop = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../interop");
+    let quic_go = interop.join("quic-go/quic-go-endpoint");
+    assert!(
+        quic_go.exists() || std::env::var_os("KUAI_REQUIRE_QUICGO").is_none(),
+        "{} not built (interop/install.sh) and KUAI_REQUIRE_QUICGO is set",
+        quic_go.display()
+    );
+    let aioquic = Command::new("python3")
+        .args(["-c", "import aioquic"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut clients: Vec<(&str, Command)> = Vec::new();
     if quic_go.exists() {
-        let downloads = dir.join("downloads");
+        clients.push(("quic-go", Command::new(&quic_go)));
+    } else {
+        eprintln!("quic-go endpoint not built: its part skipped");
+    }
+    if aioquic {
+        let mut c = Command::new("python3");
+        c.arg(interop.join("aioquic/endpoint.py"));
+        clients.push(("aioquic", c));
+    } else {
+        eprintln!("aioquic not installed: its part skipped");
+    }
+    let mut handshakes = 5.0;
+    for (name, mut cmd) in clients {
+        let downloads = dir.join(format!("downloads-{name}"));
         std::fs::create_dir_all(&downloads).unwrap();
-        let o = Command::new(&quic_go)
+        let o = cmd
             .env("ROLE", "client")
             .env("TESTCASE", "http3")
             .env("SERVER", format!("127.0.0.1:{}", lb.port))
@@ -662,13 +686,15 @@ fn the_balancer_retries_for_the_fleet() {
             .unwrap();
         assert!(
             o.status.success(),
-            "quic-go through the balancer's Retry: {}",
+            "{name} through the balancer's Retry: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        assert_eq!(std::fs::read(downloads.join("x.txt")).unwrap(), b"fleet\n");
+        assert_eq!(
+            std::fs::read(downloads.join("x.txt")).unwrap(),
+            b"fleet\n",
+            "{name}"
+        );
         handshakes += 1.0;
-    } else {
-        eprintln!("quic-go endpoint not built: its part skipped");
     }
     // A client Initial without a token gets the balancer's Retry.
     let raw = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

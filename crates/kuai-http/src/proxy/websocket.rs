@@ -391,7 +391,9 @@ pub(crate) struct Activity {
     /// Either side ended the tunnel: an HTTP/3 tunnel's two halves (a task and a response
     /// body) end together.
     over: tokio_util::sync::CancellationToken,
-    /// The gateway ended it (idle, the drain over): no abort toward the backend.
+    /// The gateway ended it (idle, the drain over), or the server is shutting down (its
+    /// connections close at the drain's end, maybe just before the tunnel's own timer):
+    /// no abort toward the backend.
     closing: std::sync::atomic::AtomicBool,
     /// Given back when both halves are gone.
     _hold: Hold,
@@ -469,9 +471,14 @@ async fn pump_body(
             tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel idle: closed");
             activity.closing.store(true, Relaxed);
         }
-        _ = drain_over(&drain) => {
+        _ = async {
+            if let Some(d) = &drain {
+                d.begun().await;
+                activity.closing.store(true, Relaxed);
+            }
+            drain_over(&drain).await
+        } => {
             tracing::debug!(target: "kuai_http::proxy", %backend, "WebSocket tunnel closed at the end of the drain");
-            activity.closing.store(true, Relaxed);
         }
     }
     // The backend's side (the response body) ends too.

@@ -796,6 +796,11 @@ impl DrainGuard {
         shutdown_begun(&self.drain.shutdown).await;
         tokio::time::sleep(self.drain.timeout).await;
     }
+
+    /// Resolves when the server begins shutting down.
+    pub(crate) async fn begun(&self) {
+        shutdown_begun(&self.drain.shutdown).await;
+    }
 }
 
 impl Drop for TaskGuard {
