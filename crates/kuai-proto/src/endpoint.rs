@@ -750,7 +750,8 @@ impl Endpoint {
         let dcid = pd.dst_cid();
         let Some(scid) = pd.src_cid() else { return };
         // RFC 9000 §7.2: the client's first DCID is at least 8 bytes. After a Retry it is the
-        // Retry's source ID, which may be shorter (a QUIC-LB ID of 6 or 7): with a token.
+        // Retry's source ID, which may be shorter (a QUIC-LB ID of 6 or 7): with a token
+        // (checked below: only a valid Retry token for that very ID lets it through).
         if dcid.len() < 8 && pd.token().is_empty() {
             self.drop_datagram(remote, data.len(), EndpointDropReason::InitialCidTooShort);
             return;
@@ -824,6 +825,10 @@ impl Endpoint {
                     self.notify(EndpointTraceEvent::InvalidToken { remote });
                 }
             }
+        }
+        if dcid.len() < 8 && retry_scid.is_none() {
+            self.drop_datagram(remote, data.len(), EndpointDropReason::InitialCidTooShort);
+            return;
         }
         // One host (an IPv4 address, an IPv6 /64) holds a share of the table at most, so it
         // cannot push every other client out by opening connections it keeps idle.

@@ -650,9 +650,9 @@ impl LoadBalancer {
     fn flow_for(&self, client: SocketAddr, datagram: &[u8]) -> Opened {
         let s = &self.0;
         // Retry at the balancer: a long-header datagram is judged first (outside the lock).
-        // A token in an Initial must be one of the balancer's, valid for this address and
-        // sent to its ID, whether or not the source has a flow: the backends take such
-        // tokens without checking the address (it is the balancer's there).
+        // A token in an Initial must be one of the balancer's, valid for this address,
+        // whether or not the source has a flow: the backends take such tokens without
+        // checking the address (it is the balancer's there).
         let mut verdict = None;
         if let Some(r) = &s.config.retry
             && datagram[0] & 0x80 != 0

@@ -840,3 +840,37 @@ async fn ipv6_backends_serve_ipv6_and_ipv4_clients() {
     assert_eq!(total, 2);
     assert_eq!(handle.counts().1, 0, "datagrams dropped");
 }
+
+/// A server whose connection IDs are shorter than 8 bytes (a QUIC-LB configuration with a
+/// 4-byte nonce: 6-byte IDs) and that validates with Retry: the client's Initial after the
+/// Retry goes to the Retry's 6-byte ID, which RFC 9000 §7.2's 8-byte minimum (for a
+/// client's first ID only) must not refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_to_a_short_connection_id_completes() {
+    let short = QuicLbConfig::new(0, 1, 4, Some(KEY)).unwrap();
+    assert_eq!(short.cid_len(), 6);
+    let (mut scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
+    scfg.retry(kuai_proto::RetryPolicy::Always);
+    let mut ec = EndpointConfig::default();
+    ec.proto.cid_generator =
+        Arc::new(move || Box::new(QuicLbCids::new(short.clone(), &[1]).unwrap()));
+    let server = serve_gets(
+        Endpoint::builder()
+            .endpoint_config(ec)
+            .server(scfg)
+            .bind(localhost())
+            .unwrap(),
+    );
+    let client = Endpoint::client(localhost()).unwrap();
+    let conn = client
+        .connect_with(
+            ClientConfig::with_root(cert, &[ALPN]).unwrap(),
+            server.local_addr().unwrap(),
+            "localhost",
+        )
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(fetch(&conn, 1000).await, 1000);
+    assert_eq!(server.stats().retries_sent, 1);
+}

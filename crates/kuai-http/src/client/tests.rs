@@ -548,13 +548,21 @@ async fn a_0rtt_attempt_to_a_silent_port_falls_back_to_tcp() {
         let (cert, tls) = identity();
         let mut qtls = tls.clone();
         qtls.alpn_protocols = vec![ALPN_H3.to_vec()];
-        let ep = kuai::Endpoint::builder()
-            .server(kuai::ServerConfig::from_rustls(qtls))
-            .bind("127.0.0.1:0".parse().unwrap())
-            .unwrap();
-        let addr = ep.local_addr().unwrap();
-        // The TCP port is held but its TLS never answered: HTTP/3 wins the first race.
-        let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+        // The TCP port is held but its TLS never answered: HTTP/3 wins the first race. (The
+        // UDP port's number may be another test's TCP port: then another pair.)
+        let mut pair = None;
+        for _ in 0..50 {
+            let ep = kuai::Endpoint::builder()
+                .server(kuai::ServerConfig::from_rustls(qtls.clone()))
+                .bind("127.0.0.1:0".parse().unwrap())
+                .unwrap();
+            let addr = ep.local_addr().unwrap();
+            if let Ok(tcp) = tokio::net::TcpListener::bind(addr).await {
+                pair = Some((ep, addr, tcp));
+                break;
+            }
+        }
+        let (ep, addr, tcp) = pair.expect("no port free for both UDP and TCP");
         let server = Server::new(TestSite { dir: None });
         let handle = server.handle();
         let served = tokio::spawn(server.serve(Listener::new(ep)));
