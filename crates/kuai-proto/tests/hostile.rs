@@ -1045,6 +1045,47 @@ fn fragmented_crypto_data_is_bounded() {
     );
 }
 
+/// Clients of one server, each from its own port of 127.0.0.1, for the memory-budget tests.
+struct Peers {
+    saddr: SocketAddr,
+    /// Each client's endpoint, address and connection.
+    list: Vec<(Endpoint, SocketAddr, kuai_proto::ConnectionHandle)>,
+}
+
+impl Peers {
+    /// Clients from `ports` connecting to the server at `saddr`.
+    fn connect(now: Instant, certs: &support::Certs, saddr: SocketAddr, ports: &[u16]) -> Self {
+        let ccfg = support::client_config(certs, TransportConfig::default());
+        let list = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &port)| {
+                let mut c = client_endpoint(now, 2 + i as u64);
+                let h = c.connect(now, &ccfg, saddr, "localhost").unwrap();
+                (c, SocketAddr::from(([127, 0, 0, 1], port)), h)
+            })
+            .collect();
+        Self { saddr, list }
+    }
+
+    /// The server's datagrams, each to the client it is addressed to.
+    fn receive(&mut self, now: Instant, server: &mut Endpoint) {
+        let mut buf = Vec::new();
+        while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
+            let (c, _, _) = self.list.iter_mut().find(|c| c.1 == t.destination).unwrap();
+            c.handle_datagram(now, self.saddr, None, t.ecn, BytesMut::from(&buf[..t.size]));
+        }
+    }
+
+    /// The server's and the clients' timers at `now`.
+    fn tick(&mut self, now: Instant, server: &mut Endpoint) {
+        server.handle_timeout(now);
+        for (c, _, _) in &mut self.list {
+            c.handle_timeout(now);
+        }
+    }
+}
+
 /// Past the endpoint's memory budget every connection's windows shrink: one peer whose data
 /// the application leaves unread pushes the endpoint over its budget, and another peer, read
 /// promptly, is then granted 256 KiB of connection credit at a time instead of megabytes.
@@ -1054,14 +1095,7 @@ fn windows_shrink_under_memory_pressure() {
     let mut now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let (mut server, budget) = server_with_budget(now, &certs, 512 << 10, false);
-    let ccfg = support::client_config(&certs, TransportConfig::default());
-    let mut clients = Vec::new();
-    for (i, port) in [5001u16, 5002].into_iter().enumerate() {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut c = client_endpoint(now, 2 + i as u64);
-        let h = c.connect(now, &ccfg, saddr, "localhost").unwrap();
-        clients.push((c, addr, h));
-    }
+    let mut peers = Peers::connect(now, &certs, saddr, &[5001, 5002]);
     // More than the initial 4 MiB connection window, so credit must be granted under
     // pressure.
     let payload = bytes::Bytes::from(vec![1u8; 12 << 20]);
@@ -1069,7 +1103,7 @@ fn windows_shrink_under_memory_pressure() {
     let mut written = [0usize; 2];
     let mut credit_after_pressure = Vec::new();
     for _ in 0..3000 {
-        for (i, (c, addr, h)) in clients.iter_mut().enumerate() {
+        for (i, (c, addr, h)) in peers.list.iter_mut().enumerate() {
             let conn = c.connection_mut(*h).unwrap();
             if conn.is_established() {
                 if streams.len() <= i {
@@ -1083,12 +1117,7 @@ fn windows_shrink_under_memory_pressure() {
             }
             pump(now, c, *addr, &mut server);
         }
-        // The server's datagrams go to the client they are addressed to.
-        let mut buf = Vec::new();
-        while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
-            let (c, _, _) = clients.iter_mut().find(|c| c.1 == t.destination).unwrap();
-            c.handle_datagram(now, saddr, None, t.ecn, BytesMut::from(&buf[..t.size]));
-        }
+        peers.receive(now, &mut server);
         // The server reads the second client's streams only.
         let hs: Vec<_> = server.handles().collect();
         for sh in hs {
@@ -1107,10 +1136,7 @@ fn windows_shrink_under_memory_pressure() {
             }
         }
         now += Duration::from_millis(1);
-        server.handle_timeout(now);
-        for (c, _, _) in clients.iter_mut() {
-            c.handle_timeout(now);
-        }
+        peers.tick(now, &mut server);
         if credit_after_pressure.len() > 200 {
             break;
         }
@@ -1215,21 +1241,17 @@ fn credit_granted_before_the_budget_filled_cannot_hold_more_than_the_hard_limit(
     let mut now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let (mut server, budget) = server_with_budget(now, &certs, 4 << 20, true);
-    let ccfg = support::client_config(&certs, TransportConfig::default());
     // Port 5000 is read; the others are not.
-    let mut clients = Vec::new();
-    for (i, port) in (5000u16..5009).enumerate() {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut c = client_endpoint(now, 2 + i as u64);
-        let h = c.connect(now, &ccfg, saddr, "localhost").unwrap();
-        clients.push((c, addr, h, Vec::new(), 0usize));
-    }
+    let ports: Vec<u16> = (5000..5009).collect();
+    let mut peers = Peers::connect(now, &certs, saddr, &ports);
+    // Each client's streams and the bytes it wrote on them.
+    let mut sending = vec![(Vec::new(), 0usize); ports.len()];
     let block = bytes::Bytes::from(vec![7u8; 1 << 20]);
-    let mut reasons = vec![None; clients.len()];
+    let mut reasons = vec![None; ports.len()];
     let mut peak = 0;
     let mut read = 0;
     for _ in 0..2000 {
-        for (c, addr, h, streams, written) in clients.iter_mut() {
+        for ((c, addr, h), (streams, written)) in peers.list.iter_mut().zip(&mut sending) {
             if let Some(conn) = c.connection_mut(*h)
                 && conn.is_established()
             {
@@ -1255,11 +1277,7 @@ fn credit_granted_before_the_budget_filled_cannot_hold_more_than_the_hard_limit(
             pump(now, c, *addr, &mut server);
             peak = peak.max(budget.used());
         }
-        let mut buf = Vec::new();
-        while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
-            let (c, _, _, _, _) = clients.iter_mut().find(|c| c.1 == t.destination).unwrap();
-            c.handle_datagram(now, saddr, None, t.ecn, BytesMut::from(&buf[..t.size]));
-        }
+        peers.receive(now, &mut server);
         let hs: Vec<_> = server.handles().collect();
         for sh in hs {
             let conn = server.connection_mut(sh).unwrap();
@@ -1272,9 +1290,8 @@ fn credit_granted_before_the_budget_filled_cannot_hold_more_than_the_hard_limit(
             }
         }
         now += Duration::from_millis(1);
-        server.handle_timeout(now);
-        for (k, (c, _, h, _, _)) in clients.iter_mut().enumerate() {
-            c.handle_timeout(now);
+        peers.tick(now, &mut server);
+        for (k, (c, _, h)) in peers.list.iter().enumerate() {
             if let Some(e) = c.connection(*h).and_then(|c| c.close_reason()) {
                 reasons[k].get_or_insert_with(|| e.clone());
             }
@@ -1296,7 +1313,7 @@ fn credit_granted_before_the_budget_filled_cannot_hold_more_than_the_hard_limit(
                 || matches!(err, Some(kuai_proto::ConnectionError::PeerTransportError(e))
                     if e.code == kuai_proto::TransportErrorCode::INTERNAL_ERROR),
             "{}: {err:?}",
-            clients[k].1
+            peers.list[k].1
         );
     }
     // 32 MiB of credit, 6 MiB held at most: at least seven of the eight had to go.
@@ -1315,20 +1332,14 @@ fn send_buffers_do_not_trip_the_hard_limit() {
     let mut now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let (mut server, budget) = server_with_budget(now, &certs, 1 << 20, true);
-    let ccfg = support::client_config(&certs, TransportConfig::default());
-    let mut clients = Vec::new();
-    for (i, port) in [5001u16, 5002].into_iter().enumerate() {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut c = client_endpoint(now, 2 + i as u64);
-        let h = c.connect(now, &ccfg, saddr, "localhost").unwrap();
-        clients.push((c, addr, h, None));
-    }
+    let mut peers = Peers::connect(now, &certs, saddr, &[5001, 5002]);
+    let mut stream = None;
     let upload = bytes::Bytes::from(vec![3u8; 700 << 10]);
     let mut sent = 0;
     let mut response = None;
     let mut peak_total = 0;
     for _ in 0..1500 {
-        for (c, addr, h, stream) in clients.iter_mut() {
+        for (c, addr, h) in &mut peers.list {
             if let Some(conn) = c.connection_mut(*h)
                 && conn.is_established()
                 && addr.port() == 5002
@@ -1355,17 +1366,10 @@ fn send_buffers_do_not_trip_the_hard_limit() {
                 }
             }
         }
-        let mut buf = Vec::new();
-        while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
-            let (c, _, _, _) = clients.iter_mut().find(|c| c.1 == t.destination).unwrap();
-            c.handle_datagram(now, saddr, None, t.ecn, BytesMut::from(&buf[..t.size]));
-        }
+        peers.receive(now, &mut server);
         peak_total = peak_total.max(budget.used());
         now += Duration::from_millis(1);
-        server.handle_timeout(now);
-        for (c, _, _, _) in clients.iter_mut() {
-            c.handle_timeout(now);
-        }
+        peers.tick(now, &mut server);
     }
     assert!(
         peak_total > budget.hard_limit(),
@@ -1373,7 +1377,7 @@ fn send_buffers_do_not_trip_the_hard_limit() {
     );
     assert!(budget.received() > budget.share(), "the upload is not held");
     assert_eq!(server.stats().closed_over_budget, 0);
-    for (c, addr, h, _) in &clients {
+    for (c, addr, h) in &peers.list {
         assert!(!c.connection(*h).unwrap().is_closed(), "{addr} closed");
     }
 }
