@@ -28,6 +28,11 @@ impl Url {
         if authority.is_empty() {
             return Err(format!("{s}: no host"));
         }
+        if authority.contains('@') {
+            return Err(format!(
+                "{s}: credentials in the URL are not sent (use -H 'Authorization: ...')"
+            ));
+        }
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
             let end = v6
                 .find(']')
@@ -118,6 +123,8 @@ mod tests {
         assert!(Url::parse("http://x/").is_err());
         assert!(Url::parse("https://x:notaport/").is_err());
         assert!(Url::parse("https:///x").is_err());
+        assert!(Url::parse("https://u:pw@example.com/").is_err());
+        assert!(Url::parse("https://example.com:70000/").is_err());
     }
 
     /// Found by the `url` fuzz target: each of these parsed, and the URL it gave was written

@@ -674,7 +674,10 @@ impl Client {
                 .headers()
                 .get(header::LOCATION)
                 .and_then(|l| l.to_str().ok())
-                .filter(|_| status.is_redirection() && status != StatusCode::NOT_MODIFIED);
+                // The redirect codes of RFC 9110 §15.4; not 304, nor 300 (a choice for the
+                // user), 305 and 306 (deprecated and unused: curl and browsers do not follow
+                // them) or codes no RFC defines.
+                .filter(|_| matches!(status.as_u16(), 301 | 302 | 303 | 307 | 308));
             let Some((method, headers, body)) = next else {
                 // One more to follow, past the limit: a loop, most likely (as curl's
                 // --max-redirs, an error rather than the redirect as the answer).
@@ -737,10 +740,17 @@ impl Client {
             }
             // Credentials stay with the origin they were meant for, and so does a Host
             // the caller set (the next origin's own authority goes instead, as curl does).
+            // The client speaks to no proxy, so a Proxy-Authorization the caller set is a
+            // credential of the origin too.
             if origin_of(r.uri()).ok() != origin_of(resp.url()).ok() {
-                r.headers_mut().remove(header::AUTHORIZATION);
-                r.headers_mut().remove(header::COOKIE);
-                r.headers_mut().remove(header::HOST);
+                for h in [
+                    header::AUTHORIZATION,
+                    header::PROXY_AUTHORIZATION,
+                    header::COOKIE,
+                    header::HOST,
+                ] {
+                    r.headers_mut().remove(h);
+                }
             }
             drop(resp);
             redirects += 1;
@@ -855,9 +865,9 @@ impl Client {
         let protocol = conn.protocol();
         // Alt-Svc is learned only from a server whose certificate was checked (it is kept
         // on disk), and for a name pinned to addresses only on the same host (see
-        // `alternative`).
-        if matches!(protocol, Protocol::Http2 | Protocol::Http11)
-            && !self.inner.insecure
+        // `alternative`); over HTTP/3 as well, where a `clear` or `ma=0` must end what an
+        // alternative's own responses say is gone.
+        if !self.inner.insecure
             && let Some(v) = resp.headers().get(header::ALT_SVC)
             && let Ok(v) = v.to_str()
         {
@@ -1643,6 +1653,24 @@ fn origin_of(uri: &Uri) -> Result<Origin, Error> {
     if uri.scheme_str() != Some("https") {
         return Err(bad("only https URLs"));
     }
+    let authority = uri.authority().ok_or_else(|| bad("no host"))?;
+    // Userinfo would go out in Host and :authority, which RFC 9114 §4.3.1 forbids (and
+    // RFC 9110 §4.2.4 deprecates in https URLs); credentials go in a header instead.
+    if authority.as_str().contains('@') {
+        return Err(bad(
+            "credentials in the URL (set an Authorization header instead)",
+        ));
+    }
+    // The http crate checks a port's characters, not its range: "host:70000" or "host:x"
+    // must not quietly become 443.
+    // (`Authority::port` is `None` for those too.) An empty port is the default one
+    // (RFC 3986 §3.2.3).
+    let a = authority.as_str();
+    let after_host = a.rfind(']').map_or(a, |i| &a[i + 1..]);
+    let port = match after_host.rsplit_once(':') {
+        None | Some((_, "")) => 443,
+        Some((_, p)) => p.parse::<u16>().map_err(|_| bad("bad port"))?,
+    };
     let host = uri.host().ok_or_else(|| bad("no host"))?;
     // An IPv6 literal's brackets belong to the URL (RFC 3986 §3.2.2), not to the name
     // resolved and checked against the certificate.
@@ -1650,7 +1678,7 @@ fn origin_of(uri: &Uri) -> Result<Origin, Error> {
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host);
-    Ok((host.to_ascii_lowercase(), uri.port_u16().unwrap_or(443)))
+    Ok((host.to_ascii_lowercase(), port))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -2,7 +2,7 @@
 //! RFC 7838), HTTP/3 found broken on a network, and round-trip times; kept in memory and,
 //! when the client has a state file, on disk.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,6 +17,9 @@ const MAX_ENTRIES: usize = 1000;
 /// The longest an Alt-Svc entry is kept, whatever its `ma` says (a week): a mistaken or
 /// hostile advertisement does not stay on disk for years.
 const MAX_ALT_SVC_AGE: u64 = 7 * 24 * 3600;
+
+/// The largest RTT kept, in microseconds (a minute: more is no measurement of a path).
+const MAX_RTT_US: u64 = 60_000_000;
 
 /// An origin: `https://host:port`.
 pub(crate) type Origin = (String, u16);
@@ -44,6 +47,14 @@ pub(crate) struct Broken {
     pub backoff: u64,
 }
 
+/// An entry of the state file, for the changes merged into it (see [`State::write`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    AltSvc(Origin),
+    Broken((Origin, String)),
+    Rtt(SocketAddr),
+}
+
 #[derive(Default, Debug)]
 pub(crate) struct State {
     alt_svc: HashMap<Origin, AltSvc>,
@@ -63,6 +74,10 @@ pub(crate) struct State {
     /// When the file was last written, and whether a change waits for the next write.
     saved_at: Option<std::time::Instant>,
     dirty: bool,
+    /// Entries this state changed (set or removed) since it last wrote the file: only these
+    /// replace what the file holds, so two clients sharing it (two processes) keep each
+    /// other's changes.
+    changed: HashSet<Key>,
 }
 
 /// Writes of the state file at most this often: a server that changes its Alt-Svc on
@@ -158,8 +173,8 @@ impl State {
                     if self.rtt.len() >= MAX_ENTRIES {
                         continue;
                     }
-                    if let (Ok(a), Ok(us)) = (addr.parse(), us.parse()) {
-                        self.rtt.insert(a, us);
+                    if let (Ok(a), Ok(us)) = (addr.parse(), us.parse::<u64>()) {
+                        self.rtt.insert(a, us.min(MAX_RTT_US));
                     }
                 }
                 _ => {}
@@ -209,14 +224,23 @@ impl State {
         }
     }
 
-    /// Writes the state to its file (atomically: a temporary file renamed over it).
+    /// Writes the state to its file (atomically: a temporary file renamed over it). The file
+    /// is read again first, under a lock that other writers take too, and what this state
+    /// changed since its last write goes into what is there: another client's changes in
+    /// between are kept (and learnt here), not overwritten with what this one loaded.
     fn write(&mut self) {
         self.saved_at = Some(std::time::Instant::now());
         self.dirty = false;
-        let Some(path) = &self.path else { return };
+        let Some(path) = self.path.clone() else {
+            return;
+        };
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
+        let lock = lock_file(&path);
+        self.merge_file(&path);
+        self.changed.clear();
+        let path = &path;
         // A name no other writer uses (several clients in one process may share the file),
         // made anew (never through a link someone left there), readable by its owner only
         // (it tells which sites were visited).
@@ -237,6 +261,42 @@ impl State {
             tracing::debug!(path = %path.display(), error = %e, "client state not saved");
             let _ = std::fs::remove_file(&tmp);
         }
+        drop(lock);
+    }
+
+    /// Takes in the file's entries, with this state's own changes over them.
+    fn merge_file(&mut self, path: &Path) {
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return;
+        };
+        let mut disk = State::default();
+        disk.parse(&text);
+        for key in &self.changed {
+            match key {
+                Key::AltSvc(k) => match self.alt_svc.get(k) {
+                    Some(v) => disk.alt_svc.insert(k.clone(), v.clone()),
+                    None => disk.alt_svc.remove(k),
+                }
+                .map(drop),
+                Key::Broken(k) => match self.broken.get(k) {
+                    Some(v) => disk.broken.insert(k.clone(), v.clone()),
+                    None => disk.broken.remove(k),
+                }
+                .map(drop),
+                Key::Rtt(k) => match self.rtt.get(k) {
+                    Some(v) => disk.rtt.insert(*k, *v),
+                    None => disk.rtt.remove(k),
+                }
+                .map(drop),
+            };
+        }
+        // Bounded as what is learnt: past the bound the oldest entries go.
+        trim(&mut disk.alt_svc, |a| a.expires);
+        trim(&mut disk.broken, |b| b.until);
+        trim(&mut disk.rtt, |_| 0);
+        self.alt_svc = std::mem::take(&mut disk.alt_svc);
+        self.broken = std::mem::take(&mut disk.broken);
+        self.rtt = std::mem::take(&mut disk.rtt);
     }
 
     /// Where `origin` serves HTTP/3 seen from `network` ([`network_id`]; `None`: the one it
@@ -250,6 +310,7 @@ impl State {
             && a.network != network
         {
             self.alt_svc.remove(origin);
+            self.changed.insert(Key::AltSvc(origin.clone()));
             self.save();
             return None;
         }
@@ -295,7 +356,12 @@ impl State {
                     );
                 }
             }
-            None => return,
+            // A field with no h3 alternative this client can use replaces what was
+            // cached as well (RFC 7838 §3: a received Alt-Svc invalidates and replaces all
+            // of the origin's cached alternatives).
+            None => {
+                self.alt_svc.remove(origin);
+            }
         }
         // Saved when what is known changed, not on every response that repeats it (the
         // expiry moving by less than an hour is not a change worth a write).
@@ -312,6 +378,7 @@ impl State {
             _ => true,
         };
         if changed {
+            self.changed.insert(Key::AltSvc(origin.clone()));
             self.save();
         }
     }
@@ -342,12 +409,13 @@ impl State {
             }
         }
         self.broken.insert(
-            key,
+            key.clone(),
             Broken {
-                until: now() + backoff,
+                until: now().saturating_add(backoff),
                 backoff,
             },
         );
+        self.changed.insert(Key::Broken(key));
         self.save();
     }
 
@@ -380,11 +448,9 @@ impl State {
     /// HTTP/3 to `origin` at `addr` worked on `network`: the mark (and its back-off) goes.
     pub fn mark_working(&mut self, origin: &Origin, network: &str, addr: SocketAddr) {
         self.note_h3_worked(origin, addr);
-        if self
-            .broken
-            .remove(&(origin.clone(), network.to_string()))
-            .is_some()
-        {
+        let key = (origin.clone(), network.to_string());
+        if self.broken.remove(&key).is_some() {
+            self.changed.insert(Key::Broken(key));
             self.save();
         }
     }
@@ -396,7 +462,7 @@ impl State {
 
     /// Remembers the smoothed RTT to `addr`; saved when it moved by a quarter or more.
     pub fn remember_rtt(&mut self, addr: SocketAddr, rtt: Duration) {
-        let us = rtt.as_micros().min(u128::from(u64::MAX)) as u64;
+        let us = rtt.as_micros().min(u128::from(MAX_RTT_US)) as u64;
         let old = self.rtt.insert(addr, us);
         if self.rtt.len() > MAX_ENTRIES {
             let other = self.rtt.keys().find(|&&a| a != addr).copied();
@@ -409,8 +475,9 @@ impl State {
         let due = self
             .rtt_saved
             .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(10));
-        if old.is_none() || (due && old.is_some_and(|o| us.abs_diff(o) * 4 >= o)) {
+        if old.is_none() || (due && old.is_some_and(|o| us.abs_diff(o).saturating_mul(4) >= o)) {
             self.rtt_saved = Some(std::time::Instant::now());
+            self.changed.insert(Key::Rtt(addr));
             self.save();
         }
     }
@@ -456,8 +523,14 @@ pub fn parse_alt_svc(value: &str) -> Option<AltSvcHeader> {
         if proto.trim() != "h3" {
             continue;
         }
-        let authority = authority.trim().strip_prefix('"')?.strip_suffix('"')?;
-        let (host, port) = authority.rsplit_once(':')?;
+        let Some((host, port)) = authority
+            .trim()
+            .strip_prefix('"')
+            .and_then(|a| a.strip_suffix('"'))
+            .and_then(|a| a.rsplit_once(':'))
+        else {
+            continue;
+        };
         let Ok(port) = port.parse::<u16>() else {
             continue;
         };
@@ -487,6 +560,45 @@ pub fn parse_alt_svc(value: &str) -> Option<AltSvcHeader> {
             persist,
         });
     }
+    None
+}
+
+/// Drops the entries of `map` with the least `age` until at most [`MAX_ENTRIES`] are left.
+fn trim<K: Clone + Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>, age: impl Fn(&V) -> u64) {
+    while map.len() > MAX_ENTRIES {
+        let oldest = map
+            .iter()
+            .min_by_key(|(_, v)| age(v))
+            .map(|(k, _)| k.clone());
+        match oldest {
+            Some(k) => map.remove(&k),
+            None => break,
+        };
+    }
+}
+
+/// An exclusive lock on the state file's companion `<file>.lock`, held while the file is
+/// read and replaced (the state file itself is replaced by a rename, so it cannot carry
+/// the lock). Waits up to 200 ms for another writer, then goes on without it: a client
+/// stuck with the lock must not stall this one's connections.
+fn lock_file(path: &Path) -> Option<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    let file = o.open(path.with_extension("lock")).ok()?;
+    #[cfg(target_os = "linux")]
+    for _ in 0..40 {
+        use rustix::fs::{FlockOperation, flock};
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Some(file),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK || e == rustix::io::Errno::INTR => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => return None,
+        }
+    }
+    // Closing the file releases the lock.
     None
 }
 
@@ -573,6 +685,12 @@ mod tests {
         assert_eq!(parse_alt_svc(r#"h3="[::1]:443""#), h3("::1", 443, 86400));
         assert_eq!(parse_alt_svc("clear"), Some(AltSvcHeader::Clear));
         assert_eq!(parse_alt_svc(r#"h2=":443""#), None);
+        // A malformed alternative is skipped, not the whole field.
+        assert_eq!(parse_alt_svc(r#"h3=:443, h3=":8443""#), h3("", 8443, 86400));
+        assert_eq!(
+            parse_alt_svc(r#"h3="nocolon", h3=":8443""#),
+            h3("", 8443, 86400)
+        );
         for bad in [
             "",
             "h3",
@@ -615,6 +733,10 @@ mod tests {
             Some(Duration::from_millis(42))
         );
         t.mark_working(&o, "net-a", "192.0.2.1:443".parse().unwrap());
+        // A field without an h3 alternative replaces it too (RFC 7838 §3).
+        t.learn_alt_svc(&o, r#"h2=":443""#, "net-a");
+        assert_eq!(t.alt_svc(&o, None), None);
+        t.learn_alt_svc(&o, r#"h3=":8443"; ma=3600"#, "net-a");
         t.learn_alt_svc(&o, "clear", "net-a");
         t.flush();
         let mut u = State::load(Some(&path));
@@ -688,6 +810,51 @@ mod tests {
             9001
         );
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Two clients sharing a state file (two `kuai get` processes) keep each other's
+    /// changes: each write takes in the file as it is and replaces only what its writer
+    /// changed.
+    #[test]
+    fn two_writers_keep_each_others_changes() {
+        let path = std::env::temp_dir().join(format!("kuai-client-state-d-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let o: Origin = ("a.example".into(), 443);
+        let mut first = State::load(Some(&path));
+        first.learn_alt_svc(&o, r#"h3=":8443"; ma=3600"#, "net-a");
+        let mut a = State::load(Some(&path));
+        let mut b = State::load(Some(&path));
+        assert!(a.alt_svc(&o, None).is_some() && b.alt_svc(&o, None).is_some());
+        b.learn_alt_svc(&o, "clear", "net-a");
+        let other: SocketAddr = "192.0.2.9:443".parse().unwrap();
+        a.remember_rtt(other, Duration::from_millis(20));
+        let mut c = State::load(Some(&path));
+        assert_eq!(
+            c.alt_svc(&o, None),
+            None,
+            "b's clear was undone by a's write"
+        );
+        assert_eq!(c.rtt(other), Some(Duration::from_millis(20)));
+        // And a learnt b's change when it wrote.
+        assert_eq!(a.alt_svc(&o, None), None);
+        drop((first, a, b, c));
+        std::fs::remove_file(&path).unwrap();
+        let _ = std::fs::remove_file(path.with_extension("lock"));
+    }
+
+    /// An RTT from a hostile file is bounded: comparing a new one with it cannot overflow.
+    #[test]
+    fn a_huge_rtt_in_the_file_is_bounded() {
+        let path = std::env::temp_dir().join(format!("kuai-client-state-e-{}", std::process::id()));
+        std::fs::write(&path, format!("rtt 192.0.2.1:443 {}\n", u64::MAX)).unwrap();
+        let mut s = State::load(Some(&path));
+        let addr: SocketAddr = "192.0.2.1:443".parse().unwrap();
+        assert_eq!(s.rtt(addr), Some(Duration::from_micros(MAX_RTT_US)));
+        s.remember_rtt(addr, Duration::from_millis(20));
+        assert_eq!(s.rtt(addr), Some(Duration::from_millis(20)));
+        drop(s);
+        std::fs::remove_file(&path).unwrap();
+        let _ = std::fs::remove_file(path.with_extension("lock"));
     }
 
     #[test]

@@ -464,17 +464,26 @@ async fn redirects_are_followed_across_servers_and_protocols() {
             .unwrap()
     };
     let c = build(10);
-    // A Host the caller set is for the first origin only (as curl does).
+    // A Host the caller set is for the first origin only (as curl does), and so are
+    // credentials.
     let resp = c
         .request(
             Method::POST,
             &url(a_addr, &format!("/to/{}/echo", b_addr.port())),
         )
         .header("host", format!("localhost:{}", a_addr.port()))
+        .header("authorization", "Basic YTpi")
+        .header("proxy-authorization", "Basic YTpi")
+        .header("cookie", "a=b")
         .body("again")
         .send()
         .await
         .unwrap();
+    assert_eq!(
+        resp.headers()["x-credentials"],
+        "",
+        "credentials went to another origin"
+    );
     assert_eq!(resp.redirects(), 1);
     assert_eq!(resp.protocol(), Protocol::Http2);
     assert_eq!(resp.url().port_u16(), Some(b_addr.port()));
@@ -492,6 +501,21 @@ async fn redirects_are_followed_across_servers_and_protocols() {
         .unwrap();
     assert_eq!(resp.status(), 307);
     assert_eq!(resp.protocol(), Protocol::Http3);
+    // Only the redirects of RFC 9110 §15.4 are followed: a 305 (Use Proxy, deprecated), a
+    // 300 or a code no RFC defines is the answer, and its POST goes nowhere else.
+    let c = build(10);
+    for code in [300, 305, 306, 399] {
+        let resp = c
+            .request(
+                Method::POST,
+                &url(a_addr, &format!("/to/{}/echo?{code}", b_addr.port())),
+            )
+            .body("once")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!((resp.status().as_u16(), resp.redirects()), (code, 0));
+    }
     // Asked to follow: one past the limit (a loop), or to plain http, is an error, not the
     // redirect as if it were the answer.
     let c = build(2);
@@ -1174,6 +1198,39 @@ fn locations_resolve_as_rfc_3986_says() {
         Some("http"),
         "resolved, and then not followed"
     );
+}
+
+/// An origin's port is checked for its range (the http crate checks only its characters)
+/// and a URL with credentials in it is refused (they would go out in Host / :authority).
+#[test]
+fn origins_refuse_bad_ports_and_userinfo() {
+    let origin = |u: &str| origin_of(&u.parse::<Uri>().unwrap());
+    assert_eq!(
+        origin("https://a.example/").unwrap(),
+        ("a.example".into(), 443)
+    );
+    assert_eq!(
+        origin("https://a.example:/").unwrap(),
+        ("a.example".into(), 443)
+    );
+    assert_eq!(
+        origin("https://A.example:8443/").unwrap(),
+        ("a.example".into(), 8443)
+    );
+    assert_eq!(origin("https://[::1]:8443/").unwrap(), ("::1".into(), 8443));
+    for bad in [
+        "https://a.example:70000/",
+        "https://a.example:65536/",
+        "https://u:pw@a.example/",
+        "https://u@a.example/",
+        "http://a.example/",
+    ] {
+        assert!(
+            matches!(origin(bad), Err(Error::InvalidUrl { .. })),
+            "{bad}: {:?}",
+            origin(bad)
+        );
+    }
 }
 
 /// An origin with no request for the pool's idle timeout has its connections closed the

@@ -135,10 +135,16 @@ impl tower_service::Service<Request<Body>> for TestSite {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 Response::new(full("waited\n"))
             } else if let Some(rest) = path.strip_prefix("/to/") {
-                // /to/PORT/PATH: 307 to https://localhost:PORT/PATH.
+                // /to/PORT/PATH: 307 to https://localhost:PORT/PATH; /to/PORT/PATH?CODE:
+                // that status instead.
                 let (port, rest) = rest.split_once('/').unwrap_or((rest, ""));
                 let mut r = Response::new(full(""));
-                *r.status_mut() = StatusCode::TEMPORARY_REDIRECT;
+                *r.status_mut() = req
+                    .uri()
+                    .query()
+                    .and_then(|q| q.parse::<u16>().ok())
+                    .and_then(|c| StatusCode::from_u16(c).ok())
+                    .unwrap_or(StatusCode::TEMPORARY_REDIRECT);
                 let loc = format!("https://localhost:{port}/{rest}");
                 r.headers_mut().insert("location", loc.parse().unwrap());
                 r
@@ -171,9 +177,16 @@ impl tower_service::Service<Request<Body>> for TestSite {
                     .get("host")
                     .cloned()
                     .unwrap_or(http::HeaderValue::from_static("-"));
+                // The credentials that came, by name.
+                let credentials = ["authorization", "proxy-authorization", "cookie"]
+                    .into_iter()
+                    .filter(|n| req.headers().contains_key(*n))
+                    .collect::<Vec<_>>()
+                    .join(",");
                 let mut r = Response::new(req.into_body().map_err(BoxError::from).boxed_unsync());
                 let h = r.headers_mut();
                 h.insert("x-host", host);
+                h.insert("x-credentials", credentials.parse().unwrap());
                 h.insert("x-protocol", info.protocol.alpn().parse().unwrap());
                 h.insert("x-early", early.to_string().parse().unwrap());
                 r
