@@ -92,6 +92,10 @@ pub struct RouteFile {
     connect_timeout: Option<Timeout>,
     response_timeout: Option<Timeout>,
     max_connections: Option<usize>,
+    /// Request fields with `_` in their names go to the backends (nginx's
+    /// `underscores_in_headers`); dropped by default.
+    #[serde(default)]
+    underscores_in_headers: bool,
 }
 
 impl<'de> Deserialize<'de> for Timeout {
@@ -313,6 +317,7 @@ impl RouteFile {
             health_interval: self.health_interval,
             max_connections: self.max_connections,
             proxies,
+            underscores_in_headers: self.underscores_in_headers,
         }
         .proxy(metrics)
     }
@@ -329,6 +334,8 @@ pub struct Pool<'a> {
     pub max_connections: Option<usize>,
     /// Full proxies in front (`--proxy`).
     pub proxies: &'a [std::net::IpAddr],
+    /// Request fields with `_` in their names are forwarded.
+    pub underscores_in_headers: bool,
 }
 
 impl Pool<'_> {
@@ -336,7 +343,8 @@ impl Pool<'_> {
     pub fn proxy(&self, metrics: Option<&Arc<Metrics>>) -> Result<Proxy, String> {
         let mut b = Proxy::builder()
             .balance(self.balance)
-            .proxies(self.proxies.to_vec());
+            .proxies(self.proxies.to_vec())
+            .underscores_in_headers(self.underscores_in_headers);
         for u in self.upstreams {
             b = b.upstream(u.clone());
         }

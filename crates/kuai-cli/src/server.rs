@@ -53,6 +53,10 @@ pub struct Args {
     /// busy waits for one within the connect timeout, then gets 503.
     #[arg(long, default_value_t = 1024, requires = "upstream", value_parser = clap::value_parser!(u32).range(1..))]
     upstream_max_connections: u32,
+    /// Gateway: forward request fields with `_` in their names (dropped by default, as
+    /// nginx does: a CGI-style backend reads `X_Real_IP` as `X-Real-IP`).
+    #[arg(long, requires = "upstream")]
+    underscores_in_headers: bool,
     /// UDP address to listen on.
     #[arg(long, default_value = "[::]:4433")]
     listen: SocketAddr,
@@ -733,6 +737,7 @@ fn proxy(args: &Args, metrics: Option<&Arc<Metrics>>) -> Result<Proxy, String> {
         health_interval: Some(args.health_interval),
         max_connections: Some(args.upstream_max_connections as usize),
         proxies: &args.proxies,
+        underscores_in_headers: args.underscores_in_headers,
     }
     .proxy(metrics)
 }

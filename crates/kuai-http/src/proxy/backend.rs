@@ -156,6 +156,9 @@ pub(crate) struct Backend {
     /// HTTP/2 connections, oldest first; one more is made when each carries
     /// [`H2_STREAMS_PER_CONNECTION`](super::H2_STREAMS_PER_CONNECTION) requests.
     h2: tokio::sync::Mutex<Vec<H2Conn>>,
+    /// When the last new HTTP/2 connection failed, and whether by timing out (taken under
+    /// `h2`'s lock): requests that waited for the lock while it was tried fail with it.
+    h2_failed: std::sync::Mutex<Option<(std::time::Instant, Option<Duration>)>>,
     /// Requests sent and not yet answered to their last byte.
     pub(crate) outstanding: AtomicUsize,
     /// Failures in a row (passive health).
@@ -178,6 +181,7 @@ impl Backend {
             upstream,
             idle: Mutex::new(Vec::new()),
             h2: tokio::sync::Mutex::new(Vec::new()),
+            h2_failed: std::sync::Mutex::new(None),
             outstanding: AtomicUsize::new(0),
             fails: AtomicU32::new(0),
             down_until: AtomicU64::new(0),
@@ -383,6 +387,7 @@ impl Backend {
         &self,
         o: &Options,
     ) -> Result<(http2::SendRequest<UpBody>, StreamSlot), Reason> {
+        let asked = std::time::Instant::now();
         let mut conns = self.h2.lock().await;
         conns.retain(|c| !c.sender.is_closed());
         while conns.len() > 1 && conns.last().is_some_and(|c| c.streams.load(Relaxed) == 0) {
@@ -395,6 +400,20 @@ impl Backend {
             c.streams.fetch_add(1, Relaxed);
             return Ok((c.sender.clone(), StreamSlot(c.streams.clone())));
         }
+        // A new connection was tried while this request waited for the lock, and failed:
+        // this one fails with it rather than trying again in turn (behind a backend that
+        // drops SYNs, the k-th of the requests queued here would wait k connect timeouts).
+        let failed = *self.h2_failed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, timeout)) = failed
+            && at >= asked
+        {
+            return Err(match timeout {
+                Some(d) => Reason::ConnectTimeout(d),
+                None => {
+                    Reason::Connect(std::io::Error::other("a connection tried meanwhile failed"))
+                }
+            });
+        }
         let Some(conn_slot) = self.try_slot(o) else {
             // At the most connections: the least busy one takes more than its share.
             let c = conns
@@ -404,19 +423,16 @@ impl Backend {
             c.streams.fetch_add(1, Relaxed);
             return Ok((c.sender.clone(), StreamSlot(c.streams.clone())));
         };
-        let io = self.connect_tcp(o).await?;
-        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-            .initial_stream_window_size(super::H2_STREAM_WINDOW)
-            .initial_connection_window_size(super::H2_CONNECTION_WINDOW)
-            // A backend host that went away is found by an unanswered PING, not by the
-            // next requests' timeouts.
-            .timer(hyper_util::rt::TokioTimer::new())
-            .keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(20))
-            .keep_alive_while_idle(true)
-            .handshake(io)
-            .await
-            .map_err(Reason::Handshake)?;
+        let opened = self.h2_connect(o).await;
+        if let Err(e) = &opened {
+            let timeout = match e {
+                Reason::ConnectTimeout(d) => Some(*d),
+                _ => None,
+            };
+            *self.h2_failed.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((std::time::Instant::now(), timeout));
+        }
+        let (sender, conn) = opened?;
         let name = self.name.clone();
         tokio::spawn(async move {
             // Counted while the connection lives.
@@ -431,6 +447,32 @@ impl Backend {
             streams: streams.clone(),
         });
         Ok((sender, StreamSlot(streams)))
+    }
+
+    /// A new HTTP/2 connection to the backend, its handshake done.
+    async fn h2_connect(
+        &self,
+        o: &Options,
+    ) -> Result<
+        (
+            http2::SendRequest<UpBody>,
+            http2::Connection<TokioIo<tokio::net::TcpStream>, UpBody, TokioExecutor>,
+        ),
+        Reason,
+    > {
+        let io = self.connect_tcp(o).await?;
+        http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(super::H2_STREAM_WINDOW)
+            .initial_connection_window_size(super::H2_CONNECTION_WINDOW)
+            // A backend host that went away is found by an unanswered PING, not by the
+            // next requests' timeouts.
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
+            .handshake(io)
+            .await
+            .map_err(Reason::Handshake)
     }
 
     pub(super) async fn connect_tcp(

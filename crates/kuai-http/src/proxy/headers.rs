@@ -25,6 +25,25 @@ pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
     n
 }
 
+/// Removes the fields whose names hold `_` (see `ProxyBuilder::underscores_in_headers`).
+pub(crate) fn strip_underscored(headers: &mut HeaderMap) {
+    if !headers
+        .keys()
+        .any(|n| n.as_str().as_bytes().contains(&b'_'))
+    {
+        return;
+    }
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().as_bytes().contains(&b'_'))
+        .cloned()
+        .collect();
+    for n in names {
+        tracing::debug!(field = %n, "request field with an underscore not forwarded");
+        headers.remove(n);
+    }
+}
+
 /// Removes the hop-by-hop fields: the fixed ones and every field `Connection` names.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names finds the ones to remove (most messages have none, or only

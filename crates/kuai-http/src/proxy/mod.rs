@@ -238,6 +238,9 @@ pub(crate) struct Options {
     max_tunnels_per_address: usize,
     /// Full proxies in front (`kuai lb`): a client from one counts by address and port.
     proxies: Vec<std::net::IpAddr>,
+    /// Request fields with `_` in their names go to backends (see
+    /// [`ProxyBuilder::underscores_in_headers`]).
+    underscores: bool,
 }
 
 /// Builds a [`Proxy`].
@@ -352,6 +355,15 @@ impl ProxyBuilder {
         self
     }
 
+    /// Whether request fields whose names hold `_` go to the backends (not by default, as
+    /// nginx's `underscores_in_headers off`). A backend that maps field names to variables
+    /// (CGI, WSGI, PHP: `X_Real_IP` and `X-Real-IP` both become `HTTP_X_REAL_IP`) would
+    /// otherwise take a client's `X_Real_IP` or `X_Forwarded_Proto` for the gateway's own.
+    pub fn underscores_in_headers(mut self, allow: bool) -> Self {
+        self.options.underscores = allow;
+        self
+    }
+
     /// The name this proxy gives itself in `Via` ("kuai" by default).
     pub fn via_name(mut self, name: impl Into<String>) -> Self {
         self.via = name.into();
@@ -443,6 +455,7 @@ impl Proxy {
                 max_tunnels: 4096,
                 max_tunnels_per_address: 512,
                 proxies: Vec::new(),
+                underscores: false,
             },
             health: None,
             via: "kuai".into(),
@@ -786,6 +799,9 @@ impl Inner {
         let authority = Some(authority);
         let te_trailers = headers::asks_for_trailers(&headers);
         headers::strip_hop_by_hop(&mut headers);
+        if !self.options.underscores {
+            headers::strip_underscored(&mut headers);
+        }
         // Content-Length as one number: the client's list form ("5, 5") or repeated equal
         // lines, which the server side accepted (RFC 9110 §8.6), would make an HTTP/2
         // backend reset the stream. (An HTTP/1.1 backend gets the gateway's own framing.)
@@ -843,7 +859,17 @@ impl Inner {
             headers.insert(EARLY_DATA, HeaderValue::from_static("1"));
         }
         let origin = match uri.path_and_query() {
-            Some(p) => Uri::from(p.clone()),
+            // The request target as a backend reads it (RFC 9112 §3.2): an absolute path,
+            // or `*` for a server-wide OPTIONS. An HTTP/1.1 `GET *` or a `:path` of `?x=1`
+            // over HTTP/2 (which the http crate takes, reading its path as "/", where
+            // routes matched it) is refused, not passed on for a backend to read its way.
+            Some(p)
+                if p.as_str().starts_with('/')
+                    || (p.as_str() == "*" && method == http::Method::OPTIONS) =>
+            {
+                Uri::from(p.clone())
+            }
+            Some(_) => return None,
             None => Uri::from_static("/"),
         };
         // A retry after a failed exchange needs the fields again (see `forward`).

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, combinators::UnsyncBoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -1544,6 +1544,16 @@ async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
         *other.uri_mut() = "ftp://a.example/headers".parse().unwrap();
         let resp = proxy.call(other).await.unwrap();
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        // Targets that are no absolute path: `GET *` (HTTP/1.1 takes it with any method),
+        // and a `:path` of "?x=1" (HTTP/2 takes it; its path reads as "/").
+        for target in ["*", "?x=1"] {
+            let mut r = request(&[("host", "a.example")]);
+            let mut parts = http::uri::Parts::default();
+            parts.path_and_query = Some(target.parse().unwrap());
+            *r.uri_mut() = Uri::from_parts(parts).unwrap();
+            let resp = proxy.call(r).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{target}");
+        }
         assert_eq!(seen.requests.load(SeqCst), 0, "h2c {h2c}");
         let resp = proxy
             .call(request(&[
@@ -1553,6 +1563,9 @@ async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
                 ("x-real-ip", "6.6.6.6"),
                 ("x-forwarded-host", "evil.example"),
                 ("expect", "100-continue"),
+                // What a CGI-style backend reads as X-Real-IP and X-Forwarded-Proto.
+                ("x_real_ip", "7.7.7.7"),
+                ("x_forwarded_proto", "http"),
             ]))
             .await
             .unwrap();
@@ -1570,6 +1583,7 @@ async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
         // client's claims still do not pass.
         assert!(!text.contains("6.6.6.6"), "{text}");
         assert!(!text.contains("evil.example"), "{text}");
+        assert!(!text.contains("7.7.7.7") && !text.contains("x_"), "{text}");
         // The gateway does not wait for a 100: the backend is not told to send one.
         assert!(!text.contains("\nexpect:"), "{text}");
         if h2c {
@@ -1579,6 +1593,28 @@ async fn the_host_field_is_checked_and_te_trailers_reaches_h2() {
             assert!(text.contains("\nhost: a.example\n"), "{text}");
             assert!(!text.contains("\nte:"), "{text}");
         }
+        // A server-wide OPTIONS goes on as `*`.
+        let mut r = request(&[("host", "a.example")]);
+        *r.method_mut() = Method::OPTIONS;
+        *r.uri_mut() = "*".parse().unwrap();
+        let before = seen.requests.load(SeqCst);
+        let resp = proxy.call(r).await.unwrap();
+        assert_ne!(resp.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(seen.requests.load(SeqCst), before + 1);
+        // Underscores allowed when asked.
+        let mut proxy = proxy_to(&[(b, h2c)])
+            .underscores_in_headers(true)
+            .build()
+            .unwrap();
+        let resp = proxy
+            .call(request(&[("host", "a.example"), ("x_app", "1")]))
+            .await
+            .unwrap();
+        let text = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            String::from_utf8_lossy(&text).contains("\nx_app: 1\n"),
+            "{text:?}"
+        );
     }
 }
 
@@ -1960,4 +1996,49 @@ async fn websocket_resets_cross_the_gateway_both_ways() {
         matches!(end, Err(kuai_h3::Error::StreamReset(c)) if c == kuai_h3::Code::REQUEST_CANCELLED),
         "{end:?}"
     );
+}
+
+/// An h2c backend whose listener drops SYNs (its accept queue full): requests that arrive
+/// together while the first tries to connect fail with that attempt, not one connect
+/// timeout after another (they queued on the backend's connection lock and each tried
+/// in turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queued_on_an_h2_backend_that_does_not_answer_fail_together() {
+    use tower_service::Service;
+    // A listener that never accepts, its queue filled: further SYNs go unanswered.
+    let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    l.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    l.listen(0).unwrap();
+    let addr = l.local_addr().unwrap().as_socket().unwrap();
+    let mut fill = Vec::new();
+    for _ in 0..4 {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&addr.into());
+        fill.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let proxy = proxy_to(&[(addr, true)])
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let mut proxy = proxy.clone();
+        set.spawn(async move {
+            let mut req = Request::new(crate::Body::empty());
+            *req.uri_mut() = "/x".parse().unwrap();
+            req.headers_mut()
+                .insert("host", "a.example".parse().unwrap());
+            proxy.call(req).await.unwrap().status()
+        });
+    }
+    while let Some(status) = set.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::GATEWAY_TIMEOUT);
+    }
+    let took = t.elapsed();
+    assert!(took < Duration::from_millis(900), "{took:?}");
+    drop((fill, l));
 }

@@ -201,12 +201,11 @@ fn bodiless(m: &Method) -> bool {
 
 /// Whether a request's body is worth waiting for before its head goes out: a method whose
 /// requests rarely carry content, without a declared length, goes without a body when its
-/// end comes (an HTTP/3 FIN after the HEADERS frame) rather than chunked. Not when the
-/// client waits for 100 Continue.
+/// end comes (an HTTP/3 FIN after the HEADERS frame) rather than chunked. (A client that
+/// waits for 100 Continue gets it from the gateway's server when the body is first read,
+/// so the wait does not stall it; the backend never sees its `Expect`.)
 pub(crate) fn wait_for_body_end(req: &Request<UpBody>) -> bool {
-    bodiless(req.method())
-        && !req.headers().contains_key(header::CONTENT_LENGTH)
-        && !req.headers().contains_key(header::EXPECT)
+    bodiless(req.method()) && !req.headers().contains_key(header::CONTENT_LENGTH)
 }
 
 /// A request body going out on a connection.
