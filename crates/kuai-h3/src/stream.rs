@@ -66,6 +66,9 @@ pub struct RecvHalf {
 pub struct SendHalf {
     pub(crate) shared: Arc<Shared>,
     send: Option<SendStream>,
+    /// The stream once finished: kept to wait for its acknowledgement, or to reset what
+    /// is still undelivered ([`finished`](Self::finished), [`reset`](Self::reset)).
+    ended: Option<SendStream>,
     id: u64,
     /// The peer stopped reading with H3_NO_ERROR: it has what it needs (RFC 9114 §4.1.1),
     /// so whatever else we send is dropped quietly.
@@ -81,6 +84,7 @@ impl RequestStream {
             send: SendHalf {
                 shared: shared.clone(),
                 send: Some(send),
+                ended: None,
                 id,
                 peer_done: false,
             },
@@ -703,14 +707,16 @@ impl SendHalf {
     pub fn finish(&mut self) -> Result<(), Error> {
         if let Some(mut s) = self.send.take() {
             let r = s.finish();
+            self.ended = Some(s);
             self.outcome(r)?;
         }
         Ok(())
     }
 
-    /// Waits until everything we sent was acknowledged (or the peer stopped reading).
+    /// Waits until everything we sent was acknowledged (or the peer stopped reading),
+    /// before or after [`finish`](Self::finish).
     pub async fn finished(&mut self) -> Result<(), Error> {
-        if let Some(s) = self.send.as_mut() {
+        if let Some(s) = self.send.as_mut().or(self.ended.as_mut()) {
             let r = s.stopped().await;
             self.outcome(r)?;
         }
@@ -733,7 +739,9 @@ impl SendHalf {
 
     /// Abandons sending with `code` (RESET_STREAM).
     pub fn reset(&mut self, code: Code) {
-        if let Some(mut s) = self.send.take() {
+        // After `finish`, what the peer has not acknowledged yet is abandoned as well
+        // (RFC 9000 §3.1: a stream in Data Sent may still be reset).
+        if let Some(mut s) = self.send.take().or(self.ended.take()) {
             let _ = s.reset(code.0);
         }
     }

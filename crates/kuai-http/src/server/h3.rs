@@ -316,11 +316,16 @@ fn body_reset_code(e: &(dyn std::error::Error + 'static)) -> Code {
 /// Sends `resp` and its body (none after HEAD, 204 and 304: RFC 9110 §6.4.1) and finishes the
 /// stream; the body bytes sent, and the stream (to wait for its acknowledgement).
 async fn send_response(
-    mut stream: SendHalf,
+    stream: SendHalf,
     resp: Response<ReplyBody>,
     method: &Method,
     send_timeout: std::time::Duration,
 ) -> Result<(u64, SendHalf), SendFailed> {
+    // Reset, not finished, if this ends before the body's end: a task that unwinds (a body
+    // that panics) would otherwise leave the stream's FIN, and a cut body would look whole
+    // (HTTP/2 resets the stream there, HTTP/1.1 closes the connection).
+    let mut guard = ResetOnDrop(Some(stream));
+    let stream = guard.0.as_mut().expect("just set");
     let (mut head, mut body) = resp.into_parts();
     // RFC 9110 §6.6.1: an origin server with a clock sends Date (hyper adds it over TCP).
     head.headers
@@ -330,7 +335,7 @@ async fn send_response(
     let limit = send_timeout;
     match tokio::time::timeout(limit, stream.send_response(Response::from_parts(head, ()))).await {
         Ok(r) => r?,
-        Err(_) => return Err(stalled(&mut stream)),
+        Err(_) => return Err(stalled(stream)),
     }
     // The body's next piece is made (a file read into fresh memory, often) when the last is
     // nearly sent, so it is still in the CPU's cache when copied into packets.
@@ -340,7 +345,16 @@ async fn send_response(
         || status == StatusCode::NOT_MODIFIED;
     let mut sent = 0u64;
     if !no_body {
-        while let Some(frame) = body.frame().await {
+        loop {
+            // A client that cancels the request (STOP_SENDING) or goes away while the body
+            // has nothing to send (a long poll, an event stream, a proxied response the
+            // backend is slow with) ends the body's work now, not at its next piece.
+            let frame = tokio::select! {
+                biased;
+                f = body.frame() => f,
+                e = stream.cancelled() => return Err(e.into()),
+            };
+            let Some(frame) = frame else { break };
             let frame = match frame {
                 Ok(f) => f,
                 Err(e) => {
@@ -355,14 +369,14 @@ async fn send_response(
                     sent += data.len() as u64;
                     match tokio::time::timeout(limit, stream.send_data(data)).await {
                         Ok(r) => r?,
-                        Err(_) => return Err(stalled(&mut stream)),
+                        Err(_) => return Err(stalled(stream)),
                     }
                 }
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
                         match tokio::time::timeout(limit, stream.send_trailers(&trailers)).await {
                             Ok(r) => r?,
-                            Err(_) => return Err(stalled(&mut stream)),
+                            Err(_) => return Err(stalled(stream)),
                         }
                         break;
                     }
@@ -374,7 +388,19 @@ async fn send_response(
     // before the wait for the acknowledgements.
     drop(body);
     stream.finish()?;
+    let stream = guard.0.take().expect("still held");
     Ok((sent, stream))
+}
+
+/// A response stream reset with H3_INTERNAL_ERROR when dropped while still held.
+struct ResetOnDrop(Option<SendHalf>);
+
+impl Drop for ResetOnDrop {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.as_mut() {
+            s.reset(Code::INTERNAL_ERROR);
+        }
+    }
 }
 
 /// Whether a request asks for `100 Continue` before its body (RFC 9110 §10.1.1).

@@ -445,13 +445,31 @@ where
         let service = Mutex::new(self.service);
         let handler: Box<Handler> = Box::new(move |req| {
             let mut svc = service.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let head = req.method() == Method::HEAD;
             Box::pin(async move {
                 let r = async {
                     std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
                     svc.call(req).await
                 };
                 match r.await {
-                    Ok(resp) => resp.map(|inner| ToBytes { inner }.boxed_unsync()),
+                    Ok(resp) => {
+                        // The body a Content-Length promises is checked as it goes (none
+                        // is sent after HEAD, 1xx, 204 or 304: RFC 9110 §6.4.1).
+                        let s = resp.status();
+                        let bodiless = head
+                            || s.is_informational()
+                            || s == StatusCode::NO_CONTENT
+                            || s == StatusCode::NOT_MODIFIED;
+                        let left = if bodiless {
+                            None
+                        } else {
+                            resp.headers()
+                                .get(header::CONTENT_LENGTH)
+                                .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+                                .and_then(|v| v.parse::<u64>().ok())
+                        };
+                        resp.map(|inner| ToBytes { inner, left }.boxed_unsync())
+                    }
                     Err(e) => {
                         let e: BoxError = e.into();
                         tracing::warn!(error = %e, "service failed");
@@ -475,10 +493,15 @@ where
 pin_project_lite::pin_project! {
     /// A service's response body with its data as `Bytes` (no copy when it already is) and its
     /// errors boxed; its size hint kept, so HTTP/1.1 and HTTP/2 send a content-length for a body
-    /// of known length.
+    /// of known length. A body that ends short of the response's Content-Length, or goes
+    /// past it, fails there: every protocol then tells the client the response was cut
+    /// (HTTP/3 and HTTP/2 reset the stream, HTTP/1.1 closes the connection), where HTTP/3
+    /// and HTTP/2 would have ended the stream as if it were whole.
     struct ToBytes<B> {
         #[pin]
         inner: B,
+        // What the Content-Length still promises.
+        left: Option<u64>,
     }
 }
 
@@ -494,11 +517,33 @@ where
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        self.project().inner.poll_frame(cx).map(|f| {
-            f.map(|r| {
+        let this = self.project();
+        let f = std::task::ready!(this.inner.poll_frame(cx));
+        let Some(left) = this.left else {
+            return std::task::Poll::Ready(f.map(|r| {
                 r.map(|f| f.map_data(|mut d| d.copy_to_bytes(d.remaining())))
                     .map_err(Into::into)
-            })
+            }));
+        };
+        std::task::Poll::Ready(match f {
+            Some(Ok(frame)) => {
+                let frame = frame.map_data(|mut d| d.copy_to_bytes(d.remaining()));
+                let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+                if n > *left {
+                    *this.left = None;
+                    return std::task::Poll::Ready(Some(Err(
+                        "response body longer than its Content-Length".into(),
+                    )));
+                }
+                *left -= n;
+                Some(Ok(frame))
+            }
+            Some(Err(e)) => Some(Err(e.into())),
+            None if *left > 0 => {
+                *this.left = None;
+                Some(Err("response body shorter than its Content-Length".into()))
+            }
+            None => None,
         })
     }
 

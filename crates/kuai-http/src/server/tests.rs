@@ -79,6 +79,48 @@ impl http_body::Body for Slow {
     }
 }
 
+/// Tokens of `/pending/N` bodies dropped (see [`Pending`]).
+pub(crate) static PENDING_DROPPED: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+/// A body with nothing to send, ever (a long poll that gets no event); notes its token in
+/// [`PENDING_DROPPED`] when the server lets it go.
+struct Pending(u64);
+
+impl http_body::Body for Pending {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Pending
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        PENDING_DROPPED.lock().unwrap().push(self.0);
+    }
+}
+
+/// "abc", then a panic.
+struct Panics(bool);
+
+impl http_body::Body for Panics {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        assert!(!self.0, "a body that panics (on purpose)");
+        self.0 = true;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"abc")))))
+    }
+}
+
 fn full(b: &'static str) -> TestBody {
     Full::new(Bytes::from_static(b.as_bytes()))
         .map_err(|e: Infallible| match e {})
@@ -129,6 +171,16 @@ impl tower_service::Service<Request<Body>> for TestSite {
                     }
                     .boxed_unsync(),
                 )
+            } else if let Some(n) = path.strip_prefix("/pending/") {
+                Response::new(Pending(n.parse().unwrap_or(0)).boxed_unsync())
+            } else if path == "/panic" {
+                Response::new(Panics(false).boxed_unsync())
+            } else if path == "/short" {
+                // Content-Length 100, 50 bytes.
+                let mut r =
+                    Response::new(full("01234567890123456789012345678901234567890123456789"));
+                r.headers_mut().insert("content-length", 100.into());
+                r
             } else if let Some(ms) = path.strip_prefix("/wait/") {
                 // /wait/MS: answers after MS milliseconds (a service taking its time).
                 let ms = ms.parse().unwrap_or(0);
@@ -1011,31 +1063,35 @@ async fn an_h3_response_the_client_stops_taking_is_reset_after_the_send_timeout(
         ..Default::default()
     });
     let (_conn, client) = h3_client_with(&cep, ccfg, srv.addr).await;
-    let req = Request::get("https://localhost/bytes/10000000")
-        .body(())
-        .unwrap();
-    let mut s = client.send_request(req).await.unwrap();
-    s.finish().unwrap();
-    assert_eq!(s.recv_response().await.unwrap().status(), 200);
-    // Not read for three send timeouts.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let t = Instant::now();
-    let ended = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match s.recv_data().await {
-                Ok(Some(_)) => {}
-                other => return other,
+    // 10 MB stalls the server's writes; 50 KB is all written (a stream takes 64 KiB beyond
+    // its credit) and finished, and waits in the send buffer.
+    for n in [10_000_000, 50_000] {
+        let req = Request::get(format!("https://localhost/bytes/{n}"))
+            .body(())
+            .unwrap();
+        let mut s = client.send_request(req).await.unwrap();
+        s.finish().unwrap();
+        assert_eq!(s.recv_response().await.unwrap().status(), 200);
+        // Not read for three send timeouts.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let t = Instant::now();
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match s.recv_data().await {
+                    Ok(Some(_)) => {}
+                    other => return other,
+                }
             }
-        }
-    })
-    .await
-    .expect("the stream ended");
-    assert!(
-        matches!(ended, Err(kuai_h3::Error::StreamReset(c)) if c == kuai_h3::Code::REQUEST_CANCELLED),
-        "{ended:?}"
-    );
-    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
-    assert_eq!(h3_status(&client, Method::GET).await, 200);
+        })
+        .await
+        .expect("the stream ended");
+        assert!(
+            matches!(ended, Err(kuai_h3::Error::StreamReset(c)) if c == kuai_h3::Code::REQUEST_CANCELLED),
+            "{n}: {ended:?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!(h3_status(&client, Method::GET).await, 200);
+    }
 }
 
 /// A request body that sends `first` and then nothing more, its sender never finishing.
@@ -1092,4 +1148,75 @@ async fn an_h3_upload_that_stops_ends_only_its_request() {
         t.elapsed()
     );
     assert_eq!(h3_status(&client, Method::GET).await, 200);
+}
+
+/// A response body that fails, panics, or ends short of its Content-Length is never taken
+/// for a whole one: HTTP/3 resets the stream (a panic left its FIN, and a short body ended
+/// with one), HTTP/2 resets it too; and a body with nothing to send is let go as soon as
+/// the client cancels its request or its connection goes, not at its next piece.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_cut_short_or_cancelled_are_not_taken_for_whole() {
+    let srv = start(Limits::default(), None).await;
+    let cep = client_endpoint();
+    let (conn, client) = h3_client(&cep, &srv.cert, srv.addr).await;
+    let get = |path: &str| {
+        Request::get(format!("https://localhost{path}"))
+            .body(())
+            .unwrap()
+    };
+    for path in ["/panic", "/short"] {
+        let mut s = client.send_request(get(path)).await.unwrap();
+        s.finish().unwrap();
+        // The reset may overtake the head.
+        let end = match s.recv_response().await {
+            Ok(r) => {
+                assert_eq!(r.status(), 200);
+                loop {
+                    match s.recv_data().await {
+                        Ok(Some(_)) => {}
+                        other => break other,
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        };
+        assert!(
+            matches!(end, Err(kuai_h3::Error::StreamReset(c)) if c == kuai_h3::Code::INTERNAL_ERROR),
+            "{path}: {end:?}"
+        );
+    }
+    let mut h2 = Sender::connect(srv.addr, &srv.cert, ALPN_H2).await;
+    let resp = h2
+        .send(
+            request(ALPN_H2, srv.addr.port(), "/short")
+                .body(empty())
+                .unwrap(),
+        )
+        .await;
+    assert!(resp.into_body().collect().await.is_err(), "HTTP/2 /short");
+    // Cancelled (STOP_SENDING and RESET_STREAM) after the head, then a connection closed.
+    let dropped = |n: u64| async move {
+        let t = Instant::now();
+        while !PENDING_DROPPED.lock().unwrap().contains(&n) {
+            assert!(t.elapsed() < Duration::from_secs(2), "body {n} kept");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let token = u64::from(srv.addr.port()) << 8;
+    let mut s = client
+        .send_request(get(&format!("/pending/{token}")))
+        .await
+        .unwrap();
+    s.finish().unwrap();
+    assert_eq!(s.recv_response().await.unwrap().status(), 200);
+    s.cancel(kuai_h3::Code::REQUEST_CANCELLED);
+    dropped(token).await;
+    let mut s = client
+        .send_request(get(&format!("/pending/{}", token + 1)))
+        .await
+        .unwrap();
+    s.finish().unwrap();
+    assert_eq!(s.recv_response().await.unwrap().status(), 200);
+    conn.close(0, b"bye");
+    dropped(token + 1).await;
 }
