@@ -46,7 +46,9 @@
 //! checked, not assumed: each first-use record reads Redis's clock in the same round trip
 //! (`TIME`), and a server more than [`FleetOptions::max_clock_skew`] (30 s) from it accepts
 //! no 0-RTT until its clock is back (it says so in its log). Any two servers that accept
-//! are then within 60 s of each other.
+//! are then within 60 s of each other. An issuer's clock is checked as well: a session note
+//! carries the time it was issued, and a replica from an issuer more than that skew ahead
+//! of Redis (the stream entry's time) is not taken.
 //!
 //! # When Redis is away
 //!
@@ -325,6 +327,8 @@ pub(crate) struct Link {
     /// The `run_id` of the Redis last connected to (`INFO server`): it changes when Redis
     /// restarts, and with it the first-use records it held may be gone.
     run_id: std::sync::Mutex<Option<String>>,
+    /// `INFO` was refused or unanswered (said once).
+    info_refused: std::sync::atomic::AtomicBool,
     /// When this server last found Redis restarted, and the replay window from then on.
     restarted: std::sync::Mutex<Option<std::time::Instant>>,
     replay_window: Duration,
@@ -357,6 +361,7 @@ impl Link {
             connect_after: std::sync::Mutex::new(None),
             remembered: Default::default(),
             run_id: std::sync::Mutex::new(None),
+            info_refused: Default::default(),
             restarted: std::sync::Mutex::new(None),
             replay_window: options.replay_window,
             sealer: options
@@ -425,7 +430,19 @@ impl Link {
                 .map(|id| id.trim().to_string()),
             _ => None,
         };
-        let Some(id) = id else { return };
+        let Some(id) = id else {
+            // Said once: without `INFO` (an ACL user without @dangerous, say) a Redis
+            // restart goes unseen, and with it the pause that keeps 0-RTT safe after one.
+            if !self
+                .info_refused
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(target: "kuai::fleet",
+                    "redis does not answer INFO: a restart of redis will not be seen (allow \
+                     INFO to this user, or run redis with persistence)");
+            }
+            return;
+        };
         let mut known = self.run_id.lock().unwrap_or_else(|e| e.into_inner());
         if known.as_ref().is_some_and(|k| *k != id) {
             *self.restarted.lock().unwrap_or_else(|e| e.into_inner()) =

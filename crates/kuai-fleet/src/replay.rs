@@ -21,6 +21,56 @@ pub struct RedisAntiReplay {
     /// Whether the last reading found the clocks too far apart (said once per change).
     skewed: Arc<AtomicBool>,
     runtime: tokio::runtime::Handle,
+    /// What [`AntiReplay::record`] may still write now (see [`RECORD_RATE`]).
+    records: Arc<std::sync::Mutex<Bucket>>,
+}
+
+/// Uses of tickets offered with 0-RTT and refused here ([`AntiReplay::record`]) written per
+/// second at most, in bursts of as many. Any ClientHello can offer any ticket identity: a
+/// flood of made-up ones would otherwise each cost a Redis write and a key kept for the
+/// replay window. A real client's offer refused here is rare (a busy server, a replica not
+/// there yet); while a Redis restart pauses 0-RTT, every server refuses it anyway.
+const RECORD_RATE: f64 = 1024.0;
+
+/// A token bucket for [`RECORD_RATE`].
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: std::time::Instant,
+    skipped: u64,
+    said: Option<std::time::Instant>,
+}
+
+impl Bucket {
+    fn new() -> Self {
+        Self {
+            tokens: RECORD_RATE,
+            at: std::time::Instant::now(),
+            skipped: 0,
+            said: None,
+        }
+    }
+
+    /// Whether one more record may be written now.
+    fn take(&mut self, now: std::time::Instant) -> bool {
+        let dt = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.tokens = (self.tokens + dt * RECORD_RATE).min(RECORD_RATE);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return true;
+        }
+        self.skipped += 1;
+        if self
+            .said
+            .is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(60))
+        {
+            self.said = Some(now);
+            tracing::warn!(target: "kuai::fleet", skipped = self.skipped,
+                "more 0-RTT offers refused here than can be recorded: some not recorded as used");
+        }
+        false
+    }
 }
 
 impl std::fmt::Debug for RedisAntiReplay {
@@ -39,6 +89,7 @@ impl RedisAntiReplay {
             max_skew,
             skewed: Arc::new(AtomicBool::new(false)),
             runtime: tokio::runtime::Handle::current(),
+            records: Arc::new(std::sync::Mutex::new(Bucket::new())),
         }
     }
 
@@ -65,7 +116,10 @@ impl RedisAntiReplay {
         let here = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
-        let redis = Duration::from_secs(secs) + Duration::from_micros(micros);
+        // (A reply no Redis gives, far beyond any clock, counts as skewed, not a panic.)
+        let redis = Duration::from_secs(secs)
+            .checked_add(Duration::from_micros(micros))
+            .unwrap_or(Duration::MAX);
         let ahead_ms = here.as_millis() as i64 - redis.as_millis() as i64;
         let too_far = here.abs_diff(redis) > self.max_skew;
         if too_far != self.skewed.swap(too_far, Ordering::Relaxed) {
@@ -96,12 +150,22 @@ impl RedisAntiReplay {
             max_skew: self.max_skew,
             skewed: self.skewed.clone(),
             runtime: self.runtime.clone(),
+            records: self.records.clone(),
         }
     }
 }
 
 impl AntiReplay for RedisAntiReplay {
     fn record(&self, ticket: &[u8]) {
+        let now = std::time::Instant::now();
+        if !self
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(now)
+        {
+            return;
+        }
         let ticket = ticket.to_vec();
         let me = self.detached();
         self.runtime.spawn(async move {
@@ -139,5 +203,25 @@ impl AntiReplay for RedisAntiReplay {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flood of offers refused here is recorded at [`RECORD_RATE`] a second, in bursts of
+    /// as many, and no more.
+    #[test]
+    fn records_of_refused_offers_are_rate_limited() {
+        let t = std::time::Instant::now();
+        let mut b = Bucket::new();
+        b.at = t;
+        let burst = (0..5000).filter(|_| b.take(t)).count();
+        assert_eq!(burst, RECORD_RATE as usize);
+        let later = t + Duration::from_millis(500);
+        let refilled = (0..5000).filter(|_| b.take(later)).count();
+        assert_eq!(refilled, RECORD_RATE as usize / 2);
+        assert_eq!(b.skipped, 2 * 5000 - burst as u64 - refilled as u64);
     }
 }

@@ -25,8 +25,8 @@ const BLOCK: Duration = Duration::from_secs(2);
 
 /// What the writer appends to the stream.
 enum Note {
-    /// A session this server issued.
-    Issued(Vec<u8>, Vec<u8>),
+    /// A session this server issued, and when (this server's clock, unix ms).
+    Issued(Vec<u8>, Vec<u8>, u64),
     /// A session used here (the replicas drop it).
     Used(Vec<u8>),
     /// A NEW_TOKEN token used here: its ID and issue time (unix ms).
@@ -45,8 +45,15 @@ pub struct FleetSessions {
     origin: u64,
     notes: mpsc::Sender<Note>,
     dropped_notes: std::sync::atomic::AtomicU64,
+    /// When a dropped note was last said in the log.
+    dropped_said: std::sync::Mutex<Option<std::time::Instant>>,
     /// The transport's NEW_TOKEN log and the tokens' lifetime, once shared.
     token_log: std::sync::OnceLock<(Arc<TokenLog>, Duration)>,
+    /// Other servers' token uses read before the log was shared (the reader starts at
+    /// once, from the stream's start), applied when it is: at most [`QUEUE`].
+    early_token_uses: std::sync::Mutex<Vec<([u8; TOKEN_ID_LEN], u64)>>,
+    /// How far ahead of Redis an issuer's clock may be (`FleetOptions::max_clock_skew`).
+    max_skew: Duration,
 }
 
 impl std::fmt::Debug for FleetSessions {
@@ -68,7 +75,10 @@ impl FleetSessions {
             origin: u64::from_le_bytes(origin),
             notes: tx,
             dropped_notes: Default::default(),
+            dropped_said: std::sync::Mutex::new(None),
             token_log: std::sync::OnceLock::new(),
+            early_token_uses: std::sync::Mutex::new(Vec::new()),
+            max_skew: options.max_clock_skew,
         });
         tokio::spawn(write(Arc::downgrade(&s), rx, options.capacity));
         tokio::spawn(read(Arc::downgrade(&s), options.lifetime));
@@ -93,6 +103,13 @@ impl FleetSessions {
         if self.token_log.set((log.clone(), lifetime)).is_err() {
             return;
         }
+        let early = std::mem::take(&mut *lock(&self.early_token_uses));
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        for (id, issued) in early {
+            log.mark_used(&id, issued, now_ms, lifetime);
+        }
         let me = Arc::downgrade(self);
         log.on_first_use(move |id, issued_ms| {
             if let Some(s) = me.upgrade() {
@@ -103,8 +120,19 @@ impl FleetSessions {
 
     fn note(&self, n: Note) {
         if self.notes.try_send(n).is_err() {
-            self.dropped_notes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dropped = self
+                .dropped_notes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            // A use the others never hear of leaves their replica of the session usable
+            // (first-use records in Redis still refuse a replay within the window).
+            let now = std::time::Instant::now();
+            let mut said = lock(&self.dropped_said);
+            if said.is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(60)) {
+                *said = Some(now);
+                tracing::warn!(target: "kuai::fleet", dropped,
+                    "the fleet's session notes queue is full: notes dropped");
+            }
         }
     }
 
@@ -133,11 +161,17 @@ impl FleetSessions {
                 self.cache.remove(&id);
             }
             b"t" => {
-                let (Some((log, lifetime)), Ok(id), Ok(issued)) = (
-                    self.token_log.get(),
+                let (Ok(id), Ok(issued)) = (
                     <[u8; TOKEN_ID_LEN]>::try_from(&id[..]),
                     <[u8; 8]>::try_from(&value[..]),
                 ) else {
+                    return;
+                };
+                let Some((log, lifetime)) = self.token_log.get() else {
+                    let mut early = lock(&self.early_token_uses);
+                    if early.len() < QUEUE {
+                        early.push((id, u64::from_le_bytes(issued)));
+                    }
                     return;
                 };
                 let now_ms = SystemTime::now()
@@ -152,7 +186,10 @@ impl FleetSessions {
 
 impl rustls::server::StoresServerSessions for FleetSessions {
     fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
-        self.note(Note::Issued(key.clone(), value.clone()));
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.note(Note::Issued(key.clone(), value.clone(), now_ms));
         self.cache.put(key, value)
     }
 
@@ -201,19 +238,21 @@ async fn write(
         let origin = s.origin.to_le_bytes();
         let mut pipe = redis::pipe();
         for n in batch.drain(..) {
-            let (kind, id, value) = match n {
-                Note::Issued(id, value) => {
+            let (kind, id, value, issued) = match n {
+                Note::Issued(id, value, at) => {
                     let value = match &s.link.sealer {
                         Some(sealer) => sealer.seal(&session_name(&id), &value),
                         None => value,
                     };
-                    ("i", id, value)
+                    ("i", id, value, Some(at))
                 }
-                Note::Used(id) => ("u", id, Vec::new()),
-                Note::TokenUsed(id, issued) => ("t", id.to_vec(), issued.to_le_bytes().to_vec()),
+                Note::Used(id) => ("u", id, Vec::new(), None),
+                Note::TokenUsed(id, issued) => {
+                    ("t", id.to_vec(), issued.to_le_bytes().to_vec(), None)
+                }
             };
-            pipe.cmd("XADD")
-                .arg(STREAM)
+            let xadd = pipe.cmd("XADD");
+            xadd.arg(STREAM)
                 .arg("MAXLEN")
                 .arg("~")
                 .arg(capacity)
@@ -225,8 +264,13 @@ async fn write(
                 .arg("i")
                 .arg(id)
                 .arg("v")
-                .arg(value)
-                .ignore();
+                .arg(value);
+            // The issuer's clock at issue: a replica from a server whose clock runs ahead
+            // is not taken (its tickets would look fresh for that much longer elsewhere).
+            if let Some(at) = issued {
+                xadd.arg("t").arg(at);
+            }
+            xadd.ignore();
         }
         let link = s.link.clone();
         drop(s);
@@ -254,6 +298,9 @@ fn session_name(id: &[u8]) -> Vec<u8> {
 /// Tails the stream from its start, applying the other servers' notes.
 async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
     let mut last = "0".to_string();
+    let max_skew_ms = sessions
+        .upgrade()
+        .map_or(0, |s| s.max_skew.as_millis() as u64);
     let mut backoff = Duration::from_millis(100);
     loop {
         let Some(link) = sessions.upgrade().map(|s| s.link.clone()) else {
@@ -321,14 +368,24 @@ async fn read(sessions: std::sync::Weak<FleetSessions>, lifetime: Duration) {
                 let mut kind: &[u8] = b"";
                 let mut origin = 0u64;
                 let (mut tid, mut value) = (Vec::new(), Vec::new());
+                let mut issued: Option<u64> = None;
                 for (k, v) in fields {
                     match k {
                         b"k" => kind = v,
                         b"o" => origin = parse_origin(v),
                         b"i" => tid = v.to_vec(),
                         b"v" => value = v.to_vec(),
+                        b"t" => issued = std::str::from_utf8(v).ok().and_then(|t| t.parse().ok()),
                         _ => {}
                     }
+                }
+                // rustls judges a ticket's age by its issuer's clock: a session issued by a
+                // server whose clock ran ahead of Redis's (the entry ID's time) by more than
+                // the allowed skew would stay 0-RTT-fresh here for that much longer.
+                if kind == b"i" && issued.is_some_and(|t| t > ms.saturating_add(max_skew_ms)) {
+                    tracing::debug!(target: "kuai::fleet", ahead_ms = issued.unwrap_or(0) - ms,
+                        "a session from a server whose clock is ahead of redis's: not taken");
+                    return;
                 }
                 if !tid.is_empty() {
                     s.apply(kind, origin, tid, value, Duration::from_millis(age));
@@ -383,4 +440,8 @@ fn for_each_entry(v: &Value, mut f: impl FnMut(&str, Vec<(&[u8], &[u8])>)) {
             f(id, fields);
         }
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -327,6 +327,64 @@ async fn a_new_token_used_at_one_member_is_used_at_all() {
     );
     // A token never used still validates at b.
     assert!(lb.first_use(&[8u8; 12], now - 1000, now, day));
+    // A member started later reads the stream from its start as soon as it starts, before
+    // its server shares its token log: those uses are kept for the log (they were read and
+    // dropped, and a restarted server took every token used in the fleet once more).
+    let c = Fleet::start(&url, Default::default()).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let lc = Arc::new(kuai::kuai_proto::TokenLog::new());
+    c.share_token_log(lc.clone(), day);
+    assert!(
+        !lc.first_use(&id, now - 1000, now, day),
+        "the token validated at a member started after its use"
+    );
+}
+
+/// A session issued by a server whose clock runs ahead of Redis's by more than the allowed
+/// skew is not taken as a replica (rustls judges a ticket's age by its issuer's clock: it
+/// would stay 0-RTT-fresh elsewhere for that much longer); one issued on time is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_from_an_issuer_whose_clock_runs_ahead_are_not_taken() {
+    if !installed() {
+        return;
+    }
+    let port = free_port();
+    let _r = start(&["--port", &port.to_string()], port);
+    let url = format!("redis://127.0.0.1:{port}");
+    let b = Fleet::start(&url, Default::default()).unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for (id, at) in [("ahead", now + 600_000), ("on-time", now)] {
+        let _: String = redis::cmd("XADD")
+            .arg("kuai:sessions")
+            .arg("*")
+            .arg("k")
+            .arg("i")
+            .arg("o")
+            .arg(&[9u8; 8][..])
+            .arg("i")
+            .arg(id)
+            .arg("v")
+            .arg("session")
+            .arg("t")
+            .arg(at)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.sessions().get(b"on-time").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the session on time did not arrive"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(b.sessions().get(b"ahead").is_none());
 }
 
 /// A Redis that answers reads but refuses writes (out of memory with `noeviction`, or a user
