@@ -197,17 +197,96 @@ impl Router {
                 "no site here by that name\n",
             );
         };
-        let path = req.uri().path();
-        let Some(route) = host.routes.iter().find(|r| prefix_matches(&r.prefix, path)) else {
+        // Routes match the path as the files handler reads it (escapes decoded, empty and
+        // dot segments resolved): "//private/x", "/./private/x" or "/%70rivate/x" went to
+        // the route for "/" and reached the same file as "/private/x", past whatever guarded
+        // "/private/" (as nginx matches locations on the normalized path).
+        let Some(path) = normalized_path(req.uri().path()) else {
+            return plain(StatusCode::BAD_REQUEST, "bad path\n");
+        };
+        let Some(route) = host
+            .routes
+            .iter()
+            .find(|r| prefix_matches(&r.prefix, &path))
+        else {
             return plain(StatusCode::NOT_FOUND, "not found\n");
         };
         if route.strip
-            && let Some(uri) = stripped(req.uri(), &route.prefix)
+            && let Some(uri) = stripped(req.uri(), &path, &route.prefix)
         {
             *req.uri_mut() = uri;
         }
         (route.handler)(req).await
     }
+}
+
+/// `path` normalized for matching (RFC 3986 §6.2.2): percent-escapes decoded (but for `/`,
+/// which stays `%2F` inside its segment, so it draws no boundary), empty and `.` segments
+/// dropped, `..` taking the segment before it, a final `/` kept. Borrowed when already in
+/// that form; `None` for a `..` above the root or a malformed escape.
+fn normalized_path(path: &str) -> Option<std::borrow::Cow<'_, str>> {
+    let plain = !path.contains('%')
+        && !path.contains("//")
+        && !path.contains("/./")
+        && !path.contains("/../")
+        && !path.ends_with("/.")
+        && !path.ends_with("/..");
+    if plain && path.starts_with('/') {
+        return Some(std::borrow::Cow::Borrowed(path));
+    }
+    let mut segments: Vec<String> = Vec::new();
+    let mut directory = false;
+    for raw in path.split('/').skip(usize::from(path.starts_with('/'))) {
+        directory = false;
+        let segment = decode_segment(raw)?;
+        match segment.as_str() {
+            "" | "." => directory = true,
+            ".." => {
+                segments.pop()?;
+                directory = true;
+            }
+            _ => segments.push(segment),
+        }
+    }
+    let mut out = String::with_capacity(path.len());
+    for s in &segments {
+        out.push('/');
+        out.push_str(s);
+    }
+    if directory || segments.is_empty() {
+        out.push('/');
+    }
+    Some(std::borrow::Cow::Owned(out))
+}
+
+/// One path segment with its escapes decoded, `/` (and `%`) escaped again.
+fn decode_segment(raw: &str) -> Option<String> {
+    if !raw.contains('%') {
+        return Some(raw.to_owned());
+    }
+    let b = raw.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            let v = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+            match v {
+                b'/' => out.extend_from_slice(b"%2F"),
+                b'%' => out.extend_from_slice(b"%25"),
+                v => out.push(v),
+            }
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    // Bytes that are not UTF-8 stay escaped as they came.
+    Some(String::from_utf8(out).unwrap_or_else(|_| raw.to_owned()))
 }
 
 /// Whether `path` is under `prefix` (`/api/` takes `/api/x`; `/api` takes `/api` and
@@ -219,15 +298,19 @@ fn prefix_matches(prefix: &str, path: &str) -> bool {
     }
 }
 
-/// `uri` with `prefix` taken off its path (which stays absolute).
-fn stripped(uri: &Uri, prefix: &str) -> Option<Uri> {
-    let pq = uri.path_and_query()?.as_str();
-    let rest = pq.strip_prefix(prefix.trim_end_matches('/'))?;
-    let rest = if rest.starts_with('/') {
+/// `uri` with `prefix` taken off its `path` (normalized; the rest stays absolute), and its
+/// query kept.
+fn stripped(uri: &Uri, path: &str, prefix: &str) -> Option<Uri> {
+    let rest = path.strip_prefix(prefix.trim_end_matches('/'))?;
+    let mut rest = if rest.starts_with('/') {
         rest.to_owned()
     } else {
         format!("/{rest}")
     };
+    if let Some(q) = uri.query() {
+        rest.push('?');
+        rest.push_str(q);
+    }
     let mut parts = uri.clone().into_parts();
     parts.path_and_query = Some(rest.parse().ok()?);
     Uri::from_parts(parts).ok()
@@ -307,9 +390,102 @@ mod tests {
         assert!(!prefix_matches("/api", "/apix"));
         assert!(!prefix_matches("/api/", "/api"));
         let u: Uri = "/api/v1/x?q=1".parse().unwrap();
-        assert_eq!(stripped(&u, "/api/").unwrap(), "/v1/x?q=1");
-        assert_eq!(stripped(&u, "/api").unwrap(), "/v1/x?q=1");
+        assert_eq!(stripped(&u, u.path(), "/api/").unwrap(), "/v1/x?q=1");
+        assert_eq!(stripped(&u, u.path(), "/api").unwrap(), "/v1/x?q=1");
         let u: Uri = "/api".parse().unwrap();
-        assert_eq!(stripped(&u, "/api").unwrap(), "/");
+        assert_eq!(stripped(&u, u.path(), "/api").unwrap(), "/");
+        let u: Uri = "//api/./v1/%78?q".parse().unwrap();
+        let p = normalized_path(u.path()).unwrap();
+        assert_eq!(stripped(&u, &p, "/api/").unwrap(), "/v1/x?q");
+    }
+
+    #[test]
+    fn paths_are_matched_normalized() {
+        let n = |p| normalized_path(p).map(|c| c.into_owned());
+        assert_eq!(n("/private/s.txt").as_deref(), Some("/private/s.txt"));
+        assert!(matches!(
+            normalized_path("/a/b/"),
+            Some(std::borrow::Cow::Borrowed(_))
+        ));
+        for (raw, want) in [
+            ("//private/s.txt", "/private/s.txt"),
+            ("/./private/s.txt", "/private/s.txt"),
+            ("/%70rivate/s.txt", "/private/s.txt"),
+            ("/x/../private/s.txt", "/private/s.txt"),
+            ("/private/.", "/private/"),
+            ("/private/x/..", "/private/"),
+            ("/private%2Fs.txt", "/private%2Fs.txt"),
+            ("/a%25b", "/a%25b"),
+            ("/%E4%B8%AD", "/\u{4e2d}"),
+            ("/%FF", "/%FF"),
+            ("/", "/"),
+            ("//", "/"),
+        ] {
+            assert_eq!(n(raw).as_deref(), Some(want), "{raw}");
+        }
+        assert_eq!(n("/../x"), None);
+        assert_eq!(n("/%zz"), None);
+        assert!(prefix_matches("/private/", &n("/%70rivate/s.txt").unwrap()));
+        assert!(!prefix_matches(
+            "/private/",
+            &n("/private%2Fs.txt").unwrap()
+        ));
+    }
+}
+
+#[cfg(test)]
+mod guarded {
+    use super::*;
+
+    /// A 403 for everything.
+    #[derive(Clone)]
+    struct Forbidden;
+
+    impl tower_service::Service<Request<Body>> for Forbidden {
+        type Response = Response<RouteBody>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Response<RouteBody>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            std::future::ready(Ok(plain(StatusCode::FORBIDDEN, "no\n")))
+        }
+    }
+
+    /// A route guarding a sub-prefix of a directory served below "/" cannot be gone around
+    /// with another spelling of the same path: the files handler decodes escapes and skips
+    /// empty and dot segments, and so does the matching.
+    #[tokio::test]
+    async fn a_guarded_prefix_holds_for_every_spelling_of_its_paths() {
+        let root = std::env::temp_dir().join(format!("kuai-router-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("private")).unwrap();
+        std::fs::write(root.join("private/s.txt"), b"secret").unwrap();
+        std::fs::write(root.join("open.txt"), b"open").unwrap();
+        let router = Router::new()
+            .route(&["a.test"], "/", crate::ServeDir::new(&root))
+            .route(&["a.test"], "/private/", Forbidden);
+        let status = |path: &str| {
+            let router = router.clone();
+            let mut req = Request::new(Body::empty());
+            *req.uri_mut() = path.parse().unwrap();
+            req.headers_mut()
+                .insert(http::header::HOST, "a.test".parse().unwrap());
+            async move { router.handle(req).await.status() }
+        };
+        for path in [
+            "/private/s.txt",
+            "//private/s.txt",
+            "/./private/s.txt",
+            "/%70rivate/s.txt",
+            "/open.txt/../private/s.txt",
+        ] {
+            assert_eq!(status(path).await, StatusCode::FORBIDDEN, "{path}");
+        }
+        assert_eq!(status("/open.txt").await, StatusCode::OK);
+        assert_eq!(status("/../private/s.txt").await, StatusCode::BAD_REQUEST);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
