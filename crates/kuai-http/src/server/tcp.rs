@@ -131,6 +131,9 @@ struct ConnState {
     /// hyper's HTTP/2 polls a body only when its stream's window has room, so a body that
     /// stays here waits on the client's WINDOW_UPDATE.
     awaiting_window: AtomicUsize,
+    /// HTTP/1.1 upgraded (a 101 went out): the socket is the service's now, busy for as long
+    /// as it keeps it, and still counted against the caps until it closes.
+    upgraded: AtomicBool,
 }
 
 /// Why the watchdog closes a connection.
@@ -166,6 +169,7 @@ impl ConnState {
             evict: Notify::new(),
             h2: AtomicBool::new(false),
             awaiting_window: AtomicUsize::new(0),
+            upgraded: AtomicBool::new(false),
         }
     }
 
@@ -352,6 +356,10 @@ impl http_body::Body for Tracked {
 struct Watched {
     io: tokio_rustls::server::TlsStream<TcpStream>,
     state: Arc<ConnState>,
+    /// The connection's place among the connections and its memory grant, given back when
+    /// the socket goes: with the connection's task, or, once upgraded (a WebSocket), with
+    /// the service's handle on it.
+    _held: (Admitted, Granted),
 }
 
 impl AsyncRead for Watched {
@@ -445,7 +453,11 @@ impl Held {
         let Some(id) = self
             .by_age
             .iter()
-            .find(|(_, c)| ip.is_none_or(|ip| c.ip == ip) && c.active.load(Relaxed) == 0)
+            .find(|(_, c)| {
+                ip.is_none_or(|ip| c.ip == ip)
+                    && c.active.load(Relaxed) == 0
+                    && !c.upgraded.load(Relaxed)
+            })
             .map(|(&id, _)| id)
         else {
             return false;
@@ -470,7 +482,7 @@ impl Conns {
     /// The full grant for a connection while the connections' grants stay within `budget`,
     /// the small one past it; counted until the returned guard drops. Connections already
     /// open keep what they were granted (HTTP/2 credit is never taken back, RFC 9113 §6.9).
-    fn grant(&self, budget: u64, h2: bool) -> (Grant, Granted<'_>) {
+    fn grant(self: &Arc<Self>, budget: u64, h2: bool) -> (Grant, Granted) {
         let full = Grant::full(h2);
         let g = match self.granted.fetch_update(Relaxed, Relaxed, |used| {
             let after = used.saturating_add(full.bytes());
@@ -483,7 +495,7 @@ impl Conns {
                 small
             }
         };
-        (g, Granted(&self.granted, g.bytes()))
+        (g, Granted(self.clone(), g.bytes()))
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -516,19 +528,19 @@ impl Conns {
     }
 }
 
-/// Takes a connection out of [`Conns`] when its task ends.
-struct Admitted<'a>(&'a Conns, u64);
+/// Takes a connection out of [`Conns`] when it ends.
+struct Admitted(Arc<Conns>, u64);
 
 /// Gives a connection's [`Grant`] back when it ends.
-struct Granted<'a>(&'a AtomicU64, u64);
+struct Granted(Arc<Conns>, u64);
 
-impl Drop for Granted<'_> {
+impl Drop for Granted {
     fn drop(&mut self) {
-        self.0.fetch_sub(self.1, Relaxed);
+        self.0.granted.fetch_sub(self.1, Relaxed);
     }
 }
 
-impl Drop for Admitted<'_> {
+impl Drop for Admitted {
     fn drop(&mut self) {
         self.0.remove(self.1);
     }
@@ -578,8 +590,8 @@ async fn serve_with(
         let guard = shared.tasks.guard();
         tokio::spawn(async move {
             let _guard = guard;
-            let _admitted = Admitted(&conns, id);
-            serve_connection(sock, remote, acceptor, &shared, &conns, state).await;
+            let admitted = Admitted(conns.clone(), id);
+            serve_connection(sock, remote, acceptor, &shared, &conns, state, admitted).await;
         });
     }
 }
@@ -617,8 +629,9 @@ async fn serve_connection(
     remote: SocketAddr,
     acceptor: tokio_rustls::TlsAcceptor,
     shared: &Arc<Shared>,
-    conns: &Conns,
+    conns: &Arc<Conns>,
     state: Arc<ConnState>,
+    admitted: Admitted,
 ) {
     let limits = &shared.limits;
     let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(sock));
@@ -642,7 +655,7 @@ async fn serve_connection(
     state.idle_since.store(state.clock.now(), Relaxed);
     let h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
     state.h2.store(h2, Relaxed);
-    let (grant, _granted) = conns.grant(limits.tcp_memory_budget, h2);
+    let (grant, granted) = conns.grant(limits.tcp_memory_budget, h2);
     state.response_buffer.store(grant.response_buffer, Relaxed);
     if h2 {
         // HTTP/1.1 writes a response in one piece already.
@@ -670,6 +683,7 @@ async fn serve_connection(
                 .insert(super::Busy(Arc::new(InFlight::new(&st))));
         }
         let waits = st.body_waits.clone();
+        let conn_state = st.clone();
         async move {
             let mut log = AccessLog::new(&shared, info, req.method().clone(), req.uri(), false);
             let limit = shared.limits.max_request_body;
@@ -694,6 +708,10 @@ async fn serve_connection(
                 )
                 .await;
             log.response(&resp);
+            if !h2 && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                // Not idle from now on: never closed to make room for another.
+                conn_state.upgraded.store(true, Relaxed);
+            }
             Ok::<_, Infallible>(resp.map(|body| Tracked {
                 body,
                 request,
@@ -705,6 +723,7 @@ async fn serve_connection(
     let io = TokioIo::new(Watched {
         io: tls,
         state: state.clone(),
+        _held: (admitted, granted),
     });
     if h2 {
         let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
@@ -1573,5 +1592,134 @@ mod cookie_tests {
         one.append("cookie", "a=1".parse().unwrap());
         super::join_cookies(&mut one);
         assert_eq!(one["cookie"], "a=1");
+    }
+}
+
+#[cfg(test)]
+mod upgrade_tests {
+    use super::*;
+    use crate::server::tests::{TestBody, empty, identity};
+    use crate::server::{ALPN_H1, Server};
+    use std::time::Instant;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn short_limits() -> Limits {
+        Limits {
+            handshake_timeout: Duration::from_millis(400),
+            header_timeout: Duration::from_millis(400),
+            ..Limits::default()
+        }
+    }
+
+    /// Answers every request with 101 and echoes on the upgraded connection.
+    #[derive(Clone)]
+    struct Upgrader;
+
+    impl tower_service::Service<Request<Body>> for Upgrader {
+        type Response = http::Response<TestBody>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+            let on = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                if let Ok(up) = on.await {
+                    let mut io = TokioIo::new(up);
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = io.read(&mut buf).await {
+                        if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            });
+            let mut r = http::Response::new(empty());
+            *r.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+            r.headers_mut()
+                .insert("connection", "upgrade".parse().unwrap());
+            r.headers_mut().insert("upgrade", "echo".parse().unwrap());
+            std::future::ready(Ok(r))
+        }
+    }
+
+    /// An upgraded HTTP/1.1 connection (a WebSocket) still counts against the caps and the
+    /// memory budget for as long as its socket is open, and is never closed as idle to make
+    /// room: the connection's slot went with its task, at the 101, and a client could hold
+    /// any number of upgraded sockets past the per-address cap.
+    #[tokio::test]
+    async fn upgraded_connections_stay_counted() {
+        let (cert, mut tls) = identity();
+        tls.alpn_protocols = vec![ALPN_H1.to_vec()];
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = Arc::new(Conns::new());
+        let limits = Limits {
+            max_connections_per_address: 2,
+            ..short_limits()
+        };
+        let shared = Server::new(Upgrader)
+            .limits(limits)
+            .into_shared(addr.port());
+        tokio::spawn(serve_with(listener, Arc::new(tls), shared, conns.clone()));
+        let mut open = Vec::new();
+        for _ in 0..6 {
+            let Ok(mut t) = tokio::time::timeout(Duration::from_secs(2), async {
+                // (Refused at the cap: the handshake fails, which `tls_to` would not take.)
+                let mut cfg = crate::server::tests::client_tls(&cert);
+                cfg.alpn_protocols = vec![ALPN_H1.to_vec()];
+                let sock = TcpStream::connect(addr).await.ok()?;
+                let name = rustls::pki_types::ServerName::try_from("localhost").ok()?;
+                let mut t = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+                    .connect(name, sock)
+                    .await
+                    .ok()?;
+                t.write_all(b"GET /ws HTTP/1.1\r\nHost: localhost\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n")
+                    .await
+                    .ok()?;
+                let mut head = Vec::new();
+                while !head.ends_with(b"\r\n\r\n") {
+                    let mut b = [0u8; 1];
+                    if t.read(&mut b).await.ok()? == 0 {
+                        return None;
+                    }
+                    head.push(b[0]);
+                }
+                head.starts_with(b"HTTP/1.1 101").then_some(t)
+            })
+            .await
+            .map(|t| t.ok_or(()))
+            .unwrap_or(Err(())) else {
+                continue;
+            };
+            // The tunnel works.
+            t.write_all(b"ping").await.unwrap();
+            let mut b = [0u8; 4];
+            t.read_exact(&mut b).await.unwrap();
+            assert_eq!(&b, b"ping");
+            open.push(t);
+        }
+        assert_eq!(
+            open.len(),
+            2,
+            "upgraded connections past the per-address cap"
+        );
+        assert_eq!(conns.held().by_age.len(), 2);
+        assert!(
+            conns.granted.load(Relaxed) > 0,
+            "their memory grants given back"
+        );
+        drop(open);
+        let t = Instant::now();
+        while !conns.held().by_age.is_empty() || conns.granted.load(Relaxed) > 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "closed tunnels still counted"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
