@@ -131,6 +131,28 @@ pub struct Limits {
     pub tcp_memory_budget: u64,
 }
 
+impl Limits {
+    /// The limits with every timeout at most ten years: "never" written as `Duration::MAX`
+    /// would overflow the deadlines made from it.
+    fn clamped(mut self) -> Self {
+        const NEVER: Duration = Duration::from_secs(10 * 365 * 86_400);
+        for d in [
+            &mut self.handshake_timeout,
+            &mut self.header_timeout,
+            &mut self.idle_timeout,
+            &mut self.send_timeout,
+            &mut self.h2_keepalive_timeout,
+            &mut self.drain_timeout,
+        ] {
+            *d = (*d).min(NEVER);
+        }
+        if let Some(d) = &mut self.h2_keepalive_interval {
+            *d = (*d).min(NEVER);
+        }
+        self
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
@@ -480,7 +502,7 @@ where
         });
         Arc::new(Shared {
             handler,
-            limits: self.limits,
+            limits: self.limits.clamped(),
             alt_svc,
             refuse_unsafe_early_data: self.refuse_unsafe_early_data,
             shutdown: self.handle.0.subscribe(),

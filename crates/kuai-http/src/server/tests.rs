@@ -1220,3 +1220,42 @@ async fn bodies_cut_short_or_cancelled_are_not_taken_for_whole() {
     conn.close(0, b"bye");
     dropped(token + 1).await;
 }
+
+/// Timeouts written as `Duration::MAX` ("never") serve as very long ones: deadlines made
+/// from them overflowed, and the connection's task panicked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_of_duration_max_mean_never() {
+    let never = Duration::MAX;
+    let srv = start(
+        Limits {
+            handshake_timeout: never,
+            header_timeout: never,
+            idle_timeout: never,
+            send_timeout: never,
+            drain_timeout: never,
+            h2_keepalive_interval: Some(never),
+            h2_keepalive_timeout: never,
+            ..Limits::default()
+        },
+        None,
+    )
+    .await;
+    let cep = client_endpoint();
+    let (_conn, client) = h3_client(&cep, &srv.cert, srv.addr).await;
+    assert_eq!(h3_status(&client, Method::GET).await, 200);
+    assert_eq!(h3_status(&client, Method::GET).await, 200);
+    for alpn in [ALPN_H2, crate::server::ALPN_H1] {
+        let mut s = Sender::connect(srv.addr, &srv.cert, alpn).await;
+        for _ in 0..2 {
+            let r = s
+                .send(
+                    request(alpn, srv.addr.port(), "/hello.txt")
+                        .body(empty())
+                        .unwrap(),
+                )
+                .await;
+            assert_eq!(r.status(), 200);
+            r.into_body().collect().await.unwrap();
+        }
+    }
+}
