@@ -60,6 +60,10 @@ pub struct Args {
     /// UDP address to listen on.
     #[arg(long, default_value = "[::]:4433")]
     listen: SocketAddr,
+    /// The UDP port Alt-Svc advertises, when clients reach HTTP/3 at another port than
+    /// --listen's (a port mapping, a `kuai lb` in front).
+    #[arg(long, value_name = "PORT")]
+    alt_svc_port: Option<u16>,
     /// Certificate chain (PEM); without it, a self-signed certificate is made at start.
     #[arg(long, requires = "key")]
     cert: Option<PathBuf>,
@@ -625,19 +629,25 @@ async fn serve(args: Args) -> Result<(), String> {
         limits = f.limits(limits);
     }
     let served = if let Some(f) = &file {
-        let mut server = Server::new(f.router(metrics.as_ref(), &args.proxies)?).limits(limits);
+        let mut server = Server::new(f.router(metrics.as_ref(), &args.proxies)?)
+            .limits(limits)
+            .alt_svc_port(args.alt_svc_port);
         if let Some(m) = &metrics {
             server = server.metrics(m.clone());
         }
         server.serve_with_shutdown(listener, shutdown).await
     } else if args.upstream.is_empty() {
-        let mut server = Server::new(SiteService::new(&site)).limits(limits);
+        let mut server = Server::new(SiteService::new(&site))
+            .limits(limits)
+            .alt_svc_port(args.alt_svc_port);
         if let Some(m) = &metrics {
             server = server.metrics(m.clone());
         }
         server.serve_with_shutdown(listener, shutdown).await
     } else {
-        let mut server = Server::new(proxy(&args, metrics.as_ref())?).limits(limits);
+        let mut server = Server::new(proxy(&args, metrics.as_ref())?)
+            .limits(limits)
+            .alt_svc_port(args.alt_svc_port);
         if let Some(m) = &metrics {
             server = server.metrics(m.clone());
         }

@@ -46,13 +46,21 @@ pub(crate) fn strip_underscored(headers: &mut HeaderMap) {
 
 /// Removes the hop-by-hop fields: the fixed ones and every field `Connection` names.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip_fields(headers, is_hop_by_hop)
+}
+
+/// Removes a backend response's hop-by-hop fields and its `Alt-Svc`: the alternatives a
+/// backend names are its own (its ports, its hosts), not the gateway's, which advertises
+/// its own HTTP/3 (and which a backend's `Alt-Svc` would otherwise suppress).
+pub(crate) fn strip_response_fields(headers: &mut HeaderMap) {
+    strip_fields(headers, |n| is_hop_by_hop(n) || n.as_str() == "alt-svc")
+}
+
+fn strip_fields(headers: &mut HeaderMap, strip: impl Fn(&HeaderName) -> bool) {
     // One pass over the names finds the ones to remove (most messages have none, or only
-    // `Connection`): cheaper than a lookup, a hash, per hop-by-hop name. Eight can match.
-    let mut found: [Option<HeaderName>; 8] = Default::default();
-    for (slot, n) in found
-        .iter_mut()
-        .zip(headers.keys().filter(|n| is_hop_by_hop(n)))
-    {
+    // `Connection`): cheaper than a lookup, a hash, per hop-by-hop name. Nine can match.
+    let mut found: [Option<HeaderName>; 9] = Default::default();
+    for (slot, n) in found.iter_mut().zip(headers.keys().filter(|n| strip(n))) {
         *slot = Some(n.clone());
     }
     if found[0].is_none() {

@@ -906,7 +906,7 @@ impl Inner {
         outstanding: Outstanding,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = resp.into_parts();
-        headers::strip_hop_by_hop(&mut parts.headers);
+        headers::strip_response_fields(&mut parts.headers);
         headers::append_value(&mut parts.headers, header::VIA, self.via(parts.version));
         parts.version = http::Version::default();
         parts.extensions.insert(UpstreamTiming {

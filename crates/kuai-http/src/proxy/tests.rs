@@ -92,6 +92,13 @@ async fn answer(
     let _live = LiveGuard(s.clone());
     match req.uri().path() {
         "/echo" => Response::new(req.into_body().map_err(Into::into).boxed_unsync()),
+        // A backend advertising an HTTP/3 of its own.
+        "/alt-svc" => {
+            let mut r = Response::new(full("alt"));
+            r.headers_mut()
+                .insert("alt-svc", "h3=\":9999\"; ma=60".parse().unwrap());
+            r
+        }
         // The whole body read first, then its length.
         "/count" => {
             let n = req
@@ -265,6 +272,19 @@ async fn every_protocol_reaches_both_kinds_of_backend() {
             assert_eq!(resp.headers()["via"], up_via, "{mode:?}");
             let got = resp.bytes().await.unwrap();
             assert!(got == body, "{mode:?} h2c={h2c}: {} bytes back", got.len());
+            // A backend's own Alt-Svc does not reach the client (it named the backend's
+            // port, and suppressed the gateway's): over TCP the gateway's, over HTTP/3 none.
+            let resp = client.get(&gw.url("/alt-svc")).send().await.unwrap();
+            let alt = resp.headers().get("alt-svc").cloned();
+            resp.bytes().await.unwrap();
+            match mode {
+                Mode::Http3 => assert_eq!(alt, None),
+                _ => assert_eq!(
+                    alt.unwrap(),
+                    format!("h3=\":{}\"; ma=86400", gw.port).as_str(),
+                    "{mode:?}"
+                ),
+            }
 
             let resp = client
                 .get(&gw.url("/headers?x=1"))

@@ -335,6 +335,7 @@ pub struct Server<S> {
     service: S,
     limits: Limits,
     alt_svc_max_age: Option<Duration>,
+    alt_svc_port: Option<u16>,
     refuse_unsafe_early_data: bool,
     handle: Handle,
     metrics: Option<Arc<crate::metrics::Metrics>>,
@@ -361,6 +362,7 @@ where
             service,
             limits: Limits::default(),
             alt_svc_max_age: Some(Duration::from_secs(86400)),
+            alt_svc_port: None,
             refuse_unsafe_early_data: true,
             handle: Handle(Arc::new(watch::channel(false).0)),
             metrics: None,
@@ -377,6 +379,14 @@ where
     /// default); `None`: no Alt-Svc header.
     pub fn alt_svc_max_age(mut self, max_age: Option<Duration>) -> Self {
         self.alt_svc_max_age = max_age;
+        self
+    }
+
+    /// The UDP port Alt-Svc names (`None`, the default: the listener's): the port clients
+    /// reach HTTP/3 at when it is not the one the server binds, behind a port mapping or a
+    /// UDP load balancer (`kuai lb`).
+    pub fn alt_svc_port(mut self, port: Option<u16>) -> Self {
+        self.alt_svc_port = port;
         self
     }
 
@@ -461,6 +471,7 @@ where
 
     /// The state the protocol fronts share, for a server whose HTTP/3 port is `port`.
     pub(crate) fn into_shared(self, port: u16) -> Arc<Shared> {
+        let port = self.alt_svc_port.unwrap_or(port);
         let alt_svc = self.alt_svc_max_age.and_then(|ma| {
             HeaderValue::from_str(&format!("h3=\":{port}\"; ma={}", ma.as_secs())).ok()
         });

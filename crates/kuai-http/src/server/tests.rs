@@ -1259,3 +1259,25 @@ async fn timeouts_of_duration_max_mean_never() {
         }
     }
 }
+
+/// Alt-Svc names the port clients reach HTTP/3 at when it is not the listener's (a port
+/// mapping, a UDP balancer in front).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alt_svc_names_the_port_it_is_given() {
+    let (cert, tls) = identity();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = Server::new(TestSite { dir: None }).alt_svc_port(Some(8443));
+    tokio::spawn(server.serve(listener));
+    let mut c = Sender::connect(addr, &cert, ALPN_H2).await;
+    let resp = c
+        .send(
+            request(ALPN_H2, addr.port(), "/hello.txt")
+                .body(empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(resp.headers()["alt-svc"], "h3=\":8443\"; ma=86400");
+}
