@@ -111,9 +111,10 @@ struct ConnState {
     /// Request bodies a service is reading and waiting for more of (see
     /// [`Body::watched`]).
     body_waits: Arc<AtomicUsize>,
-    /// Response body bytes handed to hyper, and bytes hyper wrote to the TLS stream (never
-    /// counted past `produced`, so headers and framing do not make room): the difference
-    /// is what waits in hyper's and h2's buffers.
+    /// Response body bytes handed to hyper, and those hyper wrote to the TLS stream (HTTP/2:
+    /// DATA payload only; HTTP/1.1: every byte, never counted past `produced`, so heads and
+    /// chunk framing do not make room): the difference is what waits in hyper's and h2's
+    /// buffers.
     produced: AtomicU64,
     written: AtomicU64,
     /// The response buffer granted (see [`Grant`]); past it responses wait.
@@ -216,14 +217,15 @@ impl ConnState {
             .saturating_sub(self.written.load(Relaxed))
     }
 
-    /// `n` bytes went to the TLS stream: wakes the bodies waiting for room.
-    fn on_written(&self, n: usize) {
+    /// `n` bytes of responses went to the TLS stream (HTTP/2: of DATA payload): wakes the
+    /// bodies waiting for room.
+    fn on_written(&self, n: u64) {
         if self.active.load(Relaxed) > 0 && !self.h2.load(Relaxed) {
             self.progress.store(self.clock.now(), Relaxed);
         }
         let produced = self.produced.load(Relaxed);
         let _ = self.written.fetch_update(Relaxed, Relaxed, |w| {
-            Some(w.saturating_add(n as u64).min(produced.max(w)))
+            Some(w.saturating_add(n).min(produced.max(w)))
         });
         if self.buffered() < self.response_buffer.load(Relaxed) {
             let waiting =
@@ -360,6 +362,65 @@ struct Watched {
     /// the socket goes: with the connection's task, or, once upgraded (a WebSocket), with
     /// the service's handle on it.
     _held: (Admitted, Granted),
+    /// HTTP/2: the frames written, read to count only DATA payload as a response's bytes
+    /// written (PING and SETTINGS acknowledgments, headers and frame headers went out while
+    /// DATA waited for the client's window, and counted as though the stuck data had gone,
+    /// making room for more).
+    h2_frames: Option<H2Frames>,
+}
+
+/// Follows the HTTP/2 frames (RFC 9113 §4.1) in what the server writes.
+#[derive(Default)]
+struct H2Frames {
+    /// A frame header being read, and how much of it has come.
+    header: [u8; 9],
+    have: usize,
+    /// Payload bytes of the current frame still to come, and whether it is DATA.
+    left: usize,
+    data: bool,
+}
+
+impl H2Frames {
+    /// The DATA payload bytes among `bytes`, the next bytes written.
+    fn data_in(&mut self, mut bytes: &[u8]) -> u64 {
+        let mut n = 0;
+        while !bytes.is_empty() {
+            if self.left == 0 {
+                let take = (9 - self.have).min(bytes.len());
+                self.header[self.have..self.have + take].copy_from_slice(&bytes[..take]);
+                self.have += take;
+                bytes = &bytes[take..];
+                if self.have == 9 {
+                    let h = self.header;
+                    self.left = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+                    self.data = h[3] == 0;
+                    self.have = 0;
+                }
+                continue;
+            }
+            let take = self.left.min(bytes.len());
+            if self.data {
+                n += take as u64;
+            }
+            self.left -= take;
+            bytes = &bytes[take..];
+        }
+        n
+    }
+
+    /// The DATA payload bytes among the first `n` bytes of `bufs`.
+    fn data_in_slices(&mut self, bufs: &[io::IoSlice<'_>], mut n: usize) -> u64 {
+        let mut data = 0;
+        for b in bufs {
+            if n == 0 {
+                break;
+            }
+            let take = n.min(b.len());
+            data += self.data_in(&b[..take]);
+            n -= take;
+        }
+        data
+    }
 }
 
 impl AsyncRead for Watched {
@@ -387,6 +448,10 @@ impl tokio::io::AsyncWrite for Watched {
         let this = self.get_mut();
         let r = Pin::new(&mut this.io).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = r {
+            let n = match &mut this.h2_frames {
+                Some(f) => f.data_in(&buf[..n]),
+                None => n as u64,
+            };
             this.state.on_written(n);
         }
         r
@@ -400,6 +465,10 @@ impl tokio::io::AsyncWrite for Watched {
         let this = self.get_mut();
         let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
         if let Poll::Ready(Ok(n)) = r {
+            let n = match &mut this.h2_frames {
+                Some(f) => f.data_in_slices(bufs, n),
+                None => n as u64,
+            };
             this.state.on_written(n);
         }
         r
@@ -724,6 +793,7 @@ async fn serve_connection(
         io: tls,
         state: state.clone(),
         _held: (admitted, granted),
+        h2_frames: h2.then(H2Frames::default),
     });
     if h2 {
         let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
@@ -1556,6 +1626,79 @@ mod tests {
         assert_eq!(srv.fetch(Proto::H2).await.unwrap().len(), 26);
         drop(second);
     }
+
+    /// HTTP/2: while the client's window holds response DATA back, the frames that do go
+    /// out (PING acknowledgments, response headers) make no room for more. A client that
+    /// grants no window and sends PINGs made the server produce a chunk more per 256 KiB of
+    /// acknowledgments, up to one chunk per stream.
+    #[tokio::test]
+    async fn h2_data_held_by_the_window_stays_within_the_response_buffer() {
+        let srv = start(Limits {
+            h2_max_concurrent_streams: 100,
+            send_timeout: Duration::from_secs(30),
+            ..short_limits()
+        })
+        .await;
+        let t = srv.tls(ALPN_H2).await;
+        let (mut rd, mut wr) = tokio::io::split(t);
+        let read = tokio::spawn(async move {
+            let mut b = vec![0u8; 65536];
+            let mut n = 0usize;
+            while let Ok(k) = rd.read(&mut b).await {
+                if k == 0 {
+                    break;
+                }
+                n += k;
+            }
+            n
+        });
+        let frame = |ty: u8, flags: u8, id: u32, payload: &[u8]| {
+            let len = payload.len();
+            let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, ty, flags];
+            f.extend_from_slice(&id.to_be_bytes());
+            f.extend_from_slice(payload);
+            f
+        };
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        // SETTINGS_INITIAL_WINDOW_SIZE 0: no stream may get DATA.
+        out.extend(frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+        // 60 GETs of 10 MB (HPACK: :method GET, :scheme https, :path and :authority
+        // literals without indexing).
+        let path = b"/bytes/10000000";
+        let mut block = vec![0x82, 0x87, 0x04, path.len() as u8];
+        block.extend_from_slice(path);
+        block.extend_from_slice(&[0x01, 9]);
+        block.extend_from_slice(b"localhost");
+        for i in 0..60u32 {
+            out.extend(frame(1, 0x5, 2 * i + 1, &block));
+        }
+        wr.write_all(&out).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // 1.7 MB of PINGs, whose acknowledgments go out while the DATA cannot.
+        let ping = frame(6, 0, 0, &[1; 8]);
+        let batch: Vec<u8> = std::iter::repeat_n(ping.as_slice(), 1000)
+            .flatten()
+            .copied()
+            .collect();
+        for _ in 0..100 {
+            wr.write_all(&batch).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let produced: u64 = srv
+            .conns
+            .held()
+            .by_age
+            .values()
+            .map(|c| c.produced.load(Relaxed))
+            .sum();
+        // The buffer, and the one 64 KiB chunk that crossed it.
+        assert!(
+            produced <= RESPONSE_BUFFER + 64 * 1024,
+            "{produced} bytes of responses made for a client that takes none"
+        );
+        drop(wr);
+        read.abort();
+    }
 }
 
 /// RFC 9113 §8.2.3: an HTTP/2 client may split Cookie into several field lines; they are
@@ -1592,6 +1735,48 @@ mod cookie_tests {
         one.append("cookie", "a=1".parse().unwrap());
         super::join_cookies(&mut one);
         assert_eq!(one["cookie"], "a=1");
+    }
+}
+
+#[cfg(test)]
+mod h2_frames_tests {
+    use super::H2Frames;
+
+    /// DATA payload is counted whatever the writes' boundaries; other frames are not.
+    #[test]
+    fn only_data_payload_counts() {
+        let frame = |ty: u8, len: usize| {
+            let mut f = vec![
+                (len >> 16) as u8,
+                (len >> 8) as u8,
+                len as u8,
+                ty,
+                0,
+                0,
+                0,
+                0,
+                1,
+            ];
+            f.extend(std::iter::repeat_n(7u8, len));
+            f
+        };
+        let mut wire = Vec::new();
+        for (ty, len) in [
+            (4, 0),
+            (1, 30),
+            (0, 1000),
+            (6, 8),
+            (0, 0),
+            (0, 16384),
+            (8, 4),
+        ] {
+            wire.extend(frame(ty, len));
+        }
+        for step in [1, 2, 5, 9, 10, 17, 4096, wire.len()] {
+            let mut f = H2Frames::default();
+            let n: u64 = wire.chunks(step).map(|c| f.data_in(c)).sum();
+            assert_eq!(n, 17384, "writes of {step}");
+        }
     }
 }
 
