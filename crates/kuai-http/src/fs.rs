@@ -296,6 +296,11 @@ fn percent_decode(s: &str) -> Option<String> {
     if !s.contains('%') {
         return Some(s.to_owned());
     }
+    String::from_utf8(percent_decode_bytes(s)?).ok()
+}
+
+/// `s` with its `%XX` escapes decoded; `None` for a `%` not followed by two hex digits.
+pub(crate) fn percent_decode_bytes(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -314,7 +319,7 @@ fn percent_decode(s: &str) -> Option<String> {
             i += 1;
         }
     }
-    String::from_utf8(out).ok()
+    Some(out)
 }
 
 /// Opens `rel` below `root` (resolved) if it is, once every symlink is resolved, a regular

@@ -264,25 +264,12 @@ fn decode_segment(raw: &str) -> Option<String> {
     if !raw.contains('%') {
         return Some(raw.to_owned());
     }
-    let b = raw.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3)?;
-            if !hex.iter().all(u8::is_ascii_hexdigit) {
-                return None;
-            }
-            let v = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
-            match v {
-                b'/' => out.extend_from_slice(b"%2F"),
-                b'%' => out.extend_from_slice(b"%25"),
-                v => out.push(v),
-            }
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
+    let mut out = Vec::with_capacity(raw.len());
+    for b in crate::fs::percent_decode_bytes(raw)? {
+        match b {
+            b'/' => out.extend_from_slice(b"%2F"),
+            b'%' => out.extend_from_slice(b"%25"),
+            b => out.push(b),
         }
     }
     // Bytes that are not UTF-8 stay escaped as they came.
