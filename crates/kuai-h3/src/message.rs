@@ -7,6 +7,11 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 /// Spare field slots in a request's header map (see `parse_request`).
 const REQUEST_SLACK: usize = 6;
 
+/// Field lines in a section at most. Each line costs 32 bytes of the section size limit,
+/// but a dynamic-table reference is one byte on the wire: a large limit would let a peer
+/// send tens of thousands of lines, and `HeaderMap` panics past 2^15 entries.
+pub const MAX_FIELD_LINES: usize = 4096;
+
 /// A field list as QPACK takes it.
 pub type Fields = Vec<(Bytes, Bytes)>;
 
@@ -119,6 +124,13 @@ pub struct Protocol(pub String);
 
 /// Checks regular fields and builds a header map (RFC 9114 §4.2, §4.1.2).
 fn regular_headers(fields: &[(Bytes, Bytes)], out: &mut HeaderMap) -> Result<(), &'static str> {
+    if fields.len() > MAX_FIELD_LINES {
+        return Err("too many field lines");
+    }
+    // Cookie lines after the first, joined once at the end: joining as they come copied
+    // the whole value so far for each line (quadratic in the lines, which QPACK makes one
+    // byte each).
+    let mut cookies: Option<Vec<u8>> = None;
     for (n, v) in fields {
         if n.first() == Some(&b':') {
             return Err("pseudo-header after regular header");
@@ -144,16 +156,19 @@ fn regular_headers(fields: &[(Bytes, Bytes)], out: &mut HeaderMap) -> Result<(),
         // better; joined with "; " into one before an application sees them (or an
         // HTTP/1.1 backend, which must get one Cookie field, RFC 6265 §5.4).
         if name == http::header::COOKIE
-            && let Some(first) = out.get_mut(http::header::COOKIE)
+            && let Some(first) = out.get(http::header::COOKIE)
         {
-            let mut joined = Vec::with_capacity(first.len() + 2 + value.len());
-            joined.extend_from_slice(first.as_bytes());
+            let joined = cookies.get_or_insert_with(|| first.as_bytes().to_vec());
             joined.extend_from_slice(b"; ");
             joined.extend_from_slice(value.as_bytes());
-            *first = HeaderValue::from_bytes(&joined).map_err(|_| "invalid header value")?;
             continue;
         }
         out.append(name, value);
+    }
+    if let Some(joined) = cookies {
+        let v = HeaderValue::from_maybe_shared(Bytes::from(joined))
+            .map_err(|_| "invalid header value")?;
+        out.insert(http::header::COOKIE, v);
     }
     Ok(())
 }
@@ -305,6 +320,9 @@ pub fn parse_request(
         .into_parts();
     // Room for the fields a server commonly adds before passing a request on (a proxy's
     // forwarding fields, a trace ID), so that doing so does not grow the map again.
+    if regular.len() > MAX_FIELD_LINES {
+        return Err("too many field lines");
+    }
     parts.headers.reserve(regular.len() + REQUEST_SLACK);
     regular_headers(regular, &mut parts.headers)?;
     if let (Some(a), Some(host)) = (authority, parts.headers.get(http::header::HOST))
@@ -350,6 +368,9 @@ pub fn parse_response(fields: &[(Bytes, Bytes)]) -> Result<http::response::Parts
         .body(())
         .map_err(|_| "invalid response")?
         .into_parts();
+    if regular.len() > MAX_FIELD_LINES {
+        return Err("too many field lines");
+    }
     parts.headers.reserve(regular.len());
     regular_headers(regular, &mut parts.headers)?;
     Ok(parts)
@@ -508,6 +529,46 @@ mod tests {
         .unwrap();
         let all: Vec<_> = parts.headers.get_all("cookie").iter().collect();
         assert_eq!(all, ["a=1; b=2; c=3"]);
+    }
+
+    /// A section of thousands of lines (QPACK makes a repeated line one byte): cookie lines
+    /// are joined once, and past [`MAX_FIELD_LINES`] the section is refused instead of
+    /// making `HeaderMap` panic (it does past 2^15 entries) in requests, responses and
+    /// trailers alike.
+    #[test]
+    fn sections_of_many_lines() {
+        let head = [
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":path", "/"),
+            (":authority", "a"),
+        ];
+        let with = |n: usize, name: &'static str| {
+            let mut v = f(&head);
+            v.extend((0..n).map(|_| {
+                (
+                    Bytes::from_static(name.as_bytes()),
+                    Bytes::from_static(b"x=1"),
+                )
+            }));
+            v
+        };
+        let parts = parse_request(&with(MAX_FIELD_LINES, "cookie"), false).unwrap();
+        let cookie = parts.headers.get("cookie").unwrap();
+        assert_eq!(cookie.len(), MAX_FIELD_LINES * 5 - 2);
+        assert_eq!(parts.headers.get_all("cookie").iter().count(), 1);
+        for name in ["cookie", "x"] {
+            let many = with(30_000, name);
+            assert_eq!(
+                parse_request(&many, false).unwrap_err(),
+                "too many field lines"
+            );
+            let regular = &many[4..];
+            assert!(parse_trailers(regular).is_err());
+            let mut resp = vec![(Bytes::from_static(b":status"), Bytes::from_static(b"200"))];
+            resp.extend_from_slice(regular);
+            assert!(parse_response(&resp).is_err());
+        }
     }
 
     #[test]

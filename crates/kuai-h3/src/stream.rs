@@ -463,6 +463,11 @@ impl RecvHalf {
                 }
                 Some(Frame::Unknown(_)) => continue,
                 Some(Frame::HeadersTooLarge(_)) => {
+                    // A third section is a frame out of sequence whatever its size (RFC
+                    // 9114 §4.1: a connection error).
+                    if self.state == RecvState::Trailers {
+                        return Err(self.unexpected("HEADERS after trailers"));
+                    }
                     // Never seen by the decoder: cancelled when this is dropped.
                     self.section_pending = true;
                     return Err(self.malformed("trailer section larger than allowed"));
@@ -549,6 +554,9 @@ impl RecvHalf {
                 }
                 Frame::Unknown(_) => {}
                 Frame::HeadersTooLarge(_) => {
+                    if self.state == RecvState::Trailers {
+                        return Poll::Ready(Err(self.unexpected("HEADERS after trailers")));
+                    }
                     self.section_pending = true;
                     return Poll::Ready(Err(self.malformed("trailer section larger than allowed")));
                 }

@@ -906,3 +906,28 @@ async fn h3_datagram_without_quic_datagrams_is_a_settings_error() {
     control_stream(&conn, &[0x04, 0x02, 0x33, 0x01]).await;
     assert_eq!(closed_with(&conn).await, Code::SETTINGS_ERROR.0);
 }
+
+/// RFC 9114 §4.1: a HEADERS frame after the trailers is a frame out of sequence, a
+/// connection error, whatever its size: one over the field section limit was answered
+/// with a stream error (H3_MESSAGE_ERROR) as an oversized trailer section would be.
+#[tokio::test]
+async fn an_oversized_headers_after_trailers_is_frame_unexpected() {
+    use kuai::kuai_proto::coding::BufMutExt;
+    let (_ep, conn, _s) = raw_client().await;
+    control_stream(&conn, &[0x04, 0x00]).await;
+    // GET https, :path /read-all (its handler reads the body and trailers), :authority.
+    let mut lines = GET_HTTPS_ROOT[..2].to_vec();
+    lines.extend(literal(1, b"/read-all"));
+    lines.extend(literal(0, b"localhost"));
+    let mut b = headers_frame(&lines);
+    // Trailers: one literal field (x-t: 1).
+    b.extend(headers_frame(&[0x23, b'x', b'-', b't', 0x01, b'1']));
+    // A third HEADERS announcing 70,000 bytes (over the 64 KiB limit), a few of them sent.
+    b.put_var(0x01);
+    b.put_var(70_000);
+    b.extend_from_slice(&[0, 0, 0, 0]);
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    send.write_all(&b).await.unwrap();
+    std::mem::forget(send);
+    assert_eq!(closed_with(&conn).await, Code::FRAME_UNEXPECTED.0);
+}
