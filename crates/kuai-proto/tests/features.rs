@@ -918,6 +918,36 @@ fn mtu_grows_to_the_maximum_on_a_1500_byte_path() {
     assert_eq!(p.net.stats(p.server, p.client).dropped_mtu.datagrams, 0);
 }
 
+/// A peer whose max_udp_payload_size is below our maximum (1350 under 1452) still gets
+/// the search, up to its limit: the first probe, at our maximum, was refused for it every
+/// time and the MTU stayed at 1200.
+#[test]
+fn mtu_grows_to_the_peers_limit_below_ours() {
+    let ecfg = EndpointConfig {
+        max_udp_payload_size: 1350,
+        ..Default::default()
+    };
+    let ccfg = client_config(mtu_transport());
+    let mut p = quic::pair_with_endpoint(
+        1202,
+        ecfg,
+        server_config(mtu_transport()),
+        &ccfg,
+        Client::with_requests([2 << 20]),
+        |n| {
+            n.set_default_link(LinkConfig {
+                mtu: 1500,
+                ..link(10, 0.0)
+            })
+        },
+    );
+    assert!(p.run_until_done(Duration::from_secs(30)));
+    p.client_app().assert_all_intact();
+    // The server's endpoint takes 1350 (pair_with_endpoint configures the server's).
+    assert_eq!(p.client_conn().stats().path.mtu, 1350);
+    assert_eq!(p.server_conn().unwrap().stats().path.mtu, 1452);
+}
+
 #[test]
 fn mtu_settles_below_a_1300_byte_path() {
     let mut p = mtu_pair(

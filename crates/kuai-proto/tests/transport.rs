@@ -310,6 +310,55 @@ fn retry_validates_the_address() {
     assert_eq!(p.server().ep.stats().retries_sent, 1);
 }
 
+/// RFC 9000 §6.2: a client that has processed a Retry discards Version Negotiation. One
+/// forged by an on-path observer after the Retry (its IDs copied from the client's first
+/// Initial) restarted the handshake in another version with the Retry's token and keys
+/// derived from the wrong ID: it hung until its timeout.
+#[test]
+fn version_negotiation_after_a_retry_is_ignored() {
+    use std::sync::{Arc, Mutex};
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut scfg = quic::server_config(TransportConfig::default());
+    scfg.retry = kuai_proto::config::RetryPolicy::Always;
+    let mut p = pair(41, scfg, &ccfg, Client::with_requests([20_000]));
+    // The IDs of the client's first Initial: destination (the original), then source.
+    type Ids = Option<(Vec<u8>, Vec<u8>)>;
+    let ids: Arc<Mutex<Ids>> = Arc::default();
+    let seen = ids.clone();
+    let client = p.client;
+    p.net.set_filter(move |ctx| {
+        let d = &ctx.data[..];
+        if ctx.from_node == client && seen.lock().unwrap().is_none() && d[0] & 0x80 != 0 {
+            let dl = d[5] as usize;
+            let dcid = d[6..6 + dl].to_vec();
+            let sl = d[6 + dl] as usize;
+            let scid = d[7 + dl..7 + dl + sl].to_vec();
+            *seen.lock().unwrap() = Some((dcid, scid));
+        }
+        common::sim::Verdict::Pass
+    });
+    assert!(p.run_until(Duration::from_secs(5), |p| {
+        p.client_conn().stats().retry_received
+    }));
+    let (odcid, scid) = ids.lock().unwrap().clone().unwrap();
+    // Only v2 offered, which the client also speaks: it would start again in it.
+    let vn = kuai_proto::packet::build_version_negotiation(
+        &scid,
+        &odcid,
+        &[kuai_proto::Version::V2.wire()],
+    );
+    p.net.inject(
+        quic::server_addr(),
+        quic::client_addr(),
+        None,
+        vn,
+        Duration::ZERO,
+    );
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    p.client_app().assert_all_intact();
+    assert_eq!(p.client_conn().version(), kuai_proto::Version::V1);
+}
+
 #[test]
 fn new_token_skips_retry_next_time() {
     let ccfg = quic::client_config(TransportConfig::default());

@@ -88,8 +88,11 @@ pub struct RemoteCids {
     unacked_retirements: Vec<u64>,
     /// Our active_connection_id_limit.
     limit: u64,
-    /// Sequence numbers ever retired or known, to ignore repeats.
-    highest_seen: Option<u64>,
+    /// Sequence numbers retired: a NEW_CONNECTION_ID for one of them again (a
+    /// retransmission that crossed our RETIRE_CONNECTION_ID) is ignored, not made live
+    /// again (RFC 9000 §5.1.2: a retired ID is not used again, nor its reset token checked,
+    /// §10.3.1). Mostly one range.
+    retired: crate::range_set::RangeSet,
 }
 
 impl RemoteCids {
@@ -109,7 +112,7 @@ impl RemoteCids {
             to_retire: Vec::new(),
             unacked_retirements: Vec::new(),
             limit,
-            highest_seen: Some(0),
+            retired: crate::range_set::RangeSet::new(),
         }
     }
 
@@ -142,11 +145,13 @@ impl RemoteCids {
             }
             return Ok(());
         }
+        if self.retired.contains(f.seq) {
+            return Ok(());
+        }
         if f.seq < self.retire_prior_to {
             // RFC 9000 §19.15: an ID below Retire Prior To is retired at once.
             return self.retire(f.seq);
         }
-        self.highest_seen = Some(self.highest_seen.map_or(f.seq, |h| h.max(f.seq)));
         self.cids.insert(
             f.seq,
             RemoteCid {
@@ -230,6 +235,7 @@ impl RemoteCids {
         }
         self.unacked_retirements.push(seq);
         self.to_retire.push(seq);
+        self.retired.insert_one(seq);
         Ok(())
     }
 
@@ -288,6 +294,27 @@ mod tests {
         assert!(!r.rotate());
         // Same sequence, different CID.
         assert!(r.on_new(&ncid(3, 2, 9)).is_err());
+    }
+
+    /// A NEW_CONNECTION_ID retransmitted for an ID we have since moved off and retired
+    /// (its RETIRE_CONNECTION_ID crossed it) is ignored: it was live again, counted against
+    /// our limit (the peer's next ID closed the connection with CONNECTION_ID_LIMIT_ERROR)
+    /// and its reset token checked again (RFC 9000 §10.3.1).
+    #[test]
+    fn a_retired_id_announced_again_stays_retired() {
+        let mut r = RemoteCids::new(ConnectionId::new(&[0; 8]), 4);
+        for s in 1..=3 {
+            r.on_new(&ncid(s, 0, s as u8)).unwrap();
+        }
+        assert!(r.rotate());
+        assert!(r.rotate());
+        r.on_new(&ncid(4, 0, 4)).unwrap();
+        r.on_new(&ncid(5, 0, 5)).unwrap();
+        r.on_new(&ncid(1, 0, 1)).unwrap();
+        assert!(!r.is_reset_token(&[1; 16]));
+        assert_eq!(r.cids.len(), 4);
+        r.on_new(&ncid(0, 0, 0)).unwrap();
+        assert_eq!(r.cids.len(), 4);
     }
 
     #[test]

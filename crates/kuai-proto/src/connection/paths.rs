@@ -131,6 +131,12 @@ impl Mtud {
         Some(size)
     }
 
+    /// The peer takes datagrams of `max` bytes at most (its max_udp_payload_size): the
+    /// search stops there instead of at the configured maximum.
+    pub fn cap(&mut self, max: u16) {
+        self.upper = self.upper.min(max).max(self.base);
+    }
+
     pub fn on_probe_sent(&mut self, size: u16, pn: u64) {
         self.in_flight = Some((size, pn));
         self.last_probe = size;

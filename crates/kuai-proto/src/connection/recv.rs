@@ -1122,10 +1122,11 @@ impl Connection {
     }
 
     fn on_version_negotiation(&mut self, now: Instant, pd: &PartialDecode) {
-        // RFC 9000 §6.2: only before anything else arrived, and only if it does not list
-        // the version we used.
+        // RFC 9000 §6.2: only before anything else arrived (a Retry included), and only if
+        // it does not list the version we used.
         if self.side.is_server()
             || self.stats.packets_received > 0
+            || self.retry_scid.is_some()
             || pd.dst_cid() != self.handshake_cid
             || pd.src_cid() != Some(self.original_dcid)
         {

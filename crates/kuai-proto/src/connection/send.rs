@@ -841,13 +841,21 @@ impl Connection {
         if !self.handshake_confirmed || self.one_rtt.is_none() || !self.path.validated {
             return None;
         }
-        let size = self.path.mtud.probe_size(now)?;
+        let mut size = self.path.mtud.probe_size(now)?;
         let max_udp = self
             .peer_params
             .as_ref()
             .map_or(1200, |p| p.max_udp_payload_size);
         if u64::from(size) > max_udp {
-            return None;
+            // A peer taking less than our maximum (1350, 1452): search up to its limit
+            // (nothing was ever probed before, the first probe being the maximum).
+            self.path
+                .mtud
+                .cap(u16::try_from(max_udp).unwrap_or(u16::MAX));
+            size = self.path.mtud.probe_size(now)?;
+            if u64::from(size) > max_udp {
+                return None;
+            }
         }
         // No probe in the first round trip after the handshake: a probe taking 1.4 KB of a
         // 12 KB initial window pushes the tail of a small response a round trip later. The
