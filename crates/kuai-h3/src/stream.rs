@@ -721,6 +721,16 @@ impl SendHalf {
         Ok(())
     }
 
+    /// Ends our side of the stream, and has the transport reset it with `code` unless
+    /// everything sent is acknowledged within `timeout` (see
+    /// [`kuai::SendStream::set_delivery_timeout`]): nothing needs to wait on the delivery.
+    pub fn finish_within(&mut self, timeout: std::time::Duration, code: Code) -> Result<(), Error> {
+        if let Some(s) = self.send.as_ref() {
+            s.set_delivery_timeout(timeout, code.0);
+        }
+        self.finish()
+    }
+
     /// Waits until everything we sent was acknowledged (or the peer stopped reading),
     /// before or after [`finish`](Self::finish).
     pub async fn finished(&mut self) -> Result<(), Error> {

@@ -703,6 +703,23 @@ impl SendStream {
         });
     }
 
+    /// Resets the stream with application error `code` unless everything written on it, its
+    /// end included, is acknowledged within `timeout` from now: for a response the peer may
+    /// stop taking (its flow-control credit never comes). The transport keeps the deadline,
+    /// so the stream's handle may be dropped after [`finish`](Self::finish) and no task has
+    /// to wait for the delivery. At the deadline, [`stopped`](Self::stopped) and
+    /// [`cancelled`](Self::cancelled) report `Stopped(code)`, and writes fail with it.
+    pub fn set_delivery_timeout(&self, timeout: std::time::Duration, code: u64) {
+        let Some(at) = Instant::now().checked_add(timeout) else {
+            return;
+        };
+        // The driver schedules the connection's new deadline when it next takes the
+        // connection's transmits: the write or finish that goes with this brings that turn.
+        self.with_conn(|c, id| {
+            let _ = c.set_delivery_deadline(id, at, code);
+        });
+    }
+
     /// Sets the stream's priority (RFC 9218 urgency 0–7 and incremental).
     pub fn set_priority(&self, p: Priority) {
         self.with_conn(|c, id| {

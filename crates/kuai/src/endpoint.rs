@@ -1580,7 +1580,9 @@ fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
                     }
                     st.wake_stream(id, |s| s.finished.take(), woken);
                 }
-                StreamEvent::Stopped(id, code) => {
+                // Reset at its delivery deadline: for its writer, as good as stopped (nothing
+                // more it sends can arrive).
+                StreamEvent::Stopped(id, code) | StreamEvent::Expired(id, code) => {
                     if let Some(s) = st.streams.get_mut(&id)
                         && s.send_handle
                     {

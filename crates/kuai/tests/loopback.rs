@@ -1129,3 +1129,45 @@ async fn a_dropped_endpoint_lets_its_socket_go() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// A delivery deadline resets a response the client never takes (its credit never comes),
+/// and the writer still waiting on the stream hears of it: `stopped()` ends with the
+/// deadline's code instead of waiting for the connection to close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_deadline_resets_what_the_peer_does_not_take() {
+    let (scfg, cert) = server_config();
+    let server = Endpoint::server(scfg, localhost()).unwrap();
+    let addr = server.local_addr().unwrap();
+    let client = Endpoint::client(localhost()).unwrap();
+    let mut ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    ccfg.transport(kuai::TransportConfig {
+        stream_receive_window: 16 * 1024,
+        max_stream_receive_window: 16 * 1024,
+        ..Default::default()
+    });
+    let conn = client
+        .connect_with(ccfg, addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    send.write_all(b"x").await.unwrap();
+    send.finish().unwrap();
+    let sconn = server.accept().await.unwrap().await.unwrap();
+    let (mut ssend, _srecv) = sconn.accept_bi().await.unwrap();
+    // 50 KB: all taken by the send buffer (credit and 64 KiB ahead of it), never sent whole.
+    ssend.write_all(&[7u8; 50_000]).await.unwrap();
+    ssend.set_delivery_timeout(std::time::Duration::from_millis(300), 7);
+    ssend.finish().unwrap();
+    let t = Instant::now();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(3), ssend.stopped())
+        .await
+        .expect("the writer heard of the reset");
+    assert!(
+        matches!(r, Err(kuai::WriteError::Stopped(7))),
+        "{r:?} after {:?}",
+        t.elapsed()
+    );
+    assert!(t.elapsed() >= std::time::Duration::from_millis(250));
+    assert!(conn.close_reason().is_none(), "the connection goes on");
+}

@@ -181,19 +181,9 @@ async fn answer(
     log.response(&resp);
     let send_timeout = shared.limits.send_timeout;
     match send_response(send, resp, &method, send_timeout).await {
-        Ok((bytes, mut send)) => {
+        Ok(bytes) => {
             log.bytes = bytes;
             log.write();
-            drop(log);
-            // The request is done; its stream stays until the client has it all, or until
-            // it has taken nothing for the send timeout.
-            if tokio::time::timeout(send_timeout, send.finished())
-                .await
-                .is_err()
-            {
-                tracing::info!(%remote, %method, "h3 response not taken: stream reset");
-                send.reset(Code::REQUEST_CANCELLED);
-            }
         }
         Err(e) => {
             tracing::info!(%remote, %method, path = log.path(), error = %e, "h3 request failed")
@@ -314,13 +304,14 @@ fn body_reset_code(e: &(dyn std::error::Error + 'static)) -> Code {
 }
 
 /// Sends `resp` and its body (none after HEAD, 204 and 304: RFC 9110 §6.4.1) and finishes the
-/// stream; the body bytes sent, and the stream (to wait for its acknowledgement).
+/// stream, which the transport resets with H3_REQUEST_CANCELLED unless the client has it all
+/// within the send timeout; the body bytes sent.
 async fn send_response(
     stream: SendHalf,
     resp: Response<ReplyBody>,
     method: &Method,
     send_timeout: std::time::Duration,
-) -> Result<(u64, SendHalf), SendFailed> {
+) -> Result<u64, SendFailed> {
     // Reset, not finished, if this ends before the body's end: a task that unwinds (a body
     // that panics) would otherwise leave the stream's FIN, and a cut body would look whole
     // (HTTP/2 resets the stream there, HTTP/1.1 closes the connection).
@@ -387,9 +378,11 @@ async fn send_response(
     // The body's resources (a file, a proxied response's backend connection) go back
     // before the wait for the acknowledgements.
     drop(body);
-    stream.finish()?;
-    let stream = guard.0.take().expect("still held");
-    Ok((sent, stream))
+    // The stream stays in the transport until the client has it all, or is reset once it
+    // has taken nothing for the send timeout: no task waits for that.
+    stream.finish_within(send_timeout, Code::REQUEST_CANCELLED)?;
+    guard.0 = None;
+    Ok(sent)
 }
 
 /// A response stream reset with H3_INTERNAL_ERROR when dropped while still held.

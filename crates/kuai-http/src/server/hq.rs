@@ -122,16 +122,12 @@ async fn serve_request(
             }
         }
     }
+    // The stream stays until the client has it all, or is reset by the transport once it
+    // has taken nothing for the send timeout.
+    send.set_delivery_timeout(shared.limits.send_timeout, REQUEST_CANCELLED);
     send.finish()?;
     log.bytes = sent;
     log.write();
-    // The stream stays until the client has it all, or has taken nothing for the timeout.
-    if tokio::time::timeout(shared.limits.send_timeout, send.stopped())
-        .await
-        .is_err()
-    {
-        let _ = send.reset(REQUEST_CANCELLED);
-    }
     Ok(())
 }
 

@@ -228,9 +228,11 @@ enum Timer {
     /// Client on a path known to lose packets: its Initial, and later its Handshake flight,
     /// go out a second time this long after the first.
     CopyFlight,
+    /// A stream's delivery deadline (see [`Connection::set_delivery_deadline`]).
+    StreamDeadline,
 }
 
-const TIMER_COUNT: usize = 12;
+const TIMER_COUNT: usize = 13;
 
 /// The connection's deadlines, as nanoseconds after its start (0: unset): half the size of
 /// an array of `Option<Instant>`. The start is the connection's own.
@@ -1335,6 +1337,22 @@ impl Connection {
         self.streams.set_max_unsent(id, max)
     }
 
+    /// Resets stream `id` with application error `code` at `at` unless all it sent, its FIN
+    /// included, was acknowledged by then. For a response the peer may stop taking (its
+    /// flow-control credit never comes): the stream's buffers go at the deadline, and no
+    /// application task waits for the delivery to see to it.
+    pub fn set_delivery_deadline(
+        &mut self,
+        id: StreamId,
+        at: Instant,
+        code: u64,
+    ) -> Result<(), StreamError> {
+        self.streams.set_delivery_deadline(id, at, code)?;
+        self.timers
+            .set(Timer::StreamDeadline, self.streams.next_deadline());
+        Ok(())
+    }
+
     /// Reads up to `max` bytes. `Ok(None)` at the end of the stream; `Err(WouldBlock)` when
     /// nothing is available yet (wait for [`StreamEvent::Readable`]).
     pub fn read(&mut self, id: StreamId, max: usize) -> Result<Option<Bytes>, StreamError> {
@@ -2189,6 +2207,7 @@ impl Connection {
                 x if x == Timer::FirstFlight as usize => {}
                 x if x == Timer::Quiet as usize => self.release_idle_memory(),
                 x if x == Timer::CopyFlight as usize => self.copy_flight(),
+                x if x == Timer::StreamDeadline as usize => self.streams.expire_deadlines(now),
                 _ => {}
             }
         }
@@ -2413,6 +2432,9 @@ impl Connection {
             (self.handshake_confirmed && !self.memory_released)
                 .then(|| self.last_rx + (self.path.rtt.pto_base() * 3).max(Duration::from_secs(1))),
         );
+        // Delivery deadlines: the earliest left (those of streams delivered since are gone).
+        self.timers
+            .set(Timer::StreamDeadline, self.streams.next_deadline());
         // MTU probe timer.
         self.timers.set(
             Timer::Mtu,

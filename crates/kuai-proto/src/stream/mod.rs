@@ -54,6 +54,9 @@ pub enum StreamEvent {
     Finished(StreamId),
     /// The peer asked us to stop sending (STOP_SENDING) with this code.
     Stopped(StreamId, u64),
+    /// The stream was reset with this code at its delivery deadline (see
+    /// [`Streams::set_delivery_deadline`]): what it sent was not all acknowledged in time.
+    Expired(StreamId, u64),
     /// The stream limit was raised: more streams of this kind can be opened.
     Available(Dir),
 }
@@ -120,6 +123,9 @@ struct SendStream {
     max_unsent: Option<u64>,
     /// A write was refused for `max_unsent`: announce writable when half of it has gone.
     unsent_blocked: bool,
+    /// When the stream is reset unless all it sent was acknowledged by then (see
+    /// [`Streams::set_delivery_deadline`]); its key in `Streams::deadlines`.
+    deadline: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,6 +296,9 @@ pub struct Streams {
     /// An application call queued something that was not already waiting to go (see
     /// [`Streams::take_send_hint`]).
     send_hint: bool,
+    /// Streams to reset, with their codes, unless delivered by the time (see
+    /// [`Streams::set_delivery_deadline`]); earliest first.
+    deadlines: std::collections::BTreeMap<(Instant, StreamId), u64>,
 }
 
 fn dir_idx(d: Dir) -> usize {
@@ -326,6 +335,7 @@ impl Streams {
             sched: Default::default(),
             pending: Pending::default(),
             events: VecDeque::new(),
+            deadlines: std::collections::BTreeMap::new(),
             send_hint: false,
             cfg,
         }
@@ -437,6 +447,7 @@ impl Streams {
                 want_writable: false,
                 max_unsent: None,
                 unsent_blocked: false,
+                deadline: None,
             },
         );
     }
@@ -650,10 +661,64 @@ impl Streams {
         let freed = s.buf.buffered();
         s.buf.clear();
         s.state = SendState::ResetSent { code };
+        let deadline = s.deadline.take();
+        self.drop_deadline(id, deadline);
         self.pending.reset.push(id);
         self.send_hint = true;
         self.on_send_buffer_freed(freed);
         Ok(())
+    }
+
+    /// Resets stream `id` with `code` at `at` unless everything it sent (its FIN included)
+    /// was acknowledged by then: a response the peer stops taking does not sit in the send
+    /// buffer for the connection's life, and no task of the application has to wait for its
+    /// delivery to enforce that. A stream already delivered has nothing to do.
+    pub fn set_delivery_deadline(
+        &mut self,
+        id: StreamId,
+        at: Instant,
+        code: u64,
+    ) -> Result<(), StreamError> {
+        let Some(s) = self.send.get_mut(&id) else {
+            return Ok(());
+        };
+        if matches!(s.state, SendState::ResetSent { .. }) {
+            return Ok(());
+        }
+        if let Some(old) = s.deadline.replace(at) {
+            self.deadlines.remove(&(old, id));
+        }
+        self.deadlines.insert((at, id), code);
+        Ok(())
+    }
+
+    /// The earliest delivery deadline.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first_key_value().map(|(&(at, _), _)| at)
+    }
+
+    /// Resets the streams whose delivery deadline passed.
+    pub fn expire_deadlines(&mut self, now: Instant) {
+        while let Some(entry) = self.deadlines.first_entry() {
+            let (at, id) = *entry.key();
+            if at > now {
+                break;
+            }
+            let code = entry.remove();
+            if let Some(s) = self.send.get_mut(&id) {
+                s.deadline = None;
+            }
+            if self.reset(id, code).is_ok() {
+                self.events.push_back(StreamEvent::Expired(id, code));
+            }
+        }
+    }
+
+    /// Forgets a stream's delivery deadline (the stream is done or reset).
+    fn drop_deadline(&mut self, id: StreamId, deadline: Option<Instant>) {
+        if let Some(at) = deadline {
+            self.deadlines.remove(&(at, id));
+        }
     }
 
     /// Takes at most `max` bytes ahead of what has been sent on stream `id` (`None`: as many
@@ -1094,6 +1159,8 @@ impl Streams {
                 }
                 let done = s.fin_acked && s.buf.is_fully_acked();
                 if done {
+                    let deadline = s.deadline;
+                    self.drop_deadline(id, deadline);
                     self.events.push_back(StreamEvent::Finished(id));
                     self.send.remove(&id);
                     self.maybe_cleanup(id);
@@ -1812,5 +1879,41 @@ mod tests {
         // Without the limit, the send buffer (1 MiB here) is the bound again.
         s.set_max_unsent(a, None).unwrap();
         assert_eq!(s.write(a, Bytes::from(vec![1; 100 * 1024])).unwrap(), 100 * 1024);
+    }
+
+    /// A delivery deadline resets a stream that was not all acknowledged by then (the
+    /// peer gave it no credit) and is forgotten for one that was.
+    #[test]
+    fn delivery_deadlines_reset_what_was_not_taken() {
+        let mut s = streams(16 << 20, 8 * 1024);
+        let t0 = Instant::now();
+        let at = t0 + Duration::from_secs(60);
+        let taken = s.open(Dir::Uni).unwrap();
+        let stuck = s.open(Dir::Uni).unwrap();
+        s.write(taken, Bytes::from(vec![1; 4 * 1024])).unwrap();
+        s.write(stuck, Bytes::from(vec![1; 32 * 1024])).unwrap();
+        for id in [taken, stuck] {
+            s.finish(id).unwrap();
+            s.set_delivery_deadline(id, at, 0x10c).unwrap();
+        }
+        assert_eq!(s.next_deadline(), Some(at));
+        // The one within its credit goes whole and is acknowledged; the other sends its
+        // 8 KiB of credit and waits.
+        for f in send_all(&mut s) {
+            if matches!(f, SentFrame::Stream { id, .. } if id == taken) {
+                s.on_frame_acked(&f);
+            }
+        }
+        assert!(!s.send.contains_key(&taken));
+        assert_eq!(s.deadlines.len(), 1, "the delivered stream's deadline went");
+        s.expire_deadlines(at - Duration::from_millis(1));
+        assert!(s.pending.reset.is_empty());
+        s.expire_deadlines(at);
+        assert_eq!(s.pending.reset, vec![stuck]);
+        assert_eq!(s.next_deadline(), None);
+        // A stream already delivered (or reset) takes no deadline.
+        s.set_delivery_deadline(taken, at, 0x10c).unwrap();
+        s.set_delivery_deadline(stuck, at, 0x10c).unwrap();
+        assert_eq!(s.next_deadline(), None);
     }
 }
