@@ -610,6 +610,8 @@ impl SendStream {
             let written = c.write(id, data.clone());
             send = c.take_send_hint();
             match written {
+                // Nothing to write is written at once (no room will be announced for it).
+                Ok(0) if data.is_empty() => Poll::Ready(Ok(0)),
                 Ok(0) => {
                     if let Some(st) = s.conns.get_mut(&h) {
                         if let Some(e) = st.error.clone() {
@@ -1051,6 +1053,17 @@ impl Drop for RecvStream {
         if !self.done {
             let _ = self.stop(0);
         }
+        // A read abandoned before the drop left its waker (and with it the task's memory):
+        // after a stop no event comes to take it.
+        let (id, early) = (self.id, self.early);
+        self.inner.with(|s, h| {
+            if voided(early, &s.conns, h) {
+                return;
+            }
+            if let Some(st) = s.conns.get_mut(&h) {
+                st.drop_recv_handle(id);
+            }
+        });
     }
 }
 

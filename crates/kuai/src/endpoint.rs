@@ -66,7 +66,11 @@ pub(crate) struct StreamWaiters {
 
 impl StreamWaiters {
     fn is_empty(&self) -> bool {
-        self.read.is_none() && self.write.is_none() && self.finished.is_none() && !self.send_handle
+        self.read.is_none()
+            && self.write.is_none()
+            && self.finished.is_none()
+            && !self.send_handle
+            && self.stopped.is_none()
     }
 }
 
@@ -132,12 +136,25 @@ impl ConnState {
         self.streams.get(&id).is_some_and(|s| s.all_acked)
     }
 
-    /// A `SendStream` handle went away: forget how its sending ended.
+    /// A `SendStream` handle went away: forget how its sending ended, and the wakers of
+    /// waits it abandoned.
     pub fn drop_send_handle(&mut self, id: StreamId) {
         if let Some(s) = self.streams.get_mut(&id) {
             s.send_handle = false;
             s.all_acked = false;
             s.stopped = None;
+            s.write = None;
+            s.finished = None;
+            if s.is_empty() {
+                self.streams.remove(&id);
+            }
+        }
+    }
+
+    /// A `RecvStream` handle went away: the waker of a read it abandoned goes.
+    pub fn drop_recv_handle(&mut self, id: StreamId) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.read = None;
             if s.is_empty() {
                 self.streams.remove(&id);
             }
@@ -486,7 +503,10 @@ impl Drop for Handles {
             // for `accept` are closed.
             s.ep.set_server_config(None);
             let now = Instant::now();
-            let queued: Vec<_> = s.incoming.drain(..).collect();
+            // Those held for an anti-replay verdict too: released later into `incoming`,
+            // nobody would take or close them.
+            let held: Vec<_> = s.held.drain(..).map(|hd| hd.handle).collect();
+            let queued: Vec<_> = s.incoming.drain(..).chain(held).collect();
             for h in queued {
                 if let Some(c) = s.ep.connection_mut(h) {
                     c.close(now, 0, b"");
@@ -767,7 +787,10 @@ impl Endpoint {
             for k in 0..all.len() {
                 let w = &all[(start + k) % all.len()];
                 let mut s = w.lock();
-                if let Some(h) = s.incoming.pop_front() {
+                // A closed endpoint hands out nothing more (what was queued is closing).
+                if !s.closed
+                    && let Some(h) = s.incoming.pop_front()
+                {
                     return Poll::Ready(Some((w.clone(), h)));
                 }
                 closed &= s.closed;
@@ -783,11 +806,13 @@ impl Endpoint {
         .map(|(w, h)| Connecting::new(ConnectionInner::new(w, h)))
     }
 
-    /// Closes every connection with `code` and stops accepting.
+    /// Closes every connection with `code` and stops accepting: new connections are
+    /// refused and [`accept`](Self::accept) returns `None`.
     pub fn close(&self, code: u64, reason: &[u8]) {
         for w in self.workers.all.iter() {
             let mut s = w.lock();
             s.closed = true;
+            s.ep.set_server_config(None);
             let now = Instant::now();
             let handles: Vec<_> = s.ep.handles().collect();
             for h in handles {
@@ -1587,6 +1612,15 @@ fn dispatch(s: &mut State, woken: &mut Vec<Waker>) {
                         && s.send_handle
                     {
                         s.stopped = Some(code);
+                    } else if s
+                        .ep
+                        .connection(h)
+                        .is_some_and(|c| c.is_stream_unaccepted(id))
+                    {
+                        // Stopped before the application accepted it: kept for the handle
+                        // `accept_bi` makes (the transport forgets the stream once its reset
+                        // is acknowledged, which may come first).
+                        st.stream(id).stopped = Some(code);
                     }
                     st.wake_stream(id, |s| s.write.take(), woken);
                     st.wake_stream(id, |s| s.finished.take(), woken);

@@ -1171,3 +1171,78 @@ async fn a_delivery_deadline_resets_what_the_peer_does_not_take() {
     assert!(t.elapsed() >= std::time::Duration::from_millis(250));
     assert!(conn.close_reason().is_none(), "the connection goes on");
 }
+
+/// A STOP_SENDING that arrives before the server accepts the stream is not lost: the
+/// handle `accept_bi` makes reports it (`cancelled()` waited for the connection's end, and
+/// a server racing its work against the client's cancellation never saw it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_sending_before_the_accept_reaches_the_stream() {
+    let (scfg, cert) = server_config();
+    let server = Endpoint::server(scfg, localhost()).unwrap();
+    let addr = server.local_addr().unwrap();
+    let (_client, conn) = connect(cert, addr).await;
+    let sconn = server.accept().await.unwrap().await.unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(b"request").await.unwrap();
+    send.finish().unwrap();
+    recv.stop(7).unwrap();
+    // The server's transport takes the STOP_SENDING (and acknowledges its own reset)
+    // before the application accepts the stream.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (mut ssend, _srecv) = sconn.accept_bi().await.unwrap();
+    let e = tokio::time::timeout(std::time::Duration::from_secs(1), ssend.cancelled())
+        .await
+        .expect("the stop was kept for the accepted stream");
+    assert!(matches!(e, kuai::WriteError::Stopped(7)), "{e:?}");
+}
+
+/// An empty write completes at once (it waited for room that no event would announce).
+#[tokio::test]
+async fn an_empty_write_completes() {
+    let (scfg, cert) = server_config();
+    let (_server, addr) = start_server(scfg).await;
+    let (_client, conn) = connect(cert, addr).await;
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(1), send.write_all(&[]))
+        .await
+        .expect("an empty write completed")
+        .unwrap();
+    // Through AsyncWrite, where an empty buffer reaches the stream.
+    let n = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        tokio::io::AsyncWriteExt::write(&mut send, &[]),
+    )
+    .await
+    .expect("an empty write through AsyncWrite completed")
+    .unwrap();
+    assert_eq!(n, 0);
+}
+
+/// A read abandoned and its stream dropped leaves no waker behind (it held the waiting
+/// task's memory for the connection's life: no event comes for a stopped stream).
+#[tokio::test]
+async fn a_dropped_stream_keeps_no_waker() {
+    struct Counted;
+    impl std::task::Wake for Counted {
+        fn wake(self: std::sync::Arc<Self>) {}
+    }
+    let (scfg, cert) = server_config();
+    let (_server, addr) = start_server(scfg).await;
+    let (_client, conn) = connect(cert, addr).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(b"GET 100").await.unwrap();
+    let w = std::sync::Arc::new(Counted);
+    let waker = std::task::Waker::from(w.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    // Nothing has come back yet: the read waits, its waker kept.
+    assert!(recv.poll_read_chunk(&mut cx, 1024).is_pending());
+    drop(waker);
+    assert_eq!(std::sync::Arc::strong_count(&w), 2);
+    drop(recv);
+    assert_eq!(
+        std::sync::Arc::strong_count(&w),
+        1,
+        "the waker outlived its stream"
+    );
+    drop(send);
+}

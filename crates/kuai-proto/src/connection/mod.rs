@@ -1337,6 +1337,12 @@ impl Connection {
         self.streams.set_max_unsent(id, max)
     }
 
+    /// Whether `id` is a stream the peer opened that the application has not accepted yet
+    /// (a STOP_SENDING for it must wait for its handle to be told).
+    pub fn is_stream_unaccepted(&self, id: StreamId) -> bool {
+        self.streams.is_unaccepted(id)
+    }
+
     /// Resets stream `id` with application error `code` at `at` unless all it sent, its FIN
     /// included, was acknowledged by then. For a response the peer may stop taking (its
     /// flow-control credit never comes): the stream's buffers go at the deadline, and no

@@ -399,6 +399,11 @@ impl Streams {
         *self = Self::new(self.side, cfg);
     }
 
+    /// Whether `id` is a stream the peer opened that the application has not accepted yet.
+    pub fn is_unaccepted(&self, id: StreamId) -> bool {
+        id.initiator() != self.side && id.index() >= self.accept_next[dir_idx(id.dir())]
+    }
+
     pub fn has_events(&self) -> bool {
         !self.events.is_empty()
     }
