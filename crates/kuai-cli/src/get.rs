@@ -202,7 +202,11 @@ fn build_client(args: &Args) -> Result<Client, String> {
     let mut b = Client::builder()
         .mode(mode)
         .danger_accept_invalid_certs(args.insecure)
-        .connect_timeout(Duration::from_secs_f64(args.connect_timeout.max(0.001)))
+        .connect_timeout(
+            Duration::try_from_secs_f64(args.connect_timeout.max(0.001)).map_err(|_| {
+                format!("--connect-timeout {}: not a duration", args.connect_timeout)
+            })?,
+        )
         .http1_max_connections(args.h1_connections)
         .early_data(!args.no_zero_rtt)
         .redirects(if args.location { 20 } else { 0 });
@@ -260,6 +264,17 @@ fn build_client(args: &Args) -> Result<Client, String> {
     b.build().map_err(|e| e.to_string())
 }
 
+/// The bytes of `@source` for -d / --data-binary: a file, or standard input for `-`.
+fn read_source(f: &str) -> Result<Vec<u8>, String> {
+    if f == "-" {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+        return Ok(v);
+    }
+    std::fs::read(f).map_err(|e| format!("cannot read {f}: {e}"))
+}
+
 /// The request body and its content type, from -d / --data-binary.
 enum Upload {
     None,
@@ -272,7 +287,7 @@ impl Upload {
         if let Some(d) = &args.data {
             let bytes = match d.strip_prefix('@') {
                 Some(f) => {
-                    let raw = std::fs::read(f).map_err(|e| format!("cannot read {f}: {e}"))?;
+                    let raw = read_source(f)?;
                     raw.into_iter()
                         .filter(|&b| b != b'\n' && b != b'\r')
                         .collect()
@@ -286,7 +301,13 @@ impl Upload {
         }
         if let Some(d) = &args.data_binary {
             return Ok(match d.strip_prefix('@') {
-                Some(f) => Upload::File(PathBuf::from(f)),
+                // A regular file streams with its length; standard input (`@-`, as curl),
+                // a pipe or a device is read whole first: its size says nothing (a pipe's
+                // is 0, which sent an empty body).
+                Some(f) if f != "-" && std::fs::metadata(f).is_ok_and(|m| m.is_file()) => {
+                    Upload::File(PathBuf::from(f))
+                }
+                Some(f) => Upload::Bytes(Bytes::from(read_source(f)?), None),
                 None => Upload::Bytes(Bytes::from(d.clone().into_bytes()), None),
             });
         }
@@ -353,6 +374,9 @@ impl Plan {
         if let Some(n) = upload.length() {
             headers.push((http::header::CONTENT_LENGTH, HeaderValue::from(n)));
         }
+        // The fields set above give way to the user's of the same name; the user's own
+        // repeated ones all go (two -H lines of one name are two field lines).
+        let mut user: Vec<(http::HeaderName, HeaderValue)> = Vec::new();
         for h in &args.headers {
             let (n, v) = h
                 .split_once(':')
@@ -361,9 +385,10 @@ impl Plan {
                 .map_err(|_| format!("-H {h:?}: bad header name"))?;
             let v = HeaderValue::from_str(v.trim())
                 .map_err(|_| format!("-H {h:?}: bad header value"))?;
-            headers.retain(|(old, _)| *old != n);
-            headers.push((n, v));
+            user.push((n, v));
         }
+        headers.retain(|(auto, _)| user.iter().all(|(n, _)| n != auto));
+        headers.append(&mut user);
         Ok(Self {
             client,
             method,
@@ -563,7 +588,34 @@ async fn fetch_urls(
     let print_head = args.head && args.repeat == 0;
     // One URL's body goes to standard output as it comes; several are printed in turn.
     let stream_stdout = urls.len() == 1 && !args.page;
+    let dests: Vec<Option<PathBuf>> = urls
+        .iter()
+        .map(
+            |url| match (&args.output, args.remote_name, &args.output_dir) {
+                (Some(o), _, _) => Some(o.clone()),
+                (None, _, Some(d)) => Some(d.join(url.file_name())),
+                (None, true, None) => Some(PathBuf::from(url.file_name())),
+                (None, false, None) => None,
+            },
+        )
+        .collect();
+    // Two transfers writing one file at once leave a mix of both bodies.
+    for (i, d) in dests.iter().enumerate() {
+        if let Some(d) = d
+            && let Some(j) = dests[..i].iter().position(|e| e.as_ref() == Some(d))
+        {
+            return Err(format!(
+                "{} and {} would both be saved as {}",
+                urls[j],
+                urls[i],
+                d.display()
+            ));
+        }
+    }
     let mut tasks = Vec::new();
+    // The transfers end with this call, also when it is dropped unfinished (--max-time):
+    // they went on downloading (and writing their files) under the next runs.
+    let mut aborts = AbortOnDrop(Vec::new());
     let mut page_html = None;
     for (i, url) in urls.iter().enumerate() {
         if args.page && i == 1 {
@@ -574,12 +626,7 @@ async fn fetch_urls(
         }
         let url = url.clone();
         let plan = plan.clone();
-        let dest = match (&args.output, args.remote_name, &args.output_dir) {
-            (Some(o), _, _) => Some(o.clone()),
-            (None, _, Some(d)) => Some(d.join(url.file_name())),
-            (None, true, None) => Some(PathBuf::from(url.file_name())),
-            (None, false, None) => None,
-        };
+        let dest = dests[i].clone();
         let progress = progress.clone();
         let bar = bars.as_ref().map(|m| {
             let b = m.add(indicatif::ProgressBar::new_spinner());
@@ -595,7 +642,14 @@ async fn fetch_urls(
         });
         tasks.push(tokio::spawn(async move {
             let mut f = plan.send(&url.to_string()).await?;
+            // An error answer (which fails the command, as curl --fail) leaves an existing
+            // file as it was.
+            let failed = f
+                .resp
+                .as_ref()
+                .is_some_and(|r| r.status().is_client_error() || r.status().is_server_error());
             let mut sink = match &dest {
+                Some(_) if failed => Sink::Discard,
                 Some(p) => Sink::File(Batched::new(
                     std::fs::File::create(p)
                         .map_err(|e| format!("cannot create {}: {e}", p.display()))?,
@@ -610,7 +664,10 @@ async fn fetch_urls(
                 match &mut sink {
                     Sink::Memory(v) => v.extend_from_slice(head_text(resp).as_bytes()),
                     Sink::Stdout => to_stdout(head_text(resp).as_bytes())?,
-                    _ => {}
+                    Sink::File(file) => file
+                        .write(Bytes::from(head_text(resp)))
+                        .map_err(|e| format!("write failed: {e}"))?,
+                    Sink::Discard => {}
                 }
             }
             while let Some(chunk) = resp.chunk().await.map_err(|e| format!("{url}: {e}"))? {
@@ -638,7 +695,9 @@ async fn fetch_urls(
                 }
             }
             if let Sink::Stdout = sink {
-                let _ = std::io::stdout().flush();
+                std::io::stdout()
+                    .flush()
+                    .map_err(|e| format!("stdout: {e}"))?;
             }
             if let Sink::File(file) = &mut sink {
                 file.flush().map_err(|e| format!("write failed: {e}"))?;
@@ -655,6 +714,9 @@ async fn fetch_urls(
             };
             Ok::<_, String>((f, body))
         }));
+        if let Some(t) = tasks.last() {
+            aborts.0.push(t.abort_handle());
+        }
     }
     let mut results: Vec<(Fetched, Vec<u8>)> = page_html.into_iter().collect();
     let mut failure = None;
@@ -723,7 +785,13 @@ async fn fetch_all(args: Args) -> Result<(), String> {
     }
     let client = build_client(&args)?;
     let plan = Arc::new(Plan::from_args(&args, client.clone())?);
-    let max_time = (args.max_time > 0.0).then(|| Duration::from_secs_f64(args.max_time));
+    let max_time = match args.max_time {
+        t if t > 0.0 => Some(
+            Duration::try_from_secs_f64(t)
+                .map_err(|_| format!("--max-time {t}: not a duration"))?,
+        ),
+        _ => None,
+    };
     if args.repeat > 0 {
         return repeat(&args, &plan, &urls, max_time).await;
     }
@@ -746,7 +814,9 @@ async fn fetch_all(args: Args) -> Result<(), String> {
                 .map_err(|e| format!("stdout: {e}"))?;
         }
     }
-    let _ = stdout.flush();
+    // What the standard output could not take fails the command (a full disk, a closed
+    // pipe), as curl does.
+    stdout.flush().map_err(|e| format!("stdout: {e}"))?;
     if args.verbose
         && let Some((f, _)) = results.first()
         && let Some(resp) = &f.resp
@@ -817,6 +887,17 @@ struct RunReport {
     error: Option<String>,
 }
 
+/// Aborts tasks when dropped.
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for a in &self.0 {
+            a.abort();
+        }
+    }
+}
+
 /// `--repeat`: runs the fetch again and again and prints one JSON line per run.
 async fn repeat(
     args: &Args,
@@ -854,6 +935,15 @@ async fn repeat(
             Ok(results) => {
                 report.bytes = results.iter().map(|r| r.0.bytes).sum();
                 report.responses = results.len();
+                // An error answer fails the run, as it fails a single fetch.
+                if let Some(status) = results
+                    .iter()
+                    .filter_map(|r| r.0.resp.as_ref().map(|r| r.status()))
+                    .find(|s| s.is_client_error() || s.is_server_error())
+                {
+                    report.error = Some(format!("HTTP {status}"));
+                    failed += 1;
+                }
                 if let Some(resp) = results.first().and_then(|r| r.0.resp.as_ref()) {
                     let t = resp.timings();
                     connected_once = true;

@@ -26,9 +26,11 @@ async fn echo(
         .await
         .unwrap_or_default();
     let x = headers
-        .get("x-test")
-        .map(|v| v.to_str().unwrap_or("?").to_owned())
-        .unwrap_or_default();
+        .get_all("x-test")
+        .iter()
+        .map(|v| v.to_str().unwrap_or("?"))
+        .collect::<Vec<_>>()
+        .join(",");
     format!(
         "{method} {} x-test={x} len={} sum={}\n",
         info.protocol.alpn(),
@@ -223,4 +225,57 @@ fn curl_flags_work_on_every_protocol() {
         std::fs::remove_file(&partial).unwrap();
     }
     std::fs::remove_file(&upload).unwrap();
+}
+
+/// What curl does and `kuai get` did not: `--data-binary @-` reads standard input (a pipe's
+/// size is 0: it sent an empty body), two -H lines of one name both go, two URLs saved as
+/// one file are refused (they wrote over each other at once), an error answer leaves an
+/// existing -o file alone and fails every --repeat run, -I -o saves the head, and a
+/// --max-time no duration can hold is an error, not a panic.
+#[test]
+fn curl_flags_at_their_edges() {
+    use std::io::Write;
+    let r = start();
+    let url = |p: &str| format!("https://localhost:{}{p}", r.addr.port());
+    let resolve = format!("localhost:{}:127.0.0.1", r.addr.port());
+    let mut child = Command::new(KUAI)
+        .args(["get", "-k", "--state-file", "none", "--resolve", &resolve])
+        .args(["--data-binary", "@-", &url("/echo")])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"abc").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let sum: u64 = b"abc".iter().map(|&b| u64::from(b)).sum();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).ends_with(&format!("len=3 sum={sum}\n")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let (ok, out, err) = get(&r, &["-H", "X-Test: 1", "-H", "X-Test: 2", &url("/echo")]);
+    assert!(ok, "{err}");
+    assert!(out.contains("x-test=1,2"), "{out}");
+    let dir = std::env::temp_dir().join(format!("kuai-get-edges-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    let (ok, _, err) = get(&r, &["--output-dir", d, &url("/a/echo"), &url("/b/echo")]);
+    assert!(!ok && err.contains("would both be saved"), "{err}");
+    let kept = dir.join("kept");
+    std::fs::write(&kept, b"old").unwrap();
+    let (ok, _, _) = get(&r, &["-o", kept.to_str().unwrap(), &url("/missing")]);
+    assert!(!ok);
+    assert_eq!(std::fs::read(&kept).unwrap(), b"old");
+    let (ok, out, _) = get(&r, &["--repeat", "2", &url("/missing")]);
+    assert!(!ok);
+    assert_eq!(out.matches("\"ok\":false").count(), 2, "{out}");
+    let head = dir.join("head");
+    let (ok, _, err) = get(&r, &["-I", "-o", head.to_str().unwrap(), &url("/echo")]);
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(&head).unwrap();
+    assert!(text.starts_with("HTTP/"), "{text}");
+    let (ok, _, err) = get(&r, &["--max-time", "inf", &url("/echo")]);
+    assert!(!ok && err.contains("--max-time"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
