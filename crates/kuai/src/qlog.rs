@@ -512,7 +512,16 @@ impl Tracer for QlogWriter {
                     OPEN_TRACES.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                     return;
                 }
-                let _ = f.write_all(l.as_bytes());
+                if let Err(e) = f.write_all(l.as_bytes()) {
+                    // A full disk, say: the trace stops there, said in the log, instead of
+                    // every event trying again.
+                    if may_warn() {
+                        tracing::warn!(error = %e,
+                            "a qlog trace could not be written: stopped there (said once a minute)");
+                    }
+                    self.out = Out::Failed;
+                    OPEN_TRACES.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                }
             }
             Out::Pending { buf, dropped, .. } => {
                 if buf.len() + l.len() <= PENDING_MAX {
