@@ -94,13 +94,14 @@ impl FrameType {
         matches!(self.0, 0x00..=0x03 | 0x06 | 0x1c)
     }
 
-    /// Whether the frame may appear in 0-RTT packets (RFC 9000 §12.4, Table 3; ACK_FREQUENCY
+    /// Whether the frame may appear in 0-RTT packets (RFC 9000 §12.4, Table 3: not ACK,
+    /// CRYPTO, NEW_TOKEN, RETIRE_CONNECTION_ID, PATH_RESPONSE, HANDSHAKE_DONE; ACK_FREQUENCY
     /// and IMMEDIATE_ACK neither, draft-ietf-quic-ack-frequency §3: min_ack_delay is not
     /// remembered for 0-RTT).
     pub fn allowed_in_0rtt(self) -> bool {
         !matches!(
             self.0,
-            0x02 | 0x03 | 0x06 | 0x07 | 0x1b | 0x1e | 0x1f | 0xaf
+            0x02 | 0x03 | 0x06 | 0x07 | 0x19 | 0x1b | 0x1e | 0x1f | 0xaf
         )
     }
 
@@ -1008,6 +1009,17 @@ impl Iterator for FrameIter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RFC 9000 §12.4, Table 3: the frames a 0-RTT packet may not carry.
+    #[test]
+    fn frames_refused_in_0rtt() {
+        for t in [0x02, 0x03, 0x06, 0x07, 0x19, 0x1b, 0x1e] {
+            assert!(!FrameType(t).allowed_in_0rtt(), "{t:#x}");
+        }
+        for t in [0x00, 0x01, 0x04, 0x05, 0x08, 0x0f, 0x10, 0x18, 0x1a, 0x1c, 0x1d] {
+            assert!(FrameType(t).allowed_in_0rtt(), "{t:#x}");
+        }
+    }
 
     fn roundtrip(f: Frame) {
         let mut buf = Vec::new();

@@ -404,14 +404,65 @@ fn key_update_by(client_side: bool) {
         Duration::from_secs(10),
         |p| p.client_app().requests[0].received > (1 << 20)
     ));
+    let dropped = |p: &quic::Pair| {
+        if client_side {
+            p.client_conn().stats().packets_dropped
+        } else {
+            p.server_conn().unwrap().stats().packets_dropped
+        }
+    };
+    let before = dropped(&p);
     let updated = initiate_key_update(&mut p, client_side);
     assert!(updated, "key update allowed");
     assert!(p.run_until_done(Duration::from_secs(10)));
     p.client_app().assert_all_intact();
     assert!(p.client_conn().stats().key_updates >= 1);
     assert!(p.server_conn().unwrap().stats().key_updates >= 1);
+    // The peer's packets still in the old phase (sent before it saw ours) are opened with
+    // the previous key, not taken for another update and dropped.
+    assert_eq!(dropped(&p), before, "packets dropped around the update");
     // Both sides can update again once the new phase is acknowledged.
     p.net.run_for(Duration::from_millis(200));
+}
+
+/// RFC 9001 §4.1.2, §6.1: a server's handshake is confirmed when it completes, so it may
+/// update keys before the client (waiting for HANDSHAKE_DONE) has confirmed its own; the
+/// client closed with KEY_UPDATE_ERROR.
+#[test]
+fn a_server_updating_keys_as_its_handshake_completes_is_followed() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = pair(
+        53,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([200_000]),
+    );
+    // The server's 1-RTT packets are lost until its update (the first carries
+    // HANDSHAKE_DONE): the client meets the new key phase before it confirms.
+    let lose = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let lose_in = lose.clone();
+    let server = p.server;
+    p.net.set_filter(move |ctx| {
+        let short = ctx.data[0] & 0x80 == 0;
+        if ctx.from_node == server && short && lose_in.load(std::sync::atomic::Ordering::SeqCst) {
+            common::sim::Verdict::Drop
+        } else {
+            common::sim::Verdict::Pass
+        }
+    });
+    assert!(p.run_until(Duration::from_secs(5), |p| {
+        let s = p.server();
+        s.ep.handles()
+            .next()
+            .and_then(|h| s.ep.connection(h))
+            .is_some_and(|c| c.is_handshake_confirmed())
+    }));
+    assert!(!p.client_conn().is_handshake_confirmed());
+    assert!(initiate_key_update(&mut p, false), "key update allowed");
+    lose.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(p.run_until_done(Duration::from_secs(10)));
+    p.client_app().assert_all_intact();
+    assert!(p.client_conn().stats().key_updates >= 1);
 }
 
 #[test]

@@ -201,6 +201,15 @@ impl Connection {
             }
             _ => {}
         }
+        // RFC 9000 §17.2.2: a server's Initial carries no token; a client discards one that
+        // does (before it could switch the version below or be decrypted).
+        if self.side.is_client()
+            && pd.ty() == PacketType::Long(LongType::Initial)
+            && !pd.token().is_empty()
+        {
+            self.drop_packet(Some(PacketKind::Initial), size, DropReason::HeaderParseError);
+            return PacketResult::default();
+        }
         // Version checks for long headers.
         let mut original_version_initial = false;
         if let Some(v) = pd.version()
@@ -299,6 +308,8 @@ impl Connection {
         }
         // Payload key (key phase for 1-RTT, RFC 9001 §6.3).
         let mut key_update = false;
+        // Opened with the previous phase's key (sent before the peer saw our update).
+        let mut previous_phase = false;
         let decrypted = match (space, is_0rtt) {
             (SpaceId::Data, true) => {
                 let k = self
@@ -314,8 +325,13 @@ impl Connection {
                 if up.key_phase() == keys.phase {
                     up.decrypt(keys.current.remote.as_ref())
                 } else if keys.prev_remote.is_some()
-                    && self.key_update.remote_phase_start.is_some_and(|s| pn < s)
+                    // Before the peer's first packet in the new phase (an update we began)
+                    // the other phase is the old one: what it sent before it saw ours
+                    // (RFC 9001 §6.1, §6.5). Such packets were opened with the key after
+                    // next, failed and were dropped, about a round trip of them.
+                    && self.key_update.remote_phase_start.is_none_or(|s| pn < s)
                 {
+                    previous_phase = true;
                     up.decrypt(keys.prev_remote.as_ref().expect("checked").as_ref())
                 } else {
                     key_update = true;
@@ -368,18 +384,17 @@ impl Connection {
         let is_largest = self.spaces[si].ack.largest.is_some_and(|(l, _)| l == pn);
         self.path.count_received_for_loss_rate(pn, prev_largest);
         if key_update {
-            if !self.handshake_confirmed && self.side.is_client() {
-                // RFC 9001 §6.1: no key update before the handshake is confirmed.
-                self.close_with_error(
-                    now,
-                    TransportError::KEY_UPDATE_ERROR("key update before handshake confirmed"),
-                );
-                return PacketResult::default();
-            }
+            // A server's handshake is confirmed when it completes (RFC 9001 §4.1.2), so it
+            // may update keys before the client, waiting for HANDSHAKE_DONE, has confirmed
+            // its own: nothing to refuse here (it closed with KEY_UPDATE_ERROR).
             self.update_keys(true);
             self.key_update.remote_phase_start = Some(pn);
-        } else if space == SpaceId::Data && !is_0rtt && self.key_update.remote_phase_start.is_none()
+        } else if space == SpaceId::Data
+            && !is_0rtt
+            && !previous_phase
+            && self.key_update.remote_phase_start.is_none()
         {
+            // The peer's first packet in the current phase.
             self.key_update.remote_phase_start = Some(pn);
         }
         self.stats.packets_received += 1;
