@@ -224,6 +224,41 @@ fn zero_rtt_accepted() {
     );
 }
 
+/// RFC 9000 §7.4.1: a server that accepts 0-RTT must not lower the limits the client
+/// remembered; a client facing one that does closes with PROTOCOL_VIOLATION. The check
+/// compared the new parameters with themselves (TLS holds only the new ones by then), so
+/// the client went on with the larger remembered limits.
+#[test]
+fn a_server_accepting_0rtt_with_lower_limits_is_refused() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let scfg = quic::server_config(TransportConfig::default());
+    let mut p = pair(34, scfg.clone(), &ccfg, Client::with_requests([100]));
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    p.net.run_for(Duration::from_millis(200));
+    // The same TLS (sessions resume, 0-RTT is accepted), a smaller connection window.
+    let mut lower = (*scfg.transport).clone();
+    lower.receive_window /= 2;
+    let lowered = kuai_proto::config::ServerConfig {
+        transport: std::sync::Arc::new(lower),
+        ..scfg
+    };
+    p.server_mut()
+        .ep
+        .set_server_config(Some(std::sync::Arc::new(lowered)));
+    reconnect(
+        &mut p,
+        &ccfg,
+        Client {
+            use_0rtt: true,
+            ..Client::with_requests([3000])
+        },
+    );
+    assert!(p.client_conn().is_0rtt_available());
+    assert!(p.run_until(Duration::from_secs(5), |p| p.client_conn().is_closed()));
+    let reason = format!("{:?}", p.client_conn().close_reason());
+    assert!(reason.contains("lowered a remembered limit"), "{reason}");
+}
+
 #[test]
 fn zero_rtt_rejected_then_retried() {
     let ccfg = quic::client_config(TransportConfig::default());

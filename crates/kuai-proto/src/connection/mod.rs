@@ -411,6 +411,10 @@ pub struct Connection {
     /// Server: keys of the client's original version, while it may still send Initials in it.
     original_initial_keys: Option<Box<crypto::KeyPair>>,
     zero_rtt_keys: Option<Box<Keys>>,
+    /// Client: the server's parameters remembered with the session 0-RTT started with, to
+    /// check against those it sends now (RFC 9000 §7.4.1). By the handshake's end TLS holds
+    /// only the new ones.
+    zero_rtt_remembered: Option<Box<TransportParameters>>,
     zero_rtt: ZeroRtt,
     one_rtt: Option<Box<OneRttKeys>>,
     key_update: KeyUpdateState,
@@ -863,6 +867,7 @@ impl Connection {
             spaces: Spaces::new(),
             original_initial_keys: None,
             zero_rtt_keys: None,
+            zero_rtt_remembered: None,
             zero_rtt: ZeroRtt::None,
             one_rtt: None,
             key_update: KeyUpdateState::default(),
@@ -1688,6 +1693,7 @@ impl Connection {
         self.stats.zero_rtt_attempted = true;
         // RFC 9000 §7.4.1: 0-RTT uses the remembered limits.
         self.streams.apply_peer_params(&remembered);
+        self.zero_rtt_remembered = Some(Box::new(remembered));
     }
 
     fn apply_peer_params(&mut self, tp: TransportParameters) -> Result<(), TransportError> {
@@ -1718,9 +1724,9 @@ impl Connection {
                         "version changed without version_information",
                     ));
                 }
+                let remembered = self.zero_rtt_remembered.take();
                 if self.zero_rtt == ZeroRtt::Attempting
-                    && let Some(raw) = self.tls.as_ref().and_then(|t| t.peer_params())
-                    && let Ok(remembered) = TransportParameters::decode(Side::Server, raw)
+                    && let Some(remembered) = remembered
                     && !tp.validate_for_0rtt(&remembered)
                     && self.tls.as_ref().and_then(|t| t.early_data_accepted()) == Some(true)
                 {
