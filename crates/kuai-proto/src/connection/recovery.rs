@@ -47,10 +47,15 @@ impl Connection {
                     )
                     .with_frame(FrameType::ACK));
                 }
-                let Some(first) = sent.first_pn() else { break };
+                let (Some(first), Some(last)) = (sent.first_pn(), sent.last_slot_pn()) else {
+                    break;
+                };
+                // Within the records: numbers past the newest (probe answers, say, keep
+                // none) were walked one by one, for every repeat of the frame.
                 let lo = (*r.start()).max(first);
+                let hi = (*r.end()).min(last);
                 // Descending, so `newly[0]` is the largest newly acknowledged packet.
-                for pn in (lo..=*r.end()).rev() {
+                for pn in (lo..=hi).rev() {
                     if let Some(p) = sent.remove(pn) {
                         newly.push((pn, p));
                     }
@@ -58,10 +63,19 @@ impl Connection {
             }
         }
         let sp = &mut self.spaces[si];
+        let raised = sp.largest_acked.is_none_or(|l| ack.largest > l);
         sp.largest_acked = Some(sp.largest_acked.map_or(ack.largest, |l| l.max(ack.largest)));
         self.detect_spurious_losses(space, ack);
         if newly.is_empty() {
             self.acked_scratch = newly;
+            // A higher largest acknowledged makes older packets lost by the packet
+            // threshold (RFC 9002 §6.1.1) even when the ACK took nothing new (numbers
+            // without records: probe answers). Left alone, a record below them stayed, and
+            // with it the span an ACK of those numbers walked.
+            if raised {
+                self.detect_lost_packets(now, space);
+                self.set_loss_timer(now);
+            }
             return Ok(());
         }
         // Newest first, as the ACK ranges were walked from the top.

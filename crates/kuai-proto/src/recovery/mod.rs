@@ -183,7 +183,13 @@ impl SentPackets {
             .filter_map(move |(i, p)| p.as_ref().map(|p| (base + i as u64, p)))
     }
 
-    /// Smallest and largest pn present.
+    /// The newest packet number with a slot (recorded, or a hole below a newer record);
+    /// `None` when there is none.
+    pub fn last_slot_pn(&self) -> Option<u64> {
+        (!self.packets.is_empty()).then(|| self.base + self.packets.len() as u64 - 1)
+    }
+
+    /// The smallest packet number present.
     pub fn first_pn(&self) -> Option<u64> {
         self.iter().next().map(|(pn, _)| pn)
     }
