@@ -55,7 +55,8 @@ pub enum StreamEvent {
     /// The peer asked us to stop sending (STOP_SENDING) with this code.
     Stopped(StreamId, u64),
     /// The stream was reset with this code at its delivery deadline (see
-    /// [`Streams::set_delivery_deadline`]): what it sent was not all acknowledged in time.
+    /// [`Connection::set_delivery_deadline`](crate::Connection::set_delivery_deadline)): what
+    /// it sent was not all acknowledged in time.
     Expired(StreamId, u64),
     /// The stream limit was raised: more streams of this kind can be opened.
     Available(Dir),
