@@ -26,6 +26,10 @@ pub enum Error {
     H3(kuai_h3::Error),
     /// HTTP/2 or HTTP/1.1 failed (hyper).
     Hyper(hyper::Error),
+    /// A kept-alive HTTP/1.1 connection ended before the response came: the server gave
+    /// the connection up as the request went out (RFC 9112 §9.3.1). The client sends an
+    /// idempotent request again on a new connection.
+    Stale(hyper::Error),
     /// A request body grew past the server's limit ([`Limits::max_request_body`]).
     ///
     /// [`Limits::max_request_body`]: crate::Limits::max_request_body
@@ -135,6 +139,7 @@ impl fmt::Display for Error {
             Error::Tls(e) => write!(f, "TLS configuration: {e}"),
             Error::H3(e) => write!(f, "HTTP/3: {e}"),
             Error::Hyper(e) => write!(f, "{e}"),
+            Error::Stale(e) => write!(f, "{e} (on a kept-alive connection the server closed)"),
             Error::BodyTooLarge { limit } => {
                 write!(f, "request body larger than the limit of {limit} bytes")
             }
@@ -162,7 +167,7 @@ impl std::error::Error for Error {
             Error::Io(e) => Some(e),
             Error::Tls(e) => Some(e),
             Error::H3(e) => Some(e),
-            Error::Hyper(e) => Some(e),
+            Error::Hyper(e) | Error::Stale(e) => Some(e),
             Error::Resolve { source, .. } => Some(source),
             Error::Quic(e) => Some(e),
             Error::Read(e) => Some(e),

@@ -603,6 +603,12 @@ impl H1Pool {
                 send.ready().await?;
                 send.send_request(req).await?
             }
+            // Sent, and the kept-alive connection closed before any response: the server
+            // gave it up as the request went out (its idle close crossing the request).
+            // The caller sends an idempotent request again on a new one (RFC 9112 §9.3.1).
+            Err(e) if !fresh && e.error().is_incomplete_message() => {
+                return Err(Error::Stale(e.into_error()));
+            }
             Err(e) => return Err(e.into_error().into()),
         };
         let idle = self.idle.clone();

@@ -837,9 +837,11 @@ impl Client {
                 let resp = c.send(req).await?;
                 return Ok(self.response(resp, c, timings, start, uri, &origin));
             }
-            // The connection went away before this request was taken (closed, GOAWAY):
-            // once more on a new one, when the request can be sent again.
-            Err(e) if again.is_some() && !conn.is_usable() => {
+            // The connection went away before this request was taken (closed, GOAWAY), or
+            // a kept-alive HTTP/1.1 connection closed as the request went out: once more
+            // on a new one, when the request can be sent again (idempotent, its body
+            // replayable).
+            Err(e) if again.is_some() && (!conn.is_usable() || matches!(e, Error::Stale(_))) => {
                 tracing::debug!(error = %e, "connection gone: the request goes on a new one");
                 self.forget(&origin, &conn);
                 let (c, t) = self.connection(&origin, start).await?;
