@@ -1719,6 +1719,18 @@ impl Connection {
                             "server's chosen version differs from the packets' version",
                         ));
                     }
+                    // RFC 9368 §4: after a Version Negotiation packet (unauthenticated), the
+                    // version we would pick from the server's own list must be the one we
+                    // picked from that packet, or it was a forged downgrade.
+                    let would = self
+                        .versions()
+                        .iter()
+                        .find(|v| vi.available.contains(&v.wire()));
+                    if self.vn_restarted && would.is_some_and(|w| *w != self.version) {
+                        return Err(TransportError::VERSION_NEGOTIATION_ERROR(
+                            "version negotiation downgraded: the server offers a preferred version",
+                        ));
+                    }
                 } else if self.version != self.original_version {
                     return Err(TransportError::VERSION_NEGOTIATION_ERROR(
                         "version changed without version_information",
