@@ -527,10 +527,39 @@ async fn serve(args: Args) -> Result<(), String> {
     if let Some(a) = args.preferred_address {
         builder = builder.preferred_address(a);
     }
-    let ep = builder.bind(listen).map_err(|e| match e.kind() {
-        std::io::ErrorKind::InvalidInput => e.to_string(),
-        _ => format!("cannot bind {listen}: {e}"),
-    })?;
+    // With port 0 the UDP port the kernel picks may be taken on TCP (by any socket, a
+    // client's ephemeral one too): then another pair, a few times. The server exited with
+    // its UDP port announced and nothing behind it.
+    let tries = if listen.port() == 0 && !args.no_tcp {
+        8
+    } else {
+        1
+    };
+    let mut bound = None;
+    for attempt in 1..=tries {
+        let ep = builder.clone().bind(listen).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidInput => e.to_string(),
+            _ => format!("cannot bind {listen}: {e}"),
+        })?;
+        let local = ep.local_addr().map_err(|e| e.to_string())?;
+        if args.no_tcp {
+            bound = Some((ep, None));
+            break;
+        }
+        match tokio::net::TcpListener::bind(local).await {
+            Ok(l) => {
+                bound = Some((ep, Some(l)));
+                break;
+            }
+            Err(e) if attempt == tries => {
+                return Err(format!(
+                    "cannot bind tcp {local}: {e} (--no-tcp serves UDP only)"
+                ));
+            }
+            Err(_) => drop(ep),
+        }
+    }
+    let (ep, tcp_listener) = bound.ok_or("no port free for both UDP and TCP")?;
     // Started without the fleet's reset key (Redis away): take it up once Redis answers,
     // so the other servers can reset the connections made from then on.
     if let Some(f) = &fleet
@@ -566,16 +595,10 @@ async fn serve(args: Args) -> Result<(), String> {
     if let Some(p) = ep.preferred_address() {
         println!("kuai server preferred address: udp {p} (clients move there after the handshake)");
     }
-    let tcp = if args.no_tcp {
-        None
-    } else {
+    let tcp = tcp_listener.inspect(|_| {
         let addr = SocketAddr::new(local.ip(), port);
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("cannot bind tcp {addr}: {e} (--no-tcp serves UDP only)"))?;
         println!("kuai server listening on tcp {addr} (HTTP/2 and HTTP/1.1, Alt-Svc: h3)");
-        Some(l)
-    };
+    });
     match &args.root {
         _ if file.is_some() => {
             for line in file.as_ref().map(|f| f.describe()).unwrap_or_default() {

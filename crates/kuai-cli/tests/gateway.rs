@@ -324,11 +324,20 @@ fn the_gateway_forwards_every_protocol() {
                 start.elapsed()
             );
         }
-        // Nothing listening behind the gateway: 502.
-        let dead = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
+        // Nothing listening behind the gateway: 502. The port stays bound (not listening)
+        // for the test's length: freed, it could be taken by another test, or by the
+        // gateway's own listener, and answer.
+        let dead_socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        dead_socket
+            .bind(
+                &"127.0.0.1:0"
+                    .parse::<std::net::SocketAddr>()
+                    .unwrap()
+                    .into(),
+            )
             .unwrap();
+        let dead = dead_socket.local_addr().unwrap().as_socket().unwrap();
         let gw2 = gateway(&[format!("http://{dead}")]);
         let o = curl(&[
             "--http2",
@@ -339,6 +348,7 @@ fn the_gateway_forwards_every_protocol() {
             &format!("https://localhost:{}/x", gw2.port),
         ]);
         assert_eq!(String::from_utf8_lossy(&o.stdout), "502");
+        drop(dead_socket);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
