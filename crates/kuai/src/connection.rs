@@ -1050,9 +1050,12 @@ impl RecvStream {
 
 impl Drop for RecvStream {
     fn drop(&mut self) {
-        if !self.done {
-            let _ = self.stop(0);
+        // A stream read to its end left no waker (the read that saw the end returned
+        // ready): nothing to do, and no lock taken, for the ordinary request.
+        if self.done {
+            return;
         }
+        let _ = self.stop(0);
         // A read abandoned before the drop left its waker (and with it the task's memory):
         // after a stop no event comes to take it.
         let (id, early) = (self.id, self.early);
