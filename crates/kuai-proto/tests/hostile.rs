@@ -758,6 +758,77 @@ fn packets_after_buffered_ones_keep_their_datagram_size() {
     );
 }
 
+/// RFC 9001 §4.1.3: once TLS reads the Handshake level, CRYPTO data in an Initial packet may
+/// only repeat what was received there. A repeated ClientHello is fine; bytes past its end
+/// close the connection with PROTOCOL_VIOLATION. Before, they went to TLS as if they were the
+/// client's next Handshake message (an unfinished one waited there quietly).
+#[test]
+fn initial_crypto_past_the_client_hello_is_a_protocol_violation() {
+    use kuai_proto::frame::{Frame, FrameIter};
+    use kuai_proto::packet::PartialDecode;
+    let certs = support::certs();
+    let now = Instant::now();
+    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+    let caddr: SocketAddr = "10.0.0.3:4000".parse().unwrap();
+    let mut server = server_endpoint(
+        now,
+        support::server_config(&certs, TransportConfig::default()),
+    );
+    let first = client_initial(now, saddr);
+    let (dcid, scid) = long_header_cids(&first);
+    let keys =
+        kuai_proto::crypto::initial_keys(kuai_proto::Version::V1, &dcid, kuai_proto::Side::Server);
+    let (pd, _) = PartialDecode::new(BytesMut::from(&first[..]), 8).unwrap();
+    let packet = pd
+        .unprotect(keys.remote.header.as_ref(), None)
+        .unwrap()
+        .decrypt(keys.remote.packet.as_ref())
+        .unwrap();
+    let hello = FrameIter::new(packet.payload)
+        .find_map(|f| match f {
+            Ok(Frame::Crypto { offset: 0, data }) => Some(data),
+            _ => None,
+        })
+        .unwrap();
+    let crypto = |offset: usize, data: &[u8]| {
+        let mut f = vec![0x06];
+        kuai_proto::VarInt::saturating(offset as u64).encode(&mut f);
+        kuai_proto::VarInt::saturating(data.len() as u64).encode(&mut f);
+        f.extend_from_slice(data);
+        f
+    };
+    let mut buf = Vec::new();
+    let mut send = |server: &mut Endpoint, d: &[u8]| {
+        server.handle_datagram(now, caddr, None, None, BytesMut::from(d));
+        while server.poll_transmit(now, 1, &mut buf).is_some() {}
+    };
+    send(&mut server, &first);
+    let h = server.handles().next().expect("a connection");
+    // The whole ClientHello again: a repeat, ignored.
+    send(
+        &mut server,
+        &initial_packet(&dcid, &scid, 1, &crypto(0, &hello), 1200),
+    );
+    let c = server.connection(h).unwrap();
+    assert!(!c.is_closed(), "{:?}", c.close_reason());
+    // The start of a Finished message (type 20, 32 bytes) after the ClientHello.
+    send(
+        &mut server,
+        &initial_packet(
+            &dcid,
+            &scid,
+            2,
+            &crypto(hello.len(), &[20, 0, 0, 32, 1, 2]),
+            1200,
+        ),
+    );
+    assert_closed_with(
+        server.connection(h).unwrap(),
+        kuai_proto::TransportErrorCode::PROTOCOL_VIOLATION,
+        "CRYPTO data past the ClientHello in an Initial packet",
+    );
+}
+
 /// A client that grants one byte of credit per stream and asks for large responses on 100
 /// streams cannot make the server hold the responses: a stream buffers at most its credit
 /// plus 64 KiB, and the connection at most `connection_send_buffer`.

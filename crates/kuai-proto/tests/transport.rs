@@ -56,6 +56,38 @@ fn handshake_completes() {
     assert!(s.stats().cipher_suite.is_some());
 }
 
+/// A server that takes no key share the client offered answers with a HelloRetryRequest
+/// (RFC 8446 §4.1.4); the second ClientHello comes in Initial packets too, after the first
+/// (RFC 9001 §4.1.3 allows it: TLS still reads the Initial level), and the handshake takes
+/// a round trip more.
+#[test]
+fn hello_retry_request_completes() {
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .kx_groups
+        .retain(|g| g.name() == rustls::NamedGroup::secp256r1);
+    let c = quic::certs();
+    let mut tls = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![c.cert.clone()], c.key.clone_key())
+        .unwrap();
+    tls.alpn_protocols = vec![quic::ALPN.to_vec()];
+    let mut scfg = kuai_proto::ServerConfig::new(std::sync::Arc::new(tls));
+    scfg.transport = std::sync::Arc::new(TransportConfig::default());
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = pair(3, scfg, &ccfg, Client::with_requests([1000]));
+    assert!(p.run_until_done(Duration::from_secs(5)));
+    p.client_app().assert_all_intact();
+    // Two round trips of 20 ms: the one the HelloRetryRequest costs, then the handshake.
+    let t = p.client_app().connected_at.unwrap() - p.net.base();
+    assert!(
+        t >= Duration::from_millis(40),
+        "no HelloRetryRequest: {t:?}"
+    );
+}
+
 #[test]
 fn small_request() {
     let ccfg = quic::client_config(TransportConfig::default());

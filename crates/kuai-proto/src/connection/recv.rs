@@ -814,6 +814,19 @@ impl Connection {
                 self.queue_probe_data(SpaceId::Handshake);
             }
         }
+        // RFC 9001 §4.1.3: CRYPTO data at an encryption level older than the one TLS now
+        // reads may only repeat what was received there; past its end it is a
+        // PROTOCOL_VIOLATION. What repeats is not given to TLS again: TLS takes no level
+        // with its input, so a late byte would read as the next level's message.
+        if space < self.tls_read_space() {
+            if end > self.spaces[si].crypto_recv.received_end() {
+                return Err(TransportError::PROTOCOL_VIOLATION(
+                    "CRYPTO data past the end of an encryption level TLS has left",
+                )
+                .with_frame(FrameType::CRYPTO));
+            }
+            return Ok(());
+        }
         let recv = &mut self.spaces[si].crypto_recv;
         // Server, before TLS starts: what was read is gathered in `client_hello`, so the
         // limit counts from the start of the stream (RFC 9000 §7.5).
@@ -885,6 +898,20 @@ impl Connection {
             }
         }
         self.process_tls(now)
+    }
+
+    /// The encryption level whose CRYPTO data TLS reads next: Initial until the Handshake
+    /// keys, Handshake until the handshake completes, then 1-RTT (a server's TLS sends
+    /// 1-RTT before it reads the client's Finished at Handshake level). A HelloRetryRequest
+    /// keeps both sides at Initial for the second ClientHello.
+    fn tls_read_space(&self) -> SpaceId {
+        if self.handshake_complete {
+            SpaceId::Data
+        } else if self.spaces[SpaceId::Handshake.index()].keys.is_some() {
+            SpaceId::Handshake
+        } else {
+            SpaceId::Initial
+        }
     }
 
     /// Server: the ClientHello is complete; choose the version and start TLS.
