@@ -80,7 +80,10 @@ pub struct TransportConfig {
     pub datagram_send_buffer: usize,
     /// Number of connection IDs we accept from the peer (active_connection_id_limit).
     pub active_connection_id_limit: u64,
-    /// Packets protected with one key before kuai updates keys on its own (RFC 9001 §6).
+    /// Packets protected with one key before kuai updates keys on its own (RFC 9001 §6);
+    /// whatever it is set to, keys are updated by seven eighths of the AEAD's
+    /// confidentiality limit (2^23 packets for AES-GCM, RFC 9001 §6.6), and a connection
+    /// whose key could not be updated by the limit closes with AEAD_LIMIT_REACHED.
     pub key_update_interval: u64,
     /// Client: how long the first flight waits for 0-RTT data when a resumed session allows
     /// it, so the data shares the Initial's datagram (zero sends at once).

@@ -563,6 +563,74 @@ fn automatic_key_update_after_interval() {
     );
 }
 
+/// The server's 1-RTT key, worn to `packets` short of the confidentiality limit of its AEAD
+/// (AES-GCM here: 2^23 packets, RFC 9001 §6.6).
+fn wear_server_key(p: &mut quic::Pair, short_of_limit: u64) {
+    let node = p.server_mut();
+    let h = node.ep.handles().next().unwrap();
+    let c = node.ep.connection_mut(h).unwrap();
+    let suite = c.stats().cipher_suite.unwrap_or_default();
+    assert!(suite.contains("AES"), "{suite}");
+    c.wear_key((1 << 23) - short_of_limit);
+}
+
+/// RFC 9001 §6.6: however long the configured interval, the key is updated before the AEAD's
+/// confidentiality limit.
+#[test]
+fn keys_are_updated_before_the_confidentiality_limit() {
+    let mut t = TransportConfig::default();
+    t.key_update_interval = u64::MAX;
+    let ccfg = quic::client_config(t.clone());
+    let mut p = pair(
+        53,
+        quic::server_config(t),
+        &ccfg,
+        Client::with_requests([4 << 20]),
+    );
+    assert!(p.run_until(
+        Duration::from_secs(10),
+        |p| p.client_app().requests[0].received > (1 << 20)
+    ));
+    // An eighth of the limit before it, and a little more.
+    wear_server_key(&mut p, (1 << 20) - 10);
+    assert!(p.run_until_done(Duration::from_secs(10)));
+    p.client_app().assert_all_intact();
+    assert_eq!(p.server_conn().unwrap().stats().key_updates, 1);
+}
+
+/// RFC 9001 §6.6: a key that cannot be updated in time (the last update is not acknowledged
+/// yet) is not used past the confidentiality limit; the connection closes with
+/// AEAD_LIMIT_REACHED. Before, packets went on under the worn key.
+#[test]
+fn a_key_that_cannot_be_updated_by_the_confidentiality_limit_closes_the_connection() {
+    let ccfg = quic::client_config(TransportConfig::default());
+    let mut p = pair(
+        54,
+        quic::server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([4 << 20]),
+    );
+    assert!(p.run_until(
+        Duration::from_secs(10),
+        |p| p.client_app().requests[0].received > (1 << 20)
+    ));
+    assert!(initiate_key_update(&mut p, false));
+    // Before any packet of the new phase is acknowledged.
+    wear_server_key(&mut p, 100);
+    p.net.run_for(Duration::from_millis(1));
+    let aead_limit =
+        |e: Option<&kuai_proto::ConnectionError>| format!("{e:?}").contains("AEAD_LIMIT_REACHED");
+    let s = p.server_conn().unwrap();
+    assert!(
+        s.is_closed() && aead_limit(s.close_reason()),
+        "{:?}",
+        s.close_reason()
+    );
+    p.net.run_for(Duration::from_secs(1));
+    let lost = p.client_app().lost.as_ref();
+    assert!(aead_limit(lost), "client: {lost:?}");
+}
+
 #[test]
 fn idle_timeout_closes_both_sides() {
     let mut t = TransportConfig::default();

@@ -1463,6 +1463,14 @@ impl Connection {
         true
     }
 
+    /// Counts `packets` more as protected under the current 1-RTT key, as if they had been
+    /// sent: lets a test reach the AEAD limits without sending millions of packets.
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub fn wear_key(&mut self, packets: u64) {
+        self.key_update.packets_in_phase += packets;
+    }
+
     /// Client: migrate to a new local address (the application rebound its socket). Switches to
     /// a fresh connection ID, resets congestion state and validates the new path.
     pub fn migrate(&mut self, now: Instant, local_ip: Option<IpAddr>) -> Result<(), MigrateError> {

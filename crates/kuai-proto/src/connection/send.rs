@@ -10,6 +10,7 @@ use super::{Connection, State, Timer, Transmit, ZeroRtt};
 use crate::cc::CongestionController;
 use crate::coding::BufMutExt;
 use crate::frame::{Ack, Close, Frame, FrameType};
+use crate::error::TransportError;
 use crate::packet::{self, HeaderPos, LongType};
 use crate::recovery::{SentFrame, SentPacket};
 use crate::trace::{PacketKind, TraceEvent};
@@ -38,7 +39,25 @@ struct DatagramOut {
     data_only: bool,
 }
 
+/// Packets kept under the AEAD's confidentiality limit when the connection closes for it:
+/// more than one `poll_transmit` can send, and the closing packets themselves.
+const AEAD_CLOSE_ROOM: u64 = 4096;
+
 impl Connection {
+    /// Packets protected with the current 1-RTT key after which it is updated: the
+    /// configured interval, at most seven eighths of the AEAD's confidentiality limit.
+    fn key_update_due(&self) -> u64 {
+        let limit = self.confidentiality_limit();
+        self.config.key_update_interval.min(limit - limit / 8)
+    }
+
+    /// Packets the AEAD of the 1-RTT keys may protect under one key (RFC 9001 §6.6).
+    fn confidentiality_limit(&self) -> u64 {
+        self.one_rtt
+            .as_ref()
+            .map_or(u64::MAX, |k| k.current.local.confidentiality_limit())
+    }
+
     /// Writes the next datagram(s) into `buf` (cleared first). With `max_datagrams > 1`,
     /// full-size datagrams are batched for GSO: see [`Transmit::segment_size`].
     pub fn poll_transmit(
@@ -54,6 +73,20 @@ impl Connection {
             State::Drained | State::Draining => return None,
             State::Closing => return self.send_close(now, buf),
             _ => {}
+        }
+        // RFC 9001 §6.6: a key is not used past the AEAD's confidentiality limit. One that
+        // could not be updated in time (the peer left the last update unacknowledged for an
+        // eighth of the limit) ends the connection while its CONNECTION_CLOSE can still go
+        // out under that key.
+        let last_use = self.confidentiality_limit().saturating_sub(AEAD_CLOSE_ROOM);
+        if self.key_update.packets_in_phase >= last_use {
+            self.close_with_error(
+                now,
+                TransportError::AEAD_LIMIT_REACHED(
+                    "packet key at the AEAD's confidentiality limit and not yet updatable",
+                ),
+            );
+            return self.send_close(now, buf);
         }
         // Client with 0-RTT keys: hold the first flight a moment so the application's early
         // data fills the padded Initial datagram instead of following in its own packets.
@@ -277,10 +310,12 @@ impl Connection {
     ) -> Option<PacketOut> {
         let si = space.index();
         let zero_rtt = space == SpaceId::Data && self.one_rtt.is_none();
-        // Automatic key update before the key wears out (RFC 9001 §6.6).
+        // Automatic key update before the key wears out (RFC 9001 §6.6): at the configured
+        // interval, and at the latest an eighth before the AEAD's confidentiality limit, which
+        // leaves an update that must wait for an acknowledgement room to happen.
         if space == SpaceId::Data
             && !zero_rtt
-            && self.key_update.packets_in_phase >= self.config.key_update_interval
+            && self.key_update.packets_in_phase >= self.key_update_due()
             && self.may_update_keys()
         {
             self.update_keys(false);
