@@ -753,6 +753,38 @@ fn ecn_validation_fails_when_the_path_bleaches() {
     );
 }
 
+/// RFC 9000 §13.4.2.1: a path that marks ECT(0) on packets sent without it (here every
+/// datagram of the server's, its MTU probes included) makes the peer report more ECT(0)
+/// packets than were sent marked; validation fails. It passed before: only
+/// counts falling short were checked.
+#[test]
+fn ecn_validation_fails_when_the_path_marks_unmarked_packets() {
+    let ccfg = client_config(TransportConfig::default());
+    let mut p = quic::pair_with(
+        1102,
+        server_config(TransportConfig::default()),
+        &ccfg,
+        Client::with_requests([1 << 20]),
+        |n| {
+            n.set_default_link(link(10, 0.0));
+            n.set_filter(move |ctx| {
+                if ctx.from == quic::server_addr() {
+                    *ctx.ecn = Some(common::sim::ecn::ECT0);
+                }
+                common::sim::Verdict::Pass
+            });
+        },
+    );
+    assert!(p.run_until_done(Duration::from_secs(60)));
+    p.client_app().assert_all_intact();
+    // Until the last ACKs: the unmarked packets are MTU probes, a few among hundreds in
+    // flight, so the counts go past what was sent marked only once all is acknowledged.
+    p.net.run_for(Duration::from_secs(1));
+    assert!(!p.server_conn().unwrap().stats().path.ecn_capable);
+    // The client's packets are left alone: its validation passes.
+    assert!(p.client_conn().stats().path.ecn_capable);
+}
+
 #[test]
 fn ecn_off_by_configuration_never_marks() {
     let t = transport(|t| t.ecn = false);

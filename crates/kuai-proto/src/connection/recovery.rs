@@ -168,7 +168,11 @@ impl Connection {
         }
 
         // ECN (RFC 9000 §13.4.2).
-        self.process_ecn(now, space, ack, ecn_marked_acked, largest_sent_time);
+        // RFC 9000 §13.4.2.1: not on an ACK that does not raise the largest acknowledged
+        // (a reordered ACK carries older counts).
+        if raised {
+            self.process_ecn(now, space, ack, ecn_marked_acked, largest_sent_time);
+        }
 
         // Loss detection, then the controller sees the ACK.
         self.detect_lost_packets(now, space);
@@ -284,8 +288,12 @@ impl Connection {
         }
         let increase = (counts.ect0 - prev.ect0) + (counts.ce - prev.ce);
         // Every newly acknowledged ECT(0) packet must show up as ECT(0) or CE; we never send
-        // ECT(1), so reports of it mean mangling.
-        if increase < marked_acked || counts.ect1 > 0 {
+        // ECT(1), so reports of it mean mangling, as do more ECT(0) and CE packets than we
+        // sent marked (RFC 9000 §13.4.2.1).
+        if increase < marked_acked
+            || counts.ect1 > 0
+            || counts.ect0.saturating_add(counts.ce) > sp.ecn_marked_sent
+        {
             self.path.ecn = EcnState::Failed;
             sp.peer_ecn = counts;
             return;
