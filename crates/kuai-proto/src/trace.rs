@@ -534,6 +534,9 @@ pub struct PathStats {
     pub mtu: u16,
     /// Congestion events (window reductions) so far.
     pub congestion_events: u64,
+    /// Of them, undone because every loss behind the reduction turned out spurious
+    /// (reordering).
+    pub congestion_events_undone: u64,
     /// ECN validated on the path (RFC 9000 §13.4.2).
     pub ecn_capable: bool,
     /// Pacing rate, in bytes per second.

@@ -1501,6 +1501,61 @@ fn reordering_losses_are_recognised_as_spurious() {
     );
 }
 
+/// A download over CUBIC whose 100th full-size server datagram is dropped (if `drop`) and
+/// 101st held back 10 ms (declared lost, then acknowledged): the server's path statistics.
+fn drop_and_reorder(seed: u64, drop: bool) -> kuai_proto::trace::PathStats {
+    let t = transport(|t| {
+        t.congestion = kuai_proto::cc::CongestionAlgorithm::Cubic(Default::default())
+    });
+    let ccfg = client_config(t.clone());
+    let mut sent = 0u32;
+    let mut p = quic::pair_with(
+        seed,
+        server_config(t),
+        &ccfg,
+        Client::with_requests([1 << 20]),
+        |n| {
+            n.set_default_link(link(20, 0.0));
+            n.set_filter(move |ctx| {
+                if ctx.from != quic::server_addr() || ctx.data.len() < 1200 {
+                    return common::sim::Verdict::Pass;
+                }
+                sent += 1;
+                match sent {
+                    100 if drop => common::sim::Verdict::Drop,
+                    101 => common::sim::Verdict::Delay(Duration::from_millis(10)),
+                    _ => common::sim::Verdict::Pass,
+                }
+            });
+        },
+    );
+    assert!(p.run_until_done(Duration::from_secs(60)));
+    p.client_app().assert_all_intact();
+    let s = p.server_conn().unwrap().stats();
+    eprintln!(
+        "lost {} spurious {} reductions {} undone {}",
+        s.packets_lost,
+        s.spurious_losses,
+        s.path.congestion_events,
+        s.path.congestion_events_undone
+    );
+    assert!(s.spurious_losses >= 1);
+    s.path
+}
+
+/// A reduction is undone when every loss behind it was reordering, and not when one of
+/// them was a real loss: before, any late acknowledgement of a packet declared lost undid
+/// the last reduction, whatever else was lost with it.
+#[test]
+fn a_reduction_is_undone_only_when_all_its_losses_were_spurious() {
+    let reordered = drop_and_reorder(1503, false);
+    assert_eq!(reordered.congestion_events, 1);
+    assert_eq!(reordered.congestion_events_undone, 1);
+    let mixed = drop_and_reorder(1503, true);
+    assert_eq!(mixed.congestion_events, 1);
+    assert_eq!(mixed.congestion_events_undone, 0);
+}
+
 #[test]
 fn three_second_blackhole_is_survived() {
     let t = transport(|t| t.max_idle_timeout = Duration::from_secs(30));

@@ -329,13 +329,17 @@ impl CongestionController for Cubic {
     }
 
     fn on_congestion_event(&mut self, now: Instant, loss: &LossEvent) {
+        if loss.ecn_ce {
+            // A CE mark is no loss that could turn out spurious: what it reduces stays.
+            self.undo = None;
+        }
         if self.in_recovery(loss.largest_sent_time) {
             return;
         }
         self.recovery_start = Some(now);
         // RFC 9406 §4.2: a loss in slow start or CSS ends HyStart++.
         self.hystart = Hystart::Off;
-        self.undo = Some(Undo {
+        self.undo = (!loss.ecn_ce).then_some(Undo {
             window: self.window,
             cwnd_prior: self.cwnd_prior,
             ssthresh: self.ssthresh,
@@ -672,6 +676,35 @@ mod tests {
         // Only once.
         s.cc.on_spurious_congestion_event();
         assert_eq!(s.cc.window(), 100 * MDS);
+    }
+
+    #[test]
+    fn an_ecn_reduction_is_not_undone() {
+        let mut s = Sim::new(no_hystart());
+        s.grow_to(100);
+        let ce = LossEvent {
+            largest_sent_time: s.now,
+            lost_bytes: 0,
+            ecn_ce: true,
+            bytes_in_flight: 0,
+            latest_rtt: None,
+        };
+        s.now += Duration::from_millis(1);
+        s.cc.on_congestion_event(s.now, &ce);
+        assert_eq!(s.cc.window(), 70 * MDS);
+        s.cc.on_spurious_congestion_event();
+        assert_eq!(s.cc.window(), 70 * MDS);
+        // A loss reduction followed within its recovery period by CE: not undone either.
+        let mut s = Sim::new(no_hystart());
+        s.grow_to(100);
+        s.loss();
+        let ce = LossEvent {
+            largest_sent_time: s.now - Duration::from_millis(1),
+            ..ce
+        };
+        s.cc.on_congestion_event(s.now, &ce);
+        s.cc.on_spurious_congestion_event();
+        assert_eq!(s.cc.window(), 70 * MDS);
     }
 
     #[test]

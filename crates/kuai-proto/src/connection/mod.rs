@@ -1161,6 +1161,7 @@ impl Connection {
         self.stats.with_path(PathStats {
             rtt: p.rtt.smoothed(),
             congestion_events: p.congestion_events,
+            congestion_events_undone: u64::from(p.undo.undone),
             min_rtt: p.rtt.min(),
             rtt_var: p.rtt.var(),
             cwnd: crate::cc::CongestionController::window(&p.cc),

@@ -49,6 +49,24 @@ pub enum EcnState {
 /// Packets marked during the ECN testing period (RFC 9000 §13.4.2.1 suggests 10).
 const ECN_TESTING_PACKETS: u64 = 10;
 
+/// The losses behind the last window reduction, and how many of them later ACKs showed
+/// were not lost (reordering). The reduction is undone only when all were: one spurious loss
+/// among real ones proves nothing (Linux undoes a recovery likewise only when no
+/// retransmission was needed). `lost == 0`: nothing to undo (none yet, done, or the
+/// reduction came from ECN-CE or persistent congestion, which are not undone).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UndoWatch {
+    /// Lost packets counted toward the reduction.
+    pub lost: u32,
+    /// Of them, found acknowledged.
+    pub spurious: u32,
+    /// Lowest packet number lost in the reduction's losses: records below it belong to an
+    /// earlier one.
+    pub floor: u64,
+    /// Reductions undone so far (statistics).
+    pub undone: u32,
+}
+
 impl EcnState {
     /// Whether packets go out marked ECT(0).
     pub fn should_mark(&self) -> bool {
@@ -311,6 +329,9 @@ pub struct Path {
     pub time_threshold_eighths: u32,
     /// Congestion events that reduced the window.
     pub congestion_events: u64,
+    /// The window reduction the controller may still undo, if every loss behind it proves
+    /// spurious.
+    pub undo: UndoWatch,
     /// Recent ack-eliciting packets sent and declared lost, halved together as they grow:
     /// a decaying loss-rate estimate for [`crate::config::Redundancy`].
     pub recent_sent: u32,
@@ -375,6 +396,7 @@ impl Path {
             reorder_threshold: crate::recovery::PACKET_THRESHOLD,
             time_threshold_eighths: 9,
             congestion_events: 0,
+            undo: UndoWatch::default(),
             recent_sent: 0,
             recent_lost: 0,
             rx_numbered: 0,

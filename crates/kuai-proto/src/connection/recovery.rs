@@ -312,6 +312,8 @@ impl Connection {
                 latest_rtt: self.path.rtt.has_sample().then(|| self.path.rtt.latest()),
             };
             self.congestion_event(now, &ev);
+            // A CE mark is congestion whatever the losses around it turn out to be.
+            self.path.undo.lost = 0;
         }
     }
 
@@ -363,6 +365,10 @@ impl Connection {
         let mut lost_frames = Vec::new();
         let largest_acked = self.spaces[si].largest_acked.unwrap_or(0);
         let mut mtu_reduced = None;
+        // Losses an undo would have to see proven spurious (those `detect_spurious_losses`
+        // counts), and the lowest of their numbers.
+        let mut undoable = 0u32;
+        let mut undo_floor = u64::MAX;
         for &pn in pns {
             let Some(p) = self.spaces[si].sent.remove(pn) else {
                 continue;
@@ -387,6 +393,10 @@ impl Connection {
                         path: p.path,
                     },
                 );
+            }
+            if p.ack_eliciting && !p.mtu_probe && p.path == self.path.id {
+                undoable += 1;
+                undo_floor = undo_floor.min(pn);
             }
             self.stats.packets_lost += 1;
             self.stats.bytes_lost += u64::from(p.size);
@@ -452,7 +462,20 @@ impl Connection {
             bytes_in_flight: self.path.bytes_in_flight,
             latest_rtt: self.path.rtt.has_sample().then(|| self.path.rtt.latest()),
         };
-        self.congestion_event(now, &ev);
+        let reduced = self.congestion_event(now, &ev);
+        let undo = &mut self.path.undo;
+        if reduced {
+            *undo = super::paths::UndoWatch {
+                lost: undoable,
+                spurious: 0,
+                floor: undo_floor,
+                undone: undo.undone,
+            };
+        } else if undo.lost > 0 {
+            // Within the recovery period: the same reduction.
+            undo.lost = undo.lost.saturating_add(undoable);
+            undo.floor = undo.floor.min(undo_floor);
+        }
         // RFC 9002 §7.6: persistent congestion when the lost ack-eliciting packets span more
         // than the threshold duration with nothing acknowledged in between (the lost set here
         // comes from one contiguous scan) and an RTT sample exists.
@@ -469,6 +492,7 @@ impl Connection {
             if last.saturating_duration_since(first) >= duration && contiguous {
                 self.path.cc.on_persistent_congestion(now);
                 self.path.rtt.on_persistent_congestion();
+                self.path.undo.lost = 0;
                 self.trace(TraceEvent::CongestionStateUpdated {
                     path: self.path.id,
                     state: "persistent_congestion",
@@ -504,12 +528,15 @@ impl Connection {
         }
     }
 
-    fn congestion_event(&mut self, now: Instant, ev: &LossEvent) {
+    /// Tells the controller; true if it reduced the window.
+    fn congestion_event(&mut self, now: Instant, ev: &LossEvent) -> bool {
         let before = self.path.cc.window();
         self.path.cc.on_congestion_event(now, ev);
-        if self.path.cc.window() < before {
+        let reduced = self.path.cc.window() < before;
+        if reduced {
             self.path.congestion_events += 1;
         }
+        reduced
     }
 
     /// An ACK covered packets we had declared lost: the loss was reordering. Widen the
@@ -521,8 +548,10 @@ impl Connection {
             return;
         }
         let mut spurious = 0u64;
+        let mut undone = 0u32;
         let mut max_distance = 0u64;
         let active = self.path.id;
+        let floor = self.path.undo.floor;
         // Per range, largest first, the records it covers found by binary search (the
         // records are in packet-number order): O(ranges × log records) plus what matches. A
         // walk of the records for each frame let a packet of many tiny ACK frames spanning
@@ -540,6 +569,7 @@ impl Connection {
             for l in rl.range_mut(lo..hi) {
                 if l.path == active {
                     spurious += 1;
+                    undone += u32::from(l.pn >= floor);
                     max_distance = max_distance.max(l.reorder_distance);
                 }
                 l.pn = u64::MAX;
@@ -561,7 +591,17 @@ impl Connection {
             .min(MAX_REORDER_THRESHOLD);
         // Up to twice the RTT, as RACK does for timing-based reordering.
         self.path.time_threshold_eighths = (self.path.time_threshold_eighths + 1).min(16);
-        self.path.cc.on_spurious_congestion_event();
+        // The reduction is undone once every loss behind it proved spurious (RFC 9438
+        // §4.9 leaves how to tell to the implementation).
+        let undo = &mut self.path.undo;
+        if undo.lost > 0 {
+            undo.spurious = undo.spurious.saturating_add(undone);
+            if undo.spurious >= undo.lost {
+                undo.lost = 0;
+                undo.undone = undo.undone.saturating_add(1);
+                self.path.cc.on_spurious_congestion_event();
+            }
+        }
     }
 
     fn trace_metrics(&mut self) {

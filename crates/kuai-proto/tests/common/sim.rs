@@ -298,6 +298,8 @@ pub struct LogEntry {
 pub enum Verdict {
     Pass,
     Drop,
+    /// Passed, arriving this much later than the link would deliver it.
+    Delay(Duration),
 }
 
 /// What the filter hook sees for every datagram a node sends (before the link model).
@@ -836,6 +838,7 @@ impl Network {
         let pair = (from_node, to_node);
         self.stats.entry(pair).or_default().offered.add(len);
 
+        let mut extra_delay = Duration::ZERO;
         if let Some(filter) = self.filter.as_mut() {
             let verdict = filter(FilterCtx {
                 now: self.base + self.now,
@@ -846,9 +849,13 @@ impl Network {
                 ecn: &mut ecn,
                 data: &mut data,
             });
-            if verdict == Verdict::Drop {
-                self.drop_at_send(pair, from, to, len, DropReason::Filter);
-                return;
+            match verdict {
+                Verdict::Drop => {
+                    self.drop_at_send(pair, from, to, len, DropReason::Filter);
+                    return;
+                }
+                Verdict::Delay(d) => extra_delay = d,
+                Verdict::Pass => {}
             }
         }
         let len = data.len();
@@ -949,6 +956,7 @@ impl Network {
             if self.chance(cfg.reorder) {
                 delay += cfg.reorder_delay;
             }
+            delay += extra_delay;
             self.schedule(
                 depart + delay,
                 Delivery {
