@@ -257,10 +257,16 @@ async fn serve(args: Args) -> Result<(), String> {
         let key = Arc::new(kuai_proto::TokenKey::random());
         let period = crate::server::token_key_period(Duration::from_secs(args.key_period.max(1)));
         let rotation = fleet.rotate_token_keys(key.clone(), period).await;
-        println!(
-            "retry at the balancer: token keys of generation {} from redis",
-            rotation.sealing().map_or("none".into(), |g| g.to_string())
-        );
+        // Without the fleet's key the balancer would seal with one of its own, which no
+        // server holds: every client it validated would then fail its handshake.
+        let Some(generation) = rotation.sealing() else {
+            return Err(
+                "--retry: no token key from redis (unreachable?): the servers \
+                        could not read the balancer's Retry tokens"
+                    .into(),
+            );
+        };
+        println!("retry at the balancer: token keys of generation {generation} from redis");
         _rotation = Some((fleet, rotation));
         // The servers' Retry token lifetime (kuai_proto's default).
         let offload = RetryOffload::new(key, Duration::from_secs(15));

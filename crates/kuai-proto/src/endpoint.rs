@@ -6,7 +6,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use rand::rngs::StdRng;
@@ -151,6 +151,10 @@ pub(crate) const RESET_ANSWERS_ABOVE: usize = 43;
 
 /// Stateless responses queued at most (see `Endpoint::queue_response`).
 const MAX_RESPONSES: usize = 1024;
+
+/// Extra age a Retry token from a Retry offload may have here: the offload took it a
+/// moment before, by its own clock.
+const RETRY_OFFLOAD_GRACE: Duration = Duration::from_secs(5);
 
 /// A QUIC endpoint (client, server, or both): the connections behind one UDP socket, routed
 /// by connection ID, and the stateless answers (Version Negotiation, Retry, stateless reset).
@@ -765,14 +769,26 @@ impl Endpoint {
         let mut original_dcid = dcid;
         let mut retry_scid = None;
         let mut validated = false;
+        // Behind a Retry offload its tokens bind the client's address, which only the
+        // offload saw: taken without the address check from the offload's proxies (from
+        // anywhere when none is named), never from a client reaching this server directly.
+        let proxied = self.proxied(remote);
+        let offloaded = server.retry_offload && (proxied || server.proxies.is_empty());
+        let mut bad_retry_token = false;
         if !pd.token().is_empty() {
             match token::validate(
                 &server.token_key,
                 pd.token(),
                 remote,
-                !server.retry_offload,
+                !offloaded,
                 unix_ms,
-                server.retry_token_lifetime,
+                // The offload judged the token's age a moment ago, perhaps on a clock a
+                // little behind ours: what it let through is not refused here for that.
+                if offloaded {
+                    server.retry_token_lifetime + RETRY_OFFLOAD_GRACE
+                } else {
+                    server.retry_token_lifetime
+                },
                 server.new_token_lifetime,
             ) {
                 // RFC 9000 §17.2.5.2: after a Retry the client sends to the Retry's source
@@ -781,6 +797,7 @@ impl Endpoint {
                 Ok(ValidToken::Retry { retry_scid, .. }) if retry_scid != dcid => {
                     self.stats.invalid_tokens += 1;
                     self.notify(EndpointTraceEvent::InvalidToken { remote });
+                    bad_retry_token = true;
                 }
                 Ok(ValidToken::Retry { odcid, .. }) => {
                     original_dcid = odcid;
@@ -800,7 +817,9 @@ impl Endpoint {
                     // Each token validates once (RFC 9000 §8.1.4); a replayed one leaves the
                     // client unvalidated, as if it had none. Not taken at all when this
                     // server takes none (behind a proxy, see `ServerConfig::new_tokens`).
+                    // From a proxy the token's address is the proxy's, every client's.
                     if server.new_tokens
+                        && !proxied
                         && server.token_log.first_use(
                         &id,
                         issued_ms,
@@ -814,17 +833,32 @@ impl Endpoint {
                     }
                 }
                 Err(TokenError::Stale) => {
-                    // RFC 9000 §8.1.3: a Retry token that does not check out. NEW_TOKEN tokens
-                    // that are stale are simply ignored, but we cannot tell them apart here
-                    // without decrypting; stale ones of either kind lead to a Retry below.
+                    // A NEW_TOKEN token that no longer checks out is simply ignored; a Retry
+                    // token that does not is answered below.
                     self.stats.invalid_tokens += 1;
                     self.notify(EndpointTraceEvent::InvalidToken { remote });
+                    bad_retry_token = token::is_retry_token(&server.token_key, pd.token());
                 }
                 Err(TokenError::Invalid) => {
                     self.stats.invalid_tokens += 1;
                     self.notify(EndpointTraceEvent::InvalidToken { remote });
                 }
             }
+        }
+        // RFC 9000 §8.1.3: a client that brings a Retry token took a Retry and takes no
+        // other (§17.2.5.2), and would close a connection accepted without it on the
+        // missing retry_source_connection_id (§7.3): tell it at once with INVALID_TOKEN
+        // rather than let it time out (or accept a handshake it must abort).
+        if bad_retry_token {
+            self.refuse(
+                remote,
+                local_ip,
+                version,
+                &dcid,
+                &scid,
+                TransportErrorCode::INVALID_TOKEN,
+            );
+            return;
         }
         if dcid.len() < 8 && retry_scid.is_none() {
             self.drop_datagram(remote, data.len(), EndpointDropReason::InitialCidTooShort);

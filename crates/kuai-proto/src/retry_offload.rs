@@ -36,8 +36,9 @@ pub struct InitialIds {
 pub enum Verdict {
     /// Its first packet is not a client Initial of a version the offload speaks (a short
     /// header, another long-header type, another version), or is a later Initial of a
-    /// connection under way (its token valid for the address, sent to the server's own ID):
-    /// not the offload's to judge.
+    /// connection under way (its token valid for the address, sent to the server's own ID;
+    /// or, without a token, to an ID under 8 bytes, which only a server chooses): not the
+    /// offload's to judge.
     NotInitial,
     /// An Initial with a token this offload sealed, from the address it was sealed for and
     /// sent to the Retry's ID: the client's address is validated; pass it on.
@@ -50,8 +51,7 @@ pub enum Verdict {
     /// this Initial packet closing the attempt with INVALID_TOKEN (RFC 9000 §8.1.2; a few
     /// dozen bytes, it amplifies nothing) and pass nothing on.
     InvalidToken(Vec<u8>),
-    /// An Initial to drop: in a datagram under 1200 bytes (RFC 9000 §14.1), or without a
-    /// token and a client ID under 8 bytes.
+    /// An Initial to drop: in a datagram under 1200 bytes (RFC 9000 §14.1).
     Drop,
 }
 
@@ -87,13 +87,20 @@ impl RetryOffload {
         if datagram.len() < MIN_INITIAL_DATAGRAM {
             return Verdict::Drop;
         }
-        if token.is_empty() {
-            // RFC 9000 §7.2: a client's first destination ID is at least 8 bytes (the one
-            // after a Retry is the Retry's, of any length).
+        // RFC 9000 §7.2: a client's first destination ID is at least 8 bytes. A shorter
+        // one without a Retry token is a server's (shorter IDs are allowed there): an
+        // Initial of a handshake under way, which reaches its connection by that ID and
+        // is not the offload's to answer (nor to drop: its datagram may carry the
+        // client's Handshake packets too).
+        let opening = |ids: InitialIds| {
             if ids.dcid.len() < 8 {
-                return Verdict::Drop;
+                Verdict::NotInitial
+            } else {
+                Verdict::Unvalidated(ids)
             }
-            return Verdict::Unvalidated(ids);
+        };
+        if token.is_empty() {
+            return opening(ids);
         }
         // The address is checked (the offload sees the client's own), the age not yet: a
         // client includes the token in every Initial after the Retry (RFC 9000 §17.2.5.3),
@@ -128,7 +135,7 @@ impl RetryOffload {
             }
             // A NEW_TOKEN token of the servers' (sealed with the same key): the offload does
             // not take them (it cannot tell whether one was used before).
-            Ok(ValidToken::NewToken { .. }) | Err(_) => Verdict::Unvalidated(ids),
+            Ok(ValidToken::NewToken { .. }) | Err(_) => opening(ids),
         }
     }
 
@@ -313,9 +320,13 @@ mod tests {
         for d in [&[0x40u8; 50][..], &handshake, &unknown, &[], &[0xc0, 0, 0]] {
             assert_eq!(o.check(d, client, 0), Verdict::NotInitial);
         }
-        // A short client ID (RFC 9000 §7.2), and an Initial in a short datagram (§14.1).
+        // An ID under 8 bytes is no client's first (RFC 9000 §7.2): a server's, in a
+        // handshake under way, whatever token comes with it but a Retry token of ours;
+        // and an Initial in a short datagram (§14.1).
         let short = initial(Version::V1, &[1; 7], &[2; 5], &[]);
-        assert_eq!(o.check(&short, client, 0), Verdict::Drop);
+        assert_eq!(o.check(&short, client, 0), Verdict::NotInitial);
+        let junk = initial(Version::V1, &[1; 7], &[2; 5], &[7; 40]);
+        assert_eq!(o.check(&junk, client, 0), Verdict::NotInitial);
         let full = initial(Version::V1, &[1; 8], &[2; 5], &[]);
         assert_eq!(o.check(&full[..1199], client, 0), Verdict::Drop);
         // Versions it does not speak get Version Negotiation, others none.

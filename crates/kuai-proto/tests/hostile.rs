@@ -515,7 +515,10 @@ fn one_host_with_retry_tokens_cannot_take_every_handshake_slot() {
 
 /// A Retry token validates the one Initial sent to the Retry's source connection ID (RFC
 /// 9000 §17.2.5.2): the same token with another destination ID (a copy reused to open more
-/// connections, each costing the server a handshake) is not taken, and draws a new Retry.
+/// connections, each costing the server a handshake) is not taken, and is answered with an
+/// Initial closing with INVALID_TOKEN (RFC 9000 §8.1.3), as is one past its lifetime: a
+/// client that took a Retry takes no second one (they drew one before, which left a real
+/// client waiting for its handshake to time out).
 #[test]
 fn a_retry_token_validates_only_the_connection_it_was_given_for() {
     let certs = support::certs();
@@ -537,13 +540,16 @@ fn a_retry_token_validates_only_the_connection_it_was_given_for() {
     let token_at = 6 + usize::from(retry[5]) + 1 + retry_scid.len();
     let token = retry[token_at..retry.len() - 16].to_vec();
     let ping = [0x01];
-    let retries = |server: &mut Endpoint| {
+    // (Retries, Initials) the server sends.
+    let answers = |server: &mut Endpoint, now: Instant| {
         let mut buf = Vec::new();
-        let mut n = 0;
-        while server.poll_transmit(now, 1, &mut buf).is_some() {
-            n += usize::from(buf[0] & 0xf0 == 0xf0);
+        let (mut retries, mut initials) = (0, 0);
+        while let Some(t) = server.poll_transmit(now, 1, &mut buf) {
+            retries += usize::from(buf[0] & 0xf0 == 0xf0);
+            initials += usize::from(buf[0] & 0xb0 == 0x80);
+            assert!(t.size < 100, "a close of {} bytes", t.size);
         }
-        n
+        (retries, initials)
     };
     // The token with another destination ID: not taken.
     let other = kuai_proto::ConnectionId::new(&[0xab; 8]);
@@ -552,12 +558,30 @@ fn a_retry_token_validates_only_the_connection_it_was_given_for() {
     server.handle_datagram(now, caddr, None, None, BytesMut::from(&p[..]));
     assert_eq!(server.stats().invalid_tokens, 1);
     assert_eq!(server.connection_count(), 0);
-    assert_eq!(retries(&mut server), 1, "another Retry");
+    assert_eq!(answers(&mut server, now), (0, 1), "an INVALID_TOKEN close");
     // Sent to the Retry's source ID, as the client would: taken.
     let p = initial_packet_with_token(&retry_scid, &scid, &token, 1, &ping, 1200);
     server.handle_datagram(now, caddr, None, None, BytesMut::from(&p[..]));
     assert_eq!(server.stats().invalid_tokens, 1);
     assert_eq!(server.connection_count(), 1);
+    // The same, from another client, past the token's lifetime: closed likewise.
+    let caddr2: SocketAddr = "10.0.0.6:5000".parse().unwrap();
+    let mut client = client_endpoint(now, 4);
+    client.connect(now, &ccfg, saddr, "localhost").unwrap();
+    pump(now, &mut client, caddr2, &mut server);
+    let t = server.poll_transmit(now, 1, &mut buf).expect("a Retry");
+    let retry = buf[..t.size].to_vec();
+    let (_, retry_scid) = long_header_cids(&retry);
+    let token_at = 6 + usize::from(retry[5]) + 1 + retry_scid.len();
+    let token = retry[token_at..retry.len() - 16].to_vec();
+    // The lifetime is 15 s.
+    let late = now + Duration::from_secs(16);
+    server.handle_timeout(late);
+    while server.poll_transmit(late, 1, &mut buf).is_some() {}
+    let p = initial_packet_with_token(&retry_scid, &scid, &token, 1, &ping, 1200);
+    server.handle_datagram(late, caddr2, None, None, BytesMut::from(&p[..]));
+    assert_eq!(server.stats().invalid_tokens, 2);
+    assert_eq!(answers(&mut server, late), (0, 1), "an INVALID_TOKEN close");
 }
 
 /// One host holds `max_connections_per_ip` connections at most (counted by its IPv4
@@ -1837,9 +1861,13 @@ fn a_server_without_new_tokens_neither_sends_nor_takes_them() {
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let scfg = support::server_config(&certs, TransportConfig::default());
     let mut server = server_endpoint(now, scfg.clone());
-    let mut off = scfg;
+    let mut off = scfg.clone();
     off.new_tokens = false;
     let mut proxied = server_endpoint(now, off);
+    // Tokens on, but the client's address named as a proxy's.
+    let mut behind = scfg;
+    behind.proxies = vec!["127.0.0.1".parse().unwrap()];
+    let mut behind = server_endpoint(now, behind);
     let ccfg = support::client_config(&certs, TransportConfig::default());
     let mut t = now;
     let mut connect = |server: &mut Endpoint, port: u16, token: bytes::Bytes| {
@@ -1869,6 +1897,14 @@ fn a_server_without_new_tokens_neither_sends_nor_takes_them() {
     let token = connect(&mut server, 7001, bytes::Bytes::new()).expect("a NEW_TOKEN");
     connect(&mut proxied, 7002, token);
     assert_eq!(proxied.stats().invalid_tokens, 1, "the token was taken");
+    // From a proxy's address a NEW_TOKEN token proves nothing (that IP is every client's).
+    let token = connect(&mut server, 7003, bytes::Bytes::new()).expect("a NEW_TOKEN");
+    connect(&mut behind, 7004, token);
+    assert_eq!(
+        behind.stats().invalid_tokens,
+        1,
+        "the token was taken from a proxy"
+    );
 }
 
 /// A client Handshake packet that carries its Finished and then an ACK (valid: frames may

@@ -28,11 +28,13 @@
 //! [`LbConfig::unanswered_idle`] without traffic; a waiting flow holds a socket and a task
 //! but no buffer (buffers are lent while it reads). A flow is confirmed once its client
 //! sends to the connection ID the backend chose in its answer, which a spoofed source never
-//! learns. When the flows are at their limit (or the local ports run out), a new one takes
-//! the place of a flow not confirmed, however often its source sends, or else of the
-//! confirmed flow whose client has been quiet longest, so a flood of spoofed sources cannot
-//! lock real clients out. The limit is at most the system's local port range (each flow's
-//! socket takes a port).
+//! learns; a flow opened by a connection ID (a client that moved) is never confirmed (the
+//! ID may be forged). When the flows are at their limit (or the local ports run out), a new
+//! one takes the place of a flow not confirmed, however often its source sends, or else of
+//! the confirmed flow whose client has been quiet longest, so a flood of spoofed sources
+//! cannot lock real clients out (a flood that cycles the whole table within a client's
+//! handshake can keep it out: see [`LbConfig::retry`]). The limit is at most the system's
+//! local port range (each flow's socket takes a port).
 //!
 //! With [`LbConfig::retry`] the balancer validates client addresses itself
 //! (draft-ietf-quic-retry-offload, the shared-state service): while as many flows are open as
@@ -665,9 +667,11 @@ impl LoadBalancer {
         }
         // One lock per datagram: the route and the flow under it.
         let mut st = lock(&s.state);
-        let Some((backend, by_id)) = route(&s.config, &s.hash_key, &st.backends, datagram) else {
+        let Some((chosen, by_id)) = route_to(&s.config, &s.hash_key, &st.backends, datagram) else {
             return Opened::No;
         };
+        let backend = chosen.addr;
+        let chosen_id = chosen.server_id.clone();
         if let Some(f) = st.flows.get(&(client, backend)) {
             let now = s.now_ms();
             f.last.store(now, Relaxed);
@@ -689,11 +693,11 @@ impl LoadBalancer {
             match v {
                 Verdict::Unvalidated(ids) => {
                     // The Retry's ID names the backend the client's ID hashes to, so its
-                    // next Initial goes there by ID.
-                    let sid = st.backends.iter().find(|b| b.addr == backend);
+                    // next Initial goes there by ID (that backend's ID, not the first at
+                    // its address: a server's workers share one).
                     let mut nonce = vec![0u8; r.config.nonce_len()];
                     rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
-                    return match sid.and_then(|b| r.config.encode(&b.server_id, &nonce)) {
+                    return match r.config.encode(&chosen_id, &nonce) {
                         Some(cid) => Opened::Retry(r.offload.retry(&ids, client, unix_ms(), &cid)),
                         None => Opened::No,
                     };
@@ -771,12 +775,13 @@ impl LoadBalancer {
             client_last: AtomicU64::new(now),
             backend_cid: std::sync::OnceLock::new(),
             // A flow opened by a connection ID (a client that moved, or whose flow idled
-            // out) never sees a long-header answer to confirm it by: it keeps the second
-            // chance its activity earns. (A forged ID can open one too: with an encrypted
-            // QUIC-LB configuration only the attacker's own connections' IDs.)
-            // With Retry at the balancer, not even then: the Retry is what tells real
-            // clients from spoofed sources there.
-            confirmed: AtomicBool::new(by_id && s.config.retry.is_none()),
+            // out) never sees a long-header answer to confirm it by, and nothing tells a
+            // real client from a forged ID there (any ID of the right length decodes to
+            // some server ID, and an attacker can send its own connection's ID from many
+            // addresses): it starts, and stays, unconfirmed. Under a flood its flow may be
+            // ended for a new one, and its next datagram opens another; had it started
+            // confirmed, a table of such flows kept busy would lock every new client out.
+            confirmed: AtomicBool::new(false),
             id,
             evicted: tokio::sync::Notify::new(),
         });
@@ -862,12 +867,23 @@ fn flow_socket(backend: SocketAddr) -> io::Result<UdpSocket> {
 /// The backend for a datagram, and whether its destination connection ID named it: by the
 /// server ID in that ID, else by a rendezvous hash of the ID over the backends taking
 /// connections.
+#[cfg(test)]
 fn route(
     config: &LbConfig,
     key: &std::collections::hash_map::RandomState,
     backends: &[BackendInfo],
     d: &[u8],
 ) -> Option<(SocketAddr, bool)> {
+    route_to(config, key, backends, d).map(|(b, by_id)| (b.addr, by_id))
+}
+
+/// [`route`]'s backend itself (a server's workers share its address, each with its ID).
+fn route_to<'a>(
+    config: &LbConfig,
+    key: &std::collections::hash_map::RandomState,
+    backends: &'a [BackendInfo],
+    d: &[u8],
+) -> Option<(&'a BackendInfo, bool)> {
     use std::hash::BuildHasher;
     let first = *d.first()?;
     // A client's Initial or 0-RTT packet carries an ID of its own choosing (random), which
@@ -904,7 +920,7 @@ fn route(
             .iter()
             .find(|b| b.server_id == sid && (b.up || !new_connection))
     {
-        return Some((b.addr, true));
+        return Some((b, true));
     }
     // New connections go to backends that answer their probes; if none does, to any (the
     // probes may be what is lost).
@@ -918,7 +934,7 @@ fn route(
             b.server_id.hash(&mut h);
             h.finish()
         })
-        .map(|b| (b.addr, false))
+        .map(|b| (b, false))
 }
 
 /// The reserved version the health probes use (of the 0x?a?a?a?a form, RFC 9000 §15).

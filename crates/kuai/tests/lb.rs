@@ -492,6 +492,111 @@ async fn spoofed_flows_that_keep_sending_do_not_lock_clients_out() {
     flood.abort();
 }
 
+/// Flows opened by a connection ID that names a backend (a client that moved, or a forged
+/// ID: any ID of the right length decodes to some server ID, and an attacker can send its
+/// own connection's from many addresses) are never confirmed, so a table full of them kept
+/// busy with short datagrams makes room for each of a new client's datagrams. They counted
+/// as confirmed before: the client's first datagrams were dropped (the flood had spoken
+/// since each was queued), and a flood fast enough kept every one out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flows_opened_by_forged_connection_ids_do_not_lock_clients_out() {
+    const MAX: usize = 100;
+    let f = fleet_on(localhost(), Duration::from_secs(1), |c| {
+        c.max_flows = MAX;
+        c.unanswered_idle = Duration::from_secs(30);
+    })
+    .await;
+    let mut forged = Vec::new();
+    for i in 0..MAX {
+        let raw = tokio::net::UdpSocket::bind(localhost()).await.unwrap();
+        let cid = lb_config()
+            .encode(&[i as u8 % 3 + 1], &[i as u8; 6])
+            .expect("an ID");
+        let mut d = vec![0x40];
+        d.extend_from_slice(&cid);
+        d.resize(40, 0x5a);
+        forged.push((raw, d));
+    }
+    let lb = f.lb;
+    let flood = tokio::spawn(async move {
+        // Every 10 ms, faster than a client's datagrams come: bounded, 10 s at most.
+        for _ in 0..1000 {
+            for (raw, d) in &forged {
+                let _ = raw.send_to(d, lb).await;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(f.handle.flows(), MAX, "the table is full");
+    let (_, dropped) = f.handle.counts();
+    let client = Endpoint::client(localhost()).unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(5), connect(&client, &f))
+        .await
+        .expect("a new client gets through");
+    assert_eq!(fetch(&c, 10_000).await, 10_000);
+    // Not even its first Initial waited for a retransmission: each found a place.
+    assert_eq!(
+        f.handle.counts().1,
+        dropped,
+        "datagrams dropped for want of room"
+    );
+    flood.abort();
+}
+
+/// Retry at the balancer in front of one server with two workers (server IDs 1 and 2 at
+/// one address): each Retry's ID names the backend the hash picked, so validated clients
+/// reach both workers. The first server ID at the address was named before: every
+/// connection on worker 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_at_the_balancer_names_the_worker_the_hash_picked() {
+    use kuai::lb::LbRetry;
+    use kuai_proto::retry_offload::RetryOffload;
+    let key = Arc::new(kuai_proto::TokenKey::random());
+    let (mut scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
+    let p = scfg.proto_mut();
+    p.token_key = key.clone();
+    p.retry_offload = true;
+    p.new_tokens = false;
+    let server = serve_gets(
+        Endpoint::builder()
+            .server(scfg)
+            .workers(2)
+            .quic_lb(lb_config(), &[1])
+            .bind(localhost())
+            .unwrap(),
+    );
+    let addr = server.local_addr().unwrap();
+    let mut decoder = QuicLbDecoder::new();
+    decoder.add(lb_config());
+    let mut config = LbConfig::new(decoder, lb_config().cid_len());
+    config.retry = Some(LbRetry::new(
+        RetryOffload::new(key, Duration::from_secs(10)),
+        lb_config(),
+    ));
+    let (lb, handle) =
+        LoadBalancer::bind(localhost(), vec![(vec![1], addr), (vec![2], addr)], config).unwrap();
+    let lb_addr = lb.local_addr();
+    tokio::spawn(lb.run());
+    let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..16 {
+        let client = Endpoint::client(localhost()).unwrap();
+        let c = client
+            .connect_with(ccfg.clone(), lb_addr, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(fetch(&c, 1000).await, 1000);
+        conns.push((client, c));
+    }
+    assert_eq!(handle.retries(), 16);
+    let per = server.worker_connection_counts();
+    println!("connections per worker: {per:?}");
+    assert_eq!(per.iter().sum::<usize>(), 16);
+    assert!(per.iter().all(|&n| n > 0), "{per:?}");
+}
+
 /// One server with two workers behind the balancer, its worker bits in the QUIC-LB server
 /// ID (worker 0 is server 1, worker 1 server 2, both at one address): connections spread
 /// over both workers, and a client that moves six times mid-transfer (each time landing
