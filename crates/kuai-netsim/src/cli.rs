@@ -57,7 +57,9 @@ pub struct Args {
     #[arg(long, value_name = "TIME", value_parser = parse::duration)]
     pub down_delay: Option<Duration>,
 
-    /// Uniform jitter around the delay (5ms gives 15..25 ms on 20ms); never reorders.
+    /// Uniform jitter around the delay (5ms gives 15..25 ms on 20ms); never reorders (packets
+    /// closer together than the jitter's span then share the latest of their delays; see
+    /// --netem).
     #[arg(long, value_name = "TIME", value_parser = parse::duration)]
     pub jitter: Option<Duration>,
     /// Jitter client to server.
@@ -148,6 +150,13 @@ pub struct Args {
     #[arg(long)]
     pub block_udp: bool,
 
+    /// Jitter and reordering as Linux netem without a rate: each packet leaves at its own
+    /// delay +- jitter (jitter reorders), and the --reorder share is sent without the delay,
+    /// ahead of the packets before it (--reorder-delay unused), as `tc qdisc ... netem delay
+    /// 20ms 5ms reorder 10%` does.
+    #[arg(long)]
+    pub netem: bool,
+
     /// Seed of every random choice (printed when not given), for repeatable runs.
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
@@ -222,6 +231,7 @@ impl Args {
                 queue: queue.or(self.queue).unwrap_or(DEFAULT_QUEUE),
                 blackhole: blackhole.or(self.blackhole),
                 block_udp: self.block_udp,
+                netem: self.netem,
             };
             link.validate().map_err(|e| format!("{dir}: {e}"))?;
             Ok::<_, String>(link)

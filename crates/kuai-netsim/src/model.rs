@@ -15,9 +15,18 @@
 //!    lost (the queue still drains, into the void);
 //! 3. **random loss** and **Gilbert-Elliott burst loss**, independent of each other;
 //! 4. **delay** plus **jitter** (uniform within ±jitter, never below zero extra delay); a
-//!    packet is never released before the one in front of it, so jitter does not reorder;
+//!    packet is never released before the one in front of it, so jitter does not reorder
+//!    (which also means that packets closer together than the jitter's span are released
+//!    close to `delay + jitter`, the latest of their draws: the spread shows between
+//!    sparse packets, bunched ones share the largest delay, as behind a FIFO that a netem
+//!    with a rate gives);
 //! 5. **reordering**: a share of packets is held back an extra delay and does not hold up the
 //!    packets behind it, which overtake it.
+//!
+//! With [`LinkConfig::netem`] stages 4 and 5 follow Linux netem without a rate instead
+//! (`delay D J reorder P`): each packet gets its own `delay ± jitter` and leaves at that
+//! time whatever the packets around it do (jitter reorders), and the reordered share is
+//! sent without the delay at all, ahead of the packets before it (tc's `gap` of 1).
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -110,6 +119,9 @@ pub struct LinkConfig {
     /// Drop every UDP packet (IPv4 or IPv6), like a network that blocks UDP; TCP and
     /// everything else pass. Applied by the forwarder before the model sees the packet.
     pub block_udp: bool,
+    /// Jitter and reordering as Linux netem without a rate (see the [module](self) docs):
+    /// jitter reorders, and a reordered packet skips the delay (`reorder_delay` unused).
+    pub netem: bool,
 }
 
 /// The reorder hold-back when none is given.
@@ -131,6 +143,7 @@ impl Default for LinkConfig {
             queue: DEFAULT_QUEUE,
             blackhole: None,
             block_udp: false,
+            netem: false,
         }
     }
 }
@@ -228,12 +241,17 @@ impl fmt::Display for LinkConfig {
                 1.0 / g.r
             ));
         }
-        if self.reorder > 0.0 {
+        if self.reorder > 0.0 && self.netem {
+            parts.push(format!("reorder {} sent at once", pct(self.reorder)));
+        } else if self.reorder > 0.0 {
             parts.push(format!(
                 "reorder {} held {}",
                 pct(self.reorder),
                 Short(self.reorder_delay)
             ));
+        }
+        if self.netem && !self.jitter.is_zero() {
+            parts.push("jitter reorders (netem)".into());
         }
         if let Some(rate) = self.rate {
             parts.push(format!("rate {}", Rate(rate as f64)));
@@ -439,7 +457,14 @@ impl Impairment {
             return Err(DropReason::BurstLoss);
         }
 
-        // 4. Delay and jitter.
+        // 4. Delay and jitter (netem: a reordered packet skips both; tc sets gap 1 when a
+        // reorder share is given, so each packet is reordered with that probability).
+        if self.cfg.netem
+            && self.cfg.reorder > 0.0
+            && self.reorder_rng.random::<f64>() < self.cfg.reorder
+        {
+            return Ok((departure, true));
+        }
         let mut at = departure + self.cfg.delay;
         if !self.cfg.jitter.is_zero() {
             let j = self.cfg.jitter.as_nanos().min(i64::MAX as u128) as i64;
@@ -454,7 +479,11 @@ impl Impairment {
             };
         }
 
-        // 5. Reordering, or first-in first-out.
+        // 5. Reordering, or first-in first-out (netem: neither, each packet leaves at its
+        // own time).
+        if self.cfg.netem {
+            return Ok((at, false));
+        }
         let reordered =
             self.cfg.reorder > 0.0 && self.reorder_rng.random::<f64>() < self.cfg.reorder;
         if reordered {

@@ -119,6 +119,16 @@ pub fn queue(s: &str) -> Result<QueueLimit, String> {
         QueueLimit::Bytes(b) if b < 1500 => Err(format!(
             "`{s}`: a byte queue must hold at least one 1500-byte packet"
         )),
+        // The packets a queue holds are in memory: as many as the link holds in flight
+        // (`DEFAULT_PIPE_LIMIT`), or their bytes at 1500 each, at most.
+        QueueLimit::Packets(n) if n > crate::model::DEFAULT_PIPE_LIMIT => Err(format!(
+            "`{s}`: at most {} packets",
+            crate::model::DEFAULT_PIPE_LIMIT
+        )),
+        QueueLimit::Bytes(b) if b > crate::model::DEFAULT_PIPE_LIMIT * 1500 => Err(format!(
+            "`{s}`: at most {} bytes",
+            crate::model::DEFAULT_PIPE_LIMIT * 1500
+        )),
         l => Ok(l),
     }
 }
@@ -215,6 +225,11 @@ mod tests {
         assert!(queue("25 furlongs").is_err());
         // A count that overflows once multiplied by its unit (found by fuzzing).
         assert!(queue("6477777777777777777KiB").is_err());
+        // Held in memory: bounded like the link's packets in flight.
+        assert_eq!(queue("200000").unwrap(), QueueLimit::Packets(200_000));
+        assert!(queue("200001").is_err());
+        assert_eq!(queue("300mb").unwrap(), QueueLimit::Bytes(300_000_000));
+        assert!(queue("301mb").is_err());
         assert!(queue(&format!("{}mb", usize::MAX / 1000)).is_err());
     }
 

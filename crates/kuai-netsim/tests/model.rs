@@ -284,6 +284,45 @@ fn jitter_bounds_and_spread() {
             .all(|(t, at, _)| *at - *t >= ms(15) && *at - *t <= ms(25))
     );
     assert!(d.windows(2).all(|w| w[1].1 >= w[0].1));
+    // But bunched: each leaves with the latest delay of the packets ahead of it, so the
+    // mean sits near delay + jitter (the module docs say so; --netem does not bunch).
+    let mean = d
+        .iter()
+        .map(|(t, at, _)| (*at - *t).as_secs_f64())
+        .sum::<f64>()
+        / d.len() as f64;
+    assert!(mean > 0.024, "mean {mean}");
+}
+
+/// `netem`: as Linux netem without a rate, each packet keeps its own delay +- jitter, dense
+/// or not (jitter reorders), and the reordered share leaves at once, without the delay.
+#[test]
+fn netem_jitter_reorders_and_reordered_packets_skip_the_delay() {
+    let cfg = LinkConfig {
+        delay: ms(20),
+        jitter: ms(5),
+        reorder: 0.10,
+        netem: true,
+        ..Default::default()
+    };
+    let n = 50_000;
+    let (_, out, m) = run(cfg, 7, n, us(50), 500);
+    let d = delivered(&out);
+    let (at_once, delayed): (Vec<_>, Vec<_>) = d.iter().partition(|(_, _, r)| *r);
+    let share = at_once.len() as f64 / n as f64;
+    assert!((share - 0.10).abs() < 0.006, "share {share}");
+    assert_eq!(m.stats().reordered as usize, at_once.len());
+    assert!(at_once.iter().all(|(t, at, _)| at == t));
+    let delays: Vec<f64> = delayed
+        .iter()
+        .map(|(t, at, _)| (*at - *t).as_secs_f64())
+        .collect();
+    assert!(delays.iter().all(|d| (0.015..=0.025).contains(d)));
+    let mean = delays.iter().sum::<f64>() / delays.len() as f64;
+    assert!((mean - 0.020).abs() < 0.0002, "mean {mean}");
+    // Jitter alone reorders: packets 50 us apart with +-5 ms each overtake one another.
+    let overtaken = delayed.windows(2).filter(|w| w[1].1 < w[0].1).count();
+    assert!(overtaken > delayed.len() / 4, "{overtaken} overtaken");
 }
 
 #[test]

@@ -670,8 +670,7 @@ impl LoadBalancer {
         let Some((chosen, by_id)) = route_to(&s.config, &s.hash_key, &st.backends, datagram) else {
             return Opened::No;
         };
-        let backend = chosen.addr;
-        let chosen_id = chosen.server_id.clone();
+        let backend = st.backends[chosen].addr;
         if let Some(f) = st.flows.get(&(client, backend)) {
             let now = s.now_ms();
             f.last.store(now, Relaxed);
@@ -697,7 +696,7 @@ impl LoadBalancer {
                     // its address: a server's workers share one).
                     let mut nonce = vec![0u8; r.config.nonce_len()];
                     rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
-                    return match r.config.encode(&chosen_id, &nonce) {
+                    return match r.config.encode(&st.backends[chosen].server_id, &nonce) {
                         Some(cid) => Opened::Retry(r.offload.retry(&ids, client, unix_ms(), &cid)),
                         None => Opened::No,
                     };
@@ -864,9 +863,7 @@ fn flow_socket(backend: SocketAddr) -> io::Result<UdpSocket> {
     UdpSocket::from_std(sock, SocketOptions::default())
 }
 
-/// The backend for a datagram, and whether its destination connection ID named it: by the
-/// server ID in that ID, else by a rendezvous hash of the ID over the backends taking
-/// connections.
+/// [`route_to`]'s backend address.
 #[cfg(test)]
 fn route(
     config: &LbConfig,
@@ -874,16 +871,18 @@ fn route(
     backends: &[BackendInfo],
     d: &[u8],
 ) -> Option<(SocketAddr, bool)> {
-    route_to(config, key, backends, d).map(|(b, by_id)| (b.addr, by_id))
+    route_to(config, key, backends, d).map(|(i, by_id)| (backends[i].addr, by_id))
 }
 
-/// [`route`]'s backend itself (a server's workers share its address, each with its ID).
-fn route_to<'a>(
+/// The backend for a datagram (its index: a server's workers share an address, each with
+/// its server ID), and whether its destination connection ID named it: by the server ID in
+/// that ID, else by a rendezvous hash of the ID over the backends taking connections.
+fn route_to(
     config: &LbConfig,
     key: &std::collections::hash_map::RandomState,
-    backends: &'a [BackendInfo],
+    backends: &[BackendInfo],
     d: &[u8],
-) -> Option<(&'a BackendInfo, bool)> {
+) -> Option<(usize, bool)> {
     use std::hash::BuildHasher;
     let first = *d.first()?;
     // A client's Initial or 0-RTT packet carries an ID of its own choosing (random), which
@@ -916,25 +915,26 @@ fn route_to<'a>(
         d.get(1..1 + len)?
     };
     if let Some(sid) = config.decoder.server_id(dcid)
-        && let Some(b) = backends
+        && let Some(i) = backends
             .iter()
-            .find(|b| b.server_id == sid && (b.up || !new_connection))
+            .position(|b| b.server_id == sid && (b.up || !new_connection))
     {
-        return Some((b, true));
+        return Some((i, true));
     }
     // New connections go to backends that answer their probes; if none does, to any (the
     // probes may be what is lost).
     let any_up = backends.iter().any(|b| b.up && !b.draining);
     backends
         .iter()
-        .filter(|b| !b.draining && (b.up || !any_up))
-        .max_by_key(|b| {
+        .enumerate()
+        .filter(|(_, b)| !b.draining && (b.up || !any_up))
+        .max_by_key(|(_, b)| {
             let mut h = key.build_hasher();
             dcid.hash(&mut h);
             b.server_id.hash(&mut h);
             h.finish()
         })
-        .map(|b| (b, false))
+        .map(|(i, _)| (i, false))
 }
 
 /// The reserved version the health probes use (of the 0x?a?a?a?a form, RFC 9000 §15).
