@@ -589,7 +589,15 @@ impl LoadBalancer {
         let s = &self.0;
         // No client sends from port 0, a multicast, broadcast or unspecified address (nor
         // from a backend's address or the balancer's own: see `flow_for`).
-        if !plausible_client(canonical(m.addr)) {
+        // Nor from the address it was sent to: a spoof of the balancer's own, which
+        // `flow_for`'s check of the listening address misses when that is a wildcard (the
+        // backend's answers would come back here as a client's datagrams).
+        let from = canonical(m.addr);
+        if !plausible_client(from)
+            || m.dst_ip.is_some_and(|ip| {
+                canonical(SocketAddr::new(ip, s.sock.local_addr().port())) == from
+            })
+        {
             s.unroutable.fetch_add(1, Relaxed);
             return;
         }
