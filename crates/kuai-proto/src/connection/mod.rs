@@ -1394,6 +1394,11 @@ impl Connection {
     /// peer does not support datagrams.
     pub fn max_datagram_size(&self) -> Option<usize> {
         let peer = self.peer_params.as_ref()?.max_datagram_frame_size?;
+        // RFC 9221 §3: 0 means no DATAGRAM support; 1 leaves no room for even an empty
+        // frame (type and length: 2 bytes).
+        if peer < 2 {
+            return None;
+        }
         // RFC 9221 §3: the limit covers the whole frame, type and length included.
         let mut peer_payload = peer.saturating_sub(1 + crate::VarInt::size_of(peer) as u64);
         while peer_payload > 0

@@ -363,7 +363,9 @@ impl Streams {
                 self.events.push_back(StreamEvent::Available(d));
             }
         }
-        self.send_max_data = self.send_max_data.max(tp.initial_max_data);
+        // As MAX_DATA would: streams stopped on the old limit (0-RTT under remembered
+        // ones) go back to the scheduler.
+        self.on_max_data(tp.initial_max_data);
         self.peer_stream_window_bidi_local = tp.initial_max_stream_data_bidi_local;
         self.peer_stream_window_bidi_remote = tp.initial_max_stream_data_bidi_remote;
         self.peer_stream_window_uni = tp.initial_max_stream_data_uni;
@@ -374,13 +376,30 @@ impl Streams {
             self.peer_stream_window_bidi_remote,
             self.peer_stream_window_uni,
         );
-        for (&id, s) in self.send.iter_mut() {
-            let w = match (id.dir(), id.initiator() == side) {
-                (Dir::Bi, true) => br,
-                (Dir::Bi, false) => bl,
-                (Dir::Uni, _) => u,
-            };
-            s.max_data = s.max_data.max(w);
+        let raised: Vec<(StreamId, u64)> = self
+            .send
+            .iter()
+            .filter_map(|(&id, s)| {
+                let w = match (id.dir(), id.initiator() == side) {
+                    (Dir::Bi, true) => br,
+                    (Dir::Bi, false) => bl,
+                    (Dir::Uni, _) => u,
+                };
+                (w > s.max_data).then_some((id, w))
+            })
+            .collect();
+        // As MAX_STREAM_DATA would: a stream blocked on its old limit is scheduled again
+        // (nothing else would: the peer's answer to our STREAM_DATA_BLOCKED carries the
+        // limit it just gave, no larger), and may buffer more.
+        for (id, w) in raised {
+            let s = self.send.get_mut(&id).expect("listed above");
+            let was_blocked = s.buf.unsent() >= s.max_data && s.buf.end() > s.max_data;
+            s.max_data = w;
+            let prio = s.priority;
+            if was_blocked {
+                self.schedule(id, prio);
+            }
+            self.maybe_writable(id);
         }
     }
 
@@ -842,6 +861,7 @@ impl Streams {
             s.state = RecvState::Done;
             self.maybe_cleanup(id);
         }
+        self.maybe_conn_credit();
         Ok(more)
     }
 
@@ -924,6 +944,8 @@ impl Streams {
             );
         }
         let prev = s.highest();
+        // A repeated FIN (its frame sent again) is no news for the application.
+        let fin_new = fin && s.final_size.is_none();
         if fin {
             s.final_size = Some(end);
         }
@@ -953,6 +975,7 @@ impl Streams {
                 self.pending.stop.push(id);
                 self.send_hint = true;
             }
+            self.maybe_conn_credit();
             return Ok(());
         }
         // Edge-triggered: announce when the stream becomes readable or complete; the
@@ -963,7 +986,7 @@ impl Streams {
         self.recv_charge = self.recv_charge + s.asm.charge() - charge;
         let became_readable = before == 0 && s.asm.readable() > 0;
         let ended = s.final_size == Some(s.asm.read_offset() + s.asm.readable());
-        if became_readable || (ended && (fin || s.asm.readable() > before)) {
+        if became_readable || (ended && (fin_new || s.asm.readable() > before)) {
             self.events.push_back(StreamEvent::Readable(id));
         }
         // The bytes held are bounded by the connection window; what they cost in memory
@@ -1036,10 +1059,19 @@ impl Streams {
                 self.events.push_back(StreamEvent::Readable(id));
             }
         }
+        self.maybe_conn_credit();
+        Ok(())
+    }
+
+    /// Queues MAX_DATA (and says there is something to send) when what was consumed,
+    /// by reading or by discarding, makes a connection window update due. Without the
+    /// hint an update from a discard waited for another frame to carry it: a peer that
+    /// sends no DATA_BLOCKED and has filled the window waited with us.
+    fn maybe_conn_credit(&mut self) {
         if self.conn_window.wants_update(self.data_consumed) {
             self.pending.max_data = true;
+            self.send_hint = true;
         }
-        Ok(())
     }
 
     /// Validates that `id` names a stream we can send on (for STOP_SENDING / MAX_STREAM_DATA).
@@ -1078,7 +1110,11 @@ impl Streams {
             let freed = s.buf.buffered();
             s.buf.clear();
             s.state = SendState::ResetSent { code };
+            // As `reset` does: a reset stream's delivery deadline has nothing left to do.
+            let deadline = s.deadline.take();
+            self.drop_deadline(id, deadline);
             self.pending.reset.push(id);
+            self.send_hint = true;
             self.on_send_buffer_freed(freed);
         }
         Ok(())
@@ -1157,6 +1193,14 @@ impl Streams {
                 let Some(s) = self.send.get_mut(&id) else {
                     return;
                 };
+                // Reset after its FIN went out: its buffer is cleared, so an ACK of the FIN
+                // would look like the whole stream delivered, and the send half would go
+                // with the RESET_STREAM still to send or resend (RFC 9000 §3.1: only the
+                // reset's acknowledgement ends a reset stream). The peer would keep a
+                // stream with a known final size and missing data, for good.
+                if matches!(s.state, SendState::ResetSent { .. }) {
+                    return;
+                }
                 let before = s.buf.buffered();
                 s.buf.ack(offset..offset + u64::from(len));
                 let freed = before - s.buf.buffered();
@@ -1746,6 +1790,97 @@ mod tests {
         let woken = writable(&mut s);
         assert!(woken.contains(&a), "A woken: {woken:?}");
         assert!(woken.contains(&b), "B woken: {woken:?}");
+    }
+
+    /// A stream reset after its FIN went out (a delivery deadline, say) keeps its send half
+    /// until the RESET_STREAM is acknowledged: an ACK of the FIN does not finish it, and a
+    /// lost RESET_STREAM is sent again. The FIN's ACK finished it before, the reset was
+    /// dropped with the send half, and the peer kept a stream with data missing.
+    #[test]
+    fn a_stream_reset_after_its_fin_ends_only_with_the_reset_acknowledged() {
+        let mut s = streams(1 << 20, 1 << 20);
+        let id = s.open(Dir::Uni).unwrap();
+        s.write(id, Bytes::from(vec![7; 2000])).unwrap();
+        s.finish(id).unwrap();
+        let sent = send_all(&mut s);
+        assert!(sent.iter().any(|f| matches!(f, SentFrame::Stream { fin: true, .. })));
+        s.reset(id, 9).unwrap();
+        // The packet with the FIN is acknowledged, the first one lost.
+        for f in &sent {
+            match f {
+                SentFrame::Stream { fin: true, .. } => s.on_frame_acked(f),
+                _ => s.on_frame_lost(f),
+            }
+        }
+        let events: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+        assert!(
+            !events.iter().any(|e| matches!(e, StreamEvent::Finished(_))),
+            "{events:?}"
+        );
+        let resets = |s: &mut Streams| {
+            let (mut buf, mut sent) = (Vec::new(), Vec::new());
+            s.write_control(&mut buf, 1200, &mut sent, Instant::now(), Duration::from_millis(10));
+            sent.into_iter()
+                .filter(|f| matches!(f, SentFrame::ResetStream(_)))
+                .collect::<Vec<_>>()
+        };
+        let first = resets(&mut s);
+        assert_eq!(first.len(), 1, "the RESET_STREAM goes out");
+        // Lost: sent again; acknowledged: the stream is gone.
+        s.on_frame_lost(&first[0]);
+        let again = resets(&mut s);
+        assert_eq!(again.len(), 1, "the RESET_STREAM goes out again");
+        s.on_frame_acked(&again[0]);
+        assert!(resets(&mut s).is_empty());
+        assert_eq!(s.reset(id, 9), Err(StreamError::UnknownStream));
+    }
+
+    /// 0-RTT under remembered limits, then the server's own, larger ones: streams stopped
+    /// on the old limits (their own or the connection's) go on. They stayed blocked before:
+    /// nothing scheduled them again.
+    #[test]
+    fn streams_blocked_in_0rtt_go_on_under_the_servers_larger_limits() {
+        for (conn, stream) in [(1u64 << 20, 16 * 1024u64), (16 * 1024, 1 << 20)] {
+            let mut s = Streams::new(Side::Client, config(4 << 20));
+            let remembered = TransportParameters {
+                initial_max_data: conn,
+                initial_max_streams_uni: 10,
+                initial_max_stream_data_uni: stream,
+                ..TransportParameters::default()
+            };
+            s.apply_peer_params(&remembered);
+            let id = s.open(Dir::Uni).unwrap();
+            s.write(id, Bytes::from(vec![1; 64 * 1024])).unwrap();
+            let sent = |f: &[SentFrame]| -> u64 {
+                f.iter()
+                    .map(|f| match f {
+                        SentFrame::Stream { len, .. } => u64::from(*len),
+                        _ => 0,
+                    })
+                    .sum()
+            };
+            assert_eq!(sent(&send_all(&mut s)), 16 * 1024);
+            s.apply_peer_params(&TransportParameters {
+                initial_max_data: 1 << 20,
+                initial_max_stream_data_uni: 1 << 20,
+                ..remembered
+            });
+            assert_eq!(sent(&send_all(&mut s)), 48 * 1024, "limits {conn} / {stream}");
+        }
+    }
+
+    /// An empty STREAM frame at a new offset counts toward flow control once: a repeat of
+    /// it (or a second empty frame there) is no new data. Each counted again before, and
+    /// the second of two at half the window was a FLOW_CONTROL_ERROR.
+    #[test]
+    fn empty_stream_frames_count_toward_flow_control_once() {
+        let mut s = Streams::new(Side::Server, config(1 << 20));
+        let half = (1u64 << 20) / 2 + 1;
+        for _ in 0..3 {
+            s.on_stream_frame(StreamId(0), half, Bytes::new(), false, 1200, false)
+                .unwrap();
+        }
+        assert_eq!(s.data_received, half);
     }
 
     /// `stop_unless_ending`: with everything received read, the STOP_SENDING waits; a FIN

@@ -133,10 +133,15 @@ impl Assembler {
     /// number of new bytes stored.
     pub fn insert(&mut self, offset: u64, data: Bytes, datagram_len: usize) -> usize {
         let end = offset + data.len() as u64;
-        if end <= self.ready_end || data.is_empty() {
+        if end <= self.ready_end {
             return 0;
         }
+        // An empty piece still says how far the stream reaches (the caller charged it to
+        // flow control once: it must not again for a repeat).
         self.max_end = self.max_end.max(end);
+        if data.is_empty() {
+            return 0;
+        }
         if offset <= self.ready_end {
             let next_stored = self.pending.first_key_value().map_or(u64::MAX, |(&k, _)| k);
             if end <= next_stored {
