@@ -164,6 +164,11 @@ pub struct Bbr {
     near_min_rtt_at: Option<Instant>,
     inflight_hi: u64,
     inflight_lo: u64,
+    /// The last probe for bandwidth (or Startup) ended losing too much: the next probe up
+    /// stops once in flight reaches `inflight_hi` again, where the loss was. Otherwise a
+    /// window held at `inflight_hi` keeps probing and raises it (Linux's BBRv3 keeps the
+    /// same flag).
+    prev_probe_too_high: bool,
 
     /// The RTTs of the last [`RECENT_RTTS`] delivery samples (see `queue_standing`).
     recent_rtts: [Duration; RECENT_RTTS],
@@ -248,6 +253,7 @@ impl Bbr {
             probe_rtt_min_stamp: None,
             near_min_rtt_at: None,
             inflight_hi: u64::MAX,
+            prev_probe_too_high: false,
             inflight_lo: u64::MAX,
             recent_rtts: [Duration::MAX; RECENT_RTTS],
             recent_rtt_next: 0,
@@ -534,6 +540,7 @@ impl Bbr {
         }
         self.full_bw_reached = true;
         self.inflight_hi = self.bdp(self.max_bw, 1000).max(self.inflight_latest);
+        self.prev_probe_too_high = true;
     }
 
     fn check_startup_done(&mut self, now: Instant) {
@@ -661,13 +668,18 @@ impl Bbr {
             }
             State::ProbeBwRefill if self.round_start => self.start_probe_bw_up(now),
             State::ProbeBwUp => {
-                // Done probing once a round in flight exceeds 1.25 BDP, or inflight_hi
-                // was hit while the window was the limit.
+                // Done probing once a round in flight exceeds 1.25 BDP, or, when the last
+                // probe lost too much, once in flight is back where it did. A window held
+                // at inflight_hi otherwise goes on probing (`probe_inflight_hi_upward`
+                // raises it): stopping there, as this did whenever the window was the limit,
+                // ended every probe after one ACK once Startup had set inflight_hi (the
+                // window climbs to it during Refill), and inflight_hi never grew again.
                 let target = self.bdp(self.max_bw, PROBE_UP_PACING_GAIN);
                 if self.has_elapsed_in_phase(now, self.min_rtt.unwrap_or_default())
                     && self.in_flight > target
-                    || (cwnd_limited && self.cwnd >= self.inflight_hi)
+                    || (self.prev_probe_too_high && self.in_flight >= self.inflight_hi)
                 {
+                    self.prev_probe_too_high = false;
                     self.start_probe_bw_down(now);
                 }
             }
@@ -1029,6 +1041,7 @@ impl CongestionController for Bbr {
             self.inflight_hi = (loss.bytes_in_flight + loss.lost_bytes)
                 .max(gain(self.bdp(self.bw, 1000), BETA_PERMILLE))
                 .max(self.min_cwnd());
+            self.prev_probe_too_high = true;
             self.start_probe_bw_down(now);
             self.set_cwnd(0);
         }
@@ -1285,6 +1298,64 @@ mod tests {
             bytes_in_flight: in_flight,
             latest_rtt: None,
         }
+    }
+
+    /// inflight_hi, once set (by a lossy Startup, say), is no ceiling for good: when the
+    /// path has room for twice as much, the probes for bandwidth raise it and find the
+    /// rate. Every probe stopped after one ACK before (the window, at inflight_hi, was the
+    /// limit), and the flow stayed at the old rate for the connection's life.
+    #[test]
+    fn inflight_hi_grows_when_the_path_has_more_room() {
+        let t0 = Instant::now();
+        let rate = 1_250_000;
+        let rtt = Duration::from_millis(40);
+        let mut b = Bbr::new(MDS, BbrOptions::default());
+        let now = drive(&mut b, t0, 30, rate, rtt);
+        assert!(b.in_probe_bw(), "state {:?}", b.state);
+        let bdp = rate * 40 / 1000;
+        b.inflight_hi = bdp;
+        b.prev_probe_too_high = false;
+        // 12 s at twice the rate: several probes (one every 2 to 3 s at most), each round
+        // acknowledged two packets at a time, as a receiver does.
+        let mut est = RttEstimator::new(rtt);
+        est.update(Duration::ZERO, rtt);
+        let mut now = now;
+        let path_bdp = 2 * bdp;
+        for _ in 0..300 {
+            let flight = b.window().min(2 * path_bdp);
+            b.on_packet_sent(now, flight, flight);
+            let delivered = flight.min(path_bdp);
+            let start = now;
+            let mut acked = 0;
+            while acked < delivered {
+                let n = (2 * MDS).min(delivered - acked);
+                acked += n;
+                let at = start + rtt.mul_f64(acked as f64 / delivered as f64);
+                let ack = AckEvent {
+                    acked_bytes: n,
+                    largest_acked_sent_time: start,
+                    rtt: &est,
+                    rate: Some(RateSample {
+                        delivered,
+                        interval: rtt,
+                        prior_delivered: b.delivered,
+                        is_app_limited: false,
+                        rtt,
+                    }),
+                    prior_in_flight: flight - acked + n,
+                    bytes_in_flight: flight - acked,
+                    app_limited: false,
+                };
+                b.on_ack(at, &ack);
+            }
+            now = start + rtt;
+        }
+        assert!(
+            b.inflight_hi > 3 * bdp / 2,
+            "inflight_hi {} against {bdp}",
+            b.inflight_hi
+        );
+        assert!(b.max_bw > rate * 3 / 2, "max_bw {}", b.max_bw);
     }
 
     #[test]
