@@ -308,6 +308,9 @@ pub struct Path {
     pub remote: SocketAddr,
     pub local_ip: Option<IpAddr>,
     pub rtt: RttEstimator,
+    /// When the path's first RTT sample was taken: persistent congestion counts only
+    /// packets sent after it (RFC 9002 §7.6.2).
+    pub first_rtt_sample: Option<Instant>,
     pub cc: Congestion,
     pub pacer: Pacer,
     pub delivery: DeliveryRate,
@@ -378,6 +381,7 @@ impl Path {
             remote,
             local_ip,
             rtt: RttEstimator::new(initial_rtt),
+            first_rtt_sample: None,
             cc: cc.build_with_window(now, u64::from(mtu.0), initial_window),
             pacer: Pacer::new(now, u64::from(mtu.0)),
             delivery: DeliveryRate::new(now),

@@ -114,6 +114,7 @@ impl Connection {
                 || (!self.handshake_confirmed && reported > sample / 2);
             if newly[0].1.path == self.path.id && !late {
                 self.path.rtt.update(delay, sample);
+                self.path.first_rtt_sample.get_or_insert(now);
             }
         }
         if space == SpaceId::Handshake && self.side.is_client() {
@@ -478,13 +479,27 @@ impl Connection {
         }
         // RFC 9002 §7.6: persistent congestion when the lost ack-eliciting packets span more
         // than the threshold duration with nothing acknowledged in between (the lost set here
-        // comes from one contiguous scan) and an RTT sample exists.
-        if self.path.rtt.has_sample() && eliciting_times.len() >= 2 {
+        // comes from one contiguous scan), counting only packets sent after the path's first
+        // RTT sample (§7.6.2: before it, the duration means nothing; 0-RTT packets a server
+        // dropped before it had state were counted).
+        if let Some(sampled) = self.path.first_rtt_sample {
+            eliciting_times.retain(|&t| t > sampled);
+        } else {
+            eliciting_times.clear();
+        }
+        if eliciting_times.len() >= 2 {
             let first = eliciting_times.iter().min().copied().expect("non-empty");
             let last = eliciting_times.iter().max().copied().expect("non-empty");
+            // §7.6.1: with max_ack_delay in every space, confirmed or not (the PTO's
+            // leaves it out before the handshake is confirmed).
+            let max_ack_delay = self
+                .peer_params
+                .as_ref()
+                .map_or(Duration::from_millis(25), |p| p.max_ack_delay_duration())
+                .max(self.peer_max_ack_delay());
             let duration = (self.path.rtt.smoothed()
                 + (self.path.rtt.var() * 4).max(GRANULARITY)
-                + self.peer_max_ack_delay())
+                + max_ack_delay)
                 * PERSISTENT_CONGESTION_THRESHOLD;
             // Conservative: the whole batch must be consecutive packet numbers, so no packet
             // between the first and the last was acknowledged.
@@ -708,8 +723,19 @@ impl Connection {
             self.timers.set(Timer::Loss, Some(t));
             return;
         }
-        if self.side.is_server() && self.path.amplification_budget() == 0 {
-            // Blocked by the amplification limit: a probe could not be sent anyway.
+        // Blocked by the amplification limit: a probe could not be sent anyway, and a PTO
+        // that fires for nothing still backs the next one off. Short of what the probe
+        // needs is blocked too: a padded Initial (1,200 bytes), else the smallest datagram
+        // `write_datagram` builds (64).
+        let budget = self.path.amplification_budget();
+        if self.side.is_server()
+            && budget < super::send::MIN_DATAGRAM as u64
+            && (budget < 64
+                || matches!(
+                    self.pto_time_and_space(now),
+                    Some((_, SpaceId::Initial))
+                ))
+        {
             self.timers.set(Timer::Loss, None);
             return;
         }

@@ -20,7 +20,7 @@ use super::EcnCodepoint;
 
 /// Smallest datagram a client sends with an Initial, and the size PATH_CHALLENGE and
 /// PATH_RESPONSE datagrams are expanded to (RFC 9000 §14.1, §8.2).
-const MIN_DATAGRAM: usize = 1200;
+pub(super) const MIN_DATAGRAM: usize = 1200;
 /// AEAD tag length of every QUIC cipher suite.
 const TAG_LEN: usize = 16;
 
