@@ -21,6 +21,9 @@ use super::EcnCodepoint;
 /// Smallest datagram a client sends with an Initial, and the size PATH_CHALLENGE and
 /// PATH_RESPONSE datagrams are expanded to (RFC 9000 §14.1, §8.2).
 pub(super) const MIN_DATAGRAM: usize = 1200;
+
+/// Sent-packet records past which no new ack-eliciting data goes out (see `write_packet`).
+const SEND_SPAN_LIMIT: usize = super::spaces::MAX_SENT_SPAN / 4 * 3;
 /// AEAD tag length of every QUIC cipher suite.
 const TAG_LEN: usize = 16;
 
@@ -386,7 +389,13 @@ impl Connection {
         let (cwnd_ok, pacing_ok) = if space == SpaceId::Data {
             let mtu = u64::from(self.path.mtu());
             let room = self.path.window_room();
-            let mut cwnd_ok = probing || room >= mtu.min(self.path.cc.window());
+            // The sent-packet records span MAX_SENT_SPAN packet numbers at most (past it the
+            // oldest are given up as lost, `record_sent`): a window wider than that (some
+            // 1 Gbit/s x 200 ms) waits at three quarters of it, where records of packets
+            // still in flight would otherwise be declared lost, again and again.
+            let mut cwnd_ok = probing
+                || (room >= mtu.min(self.path.cc.window())
+                    && self.spaces[si].sent.span() < SEND_SPAN_LIMIT);
             // RFC 9002 §7: bytes in flight must stay within the window, which a packet smaller
             // than a full datagram may do. When what is left to send (the end of a response,
             // a FIN) fits in the room the window has, send it now in a short packet rather
