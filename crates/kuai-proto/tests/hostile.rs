@@ -112,6 +112,37 @@ fn initial_packet_with_token(
     buf
 }
 
+/// The ClientHello in a client's first Initial packet `first` (opened with the Initial keys
+/// of its destination ID).
+fn client_hello_of(first: &[u8]) -> bytes::Bytes {
+    use kuai_proto::frame::{Frame, FrameIter};
+    use kuai_proto::packet::PartialDecode;
+    let (dcid, _) = long_header_cids(first);
+    let keys =
+        kuai_proto::crypto::initial_keys(kuai_proto::Version::V1, &dcid, kuai_proto::Side::Server);
+    let (pd, _) = PartialDecode::new(BytesMut::from(first), 8).unwrap();
+    let packet = pd
+        .unprotect(keys.remote.header.as_ref(), None)
+        .unwrap()
+        .decrypt(keys.remote.packet.as_ref())
+        .unwrap();
+    FrameIter::new(packet.payload)
+        .find_map(|f| match f {
+            Ok(Frame::Crypto { offset: 0, data }) => Some(data),
+            _ => None,
+        })
+        .unwrap()
+}
+
+/// A CRYPTO frame (RFC 9000 §19.6).
+fn crypto(offset: usize, data: &[u8]) -> Vec<u8> {
+    let mut f = vec![0x06];
+    kuai_proto::VarInt::saturating(offset as u64).encode(&mut f);
+    kuai_proto::VarInt::saturating(data.len() as u64).encode(&mut f);
+    f.extend_from_slice(data);
+    f
+}
+
 /// Asserts that `conn` was closed with this transport error code.
 fn assert_closed_with(
     conn: &kuai_proto::Connection,
@@ -707,8 +738,6 @@ fn a_client_path_hint_is_kept_per_ipv6_64() {
 /// full-size datagram was dropped as if it came in a datagram under 1,200 bytes.
 #[test]
 fn packets_after_buffered_ones_keep_their_datagram_size() {
-    use kuai_proto::frame::{Frame, FrameIter};
-    use kuai_proto::packet::PartialDecode;
     let certs = support::certs();
     let now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
@@ -720,27 +749,7 @@ fn packets_after_buffered_ones_keep_their_datagram_size() {
     // A real client's ClientHello, out of its first Initial.
     let first = client_initial(now, saddr);
     let (dcid, scid) = long_header_cids(&first);
-    let keys =
-        kuai_proto::crypto::initial_keys(kuai_proto::Version::V1, &dcid, kuai_proto::Side::Server);
-    let (pd, _) = PartialDecode::new(BytesMut::from(&first[..]), 8).unwrap();
-    let packet = pd
-        .unprotect(keys.remote.header.as_ref(), None)
-        .unwrap()
-        .decrypt(keys.remote.packet.as_ref())
-        .unwrap();
-    let hello = FrameIter::new(packet.payload)
-        .find_map(|f| match f {
-            Ok(Frame::Crypto { offset: 0, data }) => Some(data),
-            _ => None,
-        })
-        .unwrap();
-    let crypto = |offset: usize, data: &[u8]| {
-        let mut f = vec![0x06];
-        kuai_proto::VarInt::saturating(offset as u64).encode(&mut f);
-        kuai_proto::VarInt::saturating(data.len() as u64).encode(&mut f);
-        f.extend_from_slice(data);
-        f
-    };
+    let hello = client_hello_of(&first);
     let half = hello.len() / 2;
     let mut buf = Vec::new();
     let mut send = |server: &mut Endpoint, d: &[u8]| {
@@ -788,8 +797,6 @@ fn packets_after_buffered_ones_keep_their_datagram_size() {
 /// client's next Handshake message (an unfinished one waited there quietly).
 #[test]
 fn initial_crypto_past_the_client_hello_is_a_protocol_violation() {
-    use kuai_proto::frame::{Frame, FrameIter};
-    use kuai_proto::packet::PartialDecode;
     let certs = support::certs();
     let now = Instant::now();
     let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
@@ -800,27 +807,7 @@ fn initial_crypto_past_the_client_hello_is_a_protocol_violation() {
     );
     let first = client_initial(now, saddr);
     let (dcid, scid) = long_header_cids(&first);
-    let keys =
-        kuai_proto::crypto::initial_keys(kuai_proto::Version::V1, &dcid, kuai_proto::Side::Server);
-    let (pd, _) = PartialDecode::new(BytesMut::from(&first[..]), 8).unwrap();
-    let packet = pd
-        .unprotect(keys.remote.header.as_ref(), None)
-        .unwrap()
-        .decrypt(keys.remote.packet.as_ref())
-        .unwrap();
-    let hello = FrameIter::new(packet.payload)
-        .find_map(|f| match f {
-            Ok(Frame::Crypto { offset: 0, data }) => Some(data),
-            _ => None,
-        })
-        .unwrap();
-    let crypto = |offset: usize, data: &[u8]| {
-        let mut f = vec![0x06];
-        kuai_proto::VarInt::saturating(offset as u64).encode(&mut f);
-        kuai_proto::VarInt::saturating(data.len() as u64).encode(&mut f);
-        f.extend_from_slice(data);
-        f
-    };
+    let hello = client_hello_of(&first);
     let mut buf = Vec::new();
     let mut send = |server: &mut Endpoint, d: &[u8]| {
         server.handle_datagram(now, caddr, None, None, BytesMut::from(d));
@@ -1073,13 +1060,6 @@ fn fragmented_crypto_data_is_bounded() {
     let dcid = ConnectionId::try_from_slice(&[7; 8]).unwrap();
     let scid = ConnectionId::try_from_slice(&[9; 8]).unwrap();
     let initial = |pn: u64, frames: &[u8]| initial_packet(&dcid, &scid, pn, frames, 1200);
-    let crypto = |offset: u64, data: &[u8]| {
-        let mut f = vec![0x06];
-        kuai_proto::VarInt::saturating(offset).encode(&mut f);
-        kuai_proto::VarInt::saturating(data.len() as u64).encode(&mut f);
-        f.extend_from_slice(data);
-        f
-    };
     let mut buf = Vec::new();
     let mut worst = 0;
     for chunk in 0..(64 * 1024 / 2 / 20) {
@@ -1087,7 +1067,7 @@ fn fragmented_crypto_data_is_bounded() {
         // 20 one-byte pieces per packet, each after a one-byte gap.
         let mut frames = Vec::new();
         for j in 0..20u64 {
-            frames.extend(crypto(1 + 2 * (chunk * 20 + j), b"\x01"));
+            frames.extend(crypto(1 + 2 * (chunk * 20 + j) as usize, b"\x01"));
         }
         server.handle_datagram(
             now,

@@ -392,15 +392,23 @@ impl Streams {
         // (nothing else would: the peer's answer to our STREAM_DATA_BLOCKED carries the
         // limit it just gave, no larger), and may buffer more.
         for (id, w) in raised {
-            let s = self.send.get_mut(&id).expect("listed above");
-            let was_blocked = s.buf.unsent() >= s.max_data && s.buf.end() > s.max_data;
-            s.max_data = w;
-            let prio = s.priority;
-            if was_blocked {
-                self.schedule(id, prio);
-            }
-            self.maybe_writable(id);
+            self.raise_send_credit(id, w);
         }
+    }
+
+    /// The peer lets send stream `id` (which exists) send up to `max`: a stream that was
+    /// blocked on its old limit goes back to the scheduler, and may buffer more.
+    fn raise_send_credit(&mut self, id: StreamId, max: u64) {
+        let Some(s) = self.send.get_mut(&id).filter(|s| max > s.max_data) else {
+            return;
+        };
+        let was_blocked = s.buf.unsent() >= s.max_data && s.buf.end() > s.max_data;
+        s.max_data = max;
+        let prio = s.priority;
+        if was_blocked {
+            self.schedule(id, prio);
+        }
+        self.maybe_writable(id);
     }
 
     /// The peer's initial send window for stream `id`.
@@ -1124,17 +1132,7 @@ impl Streams {
         if !self.remote_send_stream(id, FrameType::MAX_STREAM_DATA)? {
             return Ok(());
         }
-        let s = self.send.get_mut(&id).expect("checked above");
-        if max > s.max_data {
-            let was_blocked = s.buf.unsent() >= s.max_data && s.buf.end() > s.max_data;
-            s.max_data = max;
-            let prio = s.priority;
-            if was_blocked {
-                self.schedule(id, prio);
-            }
-            // More credit lets the stream buffer more.
-            self.maybe_writable(id);
-        }
+        self.raise_send_credit(id, max);
         Ok(())
     }
 
