@@ -134,6 +134,19 @@ fn client_hello_of(first: &[u8]) -> bytes::Bytes {
         .unwrap()
 }
 
+/// A server endpoint with the default settings, a real client's first Initial packet to it
+/// (not yet sent) and the ClientHello in that packet.
+fn server_and_client_hello(now: Instant) -> (Endpoint, Vec<u8>, bytes::Bytes) {
+    let certs = support::certs();
+    let server = server_endpoint(
+        now,
+        support::server_config(&certs, TransportConfig::default()),
+    );
+    let first = client_initial(now, "127.0.0.1:4433".parse().unwrap());
+    let hello = client_hello_of(&first);
+    (server, first, hello)
+}
+
 /// A CRYPTO frame (RFC 9000 §19.6).
 fn crypto(offset: usize, data: &[u8]) -> Vec<u8> {
     let mut f = vec![0x06];
@@ -738,18 +751,10 @@ fn a_client_path_hint_is_kept_per_ipv6_64() {
 /// full-size datagram was dropped as if it came in a datagram under 1,200 bytes.
 #[test]
 fn packets_after_buffered_ones_keep_their_datagram_size() {
-    let certs = support::certs();
     let now = Instant::now();
-    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let caddr: SocketAddr = "10.0.0.3:4000".parse().unwrap();
-    let mut server = server_endpoint(
-        now,
-        support::server_config(&certs, TransportConfig::default()),
-    );
-    // A real client's ClientHello, out of its first Initial.
-    let first = client_initial(now, saddr);
+    let (mut server, first, hello) = server_and_client_hello(now);
     let (dcid, scid) = long_header_cids(&first);
-    let hello = client_hello_of(&first);
     let half = hello.len() / 2;
     let mut buf = Vec::new();
     let mut send = |server: &mut Endpoint, d: &[u8]| {
@@ -797,17 +802,10 @@ fn packets_after_buffered_ones_keep_their_datagram_size() {
 /// client's next Handshake message (an unfinished one waited there quietly).
 #[test]
 fn initial_crypto_past_the_client_hello_is_a_protocol_violation() {
-    let certs = support::certs();
     let now = Instant::now();
-    let saddr: SocketAddr = "127.0.0.1:4433".parse().unwrap();
     let caddr: SocketAddr = "10.0.0.3:4000".parse().unwrap();
-    let mut server = server_endpoint(
-        now,
-        support::server_config(&certs, TransportConfig::default()),
-    );
-    let first = client_initial(now, saddr);
+    let (mut server, first, hello) = server_and_client_hello(now);
     let (dcid, scid) = long_header_cids(&first);
-    let hello = client_hello_of(&first);
     let mut buf = Vec::new();
     let mut send = |server: &mut Endpoint, d: &[u8]| {
         server.handle_datagram(now, caddr, None, None, BytesMut::from(d));

@@ -458,19 +458,25 @@ fn initiate_key_update(p: &mut quic::Pair, client_side: bool) -> bool {
     }
 }
 
-fn key_update_by(client_side: bool) {
-    let ccfg = quic::client_config(TransportConfig::default());
+/// A pair (seed `seed`, `t` on both sides) whose client downloads 4 MiB, run until a
+/// quarter of it arrived.
+fn mid_download(seed: u64, t: TransportConfig) -> quic::Pair {
+    let ccfg = quic::client_config(t.clone());
     let mut p = pair(
-        50 + client_side as u64,
-        quic::server_config(TransportConfig::default()),
+        seed,
+        quic::server_config(t),
         &ccfg,
         Client::with_requests([4 << 20]),
     );
-    // Until part of the data arrived.
     assert!(p.run_until(
         Duration::from_secs(10),
         |p| p.client_app().requests[0].received > (1 << 20)
     ));
+    p
+}
+
+fn key_update_by(client_side: bool) {
+    let mut p = mid_download(50 + client_side as u64, TransportConfig::default());
     let dropped = |p: &quic::Pair| {
         if client_side {
             p.client_conn().stats().packets_dropped
@@ -580,17 +586,7 @@ fn wear_server_key(p: &mut quic::Pair, short_of_limit: u64) {
 fn keys_are_updated_before_the_confidentiality_limit() {
     let mut t = TransportConfig::default();
     t.key_update_interval = u64::MAX;
-    let ccfg = quic::client_config(t.clone());
-    let mut p = pair(
-        53,
-        quic::server_config(t),
-        &ccfg,
-        Client::with_requests([4 << 20]),
-    );
-    assert!(p.run_until(
-        Duration::from_secs(10),
-        |p| p.client_app().requests[0].received > (1 << 20)
-    ));
+    let mut p = mid_download(53, t);
     // An eighth of the limit before it, and a little more.
     wear_server_key(&mut p, (1 << 20) - 10);
     assert!(p.run_until_done(Duration::from_secs(10)));
@@ -603,17 +599,7 @@ fn keys_are_updated_before_the_confidentiality_limit() {
 /// AEAD_LIMIT_REACHED. Before, packets went on under the worn key.
 #[test]
 fn a_key_that_cannot_be_updated_by_the_confidentiality_limit_closes_the_connection() {
-    let ccfg = quic::client_config(TransportConfig::default());
-    let mut p = pair(
-        54,
-        quic::server_config(TransportConfig::default()),
-        &ccfg,
-        Client::with_requests([4 << 20]),
-    );
-    assert!(p.run_until(
-        Duration::from_secs(10),
-        |p| p.client_app().requests[0].received > (1 << 20)
-    ));
+    let mut p = mid_download(54, TransportConfig::default());
     assert!(initiate_key_update(&mut p, false));
     // Before any packet of the new phase is acknowledged.
     wear_server_key(&mut p, 100);
@@ -914,17 +900,7 @@ fn v2_only_server_sends_version_negotiation_to_v1_only_client() {
 
 #[test]
 fn nat_rebinding_in_the_middle_of_a_transfer() {
-    let ccfg = quic::client_config(TransportConfig::default());
-    let mut p = pair(
-        80,
-        quic::server_config(TransportConfig::default()),
-        &ccfg,
-        Client::with_requests([4 << 20]),
-    );
-    assert!(p.run_until(
-        Duration::from_secs(10),
-        |p| p.client_app().requests[0].received > (1 << 20)
-    ));
+    let mut p = mid_download(80, TransportConfig::default());
     // The NAT gives the client a new port; the client knows nothing of it.
     let new_addr: std::net::SocketAddr = "10.0.0.2:50123".parse().unwrap();
     let c = p.client;

@@ -138,6 +138,33 @@ async fn fleet_with(
     }
 }
 
+/// One server of two workers answering GETs, its worker bits in the QUIC-LB server ID
+/// (worker 0 is server 1, worker 1 server 2, both at one address), behind a balancer
+/// configured by `tune`: the server, the balancer's address and its handle.
+fn two_workers_behind_a_balancer(
+    scfg: ServerConfig,
+    tune: impl FnOnce(&mut LbConfig),
+) -> (Endpoint, SocketAddr, LbHandle) {
+    let server = serve_gets(
+        Endpoint::builder()
+            .server(scfg)
+            .workers(2)
+            .quic_lb(lb_config(), &[1])
+            .bind(localhost())
+            .unwrap(),
+    );
+    let addr = server.local_addr().unwrap();
+    let mut decoder = QuicLbDecoder::new();
+    decoder.add(lb_config());
+    let mut config = LbConfig::new(decoder, lb_config().cid_len());
+    tune(&mut config);
+    let (lb, handle) =
+        LoadBalancer::bind(localhost(), vec![(vec![1], addr), (vec![2], addr)], config).unwrap();
+    let lb_addr = lb.local_addr();
+    tokio::spawn(lb.run());
+    (server, lb_addr, handle)
+}
+
 /// A new connection through the balancer.
 async fn connect(client: &Endpoint, f: &Fleet) -> kuai::Connection {
     client
@@ -558,26 +585,12 @@ async fn retry_at_the_balancer_names_the_worker_the_hash_picked() {
     p.token_key = key.clone();
     p.retry_offload = true;
     p.new_tokens = false;
-    let server = serve_gets(
-        Endpoint::builder()
-            .server(scfg)
-            .workers(2)
-            .quic_lb(lb_config(), &[1])
-            .bind(localhost())
-            .unwrap(),
-    );
-    let addr = server.local_addr().unwrap();
-    let mut decoder = QuicLbDecoder::new();
-    decoder.add(lb_config());
-    let mut config = LbConfig::new(decoder, lb_config().cid_len());
-    config.retry = Some(LbRetry::new(
-        RetryOffload::new(key, Duration::from_secs(10)),
-        lb_config(),
-    ));
-    let (lb, handle) =
-        LoadBalancer::bind(localhost(), vec![(vec![1], addr), (vec![2], addr)], config).unwrap();
-    let lb_addr = lb.local_addr();
-    tokio::spawn(lb.run());
+    let (server, lb_addr, handle) = two_workers_behind_a_balancer(scfg, |c| {
+        c.retry = Some(LbRetry::new(
+            RetryOffload::new(key, Duration::from_secs(10)),
+            lb_config(),
+        ));
+    });
     let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
     let mut conns = Vec::new();
     for _ in 0..16 {
@@ -604,25 +617,7 @@ async fn retry_at_the_balancer_names_the_worker_the_hash_picked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_carry_their_bits_in_the_quic_lb_server_id() {
     let (scfg, cert) = ServerConfig::self_signed(&["localhost"], &[ALPN]).unwrap();
-    let server = serve_gets(
-        Endpoint::builder()
-            .server(scfg)
-            .workers(2)
-            .quic_lb(lb_config(), &[1])
-            .bind(localhost())
-            .unwrap(),
-    );
-    let addr = server.local_addr().unwrap();
-    let mut decoder = QuicLbDecoder::new();
-    decoder.add(lb_config());
-    let (lb, _handle) = LoadBalancer::bind(
-        localhost(),
-        vec![(vec![1], addr), (vec![2], addr)],
-        LbConfig::new(decoder, lb_config().cid_len()),
-    )
-    .unwrap();
-    let lb_addr = lb.local_addr();
-    tokio::spawn(lb.run());
+    let (server, lb_addr, _handle) = two_workers_behind_a_balancer(scfg, |_| {});
     let ccfg = ClientConfig::with_root(cert, &[ALPN]).unwrap();
     // Clients of their own (the kernel spreads datagrams over the workers by addresses
     // and ports, so one client address would reach one worker).
